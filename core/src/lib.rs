@@ -1,10 +1,117 @@
-//! tokenwarden-core (skeleton; the coordinator lands in this crate).
+//! # tokenwarden-core
+//!
+//! One owner of an LLM provider's quota for a fleet of agents that share one API key.
+//! Agents *lease* capacity before each model call (input tokens, output tokens, requests,
+//! a concurrency slot), *settle* what they really used afterwards, and wait in a weighted
+//! fair queue instead of in a retry storm.
+//!
+//! ## The contract
+//!
+//! This crate is a deterministic state machine. It never reads a clock, never sleeps,
+//! never does I/O and never draws ambient randomness: every entry point takes `now`
+//! ([`Millis`], integer milliseconds on an epoch the host chooses), and the only randomness
+//! is a PRNG seeded by the host and kept in the state. Every decision is integer
+//! arithmetic, so native code, WebAssembly and every JavaScript engine make bit-identical
+//! decisions from the same configuration, seed and inputs. Time that goes backwards is
+//! clamped to the latest instant seen; it never panics.
+//!
+//! Bad input is an error value ([`LeaseError`], [`ConfigError`], [`RestoreError`]) and leaves
+//! the state untouched. A *decision* is not an error: a request that cannot be served now
+//! gets [`Decision::Queued`] or [`Decision::Reject`], with a reason.
+//!
+//! ## Inputs
+//!
+//! 1. [`Coordinator::request_lease`] — before a model call.
+//! 2. [`Coordinator::settle`] — after it, with the provider's usage figures.
+//! 3. [`Coordinator::cancel`] — a queued ticket no longer wanted, or a lease never used.
+//! 4. [`Coordinator::handle_response`] — the provider's status and rate-limit headers
+//!    (parsed by [`parse_headers`]); a 429 pauses the pool and cuts the margin.
+//! 5. [`Coordinator::handle_timeout`] — time passed.
+//!
+//! ## Outputs
+//!
+//! 1. The [`Decision`] returned by `request_lease`.
+//! 2. [`Coordinator::poll_event`] — grants of queued tickets, expiries, margin changes,
+//!    pauses, estimate-error alerts. Drain it after every input.
+//! 3. [`Coordinator::poll_timeout`] — when to call `handle_timeout` next.
+//! 4. [`Coordinator::metrics`] and [`Coordinator::snapshot`].
+//!
+//! ## Run loop
+//!
+//! ```
+//! use tokenwarden_core::*;
+//!
+//! let config = Config::from_json(r#"{
+//!     "pools": [{ "name": "sonnet", "input_tokens_per_minute": 40000,
+//!                 "output_tokens_per_minute": 8000, "requests_per_minute": 50,
+//!                 "max_concurrent": 20 }]
+//! }"#).unwrap();
+//! let mut coord = Coordinator::new(config, /* seed from the OS */ 42, Millis(0)).unwrap();
+//!
+//! // Two agents each want to send a 20k-token prompt with max_tokens 1000.
+//! let ask = |agent| LeaseRequest {
+//!     agent: AgentId(agent), pool: PoolId(0),
+//!     input_tokens: 20_000, max_tokens: 1_000, ..Default::default()
+//! };
+//! let Decision::Grant { lease: first, .. } = coord.request_lease(Millis(0), &ask(1)).unwrap()
+//!     else { panic!("the first fits") };
+//! let Decision::Queued { lease: second, eta } = coord.request_lease(Millis(0), &ask(2)).unwrap()
+//!     else { panic!("the second waits: 85% of 40k is 34k") };
+//! assert!(eta > Millis(0));
+//!
+//! // The first call used less than it reserved: the refund goes back at once.
+//! let usage = Usage { input_tokens: 19_500, output_tokens: 300, ..Default::default() };
+//! coord.settle(Millis(2_000), first, &usage).unwrap();
+//!
+//! // Drive time: sleep until poll_timeout, then handle_timeout, then drain events.
+//! let mut now = Millis(2_000);
+//! let granted = loop {
+//!     if let Some(Event::Granted { lease, .. }) = coord.poll_event() { break lease; }
+//!     now = coord.poll_timeout().expect("a queued ticket wants a wake-up");
+//!     coord.handle_timeout(now);
+//! };
+//! assert_eq!(granted, second);
+//! assert!(now <= eta, "granted by its estimate");
+//! ```
 #![no_std]
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 #![deny(clippy::float_arithmetic)]
 
 extern crate alloc;
 #[cfg(any(feature = "std", test))]
 extern crate std;
 
+mod backoff;
+mod bucket;
+mod config;
+mod coordinator;
+mod error;
 pub mod headers;
+mod lease;
+mod metrics;
+mod queue;
+mod rng;
+mod time;
+
+pub use backoff::{Backoff, BackoffStep};
+pub use bucket::{Axis, Demand};
+pub use config::{
+    AlertConfig, BackoffConfig, Config, Counting, MAX_DURATION_MS, MAX_TOKENS, MarginConfig,
+    PoolConfig, SlowStartConfig, WeightConfig,
+};
+pub use coordinator::{
+    AgentId, Coordinator, Decision, Event, LeaseRequest, PoolId, RejectReason, Role, Settlement,
+    Snapshot, Usage,
+};
+pub use error::{ConfigError, FieldPath, LeaseError, RestoreError};
+pub use headers::{HeaderReport, parse_headers};
+pub use lease::LeaseId;
+pub use metrics::{
+    AgentActivity, AgentMetrics, AxisMetrics, FleetAdvice, MINUTE_MS, Metrics, MinuteStats,
+    PoolCounters, PoolMetrics,
+};
+pub use rng::Rng;
+pub use time::Millis;

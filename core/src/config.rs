@@ -1,0 +1,518 @@
+//! The configuration: one JSON shape shared by every runtime.
+//!
+//! Fractions are integers in thousandths (`850` = 85 %, weight `3000` = 3.0) so that every
+//! runtime computes the same decisions. Every field except `pools` has a default.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ConfigError, FieldPath};
+
+/// Largest token, request or limit figure the core accepts: 2^53 − 1, the largest integer
+/// a JavaScript `number` holds exactly.
+pub const MAX_TOKENS: u64 = (1 << 53) - 1;
+
+/// How a provider counts tokens against its limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Counting {
+    /// Anthropic: cache reads do not count toward input tokens/min (a cold cache charges the
+    /// whole cached prefix as input); output tokens/min counts actual output, reserved up front
+    /// as `max_tokens` and corrected on settle.
+    #[default]
+    Anthropic,
+    /// OpenAI: one tokens/min figure, pre-charged with `max(max_tokens, input estimate)` and
+    /// corrected to input + output on settle; cached prompt tokens still count.
+    Openai,
+}
+
+/// One provider limit group, e.g. one model on one key. A `null` limit is unknown: that
+/// axis does not gate until a response header reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// A name for metrics and logs.
+    pub name: String,
+    /// How usage maps onto the axes.
+    #[serde(default)]
+    pub counting: Counting,
+    /// Input tokens per window.
+    #[serde(default)]
+    pub input_tokens_per_minute: Option<u64>,
+    /// Output tokens per window.
+    #[serde(default)]
+    pub output_tokens_per_minute: Option<u64>,
+    /// Input plus output tokens per window (OpenAI's TPM).
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    /// Requests per window.
+    #[serde(default)]
+    pub requests_per_minute: Option<u64>,
+    /// Requests in flight at once; a streaming response holds its slot until settled.
+    #[serde(default)]
+    pub max_concurrent: Option<u64>,
+}
+
+/// The AIMD safety margin: the share of each real limit the coordinator hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MarginConfig {
+    /// Starting margin, thousandths (850 = 85 %).
+    pub start_permille: u32,
+    /// Cut on a 429 against a granted lease.
+    pub decrease_permille: u32,
+    /// Lowest margin.
+    pub floor_permille: u32,
+    /// Rise after each clean interval.
+    pub increase_permille: u32,
+    /// Highest margin the rises reach.
+    pub ceiling_permille: u32,
+    /// Length of a clean interval (no 429 on the pool).
+    pub clean_interval_ms: u64,
+}
+
+impl Default for MarginConfig {
+    fn default() -> Self {
+        MarginConfig {
+            start_permille: 850,
+            decrease_permille: 50,
+            floor_permille: 600,
+            increase_permille: 10,
+            ceiling_permille: 850,
+            clean_interval_ms: 60_000,
+        }
+    }
+}
+
+/// Weighted-fair-queue weights, thousandths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WeightConfig {
+    /// Base weight of a planner.
+    pub planner: u32,
+    /// Base weight of a reviewer.
+    pub reviewer: u32,
+    /// Base weight of a worker.
+    pub worker: u32,
+    /// Bonus per downstream task waiting on this one: weight × (1 + bonus × unblocks).
+    pub unblock_bonus: u32,
+    /// Factor per repeated identical failure: weight × decay^repeats.
+    pub repeat_failure_decay: u32,
+    /// Lowest weight after decay.
+    pub floor: u32,
+    /// Bonus for an agent whose warm prompt cache is about to expire: weight × (1 + bump).
+    pub cache_bump: u32,
+    /// "About to expire": the cache expires within this many ms.
+    pub cache_bump_window_ms: u64,
+    /// Only caches at least this many tokens long earn the bump.
+    pub cache_bump_min_tokens: u64,
+}
+
+impl Default for WeightConfig {
+    fn default() -> Self {
+        WeightConfig {
+            planner: 3000,
+            reviewer: 2000,
+            worker: 1000,
+            unblock_bonus: 500,
+            repeat_failure_decay: 500,
+            floor: 100,
+            cache_bump: 500,
+            cache_bump_window_ms: 60_000,
+            cache_bump_min_tokens: 1024,
+        }
+    }
+}
+
+/// Optional slow start on the token axes: capacity ramps linearly from `start_permille` of
+/// the margin-adjusted limit to all of it over `ramp_ms` after the coordinator starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlowStartConfig {
+    /// Share of capacity at start, thousandths.
+    pub start_permille: u32,
+    /// Time to reach full capacity.
+    pub ramp_ms: u64,
+}
+
+/// Backoff, the fallback for when a call fails despite a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackoffConfig {
+    /// First delay ceiling; doubles per attempt (full jitter draws from 0 to it).
+    pub base_ms: u64,
+    /// Largest delay ceiling.
+    pub cap_ms: u64,
+    /// Attempts before giving up.
+    pub max_attempts: u32,
+    /// Random offset added to a provider's Retry-After, drawn from 0 to this.
+    pub retry_after_jitter_ms: u64,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        BackoffConfig {
+            base_ms: 1000,
+            cap_ms: 30_000,
+            max_attempts: 6,
+            retry_after_jitter_ms: 1000,
+        }
+    }
+}
+
+/// When to raise an estimate-error alert for an agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertConfig {
+    /// Input-estimate error above this, thousandths of the actual figure, counts as a miss.
+    pub threshold_permille: u32,
+    /// Alert after this many misses in a row.
+    pub consecutive: u32,
+}
+
+impl Default for AlertConfig {
+    fn default() -> Self {
+        AlertConfig {
+            threshold_permille: 200,
+            consecutive: 5,
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The limit groups; a lease names one by its index.
+    pub pools: Vec<PoolConfig>,
+    /// Length of the rate window the `*_per_minute` limits refer to.
+    #[serde(default = "defaults::window_ms")]
+    pub window_ms: u64,
+    /// The AIMD margin.
+    #[serde(default)]
+    pub margin: MarginConfig,
+    /// A granted lease not settled within this time is reaped, with no refund.
+    #[serde(default = "defaults::lease_ttl_ms")]
+    pub lease_ttl_ms: u64,
+    /// A request whose estimated wait exceeds this is rejected rather than queued.
+    #[serde(default = "defaults::max_queue_wait_ms")]
+    pub max_queue_wait_ms: u64,
+    /// Most tickets queued per pool; beyond it requests are rejected.
+    #[serde(default = "defaults::max_queue_depth")]
+    pub max_queue_depth: u32,
+    /// Most leases and tickets alive at once, all pools together.
+    #[serde(default = "defaults::max_leases")]
+    pub max_leases: u32,
+    /// Most distinct agents tracked; the least recently seen idle agent is forgotten beyond it.
+    #[serde(default = "defaults::max_agents")]
+    pub max_agents: u32,
+    /// How long a provider keeps an agent's prompt cache warm after its last call.
+    #[serde(default = "defaults::prompt_cache_ttl_ms")]
+    pub prompt_cache_ttl_ms: u64,
+    /// Queue weights.
+    #[serde(default)]
+    pub weights: WeightConfig,
+    /// Optional slow start.
+    #[serde(default)]
+    pub slow_start: Option<SlowStartConfig>,
+    /// Backoff policy.
+    #[serde(default)]
+    pub backoff: BackoffConfig,
+    /// Estimate-error alerting.
+    #[serde(default)]
+    pub estimate_alert: AlertConfig,
+    /// Minutes of per-minute metrics kept per pool.
+    #[serde(default = "defaults::metrics_minutes")]
+    pub metrics_minutes: u32,
+}
+
+mod defaults {
+    pub(super) fn window_ms() -> u64 {
+        60_000
+    }
+    pub(super) fn lease_ttl_ms() -> u64 {
+        120_000
+    }
+    pub(super) fn max_queue_wait_ms() -> u64 {
+        60_000
+    }
+    pub(super) fn max_queue_depth() -> u32 {
+        1024
+    }
+    pub(super) fn max_leases() -> u32 {
+        4096
+    }
+    pub(super) fn max_agents() -> u32 {
+        1024
+    }
+    pub(super) fn prompt_cache_ttl_ms() -> u64 {
+        300_000
+    }
+    pub(super) fn metrics_minutes() -> u32 {
+        60
+    }
+}
+
+/// Longest duration any `*_ms` field may hold: 30 days.
+pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;
+
+impl Config {
+    /// A configuration with one pool and every other field at its default.
+    #[must_use]
+    pub fn single_pool(pool: PoolConfig) -> Config {
+        Config {
+            pools: alloc::vec![pool],
+            window_ms: defaults::window_ms(),
+            margin: MarginConfig::default(),
+            lease_ttl_ms: defaults::lease_ttl_ms(),
+            max_queue_wait_ms: defaults::max_queue_wait_ms(),
+            max_queue_depth: defaults::max_queue_depth(),
+            max_leases: defaults::max_leases(),
+            max_agents: defaults::max_agents(),
+            prompt_cache_ttl_ms: defaults::prompt_cache_ttl_ms(),
+            weights: WeightConfig::default(),
+            slow_start: None,
+            backoff: BackoffConfig::default(),
+            estimate_alert: AlertConfig::default(),
+            metrics_minutes: defaults::metrics_minutes(),
+        }
+    }
+
+    /// Parses and validates the JSON shape.
+    pub fn from_json(json: &str) -> Result<Config, ConfigError> {
+        let config: Config = serde_json::from_str(json).map_err(ConfigError::Parse)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let top = |name: &'static str, reason: &'static str| ConfigError::Invalid {
+            field: FieldPath { pool: None, name },
+            reason,
+        };
+        if self.pools.is_empty() {
+            return Err(top("pools", "must hold at least one pool"));
+        }
+        if self.pools.len() > 1024 {
+            return Err(top("pools", "must hold at most 1024 pools"));
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            let bad = |name: &'static str, reason: &'static str| ConfigError::Invalid {
+                field: FieldPath {
+                    pool: Some(i),
+                    name,
+                },
+                reason,
+            };
+            if p.name.is_empty() || p.name.len() > 256 {
+                return Err(bad("name", "must be 1 to 256 bytes long"));
+            }
+            if self.pools.iter().take(i).any(|q| q.name == p.name) {
+                return Err(bad("name", "must be unique"));
+            }
+            for (name, v) in [
+                ("input_tokens_per_minute", p.input_tokens_per_minute),
+                ("output_tokens_per_minute", p.output_tokens_per_minute),
+                ("tokens_per_minute", p.tokens_per_minute),
+                ("requests_per_minute", p.requests_per_minute),
+                ("max_concurrent", p.max_concurrent),
+            ] {
+                match v {
+                    Some(0) => return Err(bad(name, "must be at least 1 (use null for unknown)")),
+                    Some(v) if v > MAX_TOKENS => return Err(bad(name, "must be at most 2^53 - 1")),
+                    _ => {}
+                }
+            }
+        }
+        let duration = |name: &'static str, v: u64, min: u64| {
+            if v < min || v > MAX_DURATION_MS {
+                Err(top(
+                    name,
+                    if min == 0 {
+                        "must be at most 30 days"
+                    } else {
+                        "must be between 1 ms and 30 days"
+                    },
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        duration("window_ms", self.window_ms, 1)?;
+        duration("lease_ttl_ms", self.lease_ttl_ms, 1)?;
+        duration("max_queue_wait_ms", self.max_queue_wait_ms, 0)?;
+        duration("prompt_cache_ttl_ms", self.prompt_cache_ttl_ms, 0)?;
+        duration("margin.clean_interval_ms", self.margin.clean_interval_ms, 1)?;
+        duration(
+            "weights.cache_bump_window_ms",
+            self.weights.cache_bump_window_ms,
+            0,
+        )?;
+        duration("backoff.base_ms", self.backoff.base_ms, 1)?;
+        duration("backoff.cap_ms", self.backoff.cap_ms, 1)?;
+        duration(
+            "backoff.retry_after_jitter_ms",
+            self.backoff.retry_after_jitter_ms,
+            0,
+        )?;
+        let m = &self.margin;
+        let permille = |name: &'static str, v: u32, min: u32| {
+            if v < min || v > 1000 {
+                Err(top(
+                    name,
+                    if min == 0 {
+                        "must be at most 1000 (thousandths)"
+                    } else {
+                        "must be between 1 and 1000 (thousandths)"
+                    },
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        permille("margin.start_permille", m.start_permille, 1)?;
+        permille("margin.floor_permille", m.floor_permille, 1)?;
+        permille("margin.ceiling_permille", m.ceiling_permille, 1)?;
+        permille("margin.decrease_permille", m.decrease_permille, 0)?;
+        permille("margin.increase_permille", m.increase_permille, 0)?;
+        if m.floor_permille > m.ceiling_permille {
+            return Err(top(
+                "margin.floor_permille",
+                "must not exceed margin.ceiling_permille",
+            ));
+        }
+        if m.start_permille < m.floor_permille || m.start_permille > m.ceiling_permille {
+            return Err(top(
+                "margin.start_permille",
+                "must lie between margin.floor_permille and margin.ceiling_permille",
+            ));
+        }
+        if self.backoff.cap_ms < self.backoff.base_ms {
+            return Err(top("backoff.cap_ms", "must be at least backoff.base_ms"));
+        }
+        if self.backoff.max_attempts == 0 || self.backoff.max_attempts > 64 {
+            return Err(top("backoff.max_attempts", "must be between 1 and 64"));
+        }
+        let w = &self.weights;
+        for (name, v) in [
+            ("weights.planner", w.planner),
+            ("weights.reviewer", w.reviewer),
+            ("weights.worker", w.worker),
+        ] {
+            if v == 0 || v > 1_000_000 {
+                return Err(top(name, "must be between 1 and 1000000 (thousandths)"));
+            }
+        }
+        if w.floor == 0 || w.floor > 1_000_000 {
+            return Err(top(
+                "weights.floor",
+                "must be between 1 and 1000000 (thousandths)",
+            ));
+        }
+        if w.unblock_bonus > 1_000_000 {
+            return Err(top(
+                "weights.unblock_bonus",
+                "must be at most 1000000 (thousandths)",
+            ));
+        }
+        if w.cache_bump > 1_000_000 {
+            return Err(top(
+                "weights.cache_bump",
+                "must be at most 1000000 (thousandths)",
+            ));
+        }
+        permille("weights.repeat_failure_decay", w.repeat_failure_decay, 0)?;
+        if w.cache_bump_min_tokens > MAX_TOKENS {
+            return Err(top(
+                "weights.cache_bump_min_tokens",
+                "must be at most 2^53 - 1",
+            ));
+        }
+        if let Some(s) = &self.slow_start {
+            permille("slow_start.start_permille", s.start_permille, 1)?;
+            duration("slow_start.ramp_ms", s.ramp_ms, 1)?;
+        }
+        permille(
+            "estimate_alert.threshold_permille",
+            self.estimate_alert.threshold_permille,
+            0,
+        )?;
+        if self.estimate_alert.consecutive == 0 || self.estimate_alert.consecutive > 1_000_000 {
+            return Err(top(
+                "estimate_alert.consecutive",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if self.max_queue_depth == 0 || self.max_queue_depth > 1_000_000 {
+            return Err(top("max_queue_depth", "must be between 1 and 1000000"));
+        }
+        if self.max_leases == 0 || self.max_leases > 1_000_000 {
+            return Err(top("max_leases", "must be between 1 and 1000000"));
+        }
+        if self.max_agents == 0 || self.max_agents > 1_000_000 {
+            return Err(top("max_agents", "must be between 1 and 1000000"));
+        }
+        if self.metrics_minutes == 0 || self.metrics_minutes > 1440 {
+            return Err(top("metrics_minutes", "must be between 1 and 1440"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    fn minimal() -> &'static str {
+        r#"{"pools":[{"name":"sonnet","input_tokens_per_minute":400000,"output_tokens_per_minute":80000,"requests_per_minute":120,"max_concurrent":20}]}"#
+    }
+
+    #[test]
+    fn minimal_json_fills_defaults() {
+        let c = Config::from_json(minimal()).unwrap();
+        assert_eq!(c.margin.start_permille, 850);
+        assert_eq!(c.window_ms, 60_000);
+        assert_eq!(c.pools[0].counting, Counting::Anthropic);
+    }
+
+    #[test]
+    fn error_names_the_pool_field() {
+        let json = r#"{"pools":[{"name":"a"},{"name":"b","requests_per_minute":0}]}"#;
+        let e = Config::from_json(json).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "invalid config: pools[1].requests_per_minute must be at least 1 (use null for unknown)"
+        );
+    }
+
+    #[test]
+    fn rejects_limits_beyond_2_pow_53() {
+        let json = r#"{"pools":[{"name":"a","tokens_per_minute":18446744073709551615}]}"#;
+        let e = Config::from_json(json).unwrap_err().to_string();
+        assert!(e.contains("pools[0].tokens_per_minute"), "{e}");
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let json = r#"{"pools":[{"name":"a"}],"margn":{}}"#;
+        let e = Config::from_json(json).unwrap_err().to_string();
+        assert!(e.contains("margn"), "{e}");
+    }
+
+    #[test]
+    fn margin_floor_above_start_is_rejected() {
+        let json = r#"{"pools":[{"name":"a"}],"margin":{"floor_permille":900}}"#;
+        let e = Config::from_json(json).unwrap_err().to_string();
+        assert!(e.contains("margin.floor_permille"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_pool_names_are_rejected() {
+        let json = r#"{"pools":[{"name":"a"},{"name":"a"}]}"#;
+        let e = Config::from_json(json).unwrap_err().to_string();
+        assert!(e.contains("pools[1].name must be unique"), "{e}");
+    }
+}

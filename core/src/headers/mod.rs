@@ -1,0 +1,588 @@
+//! Rate-limit information from HTTP response headers.
+//!
+//! [`parse_headers`] reads one response's headers into a [`HeaderReport`]: what each
+//! provider said about its request and token limits, how long to wait, and which limit
+//! a 429 was about. It understands
+//!
+//! * Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`,
+//!   resets as RFC 3339 times; remaining tokens are rounded to thousands (granularity 1000);
+//! * OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go
+//!   durations (`6m0s`, `1.5s`, `20ms`);
+//! * Azure OpenAI: the same names (also spelled `x-rate-limit-*`) with resets in plain
+//!   seconds and `-1` sentinels (see [`parse_headers`]);
+//! * the IETF draft `RateLimit` / `RateLimit-Policy` fields, old and new (see
+//!   [`parse_ietf_ratelimit`]);
+//! * `retry-after`, `retry-after-ms`, `x-should-retry`;
+//! * the gateway's `rate_limit_type` and `reset_at` (also with hyphens, and `x-` prefixed).
+//!
+//! Parsing is total: every input, however hostile, gives a report. Nothing panics,
+//! arithmetic saturates, no float is used, and no wait exceeds [`MAX_WAIT_MS`].
+
+mod date;
+mod duration;
+mod ietf;
+mod num;
+mod retry;
+#[cfg(test)]
+mod tests;
+
+pub use date::{parse_http_date_ms, parse_rfc3339_ms};
+pub use duration::parse_go_duration_ms;
+pub use ietf::{IetfItem, IetfItems, ietf_quota_unit_axis, parse_ietf_ratelimit};
+pub use retry::parse_retry_after_ms;
+
+use num::Parsed;
+use serde::{Deserialize, Serialize};
+
+/// Longest wait any parsed header may ask for; larger values are clamped to it.
+pub const MAX_WAIT_MS: u64 = 86_400_000; // one day
+
+/// Granularity of Anthropic's remaining-token counts, which it rounds to the nearest
+/// thousand.
+const ANTHROPIC_TOKEN_GRANULARITY: u64 = 1_000;
+
+/// Most `RateLimit` (and, separately, `RateLimit-Policy`) fields kept from one
+/// response; further ones are counted malformed and ignored.
+const MAX_IETF_FIELDS: usize = 8;
+
+/// A rate-limit dimension a provider reports on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateAxis {
+    /// Requests per window.
+    Requests,
+    /// Tokens per window, input and output together.
+    Tokens,
+    /// Input (prompt) tokens per window.
+    InputTokens,
+    /// Output (completion) tokens per window.
+    OutputTokens,
+    /// Requests in flight at once.
+    Concurrent,
+}
+
+/// What one response said about one axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AxisReport {
+    /// The limit per window as the provider states it.
+    pub limit: Option<u64>,
+    /// Remaining now (clamped at 0 if the provider sent a negative).
+    pub remaining: Option<u64>,
+    /// Time until the axis is fully replenished, relative ms, clamped to [`MAX_WAIT_MS`].
+    pub reset_after_ms: Option<u64>,
+    /// Rounding quantum of `remaining`: 1 when exact, 1000 for Anthropic token axes.
+    pub granularity: u64,
+}
+
+impl Default for AxisReport {
+    fn default() -> Self {
+        AxisReport {
+            limit: None,
+            remaining: None,
+            reset_after_ms: None,
+            granularity: 1,
+        }
+    }
+}
+
+impl AxisReport {
+    /// Whether the response said anything about this axis.
+    #[must_use]
+    pub fn is_reported(&self) -> bool {
+        self.limit.is_some() || self.remaining.is_some() || self.reset_after_ms.is_some()
+    }
+}
+
+/// Everything rate-limit related in one response's headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HeaderReport {
+    /// Requests per window.
+    pub requests: AxisReport,
+    /// Combined tokens (OpenAI `x-ratelimit-*-tokens`; Anthropic
+    /// `anthropic-ratelimit-tokens-*`, the most restrictive of input and output).
+    pub tokens: AxisReport,
+    /// Input tokens per window.
+    pub input_tokens: AxisReport,
+    /// Output tokens per window.
+    pub output_tokens: AxisReport,
+    /// The gateway's parallel-request limit, if reported.
+    pub concurrent: AxisReport,
+    /// From `retry-after-ms` (preferred) or `retry-after` (seconds or HTTP-date);
+    /// clamped to `[0, MAX_WAIT_MS]`.
+    pub retry_after_ms: Option<u64>,
+    /// `x-should-retry`: whether the provider advises retrying.
+    pub should_retry: Option<bool>,
+    /// Which limit was exceeded, from the gateway's `rate_limit_type`.
+    pub exceeded: Option<RateAxis>,
+    /// The gateway's `reset_at`, as relative ms from now, clamped to [`MAX_WAIT_MS`].
+    pub reset_at_ms: Option<u64>,
+    /// Number of rate-limit headers recognised (name matched).
+    pub recognised: u32,
+    /// Number of recognised headers whose value could not be parsed (and was ignored).
+    pub malformed: u32,
+}
+
+impl HeaderReport {
+    /// The report for `axis`.
+    #[must_use]
+    pub fn axis(&self, axis: RateAxis) -> &AxisReport {
+        match axis {
+            RateAxis::Requests => &self.requests,
+            RateAxis::Tokens => &self.tokens,
+            RateAxis::InputTokens => &self.input_tokens,
+            RateAxis::OutputTokens => &self.output_tokens,
+            RateAxis::Concurrent => &self.concurrent,
+        }
+    }
+
+    fn axis_mut(&mut self, axis: RateAxis) -> &mut AxisReport {
+        match axis {
+            RateAxis::Requests => &mut self.requests,
+            RateAxis::Tokens => &mut self.tokens,
+            RateAxis::InputTokens => &mut self.input_tokens,
+            RateAxis::OutputTokens => &mut self.output_tokens,
+            RateAxis::Concurrent => &mut self.concurrent,
+        }
+    }
+}
+
+/// A time a header points at: relative to the response, or absolute (Unix ms) and
+/// still to be compared with a reference clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum When {
+    /// This many milliseconds from now (already clamped).
+    After(u64),
+    /// At this Unix time in milliseconds.
+    At(u64),
+}
+
+impl When {
+    /// The wait in milliseconds, clamped to `[0, MAX_WAIT_MS]`; an absolute time
+    /// needs `reference` (Unix ms) and gives `None` without it.
+    fn resolve(self, reference: Option<u64>) -> Option<u64> {
+        match self {
+            When::After(ms) => Some(num::clamp_wait(ms)),
+            When::At(at) => reference.map(|now| num::clamp_wait(at.saturating_sub(now))),
+        }
+    }
+}
+
+/// Normalises a header-name byte for matching: ASCII lower case, `_` and space as `-`.
+const fn norm(b: u8) -> u8 {
+    match b {
+        b'_' | b' ' => b'-',
+        _ => b.to_ascii_lowercase(),
+    }
+}
+
+/// Whether `a` and `b` are equal ignoring ASCII case and `_`/`-`/space differences.
+fn eq_norm(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| norm(x) == norm(y))
+}
+
+/// `s` without `prefix`, compared as in [`eq_norm`].
+fn strip_prefix_norm<'s>(s: &'s str, prefix: &str) -> Option<&'s str> {
+    let head = s.get(..prefix.len())?;
+    if eq_norm(head, prefix) {
+        s.get(prefix.len()..)
+    } else {
+        None
+    }
+}
+
+/// `s` without `suffix`, compared as in [`eq_norm`].
+fn strip_suffix_norm<'s>(s: &'s str, suffix: &str) -> Option<&'s str> {
+    let cut = s.len().checked_sub(suffix.len())?;
+    let tail = s.get(cut..)?;
+    if eq_norm(tail, suffix) {
+        s.get(..cut)
+    } else {
+        None
+    }
+}
+
+/// The three things a provider says about an axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Limit,
+    Remaining,
+    Reset,
+}
+
+/// Whose naming scheme a per-axis header follows (they differ in reset format).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// `anthropic-ratelimit-*`: resets are RFC 3339 times.
+    Anthropic,
+    /// `x-ratelimit-*`: resets are Go durations or (Azure) plain seconds.
+    OpenAi,
+}
+
+/// A recognised header name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Header {
+    Axis(Family, RateAxis, Kind),
+    IetfLimit,
+    IetfRemaining,
+    IetfReset,
+    IetfRateLimit,
+    IetfPolicy,
+    RetryAfter,
+    RetryAfterMs,
+    ShouldRetry,
+    LimitType,
+    ResetAt,
+    /// `Date`: the reference clock; not itself a rate-limit header.
+    Date,
+}
+
+fn kind_from(s: &str) -> Option<Kind> {
+    [
+        ("limit", Kind::Limit),
+        ("remaining", Kind::Remaining),
+        ("reset", Kind::Reset),
+    ]
+    .into_iter()
+    .find(|(name, _)| eq_norm(s, name))
+    .map(|(_, k)| k)
+}
+
+const AXIS_NAMES: [(&str, RateAxis); 4] = [
+    ("requests", RateAxis::Requests),
+    ("tokens", RateAxis::Tokens),
+    ("input-tokens", RateAxis::InputTokens),
+    ("output-tokens", RateAxis::OutputTokens),
+];
+
+/// Axis names in `x-ratelimit-*` headers, including the gateway's concurrency axis.
+const X_AXIS_NAMES: [(&str, RateAxis); 7] = [
+    ("requests", RateAxis::Requests),
+    ("tokens", RateAxis::Tokens),
+    ("input-tokens", RateAxis::InputTokens),
+    ("output-tokens", RateAxis::OutputTokens),
+    ("concurrent-requests", RateAxis::Concurrent),
+    ("parallel-requests", RateAxis::Concurrent),
+    ("concurrent", RateAxis::Concurrent),
+];
+
+/// Recognises a header name (case-insensitively, `_` and `-` alike).
+fn classify(name: &str) -> Option<Header> {
+    let name = name.trim_ascii();
+    if let Some(rest) = strip_prefix_norm(name, "anthropic-ratelimit-") {
+        // `{axis}-{kind}`
+        return AXIS_NAMES.iter().find_map(|&(axis_name, axis)| {
+            let after = strip_prefix_norm(rest, axis_name)?;
+            let kind = kind_from(strip_prefix_norm(after, "-")?)?;
+            Some(Header::Axis(Family::Anthropic, axis, kind))
+        });
+    }
+    for prefix in ["x-ratelimit-", "x-rate-limit-"] {
+        // `{kind}-{axis}`
+        let found = strip_prefix_norm(name, prefix).and_then(|rest| {
+            let (kind_name, axis_name) = rest.split_once(['-', '_'])?;
+            let kind = kind_from(kind_name)?;
+            let &(_, axis) = X_AXIS_NAMES.iter().find(|(n, _)| eq_norm(axis_name, n))?;
+            Some(Header::Axis(Family::OpenAi, axis, kind))
+        });
+        if found.is_some() {
+            return found;
+        }
+    }
+    const EXACT: [(&str, Header); 9] = [
+        ("ratelimit-limit", Header::IetfLimit),
+        ("ratelimit-remaining", Header::IetfRemaining),
+        ("ratelimit-reset", Header::IetfReset),
+        ("ratelimit", Header::IetfRateLimit),
+        ("ratelimit-policy", Header::IetfPolicy),
+        ("retry-after", Header::RetryAfter),
+        ("retry-after-ms", Header::RetryAfterMs),
+        ("x-should-retry", Header::ShouldRetry),
+        ("date", Header::Date),
+    ];
+    if let Some(&(_, h)) = EXACT.iter().find(|(n, _)| eq_norm(name, n)) {
+        return Some(h);
+    }
+    let base = strip_prefix_norm(name, "x-").unwrap_or(name);
+    if eq_norm(base, "rate-limit-type") {
+        Some(Header::LimitType)
+    } else if eq_norm(base, "reset-at") {
+        Some(Header::ResetAt)
+    } else {
+        None
+    }
+}
+
+/// What the headers said about one axis, before absolute times are resolved.
+#[derive(Debug, Clone, Copy, Default)]
+struct AxisAcc {
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset: Option<When>,
+    /// A provider header for this axis was seen (valid or not): IETF fields then stay
+    /// out of this axis.
+    seen: bool,
+    /// A `-1` "not tracked" sentinel was seen in an `x-ratelimit-*` limit/remaining.
+    sentinel: bool,
+    /// Values came from Anthropic token headers, rounded to thousands.
+    coarse: bool,
+}
+
+/// Everything gathered while walking the headers.
+#[derive(Default)]
+struct Acc<'a> {
+    requests: AxisAcc,
+    tokens: AxisAcc,
+    input_tokens: AxisAcc,
+    output_tokens: AxisAcc,
+    concurrent: AxisAcc,
+    /// draft-06 `RateLimit-Limit` / `-Remaining` / `-Reset` (requests).
+    ietf_old: AxisAcc,
+    ietf_fields: [&'a str; MAX_IETF_FIELDS],
+    ietf_count: usize,
+    policy_fields: [&'a str; MAX_IETF_FIELDS],
+    policy_count: usize,
+    retry_after_ms: Option<u64>,
+    retry_after: Option<When>,
+    should_retry: Option<bool>,
+    exceeded: Option<RateAxis>,
+    reset_at: Option<When>,
+    date: Option<u64>,
+    recognised: u32,
+    malformed: u32,
+}
+
+impl<'a> Acc<'a> {
+    fn axis_mut(&mut self, axis: RateAxis) -> &mut AxisAcc {
+        match axis {
+            RateAxis::Requests => &mut self.requests,
+            RateAxis::Tokens => &mut self.tokens,
+            RateAxis::InputTokens => &mut self.input_tokens,
+            RateAxis::OutputTokens => &mut self.output_tokens,
+            RateAxis::Concurrent => &mut self.concurrent,
+        }
+    }
+
+    /// Handles one recognised header; returns whether its value was malformed.
+    fn apply(&mut self, header: Header, value: &'a str) -> bool {
+        match header {
+            Header::Axis(family, axis, kind) => {
+                let acc = self.axis_mut(axis);
+                acc.seen = true;
+                if family == Family::Anthropic && axis != RateAxis::Requests {
+                    acc.coarse = true;
+                }
+                apply_axis(acc, family, kind, value)
+            }
+            Header::IetfLimit => {
+                let parsed = ietf::old_limit(value);
+                store_count(
+                    &mut self.ietf_old.limit,
+                    &mut self.ietf_old.sentinel,
+                    parsed,
+                )
+            }
+            Header::IetfRemaining => {
+                let parsed = num::parse_count(value, Parsed::Value(0));
+                store_count(
+                    &mut self.ietf_old.remaining,
+                    &mut self.ietf_old.sentinel,
+                    parsed,
+                )
+            }
+            Header::IetfReset => match num::parse_seconds_ms(value) {
+                Some(ms) => store(&mut self.ietf_old.reset, Parsed::Value(When::After(ms))),
+                None => true,
+            },
+            Header::IetfRateLimit => push_field(&mut self.ietf_fields, &mut self.ietf_count, value),
+            Header::IetfPolicy => {
+                push_field(&mut self.policy_fields, &mut self.policy_count, value)
+            }
+            Header::RetryAfter => store(&mut self.retry_after, retry::retry_after(value)),
+            Header::RetryAfterMs => store(&mut self.retry_after_ms, retry::retry_after_ms(value)),
+            Header::ShouldRetry => store(&mut self.should_retry, retry::should_retry(value)),
+            Header::LimitType => store(&mut self.exceeded, retry::rate_limit_type(value)),
+            Header::ResetAt => store(&mut self.reset_at, retry::reset_at(value)),
+            Header::Date => {
+                if let Some(ms) = parse_http_date_ms(value) {
+                    self.date = Some(ms);
+                }
+                false
+            }
+        }
+    }
+
+    fn finish(self, unix_now_ms: Option<u64>) -> HeaderReport {
+        // Prefer the response's own Date: both it and the reset times come from the
+        // provider's clock, so their difference is immune to local clock skew.
+        let reference = self.date.or(unix_now_ms);
+        let mut report = HeaderReport {
+            retry_after_ms: self
+                .retry_after_ms
+                .or_else(|| self.retry_after.and_then(|w| w.resolve(reference))),
+            should_retry: self.should_retry,
+            exceeded: self.exceeded,
+            reset_at_ms: self.reset_at.and_then(|w| w.resolve(reference)),
+            recognised: self.recognised,
+            malformed: self.malformed,
+            ..HeaderReport::default()
+        };
+        let ietf = ietf::combine(
+            self.ietf_fields.get(..self.ietf_count).unwrap_or(&[]),
+            self.policy_fields.get(..self.policy_count).unwrap_or(&[]),
+        );
+        let old = finish_axis(&self.ietf_old, reference);
+        let requests_ietf = ietf.requests.or(old.is_reported().then_some(old));
+        for (axis, acc, from_ietf) in [
+            (RateAxis::Requests, &self.requests, requests_ietf),
+            (RateAxis::Tokens, &self.tokens, ietf.tokens),
+            (RateAxis::InputTokens, &self.input_tokens, ietf.input_tokens),
+            (
+                RateAxis::OutputTokens,
+                &self.output_tokens,
+                ietf.output_tokens,
+            ),
+            (RateAxis::Concurrent, &self.concurrent, ietf.concurrent),
+        ] {
+            let out = report.axis_mut(axis);
+            *out = finish_axis(acc, reference);
+            // Provider-specific headers are more precise than the generic IETF ones;
+            // the two are never mixed within one axis.
+            if !acc.seen {
+                if let Some(from_ietf) = from_ietf {
+                    *out = from_ietf;
+                }
+            }
+        }
+        report
+    }
+}
+
+/// Resolves one axis's gathered values.
+fn finish_axis(acc: &AxisAcc, reference: Option<u64>) -> AxisReport {
+    let mut reset_after_ms = acc.reset.and_then(|w| w.resolve(reference));
+    // Azure OpenAI answers `x-ratelimit-limit-tokens: -1`, `x-ratelimit-remaining-tokens: -1`,
+    // `x-ratelimit-reset-tokens: 0` for an axis it does not track (seen on the Responses
+    // API). A 0 reset next to a -1 sentinel therefore means "unknown", not "replenished
+    // now"; anywhere else 0 means the axis is already full again.
+    if acc.sentinel && reset_after_ms == Some(0) {
+        reset_after_ms = None;
+    }
+    AxisReport {
+        limit: acc.limit,
+        remaining: acc.remaining,
+        reset_after_ms,
+        granularity: if acc.coarse {
+            ANTHROPIC_TOKEN_GRANULARITY
+        } else {
+            1
+        },
+    }
+}
+
+/// Stores a parsed value (last valid one wins); returns whether it was malformed.
+fn store<T>(slot: &mut Option<T>, parsed: Parsed<T>) -> bool {
+    match parsed {
+        Parsed::Value(v) => {
+            *slot = Some(v);
+            false
+        }
+        Parsed::Unknown => false,
+        Parsed::Malformed => true,
+    }
+}
+
+/// [`store`] for counts, remembering a `-1` sentinel.
+fn store_count(slot: &mut Option<u64>, sentinel: &mut bool, parsed: Parsed<u64>) -> bool {
+    if parsed == Parsed::Unknown {
+        *sentinel = true;
+    }
+    store(slot, parsed)
+}
+
+/// Keeps a valid IETF field value for later; returns whether it was malformed (or
+/// had to be dropped because too many fields came).
+fn push_field<'a>(
+    fields: &mut [&'a str; MAX_IETF_FIELDS],
+    count: &mut usize,
+    value: &'a str,
+) -> bool {
+    if parse_ietf_ratelimit(value).is_none() {
+        return true;
+    }
+    match fields.get_mut(*count) {
+        Some(slot) => {
+            *slot = value;
+            *count = count.saturating_add(1);
+            false
+        }
+        None => true,
+    }
+}
+
+/// Applies a per-axis provider header; returns whether it was malformed.
+fn apply_axis(acc: &mut AxisAcc, family: Family, kind: Kind, value: &str) -> bool {
+    match kind {
+        Kind::Limit => {
+            let parsed = num::parse_count(value, Parsed::Malformed);
+            store_count(&mut acc.limit, &mut acc.sentinel, parsed)
+        }
+        Kind::Remaining => {
+            let parsed = num::parse_count(value, Parsed::Value(0));
+            store_count(&mut acc.remaining, &mut acc.sentinel, parsed)
+        }
+        Kind::Reset => {
+            let parsed = match family {
+                Family::Anthropic => match parse_rfc3339_ms(value) {
+                    Some(at) => Parsed::Value(When::At(at)),
+                    None => Parsed::Malformed,
+                },
+                Family::OpenAi => match duration::parse_reset_duration(value) {
+                    Parsed::Value(ms) => Parsed::Value(When::After(ms)),
+                    Parsed::Unknown => Parsed::Unknown,
+                    Parsed::Malformed => Parsed::Malformed,
+                },
+            };
+            store(&mut acc.reset, parsed)
+        }
+    }
+}
+
+/// Parses a response's headers into a [`HeaderReport`].
+///
+/// Names are matched case-insensitively (and `_` like `-`); unknown headers are
+/// ignored. `unix_now_ms` is the host's wall clock (ms since the Unix epoch) if it has
+/// one. Absolute times (RFC 3339 resets, HTTP-dates, `reset_at`) are converted to
+/// relative waits against the response's own `Date` header when present and
+/// parseable (that avoids clock skew), else against `unix_now_ms`, else they are
+/// ignored (not malformed). A time in the past gives 0.
+///
+/// A header appearing twice: the last valid value wins; malformed values are ignored
+/// and counted in [`HeaderReport::malformed`]. `-1` in a limit or remaining count is
+/// the "not tracked" sentinel Azure OpenAI sends: it gives `None` and is not counted
+/// as malformed, and a `0` reset on the same axis is then read as unknown too. Any
+/// other negative remaining count is clamped to 0.
+///
+/// When both provider-specific headers (`anthropic-ratelimit-*`, `x-ratelimit-*`) and
+/// IETF `RateLimit*` fields describe an axis, the provider-specific ones are used.
+/// Multiple IETF policies on one axis: the one with the lowest remaining quota wins.
+pub fn parse_headers<'a, I>(headers: I, unix_now_ms: Option<u64>) -> HeaderReport
+where
+    I: IntoIterator<Item = (&'a str, &'a str)>,
+{
+    let mut acc = Acc::default();
+    for (name, value) in headers {
+        let Some(header) = classify(name) else {
+            continue;
+        };
+        let malformed = acc.apply(header, value);
+        if header != Header::Date {
+            acc.recognised = acc.recognised.saturating_add(1);
+            if malformed {
+                acc.malformed = acc.malformed.saturating_add(1);
+            }
+        }
+    }
+    acc.finish(unix_now_ms)
+}

@@ -1,0 +1,225 @@
+//! The lease table: a slab of live leases and queued tickets with generation-checked ids,
+//! and the expiry queue.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use core::fmt;
+use serde::{Deserialize, Serialize};
+
+use crate::AgentId;
+use crate::bucket::Demand;
+use crate::queue::Key;
+use crate::time::Millis;
+
+/// Names a lease from the moment it is requested: a queued ticket keeps its id when it is
+/// granted. Ids are below 2^53 so they survive a trip through a JavaScript `number`; an id
+/// is never reused while its slot's 20-bit generation has not wrapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseId(pub u64);
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lease#{}", self.0)
+    }
+}
+
+const GEN_BITS: u32 = 20;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+
+impl LeaseId {
+    fn new(slot: u32, generation: u32) -> LeaseId {
+        LeaseId((u64::from(generation & GEN_MASK) << 32) | u64::from(slot))
+    }
+
+    fn slot(self) -> u32 {
+        (self.0 & 0xFFFF_FFFF) as u32
+    }
+
+    fn generation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// What the lease was asked for, kept until it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Ask {
+    pub(crate) input_tokens: u64,
+    pub(crate) cached_prefix_tokens: u64,
+    pub(crate) max_tokens: u64,
+}
+
+// Externally tagged: serde's buffering of internally tagged enums cannot hold a u128.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Phase {
+    Queued {
+        key: Key,
+        vstart: u128,
+        enqueued_at: Millis,
+    },
+    Active {
+        granted_at: Millis,
+        expires_at: Millis,
+        charged: Demand,
+        rate_limited: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Entry {
+    pub(crate) id: LeaseId,
+    pub(crate) agent: AgentId,
+    pub(crate) pool: u32,
+    pub(crate) ask: Ask,
+    pub(crate) phase: Phase,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Slot {
+    generation: u32,
+    entry: Option<Entry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LeaseTable {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: u32,
+    /// (expires_at, id) in grant order, which is expiry order because the TTL is fixed and
+    /// time never goes back. Entries of leases that ended early are skipped when reached.
+    expiries: VecDeque<(Millis, LeaseId)>,
+}
+
+impl LeaseTable {
+    pub(crate) fn new() -> LeaseTable {
+        LeaseTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            expiries: VecDeque::new(),
+        }
+    }
+
+    pub(crate) fn live(&self) -> u32 {
+        self.live
+    }
+
+    /// Allocates a slot; `make` builds the entry from its id.
+    pub(crate) fn insert(&mut self, make: impl FnOnce(LeaseId) -> Entry) -> LeaseId {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(Slot {
+                    generation: 0,
+                    entry: None,
+                });
+                u32::try_from(self.slots.len().saturating_sub(1)).unwrap_or(u32::MAX)
+            }
+        };
+        let mut id = LeaseId(0);
+        if let Some(s) = self.slots.get_mut(slot as usize) {
+            s.generation = (s.generation % GEN_MASK) + 1;
+            id = LeaseId::new(slot, s.generation);
+            s.entry = Some(make(id));
+        }
+        self.live = self.live.saturating_add(1);
+        id
+    }
+
+    pub(crate) fn get(&self, id: LeaseId) -> Option<&Entry> {
+        let s = self.slots.get(id.slot() as usize)?;
+        if s.generation != id.generation() {
+            return None;
+        }
+        s.entry.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, id: LeaseId) -> Option<&mut Entry> {
+        let s = self.slots.get_mut(id.slot() as usize)?;
+        if s.generation != id.generation() {
+            return None;
+        }
+        s.entry.as_mut()
+    }
+
+    pub(crate) fn by_slot(&self, slot: u32) -> Option<&Entry> {
+        self.slots.get(slot as usize)?.entry.as_ref()
+    }
+
+    pub(crate) fn slot_of(id: LeaseId) -> u32 {
+        id.slot()
+    }
+
+    pub(crate) fn remove(&mut self, id: LeaseId) -> Option<Entry> {
+        let s = self.slots.get_mut(id.slot() as usize)?;
+        if s.generation != id.generation() {
+            return None;
+        }
+        let e = s.entry.take()?;
+        self.free.push(id.slot());
+        self.live = self.live.saturating_sub(1);
+        Some(e)
+    }
+
+    pub(crate) fn push_expiry(&mut self, at: Millis, id: LeaseId, max_leases: u32) {
+        self.expiries.push_back((at, id));
+        if self.expiries.len() > (max_leases as usize).saturating_mul(2).saturating_add(16) {
+            let slots = &self.slots;
+            self.expiries.retain(|(at, id)| {
+                slots.get(id.slot() as usize).is_some_and(|s| {
+                    s.generation == id.generation()
+                        && matches!(s.entry, Some(Entry { phase: Phase::Active { expires_at, .. }, .. }) if expires_at == *at)
+                })
+            });
+        }
+    }
+
+    /// The earliest expiry still queued (possibly of a lease that already ended: a wake-up
+    /// for it is harmless).
+    pub(crate) fn next_expiry(&self) -> Option<Millis> {
+        self.expiries.front().map(|(at, _)| *at)
+    }
+
+    /// Pops the next lease due at or before `now` that is still active.
+    pub(crate) fn pop_expired(&mut self, now: Millis) -> Option<LeaseId> {
+        while let Some(&(at, id)) = self.expiries.front() {
+            if at > now {
+                return None;
+            }
+            self.expiries.pop_front();
+            if let Some(Entry {
+                phase: Phase::Active { expires_at, .. },
+                ..
+            }) = self.get(id)
+            {
+                if *expires_at == at {
+                    return Some(id);
+                }
+            }
+        }
+        None
+    }
+
+    /// Live entries in slot order (allocates; for metrics and checks).
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.slots.iter().filter_map(|s| s.entry.as_ref())
+    }
+
+    pub(crate) fn is_consistent(&self) -> bool {
+        let live = self.slots.iter().filter(|s| s.entry.is_some()).count();
+        let free_ok = self.free.iter().all(|f| {
+            self.slots
+                .get(*f as usize)
+                .is_some_and(|s| s.entry.is_none())
+        });
+        let ids_ok = self.slots.iter().enumerate().all(|(i, s)| {
+            s.entry
+                .is_none_or(|e| e.id.slot() as usize == i && e.id.generation() == s.generation)
+        });
+        live == self.live as usize
+            && free_ok
+            && ids_ok
+            && self.free.len() + live == self.slots.len()
+    }
+}

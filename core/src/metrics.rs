@@ -1,0 +1,284 @@
+//! Metrics: per-minute usage against each limit, counters, queue-wait percentiles,
+//! per-agent state and estimate error, and fleet-sizing advice.
+//!
+//! Everything here is integer (thousandths for ratios) so that every runtime reports the
+//! same figures; bindings may convert to floats for display.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::AgentId;
+use crate::bucket::{Axis, Demand};
+use crate::time::Millis;
+
+/// Milliseconds in a metrics minute (fixed, whatever the rate window).
+pub const MINUTE_MS: u64 = 60_000;
+
+/// One minute of one pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MinuteStats {
+    /// Minute number: `now / 60000`.
+    pub minute: u64,
+    /// Usage settled in this minute (plus the reservation of leases reaped in it), per axis.
+    pub used: Demand,
+    /// Leases granted (at once or from the queue).
+    pub granted: u32,
+    /// Requests that had to queue.
+    pub queued: u32,
+    /// Requests rejected.
+    pub rejected: u32,
+    /// 429 responses reported.
+    pub rate_limited: u32,
+}
+
+/// Counters since the coordinator started, per pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCounters {
+    /// Leases granted without waiting.
+    pub granted_now: u64,
+    /// Leases granted from the queue.
+    pub granted_from_queue: u64,
+    /// Requests that had to queue.
+    pub queued: u64,
+    /// Requests rejected (any reason).
+    pub rejected: u64,
+    /// Leases settled.
+    pub settled: u64,
+    /// Leases and tickets cancelled.
+    pub cancelled: u64,
+    /// Leases reaped unsettled (no refund).
+    pub expired: u64,
+    /// 429 responses reported.
+    pub rate_limited: u64,
+    /// 429 responses reported against a granted lease (each one cut the margin).
+    pub rate_limited_on_lease: u64,
+    /// Times a provider header lowered a bucket.
+    pub resyncs: u64,
+    /// Provider headers that were recognised but malformed, and ignored.
+    pub malformed_headers: u64,
+}
+
+const SUB: usize = 8;
+const OCTAVES: usize = 40;
+
+/// A log-linear histogram of waits in ms: 8 sub-buckets per power of two, so a percentile
+/// is within 12.5 % of the true value. Fixed size, no allocation when recording.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WaitHistogram {
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl WaitHistogram {
+    pub(crate) fn new() -> Self {
+        WaitHistogram {
+            counts: alloc::vec![0; SUB * OCTAVES + SUB],
+            total: 0,
+        }
+    }
+
+    fn index(ms: u64) -> usize {
+        if ms < SUB as u64 {
+            return ms as usize;
+        }
+        let octave = (63 - ms.leading_zeros()) as usize; // >= 3
+        let shift = octave - 3;
+        let sub = ((ms >> shift) as usize) & (SUB - 1);
+        ((octave - 2) * SUB + sub).min(SUB * OCTAVES + SUB - 1)
+    }
+
+    /// Upper bound (inclusive) of the values in bucket `i`.
+    fn upper(i: usize) -> u64 {
+        if i < SUB {
+            return i as u64;
+        }
+        let octave = i / SUB + 2;
+        let sub = (i % SUB) as u64;
+        let shift = octave - 3;
+        let low = (SUB as u64 + sub) << shift;
+        low.saturating_add((1u64 << shift) - 1)
+    }
+
+    pub(crate) fn record(&mut self, ms: u64) {
+        if let Some(c) = self.counts.get_mut(Self::index(ms)) {
+            *c = c.saturating_add(1);
+            self.total = self.total.saturating_add(1);
+        }
+    }
+
+    /// The `permille`-th percentile (500 = median), as a bucket upper bound.
+    pub(crate) fn percentile(&self, permille: u64) -> Option<u64> {
+        if self.total == 0 {
+            return None;
+        }
+        let rank = (u128::from(self.total) * u128::from(permille))
+            .div_ceil(1000)
+            .max(1);
+        let mut seen = 0u128;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += u128::from(*c);
+            if seen >= rank {
+                return Some(Self::upper(i));
+            }
+        }
+        None
+    }
+
+    pub(crate) fn is_consistent(&self) -> bool {
+        self.counts.len() == SUB * OCTAVES + SUB
+            && self.counts.iter().fold(0u64, |a, c| a.saturating_add(*c)) == self.total
+    }
+}
+
+/// What an agent is doing right now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum AgentActivity {
+    /// Waiting in a queue since this instant (its earliest ticket still queued).
+    Queued {
+        /// When the agent went from no queued ticket to one.
+        since: Millis,
+    },
+    /// Holding at least one granted lease.
+    InFlight,
+    /// Neither.
+    Idle,
+}
+
+/// Per-agent figures.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentMetrics {
+    /// The agent.
+    pub agent: AgentId,
+    /// What it is doing.
+    pub activity: AgentActivity,
+    /// Tickets queued.
+    pub queued: u32,
+    /// Leases in flight.
+    pub in_flight: u32,
+    /// Leases settled.
+    pub settled: u64,
+    /// Moving average of |estimate − actual| / actual for input tokens, thousandths.
+    pub input_error_permille: u32,
+    /// The same for output tokens (max_tokens against actual output: usually large).
+    pub output_error_permille: u32,
+    /// Whether the estimate-error alert is raised.
+    pub alerting: bool,
+    /// Current weight multiplier from repeated identical failures (thousandths).
+    pub repeat_failures: u32,
+    /// Last time the agent made a request or settled.
+    pub last_seen: Millis,
+}
+
+/// How many agents like the measured ones fit at 75 % of the binding ceiling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetAdvice {
+    /// The axis that binds (highest usage against its limit).
+    pub axis: Axis,
+    /// Average usage of one active agent per minute on that axis.
+    pub per_agent_per_minute: u64,
+    /// Agents measured (those that settled a lease in the measured minutes).
+    pub agents_measured: u32,
+    /// Agents of that kind that fit at 75 % of the real limit.
+    pub agents_at_75_percent: u64,
+}
+
+/// One axis of one pool, as metrics see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AxisMetrics {
+    /// The axis.
+    pub axis: Axis,
+    /// The real limit per window, if known.
+    pub limit: Option<u64>,
+    /// Effective capacity per window (limit × margin × ramp).
+    pub capacity: u64,
+    /// Tokens (or requests) available now; negative is debt.
+    pub available: i64,
+    /// Usage in the last complete minute.
+    pub last_minute: u64,
+    /// Usage in the last complete minute against the real limit, thousandths.
+    pub last_minute_permille: u32,
+}
+
+/// One pool's figures.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolMetrics {
+    /// The pool's name.
+    pub name: String,
+    /// Current margin, thousandths.
+    pub margin_permille: u32,
+    /// Grants are paused until this instant after a 429 (in the past when not paused).
+    pub paused_until: Millis,
+    /// Leases in flight.
+    pub in_flight: u64,
+    /// The concurrency limit, if known.
+    pub max_concurrent: Option<u64>,
+    /// Tickets queued.
+    pub queue_depth: u32,
+    /// Per rate axis.
+    pub axes: Vec<AxisMetrics>,
+    /// The axis with the highest usage against its limit over the last complete minutes.
+    pub binding_axis: Option<Axis>,
+    /// Median wait of leases granted from the queue, ms.
+    pub queue_wait_p50_ms: Option<u64>,
+    /// 95th percentile of the same.
+    pub queue_wait_p95_ms: Option<u64>,
+    /// Counters since start.
+    pub counters: PoolCounters,
+    /// The kept minutes, oldest first (the last one is the current, partial minute).
+    pub minutes: Vec<MinuteStats>,
+    /// Fleet-sizing advice, once there is usage to measure.
+    pub fleet: Option<FleetAdvice>,
+}
+
+/// Everything the coordinator reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// The instant the figures were taken.
+    pub now: Millis,
+    /// Per pool, in configuration order.
+    pub pools: Vec<PoolMetrics>,
+    /// Per agent, by id.
+    pub agents: Vec<AgentMetrics>,
+    /// Leases and tickets alive.
+    pub live_leases: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_percentiles_are_within_one_bucket() {
+        let mut h = WaitHistogram::new();
+        for ms in 1..=1000u64 {
+            h.record(ms);
+        }
+        let p50 = h.percentile(500).unwrap();
+        let p95 = h.percentile(950).unwrap();
+        assert!((500..=563).contains(&p50), "p50 {p50}");
+        assert!((950..=1024).contains(&p95), "p95 {p95}");
+        assert!(h.is_consistent());
+    }
+
+    #[test]
+    fn histogram_handles_zero_and_u64_max() {
+        let mut h = WaitHistogram::new();
+        h.record(0);
+        h.record(u64::MAX);
+        assert_eq!(h.percentile(500), Some(0));
+        assert!(h.percentile(1000).unwrap() > 1 << 40);
+    }
+
+    #[test]
+    fn bucket_bounds_cover_every_value() {
+        for ms in (0..5000u64).chain([1 << 20, (1 << 20) + 12345, 1 << 41]) {
+            let i = WaitHistogram::index(ms);
+            assert!(WaitHistogram::upper(i) >= ms, "{ms} in bucket {i}");
+            if i > 0 {
+                assert!(WaitHistogram::upper(i - 1) < ms, "{ms} in bucket {i}");
+            }
+        }
+    }
+}

@@ -1,0 +1,776 @@
+//! Behaviour of the coordinator through its public API, one test per rule.
+
+use tokenwarden_core::*;
+
+const W: u64 = 60_000;
+
+fn coord(extra: &str) -> Coordinator {
+    let json = format!(
+        r#"{{"pools":[{{"name":"p","input_tokens_per_minute":100000,"output_tokens_per_minute":20000,
+            "requests_per_minute":1000,"max_concurrent":4}}]{extra}}}"#
+    );
+    Coordinator::new(Config::from_json(&json).unwrap(), 7, Millis(0)).unwrap()
+}
+
+fn ask(agent: u64, input: u64, max_tokens: u64) -> LeaseRequest {
+    LeaseRequest {
+        agent: AgentId(agent),
+        input_tokens: input,
+        max_tokens,
+        ..Default::default()
+    }
+}
+
+fn grant(d: Decision) -> LeaseId {
+    match d {
+        Decision::Grant { lease, .. } => lease,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn queued(d: Decision) -> (LeaseId, Millis) {
+    match d {
+        Decision::Queued { lease, eta } => (lease, eta),
+        other => panic!("expected queued, got {other:?}"),
+    }
+}
+
+/// Wakes the coordinator at each poll_timeout up to `until`; returns the events with times.
+fn drive(c: &mut Coordinator, until: Millis) -> Vec<(Millis, Event)> {
+    let mut out = Vec::new();
+    while let Some(e) = c.poll_event() {
+        out.push((c.now(), e));
+    }
+    while let Some(t) = c.poll_timeout() {
+        if t > until {
+            break;
+        }
+        c.handle_timeout(t);
+        while let Some(e) = c.poll_event() {
+            out.push((t, e));
+        }
+    }
+    out
+}
+
+fn used(input: u64, output: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        ..Default::default()
+    }
+}
+
+fn available(c: &Coordinator, axis: Axis) -> i64 {
+    c.metrics(c.now()).pools[0]
+        .axes
+        .iter()
+        .find(|a| a.axis == axis)
+        .unwrap()
+        .available
+}
+
+#[test]
+fn hands_out_limit_times_margin() {
+    let mut c = coord("");
+    // 85% of 100k input = 85k.
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let (_, eta) = queued(c.request_lease(Millis(0), &ask(2, 1, 10)).unwrap());
+    assert_eq!(available(&c, Axis::InputTokens), 0, "now=0");
+    // One token refills in 60000/85000 ms, rounded up to 1 ms.
+    assert_eq!(eta, Millis(1));
+}
+
+#[test]
+fn queued_ticket_is_granted_at_its_eta_by_refill() {
+    let mut c = coord("");
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let (t, eta) = queued(c.request_lease(Millis(0), &ask(2, 8_500, 10)).unwrap());
+    assert_eq!(eta, Millis(6_000), "8.5k tokens at 85k/min take 6 s");
+    let ev = drive(&mut c, Millis(10_000));
+    assert!(
+        matches!(ev.as_slice(), [(Millis(6_000), Event::Granted { lease, waited_ms: 6_000, .. })] if *lease == t),
+        "{ev:?}"
+    );
+}
+
+#[test]
+fn settle_refunds_unused_reservation_at_once() {
+    let mut c = coord("");
+    let l = grant(c.request_lease(Millis(0), &ask(1, 80_000, 5_000)).unwrap());
+    let (t, _) = queued(c.request_lease(Millis(0), &ask(2, 20_000, 100)).unwrap());
+    let s = c.settle(Millis(100), l, &used(60_000, 500)).unwrap();
+    assert_eq!(s.reserved.get(Axis::InputTokens), 80_000);
+    assert_eq!(s.used.get(Axis::InputTokens), 60_000);
+    assert_eq!(
+        c.poll_event()
+            .map(|e| matches!(e, Event::Granted { lease, .. } if lease == t)),
+        Some(true)
+    );
+}
+
+#[test]
+fn settle_charges_underestimate_as_debt() {
+    let mut c = coord("");
+    let l = grant(c.request_lease(Millis(0), &ask(1, 80_000, 10)).unwrap());
+    c.settle(Millis(0), l, &used(120_000, 10)).unwrap();
+    assert_eq!(
+        available(&c, Axis::InputTokens),
+        5_000 - 40_000,
+        "debt of 35k at now=0"
+    );
+    let (_, eta) = queued(c.request_lease(Millis(0), &ask(2, 1_000, 10)).unwrap());
+    // 36k tokens to refill at 85k/min.
+    assert_eq!(eta, Millis((36_000 * W).div_ceil(85_000)));
+}
+
+#[test]
+fn does_not_refund_expired_lease() {
+    let mut c = coord(r#","lease_ttl_ms":1000"#);
+    let l = grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let ev = drive(&mut c, Millis(1_000));
+    assert!(
+        matches!(ev.as_slice(), [(Millis(1_000), Event::Expired { lease, .. })] if *lease == l),
+        "{ev:?}"
+    );
+    // Only refill since 0 is available, nothing refunded: 1000 ms × 85k/60k = 1416.
+    assert_eq!(available(&c, Axis::InputTokens), 1_416);
+    assert_eq!(
+        c.settle(Millis(1_001), l, &used(1, 1)),
+        Err(LeaseError::UnknownLease)
+    );
+}
+
+#[test]
+fn reaping_is_idempotent() {
+    let mut c = coord(r#","lease_ttl_ms":1000"#);
+    grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    c.handle_timeout(Millis(5_000));
+    assert!(matches!(c.poll_event(), Some(Event::Expired { .. })));
+    c.handle_timeout(Millis(5_000));
+    c.handle_timeout(Millis(6_000));
+    assert_eq!(c.poll_event(), None);
+    assert_eq!(c.metrics(Millis(6_000)).pools[0].counters.expired, 1);
+}
+
+#[test]
+fn concurrency_slot_is_held_until_settle() {
+    let mut c = coord("");
+    let leases: Vec<_> = (0..4)
+        .map(|i| grant(c.request_lease(Millis(0), &ask(i, 10, 10)).unwrap()))
+        .collect();
+    let (t, _) = queued(c.request_lease(Millis(0), &ask(9, 10, 10)).unwrap());
+    assert_eq!(
+        c.poll_timeout(),
+        Some(Millis(120_000)),
+        "only lease expiry can free a slot"
+    );
+    c.settle(Millis(50), leases[2], &used(10, 10)).unwrap();
+    assert!(matches!(c.poll_event(), Some(Event::Granted { lease, .. }) if lease == t));
+}
+
+#[test]
+fn rejects_a_request_that_can_never_fit() {
+    let mut c = coord("");
+    let d = c.request_lease(Millis(0), &ask(1, 100_001, 10)).unwrap();
+    assert_eq!(
+        d,
+        Decision::Reject {
+            retry_at: None,
+            reason: RejectReason::ExceedsCapacity {
+                axis: Axis::InputTokens
+            }
+        }
+    );
+    // Fits the real limit but not 85% of it: comes back when the margin could allow it.
+    let d = c.request_lease(Millis(0), &ask(1, 90_000, 10)).unwrap();
+    assert!(
+        matches!(d, Decision::Reject { retry_at: None, .. }),
+        "ceiling is 85%: {d:?}"
+    );
+}
+
+#[test]
+fn rejects_when_estimated_wait_is_too_long() {
+    let mut c = coord(r#","max_queue_wait_ms":10000"#);
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let d = c.request_lease(Millis(0), &ask(2, 17_000, 10)).unwrap();
+    // 17k tokens take 12 s; the wait bound is 10 s, so come back in 2 s.
+    assert_eq!(
+        d,
+        Decision::Reject {
+            retry_at: Some(Millis(2_000)),
+            reason: RejectReason::WaitTooLong
+        }
+    );
+    queued(c.request_lease(Millis(2_000), &ask(2, 17_000, 10)).unwrap());
+}
+
+#[test]
+fn rejects_when_queue_is_full() {
+    let mut c = coord(r#","max_queue_depth":2"#);
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    queued(c.request_lease(Millis(0), &ask(2, 10, 10)).unwrap());
+    queued(c.request_lease(Millis(0), &ask(3, 10, 10)).unwrap());
+    let d = c.request_lease(Millis(0), &ask(4, 10, 10)).unwrap();
+    assert!(
+        matches!(
+            d,
+            Decision::Reject {
+                reason: RejectReason::QueueFull,
+                retry_at: Some(_)
+            }
+        ),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn cancel_withdraws_a_ticket_exactly_once() {
+    let mut c = coord("");
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let (t, _) = queued(c.request_lease(Millis(0), &ask(2, 10, 10)).unwrap());
+    c.cancel(Millis(0), t).unwrap();
+    assert_eq!(c.cancel(Millis(0), t), Err(LeaseError::UnknownLease));
+    assert_eq!(
+        drive(&mut c, Millis(100_000)).len(),
+        0,
+        "a cancelled ticket is never granted"
+    );
+}
+
+#[test]
+fn cancel_of_unused_lease_refunds_everything() {
+    let mut c = coord("");
+    let l = grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    c.cancel(Millis(0), l).unwrap();
+    assert_eq!(available(&c, Axis::InputTokens), 85_000);
+    assert_eq!(c.metrics(Millis(0)).pools[0].in_flight, 0);
+}
+
+#[test]
+fn settling_a_queued_ticket_is_an_error_and_changes_nothing() {
+    let mut c = coord("");
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let (t, _) = queued(c.request_lease(Millis(0), &ask(2, 10, 10)).unwrap());
+    let before = c.snapshot_json();
+    assert_eq!(
+        c.settle(Millis(0), t, &used(1, 1)),
+        Err(LeaseError::NotGranted)
+    );
+    assert_eq!(c.snapshot_json(), before);
+}
+
+#[test]
+fn bad_input_is_an_error_and_leaves_state_unchanged() {
+    let mut c = coord("");
+    let l = grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    let before = c.snapshot_json();
+    let huge = ask(1, u64::MAX, 10);
+    assert_eq!(
+        c.request_lease(Millis(5), &huge),
+        Err(LeaseError::TooLarge {
+            field: "input_tokens"
+        })
+    );
+    let other_pool = LeaseRequest {
+        pool: PoolId(3),
+        ..ask(1, 1, 1)
+    };
+    assert_eq!(
+        c.request_lease(Millis(5), &other_pool),
+        Err(LeaseError::UnknownPool)
+    );
+    let u = Usage {
+        output_tokens: 1 << 53,
+        ..Default::default()
+    };
+    assert_eq!(
+        c.settle(Millis(5), l, &u),
+        Err(LeaseError::TooLarge {
+            field: "output_tokens"
+        })
+    );
+    assert_eq!(
+        c.settle(Millis(5), LeaseId(12345), &used(1, 1)),
+        Err(LeaseError::UnknownLease)
+    );
+    assert_eq!(
+        c.cancel(Millis(5), LeaseId(u64::MAX)),
+        Err(LeaseError::UnknownLease)
+    );
+    assert_eq!(
+        c.snapshot_json(),
+        before,
+        "errors must not move the clock or anything else"
+    );
+}
+
+#[test]
+fn planner_is_served_before_workers_queued_earlier() {
+    let mut c = coord("");
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let (w, _) = queued(c.request_lease(Millis(0), &ask(2, 5_000, 10)).unwrap());
+    let planner = LeaseRequest {
+        role: Role::Planner,
+        unblocks: 6,
+        ..ask(3, 5_000, 10)
+    };
+    let (p, _) = queued(c.request_lease(Millis(0), &planner).unwrap());
+    let ev = drive(&mut c, Millis(60_000));
+    let order: Vec<LeaseId> = ev
+        .iter()
+        .filter_map(|(_, e)| {
+            if let Event::Granted { lease, .. } = e {
+                Some(*lease)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(order, vec![p, w]);
+}
+
+#[test]
+fn weighted_queue_does_not_starve_workers() {
+    // A planner keeps three requests queued at all times; a worker queued once still gets in.
+    let mut c = coord("");
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let planner = LeaseRequest {
+        role: Role::Planner,
+        ..ask(2, 2_000, 10)
+    };
+    for _ in 0..3 {
+        queued(c.request_lease(Millis(0), &planner).unwrap());
+    }
+    let (worker, _) = queued(c.request_lease(Millis(0), &ask(3, 2_000, 10)).unwrap());
+    let mut planner_grants = 0;
+    loop {
+        let now = c.poll_timeout().unwrap();
+        c.handle_timeout(now);
+        let mut done = false;
+        while let Some(e) = c.poll_event() {
+            if let Event::Granted { lease, agent, .. } = e {
+                c.settle(now, lease, &used(2_000, 10)).unwrap();
+                if lease == worker {
+                    done = true;
+                } else if agent == AgentId(2) {
+                    planner_grants += 1;
+                    let _ = c.request_lease(now, &planner).unwrap();
+                }
+            }
+        }
+        if done {
+            break;
+        }
+        assert!(now < Millis(600_000), "worker starved: now={now}");
+    }
+    assert!(
+        (2..=6).contains(&planner_grants),
+        "planner served {planner_grants} times before the worker"
+    );
+}
+
+#[test]
+fn repeated_identical_failure_halves_weight() {
+    let mut c = coord("");
+    grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    // Agent 2 fails the same way twice in a row: weight 1 → 0.25. Agent 3 is fresh.
+    let looping = LeaseRequest {
+        failure_signature: Some(0xabc),
+        ..ask(2, 1_000, 10)
+    };
+    let (a, _) = queued(c.request_lease(Millis(0), &looping).unwrap());
+    c.cancel(Millis(0), a).unwrap();
+    let (a2, _) = queued(c.request_lease(Millis(0), &looping).unwrap());
+    c.cancel(Millis(0), a2).unwrap();
+    let (a3, _) = queued(c.request_lease(Millis(0), &looping).unwrap());
+    let (b, _) = queued(c.request_lease(Millis(0), &ask(3, 1_000, 10)).unwrap());
+    let order: Vec<LeaseId> = drive(&mut c, Millis(60_000))
+        .iter()
+        .filter_map(|(_, e)| {
+            if let Event::Granted { lease, .. } = e {
+                Some(*lease)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(order, vec![b, a3]);
+    let m = c.metrics(Millis(60_000));
+    assert_eq!(
+        m.agents
+            .iter()
+            .find(|a| a.agent == AgentId(2))
+            .unwrap()
+            .repeat_failures,
+        2
+    );
+}
+
+#[test]
+fn cold_prompt_cache_charges_the_cached_prefix() {
+    let mut c = coord(r#","prompt_cache_ttl_ms":300000"#);
+    let req = LeaseRequest {
+        cached_prefix_tokens: 50_000,
+        ..ask(1, 2_000, 100)
+    };
+    let l = grant(c.request_lease(Millis(0), &req).unwrap());
+    let s = c
+        .settle(
+            Millis(1_000),
+            l,
+            &Usage {
+                input_tokens: 2_000,
+                cache_creation_input_tokens: 50_000,
+                output_tokens: 50,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        s.reserved.get(Axis::InputTokens),
+        52_000,
+        "first call: cache cold"
+    );
+    let l = grant(c.request_lease(Millis(100_000), &req).unwrap());
+    let s = c
+        .settle(
+            Millis(101_000),
+            l,
+            &Usage {
+                input_tokens: 2_000,
+                cache_read_input_tokens: 50_000,
+                output_tokens: 50,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        s.reserved.get(Axis::InputTokens),
+        2_000,
+        "warm cache: reads are free of ITPM"
+    );
+    assert_eq!(s.used.get(Axis::InputTokens), 2_000);
+    let l = grant(c.request_lease(Millis(401_001), &req).unwrap());
+    let s = c.settle(Millis(401_002), l, &used(52_000, 10)).unwrap();
+    assert_eq!(
+        s.reserved.get(Axis::InputTokens),
+        52_000,
+        "cache expired 300 s after the last call"
+    );
+}
+
+#[test]
+fn openai_counting_precharges_max_of_max_tokens_and_input() {
+    let json = r#"{"pools":[{"name":"gpt","counting":"openai","tokens_per_minute":100000}]}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 1, Millis(0)).unwrap();
+    let req = LeaseRequest {
+        cached_prefix_tokens: 1_000,
+        ..ask(1, 3_000, 10_000)
+    };
+    let l = grant(c.request_lease(Millis(0), &req).unwrap());
+    let s = c
+        .settle(
+            Millis(10),
+            l,
+            &Usage {
+                input_tokens: 3_000,
+                cache_read_input_tokens: 1_000,
+                output_tokens: 700,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.reserved.get(Axis::Tokens), 10_000);
+    assert_eq!(
+        s.used.get(Axis::Tokens),
+        4_700,
+        "cached tokens count toward OpenAI TPM"
+    );
+}
+
+#[test]
+fn rate_limit_on_granted_lease_cuts_margin_once_and_pauses_pool() {
+    let mut c = coord("");
+    let l = grant(c.request_lease(Millis(0), &ask(1, 1_000, 10)).unwrap());
+    let report = parse_headers([("retry-after", "12")], None);
+    c.handle_response(Millis(100), PoolId(0), Some(l), 429, &report)
+        .unwrap();
+    c.handle_response(Millis(100), PoolId(0), Some(l), 429, &report)
+        .unwrap();
+    let ev: Vec<Event> = std::iter::from_fn(|| c.poll_event()).collect();
+    assert!(
+        ev.contains(&Event::Paused {
+            pool: PoolId(0),
+            until: Millis(12_100)
+        }),
+        "{ev:?}"
+    );
+    let cuts = ev
+        .iter()
+        .filter(|e| matches!(e, Event::MarginChanged { .. }))
+        .count();
+    assert_eq!(cuts, 1, "one lease, one cut: {ev:?}");
+    assert_eq!(c.metrics(Millis(100)).pools[0].margin_permille, 800);
+    // The whole pool waits out the pause.
+    let (t, eta) = queued(c.request_lease(Millis(200), &ask(2, 10, 10)).unwrap());
+    assert_eq!(eta, Millis(12_100));
+    let ev = drive(&mut c, Millis(20_000));
+    assert!(
+        ev.iter().any(|(at, e)| *at == Millis(12_100)
+            && matches!(e, Event::Granted { lease, .. } if *lease == t))
+    );
+}
+
+#[test]
+fn margin_recovers_a_point_per_clean_interval_and_respects_the_floor() {
+    let mut c = coord("");
+    let r = parse_headers([("retry-after", "1")], None);
+    for i in 0..10 {
+        let l = grant(c.request_lease(Millis(i * 2_000), &ask(i, 10, 10)).unwrap());
+        c.handle_response(Millis(i * 2_000 + 1), PoolId(0), Some(l), 429, &r)
+            .unwrap();
+        c.settle(Millis(i * 2_000 + 1), l, &used(0, 0)).unwrap();
+    }
+    assert_eq!(
+        c.metrics(Millis(20_000)).pools[0].margin_permille,
+        600,
+        "floor"
+    );
+    let last_429 = 9 * 2_000 + 1;
+    c.handle_timeout(Millis(last_429 + 60_000 - 1));
+    assert_eq!(c.metrics(c.now()).pools[0].margin_permille, 600);
+    c.handle_timeout(Millis(last_429 + 60_000));
+    assert_eq!(c.metrics(c.now()).pools[0].margin_permille, 610);
+    c.handle_timeout(Millis(last_429 + 100 * 60_000));
+    assert_eq!(c.metrics(c.now()).pools[0].margin_permille, 850, "ceiling");
+    assert_eq!(c.poll_timeout(), None, "nothing left to wake for");
+}
+
+#[test]
+fn time_going_backwards_is_clamped() {
+    let mut c = coord("");
+    grant(
+        c.request_lease(Millis(10_000), &ask(1, 85_000, 10))
+            .unwrap(),
+    );
+    let (_, eta) = queued(c.request_lease(Millis(5), &ask(2, 850, 10)).unwrap());
+    assert_eq!(c.now(), Millis(10_000));
+    assert_eq!(eta, Millis(10_600));
+}
+
+#[test]
+fn huge_time_jumps_saturate_without_panicking() {
+    let mut c = coord("");
+    let l = grant(
+        c.request_lease(Millis(u64::MAX - 10), &ask(1, 85_000, 10))
+            .unwrap(),
+    );
+    assert!(matches!(
+        c.request_lease(Millis(u64::MAX - 6), &ask(2, 85_000, 10))
+            .unwrap(),
+        Decision::Queued { .. }
+    ));
+    c.settle(Millis(u64::MAX - 5), l, &used(1, 1)).unwrap();
+    c.handle_timeout(Millis(u64::MAX));
+    // Leases granted this late expire at the end of time, and are reaped there.
+    let l = grant(
+        c.request_lease(Millis(u64::MAX), &ask(3, 1, 1))
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
+    assert_eq!(
+        c.settle(Millis(u64::MAX), l, &used(1, 1)),
+        Err(LeaseError::UnknownLease)
+    );
+    let _ = c.poll_timeout();
+    let _ = c.metrics(Millis(u64::MAX));
+    c.check().unwrap();
+}
+
+#[test]
+fn provider_headers_lower_the_bucket_and_update_the_tier() {
+    let mut c = coord("");
+    let r = parse_headers(
+        [
+            ("anthropic-ratelimit-input-tokens-limit", "100000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "40000"),
+        ],
+        None,
+    );
+    c.handle_response(Millis(0), PoolId(0), None, 200, &r)
+        .unwrap();
+    // Provider: 40k of 100k left, i.e. 60k used. Ours: 85k cap → 25k available.
+    assert_eq!(available(&c, Axis::InputTokens), 25_000);
+    let r = parse_headers([("anthropic-ratelimit-input-tokens-limit", "200000")], None);
+    c.handle_response(Millis(0), PoolId(0), None, 200, &r)
+        .unwrap();
+    let m = c.metrics(Millis(0));
+    let a = m.pools[0]
+        .axes
+        .iter()
+        .find(|a| a.axis == Axis::InputTokens)
+        .unwrap();
+    assert_eq!(
+        (a.limit, a.capacity),
+        (Some(200_000), 170_000),
+        "a new tier changes capacity"
+    );
+}
+
+#[test]
+fn unknown_limit_is_learned_from_headers() {
+    let json = r#"{"pools":[{"name":"p"}]}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 1, Millis(0)).unwrap();
+    grant(c.request_lease(Millis(0), &ask(1, 1_000_000, 10)).unwrap());
+    let r = parse_headers(
+        [
+            ("anthropic-ratelimit-input-tokens-limit", "50000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "0"),
+        ],
+        None,
+    );
+    c.handle_response(Millis(10), PoolId(0), None, 200, &r)
+        .unwrap();
+    assert!(matches!(
+        c.request_lease(Millis(10), &ask(2, 1_000, 10)).unwrap(),
+        Decision::Queued { .. }
+    ));
+}
+
+#[test]
+fn estimate_alert_fires_after_consecutive_misses() {
+    let mut c = coord("");
+    let mut alerts = 0;
+    for i in 0..8u64 {
+        let l = grant(
+            c.request_lease(Millis(i * 1_000), &ask(1, 1_000, 10))
+                .unwrap(),
+        );
+        c.settle(Millis(i * 1_000 + 1), l, &used(1_500, 10))
+            .unwrap();
+        while let Some(e) = c.poll_event() {
+            if let Event::EstimateAlert {
+                agent,
+                error_permille,
+            } = e
+            {
+                assert_eq!((agent, i), (AgentId(1), 4), "fifth miss in a row");
+                assert_eq!(error_permille, 333);
+                alerts += 1;
+            }
+        }
+    }
+    assert_eq!(alerts, 1, "raised once while it stays above the threshold");
+}
+
+#[test]
+fn idle_agents_are_forgotten_when_the_table_is_full() {
+    let mut c = coord(r#","max_agents":2"#);
+    let a = grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    let b = grant(c.request_lease(Millis(1), &ask(2, 10, 10)).unwrap());
+    let d = c.request_lease(Millis(2), &ask(3, 10, 10)).unwrap();
+    assert_eq!(
+        d,
+        Decision::Reject {
+            retry_at: None,
+            reason: RejectReason::TooManyAgents
+        }
+    );
+    c.settle(Millis(3), a, &used(10, 10)).unwrap();
+    grant(c.request_lease(Millis(4), &ask(3, 10, 10)).unwrap());
+    c.settle(Millis(5), b, &used(10, 10)).unwrap();
+    assert_eq!(c.metrics(Millis(5)).agents.len(), 2);
+}
+
+#[test]
+fn lease_ids_stay_below_2_pow_53() {
+    let mut c = coord("");
+    for i in 0..5_000u64 {
+        let l = grant(c.request_lease(Millis(i * 100), &ask(1, 10, 10)).unwrap());
+        assert!(l.0 < 1 << 53);
+        c.settle(Millis(i * 100), l, &used(10, 10)).unwrap();
+    }
+}
+
+#[test]
+fn snapshot_restore_makes_the_same_decisions() {
+    let mut a = coord("");
+    grant(a.request_lease(Millis(0), &ask(1, 80_000, 1_000)).unwrap());
+    queued(a.request_lease(Millis(10), &ask(2, 30_000, 1_000)).unwrap());
+    let mut b = Coordinator::restore_json(&a.snapshot_json()).unwrap();
+    assert_eq!(a, b);
+    for t in [100u64, 5_000, 30_000, 90_000] {
+        let da = a.request_lease(Millis(t), &ask(t, 7_000, 500)).unwrap();
+        let db = b.request_lease(Millis(t), &ask(t, 7_000, 500)).unwrap();
+        assert_eq!(da, db, "now={t}");
+        assert_eq!(
+            drive(&mut a, Millis(t + 1_000)),
+            drive(&mut b, Millis(t + 1_000))
+        );
+    }
+    let mut sa = Backoff::new();
+    let mut sb = Backoff::new();
+    assert_eq!(
+        a.backoff(&mut sa, None),
+        b.backoff(&mut sb, None),
+        "same PRNG state"
+    );
+}
+
+#[test]
+fn corrupt_or_foreign_snapshots_are_refused() {
+    let c = coord("");
+    let json = c.snapshot_json();
+    assert!(matches!(
+        Coordinator::restore_json("{}"),
+        Err(RestoreError::Parse(_))
+    ));
+    let v2 = json.replacen("\"version\":1", "\"version\":2", 1);
+    assert!(matches!(
+        Coordinator::restore_json(&v2),
+        Err(RestoreError::UnsupportedVersion(2))
+    ));
+    let bad = json.replacen("\"margin\":850", "\"margin\":10", 1);
+    assert!(
+        matches!(
+            Coordinator::restore_json(&bad),
+            Err(RestoreError::Corrupt(_))
+        ),
+        "margin below floor"
+    );
+}
+
+#[test]
+fn slow_start_ramps_token_capacity() {
+    let mut c = coord(r#","slow_start":{"start_permille":500,"ramp_ms":60000}"#);
+    let cap = |c: &Coordinator| c.metrics(c.now()).pools[0].axes[0].capacity;
+    assert_eq!(cap(&c), 42_500);
+    c.handle_timeout(Millis(30_000));
+    assert_eq!(cap(&c), 63_750);
+    c.handle_timeout(Millis(60_000));
+    assert_eq!(cap(&c), 85_000);
+    // Requests/min is not ramped.
+    assert_eq!(c.metrics(c.now()).pools[0].axes[3].capacity, 850);
+}
+
+#[test]
+fn metrics_report_usage_binding_axis_and_fleet_advice() {
+    let mut c = coord("");
+    for i in 0..10u64 {
+        let l = grant(
+            c.request_lease(Millis(i * 5_000), &ask(i % 2, 4_000, 500))
+                .unwrap(),
+        );
+        c.settle(Millis(i * 5_000 + 10), l, &used(4_000, 300))
+            .unwrap();
+    }
+    let m = c.metrics(Millis(60_000));
+    let p = &m.pools[0];
+    assert_eq!(p.axes[0].last_minute, 40_000);
+    assert_eq!(p.axes[0].last_minute_permille, 400);
+    assert_eq!(p.binding_axis, Some(Axis::InputTokens));
+    let f = p.fleet.unwrap();
+    assert_eq!((f.agents_measured, f.per_agent_per_minute), (2, 20_000));
+    assert_eq!(f.agents_at_75_percent, 3, "75k / 20k per agent");
+}
