@@ -441,16 +441,31 @@ impl Pool {
         self.max_concurrent.is_none_or(|m| self.in_flight < m)
     }
 
-    fn take(&mut self, d: &Demand, window: u64) -> Demand {
-        let mut taken = Demand::default();
+    /// Takes `d` from every gating axis; returns the mask of axes it was taken from.
+    fn take(&mut self, d: &Demand, window: u64) -> u8 {
+        let mut gated = 0u8;
         for a in Axis::ALL {
             let b = self.bucket_mut(a);
             if b.gates() {
                 b.take(d.get(a), window);
-                taken.0[a.index()] = d.get(a);
+                gated |= 1 << a.index();
             }
         }
-        taken
+        gated
+    }
+
+    /// Settles a lease's axes: the difference is refunded or charged on axes it was taken
+    /// from; an axis that became known after the grant is charged the actual usage.
+    fn reconcile(&mut self, charged: &Demand, gated: u8, actual: &Demand, window: u64) {
+        for axis in Axis::ALL {
+            let reserved = if gated & (1 << axis.index()) != 0 {
+                i128::from(charged.get(axis))
+            } else {
+                0
+            };
+            self.bucket_mut(axis)
+                .adjust(reserved - i128::from(actual.get(axis)), window);
+        }
     }
 
     /// Ms from `updated` until a total of `need` fits on every axis (no full-bucket rule:
@@ -607,6 +622,7 @@ impl Coordinator {
         let Phase::Active { charged, .. } = entry.phase else {
             return;
         };
+        self.leases.prune_expiries();
         if let Some(pool) = self.pools.get_mut(entry.pool as usize) {
             pool.in_flight = pool.in_flight.saturating_sub(1);
             pool.counters.expired = pool.counters.expired.saturating_add(1);
@@ -664,7 +680,7 @@ impl Coordinator {
                 return;
             }
             pool.queue.remove(key);
-            let charged = pool.take(&demand, window);
+            let gated = pool.take(&demand, window);
             pool.in_flight = pool.in_flight.saturating_add(1);
             pool.vtime = pool.vtime.max(vstart);
             let waited_ms = now.since(enqueued_at);
@@ -678,7 +694,8 @@ impl Coordinator {
                 e.phase = Phase::Active {
                     granted_at: now,
                     expires_at,
-                    charged,
+                    charged: demand,
+                    gated,
                     rate_limited: false,
                 };
             }
@@ -874,9 +891,15 @@ impl Coordinator {
             let Some(pool) = self.pools.get_mut(p as usize) else {
                 return Err(LeaseError::UnknownPool);
             };
-            let charged = pool.take(&demand, window);
+            let gated = pool.take(&demand, window);
             pool.in_flight = pool.in_flight.saturating_add(1);
-            pool.vtime = pool.vtime.max(vstart);
+            // With nobody waiting, virtual time moves to this grant's finish, so an agent
+            // gains no credit from earlier uncontended use and owes none to late comers.
+            pool.vtime = pool.vtime.max(if pool.queue.len() == 0 {
+                vfinish
+            } else {
+                vstart
+            });
             pool.counters.granted_now = pool.counters.granted_now.saturating_add(1);
             if let Some(m) = pool.minute(now) {
                 m.granted = m.granted.saturating_add(1);
@@ -889,7 +912,8 @@ impl Coordinator {
                 phase: Phase::Active {
                     granted_at: now,
                     expires_at,
-                    charged,
+                    charged: demand,
+                    gated,
                     rate_limited: false,
                 },
             });
@@ -990,7 +1014,8 @@ impl Coordinator {
         let Some(entry) = self.leases.remove(lease) else {
             return Err(LeaseError::UnknownLease);
         };
-        let Phase::Active { charged, .. } = entry.phase else {
+        self.leases.prune_expiries();
+        let Phase::Active { charged, gated, .. } = entry.phase else {
             return Err(LeaseError::NotGranted);
         };
         let p = entry.pool;
@@ -1003,10 +1028,7 @@ impl Coordinator {
         let actual = used(counting, usage);
         let window = self.config.window_ms;
         if let Some(pool) = self.pools.get_mut(p as usize) {
-            for axis in Axis::ALL {
-                let delta = i128::from(charged.get(axis)) - i128::from(actual.get(axis));
-                pool.bucket_mut(axis).adjust(delta, window);
-            }
+            pool.reconcile(&charged, gated, &actual, window);
             pool.in_flight = pool.in_flight.saturating_sub(1);
             pool.counters.settled = pool.counters.settled.saturating_add(1);
             if let Some(m) = pool.minute(now) {
@@ -1076,6 +1098,7 @@ impl Coordinator {
         let Some(entry) = self.leases.remove(lease) else {
             return Err(LeaseError::UnknownLease);
         };
+        self.leases.prune_expiries();
         let p = entry.pool;
         let window = self.config.window_ms;
         let Some(pool) = self.pools.get_mut(p as usize) else {
@@ -1084,17 +1107,21 @@ impl Coordinator {
         pool.counters.cancelled = pool.counters.cancelled.saturating_add(1);
         let agent = self.agents.get_mut(&entry.agent);
         match entry.phase {
-            Phase::Queued { key, .. } => {
+            Phase::Queued { key, vstart, .. } => {
                 pool.queue.remove(key);
                 if let Some(a) = agent {
                     a.queued = a.queued.saturating_sub(1);
+                    // A withdrawn ticket received no service: if it was the agent's latest,
+                    // its virtual finish goes back to where it started.
+                    if let Some(ap) = a.pools.get_mut(p as usize) {
+                        if ap.last_vfinish == key.vfinish {
+                            ap.last_vfinish = vstart;
+                        }
+                    }
                 }
             }
-            Phase::Active { charged, .. } => {
-                for axis in Axis::ALL {
-                    pool.bucket_mut(axis)
-                        .adjust(i128::from(charged.get(axis)), window);
-                }
+            Phase::Active { charged, gated, .. } => {
+                pool.reconcile(&charged, gated, &Demand::default(), window);
                 pool.in_flight = pool.in_flight.saturating_sub(1);
                 if let Some(a) = agent {
                     a.in_flight = a.in_flight.saturating_sub(1);

@@ -61,7 +61,10 @@ pub(crate) enum Phase {
     Active {
         granted_at: Millis,
         expires_at: Millis,
+        /// The reservation by the pool's counting rules.
         charged: Demand,
+        /// Bit per axis (in `Axis::ALL` order) the reservation was taken from.
+        gated: u8,
         rate_limited: bool,
     },
 }
@@ -175,8 +178,25 @@ impl LeaseTable {
         }
     }
 
-    /// The earliest expiry still queued (possibly of a lease that already ended: a wake-up
-    /// for it is harmless).
+    fn is_due(&self, at: Millis, id: LeaseId) -> bool {
+        matches!(
+            self.get(id),
+            Some(Entry { phase: Phase::Active { expires_at, .. }, .. }) if *expires_at == at
+        )
+    }
+
+    /// Drops entries at the front of the expiry queue whose leases already ended, so the
+    /// front is always a live lease and [`LeaseTable::next_expiry`] is exact.
+    pub(crate) fn prune_expiries(&mut self) {
+        while let Some(&(at, id)) = self.expiries.front() {
+            if self.is_due(at, id) {
+                return;
+            }
+            self.expiries.pop_front();
+        }
+    }
+
+    /// The earliest expiry of a live lease (the front is kept live by `prune_expiries`).
     pub(crate) fn next_expiry(&self) -> Option<Millis> {
         self.expiries.front().map(|(at, _)| *at)
     }
@@ -188,14 +208,8 @@ impl LeaseTable {
                 return None;
             }
             self.expiries.pop_front();
-            if let Some(Entry {
-                phase: Phase::Active { expires_at, .. },
-                ..
-            }) = self.get(id)
-            {
-                if *expires_at == at {
-                    return Some(id);
-                }
+            if self.is_due(at, id) {
+                return Some(id);
             }
         }
         None

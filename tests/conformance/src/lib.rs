@@ -174,13 +174,17 @@ pub fn run(trace: &Value) -> Result<Vec<Value>, String> {
 }
 
 /// Whether `want` is contained in `got`: objects by key (extra keys in `got` are fine),
-/// everything else by equality.
+/// arrays as an in-order subsequence of matching elements, everything else by equality.
 #[must_use]
 pub fn subset(want: &Value, got: &Value) -> bool {
     match (want, got) {
         (Value::Object(w), Value::Object(g)) => w
             .iter()
             .all(|(k, v)| g.get(k).is_some_and(|gv| subset(v, gv))),
+        (Value::Array(w), Value::Array(g)) => {
+            let mut rest = g.iter();
+            w.iter().all(|wv| rest.any(|gv| subset(wv, gv)))
+        }
         _ => want == got,
     }
 }
