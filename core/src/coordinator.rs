@@ -895,7 +895,7 @@ impl Coordinator {
             pool.in_flight = pool.in_flight.saturating_add(1);
             // With nobody waiting, virtual time moves to this grant's finish, so an agent
             // gains no credit from earlier uncontended use and owes none to late comers.
-            pool.vtime = pool.vtime.max(if pool.queue.len() == 0 {
+            pool.vtime = pool.vtime.max(if pool.queue.is_empty() {
                 vfinish
             } else {
                 vstart

@@ -60,7 +60,6 @@ impl Queue {
         self.len
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
