@@ -594,6 +594,16 @@ impl Coordinator {
         u32::try_from(i).ok().map(PoolId)
     }
 
+    /// The entry of a lease that is still alive at `now`: a lease whose expiry is due by
+    /// then is already gone as far as callers can tell, and saying so must not move any
+    /// state (errors leave the coordinator untouched).
+    fn live(&self, lease: LeaseId, now: Millis) -> Option<&Entry> {
+        let now = self.now.max(now);
+        self.leases
+            .get(lease)
+            .filter(|e| !matches!(e.phase, Phase::Active { expires_at, .. } if expires_at <= now))
+    }
+
     fn clamp(&mut self, now: Millis) -> Millis {
         self.now = self.now.max(now);
         self.now
@@ -1001,7 +1011,7 @@ impl Coordinator {
                 return Err(LeaseError::TooLarge { field });
             }
         }
-        match self.leases.get(lease) {
+        match self.live(lease, now) {
             None => return Err(LeaseError::UnknownLease),
             Some(Entry {
                 phase: Phase::Queued { .. },
@@ -1091,7 +1101,7 @@ impl Coordinator {
     /// Withdraws a queued ticket, or gives back a granted lease whose call was never sent
     /// (everything it reserved is refunded).
     pub fn cancel(&mut self, now: Millis, lease: LeaseId) -> Result<(), LeaseError> {
-        if self.leases.get(lease).is_none() {
+        if self.live(lease, now).is_none() {
             return Err(LeaseError::UnknownLease);
         }
         let now = self.advance(now);
@@ -1152,7 +1162,7 @@ impl Coordinator {
             return Err(LeaseError::UnknownPool);
         };
         if let Some(id) = lease {
-            match self.leases.get(id) {
+            match self.live(id, now) {
                 Some(e) if e.pool == p => {}
                 _ => return Err(LeaseError::UnknownLease),
             }
@@ -1231,16 +1241,27 @@ impl Coordinator {
                     self.events.push_back(Event::Paused { pool, until });
                 }
             }
+            // The coordinator was wrong only if it granted the lease knowing every limit it
+            // knows now; a lease granted blind (limits not yet learned) cuts nothing.
+            let known = Axis::ALL
+                .iter()
+                .filter(|a| pl.bucket(**a).gates())
+                .fold(0u8, |m, a| m | (1 << a.index()));
             let mut cut = false;
             if let Some(id) = lease {
                 if let Some(Entry {
-                    phase: Phase::Active { rate_limited, .. },
+                    phase:
+                        Phase::Active {
+                            rate_limited,
+                            gated,
+                            ..
+                        },
                     ..
                 }) = self.leases.get_mut(id)
                 {
                     if !*rate_limited {
                         *rate_limited = true;
-                        cut = true;
+                        cut = *gated & known == known;
                     }
                 }
             }

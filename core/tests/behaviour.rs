@@ -774,3 +774,55 @@ fn metrics_report_usage_binding_axis_and_fleet_advice() {
     assert_eq!((f.agents_measured, f.per_agent_per_minute), (2, 20_000));
     assert_eq!(f.agents_at_75_percent, 3, "75k / 20k per agent");
 }
+
+#[test]
+fn settling_at_or_after_expiry_is_an_error_that_changes_nothing() {
+    let mut c = coord(r#","lease_ttl_ms":1000"#);
+    let l = grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
+    let before = c.snapshot_json();
+    assert_eq!(
+        c.settle(Millis(1_000), l, &used(1, 1)),
+        Err(LeaseError::UnknownLease)
+    );
+    assert_eq!(c.cancel(Millis(5_000), l), Err(LeaseError::UnknownLease));
+    let r = parse_headers([("retry-after", "1")], None);
+    assert_eq!(
+        c.handle_response(Millis(1_000), PoolId(0), Some(l), 429, &r),
+        Err(LeaseError::UnknownLease)
+    );
+    assert_eq!(
+        c.snapshot_json(),
+        before,
+        "the reaping happens on the next real input, not inside an error"
+    );
+    c.handle_timeout(Millis(1_000));
+    assert!(matches!(c.poll_event(), Some(Event::Expired { lease, .. }) if lease == l));
+}
+
+#[test]
+fn a_429_on_a_lease_granted_before_the_limits_were_known_does_not_cut_the_margin() {
+    let json = r#"{"pools":[{"name":"p"}]}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 1, Millis(0)).unwrap();
+    let blind = grant(c.request_lease(Millis(0), &ask(1, 50_000, 10)).unwrap());
+    let r = parse_headers(
+        [
+            ("anthropic-ratelimit-input-tokens-limit", "40000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "0"),
+            ("retry-after", "2"),
+        ],
+        None,
+    );
+    c.handle_response(Millis(10), PoolId(0), Some(blind), 429, &r)
+        .unwrap();
+    assert_eq!(
+        c.metrics(Millis(10)).pools[0].margin_permille,
+        850,
+        "granted blind: not the coordinator's error"
+    );
+    // Once the limit is known, a 429 on a lease granted under it does cut.
+    c.handle_timeout(Millis(60_000));
+    let known = grant(c.request_lease(Millis(60_000), &ask(2, 1_000, 10)).unwrap());
+    c.handle_response(Millis(60_010), PoolId(0), Some(known), 429, &r)
+        .unwrap();
+    assert_eq!(c.metrics(Millis(60_010)).pools[0].margin_permille, 800);
+}

@@ -502,28 +502,34 @@ fn more_restrictive(cand: &AxisReport, cur: &AxisReport) -> bool {
 }
 
 /// Finds the policy named `name` among `policies`: `(axis, quota)`.
-fn find_policy(policies: &[&str], name: &str) -> Option<(Option<RateAxis>, Option<u64>)> {
+fn find_policy(
+    policies: &[Option<IetfItems<'_>>],
+    name: &str,
+) -> Option<(Option<RateAxis>, Option<u64>)> {
     policies
         .iter()
-        .filter_map(|p| parse_ietf_ratelimit(p))
-        .flat_map(|items| items.take(MAX_ITEMS_PER_FIELD))
+        .flatten()
+        .flat_map(|items| items.clone().take(MAX_ITEMS_PER_FIELD))
         .find(|item| item.policy == Some(name))
         .map(|item| (item.axis(), item.quota))
 }
 
-/// Folds the (already validated) `RateLimit` and `RateLimit-Policy` values of one
+/// Folds the (already validated) `RateLimit` and `RateLimit-Policy` fields of one
 /// response into the most restrictive report per axis.
 ///
 /// A `RateLimit` item takes its axis and limit from the policy of the same name (the
 /// default unit, requests, when there is none). Per axis the item with the lowest
 /// remaining quota wins. An axis with policies but no `RateLimit` item reports the
 /// lowest quota as its limit.
-pub(super) fn combine(ratelimit: &[&str], policies: &[&str]) -> IetfAxes {
+pub(super) fn combine(
+    ratelimit: &[Option<IetfItems<'_>>],
+    policies: &[Option<IetfItems<'_>>],
+) -> IetfAxes {
     let mut slots = Slots::default();
     for item in ratelimit
         .iter()
-        .filter_map(|v| parse_ietf_ratelimit(v))
-        .flat_map(|items| items.take(MAX_ITEMS_PER_FIELD))
+        .flatten()
+        .flat_map(|items| items.clone().take(MAX_ITEMS_PER_FIELD))
     {
         let policy = item.policy.and_then(|name| find_policy(policies, name));
         let axis = match policy {
@@ -545,8 +551,8 @@ pub(super) fn combine(ratelimit: &[&str], policies: &[&str]) -> IetfAxes {
     }
     for item in policies
         .iter()
-        .filter_map(|v| parse_ietf_ratelimit(v))
-        .flat_map(|items| items.take(MAX_ITEMS_PER_FIELD))
+        .flatten()
+        .flat_map(|items| items.clone().take(MAX_ITEMS_PER_FIELD))
     {
         let (Some(axis), Some(quota)) = (item.axis(), item.quota) else {
             continue;
@@ -584,6 +590,16 @@ mod tests {
 
     fn items(v: &str) -> Option<Vec<IetfItem<'_>>> {
         parse_ietf_ratelimit(v).map(Iterator::collect)
+    }
+
+    /// [`combine`] on field values, all of which must be valid.
+    fn combine_values<'a>(ratelimit: &[&'a str], policies: &[&'a str]) -> IetfAxes {
+        let parse = |vs: &[&'a str]| -> Vec<Option<IetfItems<'a>>> {
+            vs.iter()
+                .map(|v| Some(parse_ietf_ratelimit(v).unwrap()))
+                .collect()
+        };
+        combine(&parse(ratelimit), &parse(policies))
     }
 
     #[test]
@@ -691,7 +707,7 @@ mod tests {
 
     #[test]
     fn combines_policies_and_limits_taking_the_most_restrictive() {
-        let axes = combine(
+        let axes = combine_values(
             &[
                 r#""burst";r=40;t=10, "daily";r=3;t=7200"#,
                 r#""tok";r=500;t=20"#,
@@ -719,7 +735,7 @@ mod tests {
 
     #[test]
     fn policy_without_ratelimit_gives_lowest_quota() {
-        let axes = combine(
+        let axes = combine_values(
             &[],
             &[
                 r#""a";q=100;w=60, "b";q=50;w=1"#,
@@ -735,7 +751,7 @@ mod tests {
 
     #[test]
     fn ratelimit_item_without_known_policy_counts_as_requests() {
-        let axes = combine(&[r#""unlisted";r=7;t=3"#], &[]);
+        let axes = combine_values(&[r#""unlisted";r=7;t=3"#], &[]);
         assert_eq!(
             axes.requests
                 .map(|r| (r.limit, r.remaining, r.reset_after_ms)),
@@ -745,7 +761,7 @@ mod tests {
 
     #[test]
     fn content_byte_policies_are_ignored() {
-        let axes = combine(
+        let axes = combine_values(
             &[r#""bytes";r=10"#],
             &[r#""bytes";q=65535;qu="content-bytes""#],
         );

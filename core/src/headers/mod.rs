@@ -323,7 +323,8 @@ struct AxisAcc {
     /// A provider header for this axis was seen (valid or not): IETF fields then stay
     /// out of this axis.
     seen: bool,
-    /// A `-1` "not tracked" sentinel was seen in an `x-ratelimit-*` limit/remaining.
+    /// A `-1` "not tracked" sentinel was seen in this axis's `x-ratelimit-*` limit or
+    /// remaining (or the draft-06 `RateLimit-Limit` / `-Remaining`).
     sentinel: bool,
     /// Values came from Anthropic token headers, rounded to thousands.
     coarse: bool,
@@ -339,10 +340,10 @@ struct Acc<'a> {
     concurrent: AxisAcc,
     /// draft-06 `RateLimit-Limit` / `-Remaining` / `-Reset` (requests).
     ietf_old: AxisAcc,
-    ietf_fields: [&'a str; MAX_IETF_FIELDS],
-    ietf_count: usize,
-    policy_fields: [&'a str; MAX_IETF_FIELDS],
-    policy_count: usize,
+    /// Valid `RateLimit` fields, in order.
+    ietf_fields: [Option<IetfItems<'a>>; MAX_IETF_FIELDS],
+    /// Valid `RateLimit-Policy` fields, in order.
+    policy_fields: [Option<IetfItems<'a>>; MAX_IETF_FIELDS],
     retry_after_ms: Option<u64>,
     retry_after: Option<When>,
     should_retry: Option<bool>,
@@ -395,10 +396,8 @@ impl<'a> Acc<'a> {
                 Some(ms) => store(&mut self.ietf_old.reset, Parsed::Value(When::After(ms))),
                 None => true,
             },
-            Header::IetfRateLimit => push_field(&mut self.ietf_fields, &mut self.ietf_count, value),
-            Header::IetfPolicy => {
-                push_field(&mut self.policy_fields, &mut self.policy_count, value)
-            }
+            Header::IetfRateLimit => push_field(&mut self.ietf_fields, value),
+            Header::IetfPolicy => push_field(&mut self.policy_fields, value),
             Header::RetryAfter => store(&mut self.retry_after, retry::retry_after(value)),
             Header::RetryAfterMs => store(&mut self.retry_after_ms, retry::retry_after_ms(value)),
             Header::ShouldRetry => store(&mut self.should_retry, retry::should_retry(value)),
@@ -428,10 +427,7 @@ impl<'a> Acc<'a> {
             malformed: self.malformed,
             ..HeaderReport::default()
         };
-        let ietf = ietf::combine(
-            self.ietf_fields.get(..self.ietf_count).unwrap_or(&[]),
-            self.policy_fields.get(..self.policy_count).unwrap_or(&[]),
-        );
+        let ietf = ietf::combine(&self.ietf_fields, &self.policy_fields);
         let old = finish_axis(&self.ietf_old, reference);
         let requests_ietf = ietf.requests.or(old.is_reported().then_some(old));
         for (axis, acc, from_ietf) in [
@@ -501,20 +497,15 @@ fn store_count(slot: &mut Option<u64>, sentinel: &mut bool, parsed: Parsed<u64>)
     store(slot, parsed)
 }
 
-/// Keeps a valid IETF field value for later; returns whether it was malformed (or
-/// had to be dropped because too many fields came).
-fn push_field<'a>(
-    fields: &mut [&'a str; MAX_IETF_FIELDS],
-    count: &mut usize,
-    value: &'a str,
-) -> bool {
-    if parse_ietf_ratelimit(value).is_none() {
+/// Keeps a valid IETF field for later; returns whether it was malformed (or had to
+/// be dropped because too many fields came).
+fn push_field<'a>(fields: &mut [Option<IetfItems<'a>>; MAX_IETF_FIELDS], value: &'a str) -> bool {
+    let Some(items) = parse_ietf_ratelimit(value) else {
         return true;
-    }
-    match fields.get_mut(*count) {
+    };
+    match fields.iter_mut().find(|slot| slot.is_none()) {
         Some(slot) => {
-            *slot = value;
-            *count = count.saturating_add(1);
+            *slot = Some(items);
             false
         }
         None => true,
@@ -523,14 +514,21 @@ fn push_field<'a>(
 
 /// Applies a per-axis provider header; returns whether it was malformed.
 fn apply_axis(acc: &mut AxisAcc, family: Family, kind: Kind, value: &str) -> bool {
+    // Only Azure's `x-ratelimit-*` pairs a -1 sentinel with a meaningless 0 reset; an
+    // Anthropic -1 is just unknown and leaves its (absolute) reset alone.
+    let mut not_azure = false;
+    let sentinel = match family {
+        Family::OpenAi => &mut acc.sentinel,
+        Family::Anthropic => &mut not_azure,
+    };
     match kind {
         Kind::Limit => {
             let parsed = num::parse_count(value, Parsed::Malformed);
-            store_count(&mut acc.limit, &mut acc.sentinel, parsed)
+            store_count(&mut acc.limit, sentinel, parsed)
         }
         Kind::Remaining => {
             let parsed = num::parse_count(value, Parsed::Value(0));
-            store_count(&mut acc.remaining, &mut acc.sentinel, parsed)
+            store_count(&mut acc.remaining, sentinel, parsed)
         }
         Kind::Reset => {
             let parsed = match family {
@@ -567,6 +565,7 @@ fn apply_axis(acc: &mut AxisAcc, family: Family, kind: Kind, value: &str) -> boo
 /// When both provider-specific headers (`anthropic-ratelimit-*`, `x-ratelimit-*`) and
 /// IETF `RateLimit*` fields describe an axis, the provider-specific ones are used.
 /// Multiple IETF policies on one axis: the one with the lowest remaining quota wins.
+#[must_use]
 pub fn parse_headers<'a, I>(headers: I, unix_now_ms: Option<u64>) -> HeaderReport
 where
     I: IntoIterator<Item = (&'a str, &'a str)>,

@@ -647,3 +647,39 @@ fn axis_accessor_matches_fields() {
     assert_eq!(r.axis(RateAxis::Requests), &r.requests);
     assert_eq!(r.axis(RateAxis::Concurrent), &AxisReport::default());
 }
+
+#[test]
+fn anthropic_minus_one_keeps_a_past_reset() {
+    let r = parse(
+        &[
+            ("anthropic-ratelimit-requests-remaining", "-1"),
+            ("anthropic-ratelimit-requests-reset", "2026-11-29T09:59:00Z"),
+        ],
+        Some(NOW),
+    );
+    assert_eq!(r.requests, axis(None, None, Some(0), 1));
+    assert_eq!(r.malformed, 0);
+}
+
+#[test]
+fn many_ietf_items_are_bounded() {
+    // Eight full RateLimit fields whose items name no policy, and eight full policy
+    // fields: matching is capped at 64 items per field.
+    let limits: String = (0..200)
+        .map(|i| format!("\"l{i}\";r={};t=5, ", 1000 - i))
+        .collect();
+    let limits = limits.trim_end_matches(", ");
+    let policies: String = (0..200)
+        .map(|i| format!("\"p{i}\";q={}, ", 10 + i))
+        .collect();
+    let policies = policies.trim_end_matches(", ");
+    let mut headers: Vec<(&str, &str)> = Vec::new();
+    for _ in 0..8 {
+        headers.push(("RateLimit", limits));
+        headers.push(("RateLimit-Policy", policies));
+    }
+    let r = parse(&headers, None);
+    // Only the first 64 items of each field count: the lowest remaining seen is 1000 - 63.
+    assert_eq!(r.requests.remaining, Some(937));
+    assert_eq!((r.recognised, r.malformed), (16, 0));
+}
