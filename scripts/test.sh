@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The one test command: installs what the suites need (idempotently) and runs them all.
+# CI runs exactly this (.ci/run); so can you, on a fresh machine.
+#
+#   ./scripts/test.sh            everything
+#   FUZZ_SECONDS=60 ./scripts/test.sh   longer fuzz runs (default 10 s per target)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
+started=$(date +%s)
+step() { printf '\n=== %s (%ss)\n' "$*" "$(( $(date +%s) - started ))"; }
+
+step "toolchain: rustfmt, clippy, wasm32 target, nightly + cargo-fuzz"
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+rustup target add wasm32-unknown-unknown >/dev/null
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
+step "cargo test (unit, behaviour, model-based proptests, 1,000-seed simulation, doctests)"
+cargo test --workspace
+
+step "conformance traces through the native core"
+cargo run --quiet -p tokenwarden-conformance
+
+step "core built for wasm32-unknown-unknown imports nothing"
+cargo build --quiet --release --target wasm32-unknown-unknown -p tokenwarden-wasm-probe
+python3 scripts/check-wasm-imports.py target/wasm32-unknown-unknown/release/tokenwarden_wasm_probe.wasm tokenwarden_probe
+
+step "benchmarks build"
+cargo bench --workspace --no-run --quiet
+
+step "fuzz targets: build, then ${FUZZ_SECONDS} s each"
+(
+  cd core/fuzz
+  cargo +nightly fuzz build
+  for target in $(cargo +nightly fuzz list); do
+    cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" 2>&1 | tail -n 1
+  done
+)
+
+step "all suites passed"
