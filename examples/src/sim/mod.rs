@@ -1,0 +1,980 @@
+//! A deterministic discrete-event simulator of an agent fleet on one API key.
+//!
+//! Virtual time in milliseconds, a seeded PRNG, no sleeping: an hour of a 50-agent fleet
+//! runs in well under a second. The coordinator strategies drive
+//! [`tokenwarden_core::Coordinator`] exactly as a host would: request a lease, send on a
+//! grant, wait for `Event::Granted` when queued (waking at `poll_timeout`), settle with the
+//! provider's usage and feed its rate-limit headers back.
+//!
+//! The model, from the write-up this project starts from:
+//! - agents loop read → think → edit → test, about 90 s a cycle, and start together from
+//!   one push, so their model calls land in waves;
+//! - refactor turns send about 80k input tokens, lint turns about 2k; a conversation's
+//!   history is a cached prefix, free of the input limit while the cache is warm (5 min);
+//! - without a coordinator, a call that stays rate-limited past the harness's patience
+//!   breaks the turn: the agent re-reads, re-tests and re-plans, spending 5–20× the failed
+//!   call's tokens; the coordinator strategies checkpoint before waiting, so a wait costs
+//!   no re-plan.
+
+pub mod provider;
+pub mod report;
+mod scenarios;
+pub mod time;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use tokenwarden_core::{
+    AgentId, Backoff, BackoffStep, Config, Coordinator, Decision, Event, LeaseId, LeaseRequest,
+    Millis, PoolId, Rng, Role, Usage, parse_headers,
+};
+
+pub use provider::Limits;
+use provider::{Provider, Send};
+pub use scenarios::{scenario, scenarios};
+
+/// How the fleet handles the shared quota.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// (a) Each agent sends when ready and backs off on a 429 (full jitter, base 1 s, cap
+    /// 30 s, 6 attempts).
+    Backoff,
+    /// (b) The official SDKs' defaults: 2 retries, 0.5–8 s with 75–100 % jitter,
+    /// Retry-After honoured up to 60 s; then the turn fails.
+    SdkDefaults,
+    /// (c) A shared requests-per-minute counter in front of every call, token-blind.
+    SharedRpm,
+    /// (d) The coordinator, every agent weighted the same.
+    CoordinatorEqual,
+    /// (e) The coordinator with roles, unblocked-task bonus, loop decay and cache bump.
+    Coordinator,
+}
+
+impl Strategy {
+    /// All five, in report order.
+    pub const ALL: [Strategy; 5] = [
+        Strategy::Backoff,
+        Strategy::SdkDefaults,
+        Strategy::SharedRpm,
+        Strategy::CoordinatorEqual,
+        Strategy::Coordinator,
+    ];
+
+    /// Short label for tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            Strategy::Backoff => "(a) per-agent backoff",
+            Strategy::SdkDefaults => "(b) SDK defaults",
+            Strategy::SharedRpm => "(c) shared RPM counter",
+            Strategy::CoordinatorEqual => "(d) coordinator, equal weights",
+            Strategy::Coordinator => "(e) coordinator",
+        }
+    }
+
+    /// Identifier for file names.
+    pub fn id(self) -> &'static str {
+        match self {
+            Strategy::Backoff => "backoff",
+            Strategy::SdkDefaults => "sdk",
+            Strategy::SharedRpm => "shared-rpm",
+            Strategy::CoordinatorEqual => "coord-equal",
+            Strategy::Coordinator => "coordinator",
+        }
+    }
+
+    /// Whether the strategy runs the coordinator.
+    pub fn uses_coordinator(self) -> bool {
+        matches!(self, Strategy::CoordinatorEqual | Strategy::Coordinator)
+    }
+}
+
+/// The size of an agent's turns.
+#[derive(Clone, Copy, Debug)]
+pub struct TurnShape {
+    /// Prompt tokens on a task's first turn.
+    pub context_start: u64,
+    /// Prompt growth per turn (tool output, edits).
+    pub growth: u64,
+    /// Prompt tokens each later turn sends fresh (files re-read, test output): the rest is
+    /// the conversation's cached prefix.
+    pub new_tokens: u64,
+    /// Largest prompt.
+    pub context_max: u64,
+    /// `max_tokens` of each call.
+    pub max_tokens: u64,
+    /// Turns per task.
+    pub turns: u32,
+}
+
+/// One agent of a scenario.
+#[derive(Clone, Debug)]
+pub struct AgentSpec {
+    /// Name in charts.
+    pub name: String,
+    /// Role (sets its weight under strategy (e)).
+    pub role: Role,
+    /// Its turns.
+    pub shape: TurnShape,
+    /// Tool time between calls (read, edit, test), ms; ±10 % jitter.
+    pub tool_ms: u64,
+    /// Draw tool time from an exponential distribution with this mean instead (Poisson arrivals).
+    pub exponential_tool: bool,
+    /// Agents whose task `k` must finish before this agent's task `k` starts.
+    pub depends_on: Vec<usize>,
+    /// Stuck on the same failing test: every turn fails the same way and a task takes
+    /// three times the turns.
+    pub looping: bool,
+    /// Tenant, for fairness figures.
+    pub tenant: usize,
+}
+
+/// A simulated situation.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Identifier.
+    pub name: &'static str,
+    /// One line on what it shows.
+    pub description: &'static str,
+    /// The key's real limits.
+    pub limits: Limits,
+    /// Virtual minutes to run.
+    pub minutes: u64,
+    /// The fleet.
+    pub agents: Vec<AgentSpec>,
+    /// Agents start within this many ms of the push.
+    pub start_spread_ms: u64,
+    /// Input tokens/min sent by something outside the fleet on the same key.
+    pub outsider_input_per_min: u64,
+    /// Input estimates are off by up to this many thousandths, either way.
+    pub estimate_noise_permille: u64,
+    /// Settle this long after the response ends.
+    pub settle_delay_ms: u64,
+    /// Actual output as thousandths of `max_tokens`: uniform in this range.
+    pub output_permille: (u64, u64),
+    /// The coordinator starts with no limits and learns them from headers.
+    pub headers_only: bool,
+    /// The coordinator's margin ceiling (thousandths).
+    pub margin_ceiling: u32,
+    /// Weights planner/reviewer/worker (thousandths) under strategy (e).
+    pub weights: (u32, u32, u32),
+    /// The strategies compared.
+    pub strategies: Vec<Strategy>,
+    /// The goal this scenario checks, for the report.
+    pub goal: &'static str,
+}
+
+/// Per-minute usage at the provider.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Minute {
+    /// Input tokens charged (uncached, including cold prefixes).
+    pub input: u64,
+    /// Output tokens produced.
+    pub output: u64,
+    /// Requests admitted.
+    pub requests: u64,
+    /// 429s.
+    pub rate_limited: u64,
+    /// Coordinator margin at the end of the minute (thousandths), if any.
+    pub margin: Option<u32>,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// Scenario name.
+    pub scenario: &'static str,
+    /// Strategy.
+    pub strategy: Strategy,
+    /// Calls sent to the provider (admitted or refused).
+    pub sent: u64,
+    /// 429s among them.
+    pub rate_limited: u64,
+    /// Turns broken by a rate limit (re-plans).
+    pub broken_turns: u64,
+    /// Tokens charged by the provider (uncached input + output), fleet only.
+    pub fleet_tokens: u64,
+    /// Tasks finished (a looping agent's tasks end by giving up and are not counted).
+    pub tasks_finished: u64,
+    /// Tasks still running at the end (their age is in `task_times`).
+    pub tasks_unfinished: u64,
+    /// Task times, ms, sorted: finished tasks and, at their age, tasks still running.
+    pub task_times: Vec<u64>,
+    /// Leases the coordinator granted from its queue (coordinator strategies).
+    pub granted_from_queue: u64,
+    /// Agent-ms blocked agents spent waiting on an upstream agent's model call.
+    pub critical_path_wait_ms: u64,
+    /// Per tenant: tokens charged.
+    pub tenant_tokens: Vec<u64>,
+    /// Per minute.
+    pub minutes: Vec<Minute>,
+    /// (time, agent) of each turn's first attempt.
+    pub turn_starts: Vec<(u64, usize)>,
+    /// Times of 429s.
+    pub rate_limit_times: Vec<u64>,
+    /// Lowest margin seen (coordinator strategies).
+    pub min_margin: Option<u32>,
+    /// The margin floor configured.
+    pub margin_floor: u32,
+    /// Most requests the provider saw in flight at once.
+    pub max_in_flight: u64,
+    /// The provider's limits.
+    pub limits: Limits,
+}
+
+impl RunResult {
+    /// 429s per call sent, thousandths of a percent.
+    pub fn rate_limited_ratio(&self) -> f64 {
+        if self.sent == 0 {
+            0.0
+        } else {
+            self.rate_limited as f64 / self.sent as f64
+        }
+    }
+
+    /// Tokens per finished task.
+    pub fn tokens_per_task(&self) -> Option<f64> {
+        (self.tasks_finished > 0).then(|| self.fleet_tokens as f64 / self.tasks_finished as f64)
+    }
+
+    /// A percentile of task time, seconds.
+    pub fn task_time_s(&self, permille: usize) -> Option<f64> {
+        if self.task_times.is_empty() {
+            return None;
+        }
+        let i =
+            ((self.task_times.len() * permille).div_ceil(1000)).clamp(1, self.task_times.len()) - 1;
+        Some(self.task_times[i] as f64 / 1000.0)
+    }
+
+    /// Share of each limit used over the run after the first `skip` minutes: (input,
+    /// output, requests) as fractions of the real limit.
+    pub fn shares(&self, skip: usize) -> (f64, f64, f64) {
+        let m = &self.minutes[skip.min(self.minutes.len())..];
+        let n = m.len().max(1) as f64;
+        let sum = |f: fn(&Minute) -> u64| m.iter().map(f).sum::<u64>() as f64;
+        (
+            sum(|x| x.input) / (n * self.limits.input_tpm as f64),
+            sum(|x| x.output) / (n * self.limits.output_tpm as f64),
+            sum(|x| x.requests) / (n * self.limits.rpm as f64),
+        )
+    }
+
+    /// The binding axis's share (the highest of the three).
+    pub fn binding_share(&self, skip: usize) -> (&'static str, f64) {
+        let (i, o, r) = self.shares(skip);
+        if i >= o && i >= r {
+            ("input tokens/min", i)
+        } else if o >= r {
+            ("output tokens/min", o)
+        } else {
+            ("requests/min", r)
+        }
+    }
+
+    /// Jain's fairness index over tenants' tokens.
+    pub fn jain(&self) -> f64 {
+        let x: Vec<f64> = self.tenant_tokens.iter().map(|&t| t as f64).collect();
+        let s: f64 = x.iter().sum();
+        let s2: f64 = x.iter().map(|v| v * v).sum();
+        if s2 == 0.0 {
+            1.0
+        } else {
+            s * s / (x.len() as f64 * s2)
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    /// An agent's tool time is over: it makes its next call.
+    Ready(usize),
+    /// A backoff or reject delay is over: try the call again.
+    Retry(usize),
+    /// The provider finished the call of this agent (attempt tag).
+    Complete(usize, u64),
+    /// Settle a finished call (after the settle delay).
+    Settle(usize, u64),
+    /// The coordinator asked to be woken.
+    CoordWake,
+    /// The shared RPM counter may have a slot.
+    RpmWake,
+    /// Traffic from outside the fleet.
+    Outsider,
+    /// End of a minute: sample.
+    Minute,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Tool,
+    Blocked,
+    Waiting,
+    InFlight,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    new_tokens: u64,
+    prefix: u64,
+    max_tokens: u64,
+    output: u64,
+    estimate_new: u64,
+    replan: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Agent {
+    state: State,
+    task: u32,
+    turn: u32,
+    context: u64,
+    task_start: u64,
+    tasks_done: u32,
+    call: Option<Call>,
+    tag: u64,
+    attempts: u32,
+    first_try: u64,
+    backoff: Backoff,
+    lease: Option<LeaseId>,
+    wait_since: u64,
+    replan_left: u32,
+    pending_usage: Option<Usage>,
+    in_task: bool,
+}
+
+struct Sim<'a> {
+    sc: &'a Scenario,
+    strategy: Strategy,
+    rng: Rng,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    provider: Provider,
+    coord: Option<Coordinator>,
+    wake_at: Option<u64>,
+    agents: Vec<Agent>,
+    rpm_level: i128,
+    rpm_updated: u64,
+    rpm_queue: std::collections::VecDeque<usize>,
+    rpm_wake: bool,
+    r: RunResult,
+}
+
+const HARNESS_PATIENCE_MS: u64 = 60_000;
+
+impl<'a> Sim<'a> {
+    fn new(sc: &'a Scenario, strategy: Strategy, seed: u64) -> Sim<'a> {
+        let n = sc.agents.len();
+        let coord = strategy.uses_coordinator().then(|| {
+            Coordinator::new(coordinator_config(sc), seed, Millis(0))
+                .expect("scenario config is valid")
+        });
+        let minutes = usize::try_from(sc.minutes).unwrap_or(0);
+        let tenants = sc
+            .agents
+            .iter()
+            .map(|a| a.tenant)
+            .max()
+            .map_or(0, |t| t + 1);
+        Sim {
+            sc,
+            strategy,
+            rng: Rng::new(seed ^ 0x5EED),
+            now: 0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            provider: Provider::new(sc.limits, n + 1, 1_795_946_400_000),
+            coord,
+            wake_at: None,
+            agents: (0..n)
+                .map(|_| Agent {
+                    state: State::Tool,
+                    task: 0,
+                    turn: 0,
+                    context: 0,
+                    task_start: 0,
+                    tasks_done: 0,
+                    call: None,
+                    tag: 0,
+                    attempts: 0,
+                    first_try: 0,
+                    backoff: Backoff::new(),
+                    lease: None,
+                    wait_since: 0,
+                    replan_left: 0,
+                    pending_usage: None,
+                    in_task: false,
+                })
+                .collect(),
+            rpm_level: i128::from(sc.limits.rpm * 850 / 1000) * 60_000,
+            rpm_updated: 0,
+            rpm_queue: Default::default(),
+            rpm_wake: false,
+            r: RunResult {
+                scenario: sc.name,
+                strategy,
+                sent: 0,
+                rate_limited: 0,
+                broken_turns: 0,
+                fleet_tokens: 0,
+                tasks_finished: 0,
+                tasks_unfinished: 0,
+                task_times: Vec::new(),
+                granted_from_queue: 0,
+                critical_path_wait_ms: 0,
+                tenant_tokens: vec![0; tenants],
+                minutes: vec![Minute::default(); minutes],
+                turn_starts: Vec::new(),
+                rate_limit_times: Vec::new(),
+                min_margin: None,
+                margin_floor: 600,
+                max_in_flight: 0,
+                limits: sc.limits,
+            },
+        }
+    }
+
+    fn at(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq, ev)));
+    }
+
+    fn uniform(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.rng.below_or_eq(hi.saturating_sub(lo))
+    }
+
+    /// Exponential with the given mean, from integer draws (inverse transform on a fine grid).
+    fn exponential(&mut self, mean: u64) -> u64 {
+        let u = (self.rng.below_or_eq(1_000_000 - 1) + 1) as f64 / 1_000_000.0;
+        (-u.ln() * mean as f64) as u64
+    }
+
+    fn minute_mut(&mut self) -> Option<&mut Minute> {
+        let i = usize::try_from(self.now / 60_000).ok()?;
+        self.r.minutes.get_mut(i)
+    }
+
+    fn run(mut self) -> RunResult {
+        let end = self.sc.minutes * 60_000;
+        for i in 0..self.agents.len() {
+            let t = self.uniform(0, self.sc.start_spread_ms);
+            self.at(t, Ev::Ready(i));
+        }
+        if self.sc.outsider_input_per_min > 0 {
+            self.at(0, Ev::Outsider);
+        }
+        for m in 1..=self.sc.minutes {
+            self.at(m * 60_000 - 1, Ev::Minute);
+        }
+        while let Some(Reverse((t, _, ev))) = self.events.pop() {
+            if t >= end {
+                break;
+            }
+            self.now = t;
+            match ev {
+                Ev::Ready(i) => self.begin_call(i),
+                Ev::Retry(i) => self.attempt(i),
+                Ev::Complete(i, tag) => self.complete(i, tag),
+                Ev::Settle(i, tag) => self.settle(i, tag),
+                Ev::CoordWake => {
+                    self.wake_at = None;
+                    if let Some(c) = self.coord.as_mut() {
+                        c.handle_timeout(Millis(t));
+                    }
+                }
+                Ev::RpmWake => {
+                    self.rpm_wake = false;
+                    self.release_rpm();
+                }
+                Ev::Outsider => self.outsider(),
+                Ev::Minute => {
+                    let margin = self
+                        .coord
+                        .as_ref()
+                        .map(|c| c.metrics(Millis(t)).pools[0].margin_permille);
+                    if let Some(m) = margin {
+                        self.r.min_margin = Some(self.r.min_margin.map_or(m, |x| x.min(m)));
+                    }
+                    if let Some(min) = self.minute_mut() {
+                        min.margin = margin;
+                    }
+                }
+            }
+            self.pump_coordinator();
+        }
+        // Tasks still running at the end count with their age so far, so a strategy that
+        // stalls long tasks is not flattered by finishing only short ones.
+        for (i, a) in self.agents.iter().enumerate() {
+            if a.in_task && !self.sc.agents[i].looping {
+                self.r.task_times.push(end - a.task_start);
+                self.r.tasks_unfinished += 1;
+            }
+        }
+        self.r.task_times.sort_unstable();
+        if let Some(c) = &self.coord {
+            let m = c.metrics(Millis(end));
+            self.r.granted_from_queue = m.pools[0].counters.granted_from_queue;
+        }
+        self.r.max_in_flight = self.provider.max_in_flight_seen;
+        if let Some(c) = &self.coord {
+            self.r.margin_floor = c.config().margin.floor_permille;
+            c.check().expect("coordinator state stays consistent");
+        }
+        self.r
+    }
+
+    /// Drains coordinator events and schedules its next wake-up.
+    fn pump_coordinator(&mut self) {
+        loop {
+            let Some(c) = self.coord.as_mut() else { return };
+            let Some(ev) = c.poll_event() else { break };
+            if let Event::Granted { lease, agent, .. } = ev {
+                let i = agent.0 as usize;
+                if self.agents[i].lease == Some(lease) && self.agents[i].state == State::Waiting {
+                    self.send(i);
+                }
+            }
+        }
+        if let Some(t) = self.coord.as_ref().and_then(|c| c.poll_timeout()) {
+            if self.wake_at.is_none_or(|w| t.0 < w) {
+                self.wake_at = Some(t.0);
+                self.at(t.0, Ev::CoordWake);
+            }
+        }
+    }
+
+    fn blocked_on(&self, i: usize) -> u64 {
+        let task = self.agents[i].task;
+        self.sc
+            .agents
+            .iter()
+            .enumerate()
+            .filter(|(j, s)| {
+                s.depends_on.contains(&i)
+                    && self.agents[*j].state == State::Blocked
+                    && self.agents[*j].task == task
+            })
+            .count() as u64
+    }
+
+    fn deps_done(&self, i: usize) -> bool {
+        let task = self.agents[i].task;
+        self.sc.agents[i]
+            .depends_on
+            .iter()
+            .all(|&d| self.agents[d].tasks_done > task)
+    }
+
+    /// The agent is ready for its next call (or its next task).
+    fn begin_call(&mut self, i: usize) {
+        if !self.agents[i].in_task {
+            if !self.deps_done(i) {
+                self.agents[i].state = State::Blocked;
+                return;
+            }
+            self.agents[i].in_task = true;
+            self.agents[i].task_start = self.now;
+            self.agents[i].context = self.sc.agents[i].shape.context_start;
+        }
+        let spec = &self.sc.agents[i];
+        let a = &self.agents[i];
+        let replan = a.replan_left > 0;
+        // A task's first turn and a re-plan rebuild the context from scratch: nothing cached.
+        let (new_tokens, prefix) = if replan || a.turn == 0 {
+            (a.context, 0)
+        } else {
+            let new = spec.shape.new_tokens.max(1).min(a.context);
+            (new, a.context - new)
+        };
+        let max_tokens = spec.shape.max_tokens;
+        let (lo, hi) = self.sc.output_permille;
+        let output = max_tokens * self.uniform(lo, hi) / 1000;
+        let noise = self.sc.estimate_noise_permille;
+        let estimate_new = if noise == 0 {
+            new_tokens
+        } else {
+            let f = self.uniform(1000 - noise, 1000 + noise);
+            new_tokens * f / 1000
+        };
+        self.agents[i].call = Some(Call {
+            new_tokens,
+            prefix,
+            max_tokens,
+            output,
+            estimate_new,
+            replan,
+        });
+        self.r.turn_starts.push((self.now, i));
+        self.start_attempts(i);
+    }
+
+    fn start_attempts(&mut self, i: usize) {
+        let a = &mut self.agents[i];
+        a.attempts = 0;
+        a.first_try = self.now;
+        a.backoff = Backoff::new();
+        a.state = State::Waiting;
+        a.wait_since = self.now;
+        self.attempt(i);
+    }
+
+    /// One attempt at the agent's call, through the strategy's admission.
+    fn attempt(&mut self, i: usize) {
+        match self.strategy {
+            Strategy::Backoff | Strategy::SdkDefaults => self.send(i),
+            Strategy::SharedRpm => {
+                self.rpm_queue.push_back(i);
+                self.release_rpm();
+            }
+            Strategy::CoordinatorEqual | Strategy::Coordinator => self.request_lease(i),
+        }
+    }
+
+    fn request_lease(&mut self, i: usize) {
+        let Some(call) = self.agents[i].call else {
+            return;
+        };
+        let spec = &self.sc.agents[i];
+        let full = self.strategy == Strategy::Coordinator;
+        let unblocks = if full {
+            u32::try_from(self.blocked_on(i)).unwrap_or(u32::MAX)
+        } else {
+            0
+        };
+        let req = LeaseRequest {
+            agent: AgentId(i as u64),
+            pool: PoolId(0),
+            input_tokens: call.estimate_new,
+            cached_prefix_tokens: call.prefix,
+            max_tokens: call.max_tokens,
+            role: if full { spec.role } else { Role::Worker },
+            unblocks,
+            failure_signature: (full && spec.looping && self.agents[i].turn > 0)
+                .then_some(0xF00D ^ i as u64),
+        };
+        let now = self.now;
+        let Some(c) = self.coord.as_mut() else { return };
+        match c
+            .request_lease(Millis(now), &req)
+            .expect("valid lease request")
+        {
+            Decision::Grant { lease, .. } => {
+                self.agents[i].lease = Some(lease);
+                self.send(i);
+            }
+            Decision::Queued { lease, .. } => self.agents[i].lease = Some(lease),
+            Decision::Reject { retry_at, .. } => {
+                self.agents[i].lease = None;
+                let t = retry_at.map_or(now + 60_000, |t| t.0.max(now + 1));
+                self.at(t, Ev::Retry(i));
+            }
+        }
+    }
+
+    fn release_rpm(&mut self) {
+        let cap = i128::from(self.sc.limits.rpm * 850 / 1000);
+        let full = cap * 60_000;
+        self.rpm_level = (self.rpm_level + i128::from(self.now - self.rpm_updated) * cap).min(full);
+        self.rpm_updated = self.now;
+        while !self.rpm_queue.is_empty() && self.rpm_level >= 60_000 {
+            self.rpm_level -= 60_000;
+            if let Some(i) = self.rpm_queue.pop_front() {
+                self.send(i);
+            }
+        }
+        if !self.rpm_queue.is_empty() && !self.rpm_wake {
+            let need = 60_000 - self.rpm_level;
+            let ms = u64::try_from((need + cap - 1) / cap.max(1))
+                .unwrap_or(1)
+                .max(1);
+            self.rpm_wake = true;
+            self.at(self.now + ms, Ev::RpmWake);
+        }
+    }
+
+    /// Sends the agent's call to the provider now.
+    fn send(&mut self, i: usize) {
+        let Some(call) = self.agents[i].call else {
+            return;
+        };
+        self.r.sent += 1;
+        self.agents[i].attempts += 1;
+        let send = Send {
+            caller: i,
+            new_tokens: call.new_tokens,
+            prefix_tokens: call.prefix,
+        };
+        let now = self.now;
+        match self.provider.send(now, &send) {
+            Ok(adm) => {
+                // Waiting is over: charge the critical-path wait of whoever is blocked on us.
+                let waited = now - self.agents[i].wait_since;
+                self.r.critical_path_wait_ms += waited * self.blocked_on(i);
+                self.agents[i].state = State::InFlight;
+                self.agents[i].tag += 1;
+                let tag = self.agents[i].tag;
+                let latency = 1_500 + call.output * 1000 / 60 + call.new_tokens / 50;
+                self.agents[i].pending_usage = Some(Usage {
+                    input_tokens: call.new_tokens,
+                    cache_creation_input_tokens: adm.cache_creation,
+                    cache_read_input_tokens: adm.cache_read,
+                    output_tokens: call.output,
+                });
+                let charged = adm.input_tokens;
+                self.r.fleet_tokens += charged;
+                self.r.tenant_tokens[self.sc.agents[i].tenant] += charged;
+                if let Some(m) = self.minute_mut() {
+                    m.input += charged;
+                    m.requests += 1;
+                }
+                self.at(now + latency, Ev::Complete(i, tag));
+            }
+            Err(refused) => {
+                self.r.rate_limited += 1;
+                self.r.rate_limit_times.push(now);
+                if let Some(m) = self.minute_mut() {
+                    m.rate_limited += 1;
+                }
+                let retry_after_ms = refused.retry_after_s * 1000;
+                if self.strategy.uses_coordinator() {
+                    let lease = self.agents[i].lease.take();
+                    let headers: Vec<(&str, &str)> = refused
+                        .headers
+                        .iter()
+                        .map(|(n, v)| (n.as_str(), v.as_str()))
+                        .collect();
+                    let report = parse_headers(headers, Some(self.provider.epoch_unix_ms + now));
+                    let c = self.coord.as_mut().expect("coordinator strategy");
+                    c.handle_response(Millis(now), PoolId(0), lease, 429, &report)
+                        .expect("known pool and lease");
+                    if let Some(l) = lease {
+                        // Nothing was processed: give the reservation back (the request still counts).
+                        c.settle(Millis(now), l, &Usage::default())
+                            .expect("lease is live");
+                    }
+                    let mut b = self.agents[i].backoff;
+                    let step = c.backoff(&mut b, Some(retry_after_ms));
+                    self.agents[i].backoff = b;
+                    // Checkpointed: the agent waits and retries this call, however long it takes.
+                    let delay = match step {
+                        BackoffStep::Retry { delay_ms, .. } => delay_ms,
+                        BackoffStep::GiveUp {
+                            last_retry_after_ms,
+                            ..
+                        } => last_retry_after_ms.unwrap_or(30_000),
+                    };
+                    self.at(now + delay.max(1), Ev::Retry(i));
+                } else {
+                    self.backoff_or_break(i, retry_after_ms);
+                }
+            }
+        }
+    }
+
+    /// Non-coordinator strategies: back off, or give up and break the turn.
+    fn backoff_or_break(&mut self, i: usize, retry_after_ms: u64) {
+        let attempts = self.agents[i].attempts;
+        let delay = match self.strategy {
+            Strategy::SdkDefaults => {
+                if attempts > 2 {
+                    None
+                } else {
+                    let base = (500u64 << (attempts - 1)).min(8_000);
+                    let jittered = base * self.uniform(750, 1000) / 1000;
+                    Some(if retry_after_ms <= 60_000 {
+                        retry_after_ms.max(jittered)
+                    } else {
+                        jittered
+                    })
+                }
+            }
+            _ => {
+                if attempts >= 6 {
+                    None
+                } else {
+                    let ceiling = (1_000u64 << (attempts - 1)).min(30_000);
+                    Some(self.uniform(0, ceiling))
+                }
+            }
+        };
+        match delay {
+            Some(d) if self.now + d - self.agents[i].first_try <= HARNESS_PATIENCE_MS => {
+                self.at(self.now + d, Ev::Retry(i))
+            }
+            _ => self.break_turn(i),
+        }
+    }
+
+    /// The harness gives up on the turn: re-read, re-test and re-plan, spending 5–20× the
+    /// failed call's tokens, then make the call again.
+    fn break_turn(&mut self, i: usize) {
+        self.r.broken_turns += 1;
+        let waited = self.now - self.agents[i].wait_since;
+        self.r.critical_path_wait_ms += waited * self.blocked_on(i);
+        let Some(call) = self.agents[i].call.take() else {
+            return;
+        };
+        let failed = call.new_tokens + call.prefix;
+        let mult = self.uniform(5, 20);
+        let a = &mut self.agents[i];
+        // The context is rebuilt from scratch (cold), and the re-plan calls add up to
+        // mult × the failed call.
+        a.context = failed;
+        a.replan_left = (a.replan_left + u32::try_from(mult).unwrap_or(20)).min(40);
+        a.state = State::Tool;
+        let t = self.now + 30_000;
+        self.at(t, Ev::Ready(i));
+    }
+
+    fn complete(&mut self, i: usize, tag: u64) {
+        if self.agents[i].tag != tag || self.agents[i].state != State::InFlight {
+            return;
+        }
+        let Some(call) = self.agents[i].call else {
+            return;
+        };
+        let now = self.now;
+        self.provider.complete(now, i, call.prefix, call.output);
+        self.r.fleet_tokens += call.output;
+        self.r.tenant_tokens[self.sc.agents[i].tenant] += call.output;
+        if let Some(m) = self.minute_mut() {
+            m.output += call.output;
+        }
+        if self.strategy.uses_coordinator() {
+            let headers = self.provider.headers(now);
+            let pairs: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let report = parse_headers(pairs, Some(self.provider.epoch_unix_ms + now));
+            let c = self.coord.as_mut().expect("coordinator strategy");
+            c.handle_response(Millis(now), PoolId(0), None, 200, &report)
+                .expect("known pool");
+            let delay = self.sc.settle_delay_ms;
+            if delay == 0 {
+                self.settle(i, tag);
+            } else {
+                self.at(now + delay, Ev::Settle(i, tag));
+            }
+        }
+        self.finish_turn(i);
+    }
+
+    fn settle(&mut self, i: usize, _tag: u64) {
+        let now = self.now;
+        let (Some(lease), Some(usage)) = (
+            self.agents[i].lease.take(),
+            self.agents[i].pending_usage.take(),
+        ) else {
+            return;
+        };
+        if let Some(c) = self.coord.as_mut() {
+            // A lease reaped before a very late settle is an expected outcome, not an error here.
+            let _ = c.settle(Millis(now), lease, &usage);
+        }
+    }
+
+    fn finish_turn(&mut self, i: usize) {
+        let spec = self.sc.agents[i].clone();
+        let call = self.agents[i].call.take();
+        let now = self.now;
+        let a = &mut self.agents[i];
+        a.state = State::Tool;
+        if call.is_some_and(|c| c.replan) {
+            a.replan_left = a.replan_left.saturating_sub(1);
+            let t = now + 10_000;
+            self.at(t, Ev::Ready(i));
+            return;
+        }
+        a.turn += 1;
+        a.context = (a.context + spec.shape.growth).min(spec.shape.context_max);
+        let turns = if spec.looping {
+            spec.shape.turns * 3
+        } else {
+            spec.shape.turns
+        };
+        if a.turn >= turns {
+            a.turn = 0;
+            a.in_task = false;
+            a.tasks_done += 1;
+            a.task += 1;
+            // A looping agent's task ends by giving up: its tokens are waste, not a
+            // finished task.
+            if !spec.looping {
+                self.r.tasks_finished += 1;
+                self.r.task_times.push(now - a.task_start);
+            }
+            // Unblock agents waiting on this task.
+            for j in 0..self.agents.len() {
+                if self.agents[j].state == State::Blocked && self.deps_done(j) {
+                    self.agents[j].state = State::Tool;
+                    self.at(now, Ev::Ready(j));
+                }
+            }
+        }
+        let tool = if spec.exponential_tool {
+            self.exponential(spec.tool_ms)
+        } else {
+            let jitter = spec.tool_ms / 10;
+            self.uniform(spec.tool_ms - jitter, spec.tool_ms + jitter)
+        };
+        self.at(now + tool, Ev::Ready(i));
+    }
+
+    /// A script outside the coordinator: a burst every 20 s, whatever the limits say.
+    fn outsider(&mut self) {
+        let per_call = self.sc.outsider_input_per_min / 3;
+        let caller = self.agents.len();
+        let now = self.now;
+        if self
+            .provider
+            .send(
+                now,
+                &Send {
+                    caller,
+                    new_tokens: per_call,
+                    prefix_tokens: 0,
+                },
+            )
+            .is_ok()
+        {
+            self.provider.complete(now, caller, 0, 50);
+            if let Some(m) = self.minute_mut() {
+                m.input += per_call;
+                m.output += 50;
+            }
+        }
+        self.at(now + 20_000, Ev::Outsider);
+    }
+}
+
+/// The coordinator configuration a scenario runs with.
+pub fn coordinator_config(sc: &Scenario) -> Config {
+    let l = sc.limits;
+    let known = |v: u64| {
+        if sc.headers_only {
+            "null".to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    let (planner, reviewer, worker) = sc.weights;
+    let json = format!(
+        r#"{{"pools":[{{"name":"key","input_tokens_per_minute":{},"output_tokens_per_minute":{},
+            "requests_per_minute":{},"max_concurrent":{}}}],
+            "margin":{{"ceiling_permille":{}}},
+            "max_queue_wait_ms":120000,
+            "weights":{{"planner":{planner},"reviewer":{reviewer},"worker":{worker}}}}}"#,
+        known(l.input_tpm),
+        known(l.output_tpm),
+        known(l.rpm),
+        known(l.concurrent),
+        sc.margin_ceiling,
+    );
+    Config::from_json(&json).expect("scenario config is valid")
+}
+
+/// Runs one scenario under one strategy.
+pub fn run(sc: &Scenario, strategy: Strategy, seed: u64) -> RunResult {
+    Sim::new(sc, strategy, seed).run()
+}

@@ -1,0 +1,504 @@
+//! The report: a markdown table per scenario, the goals checked against the figures, and
+//! SVG charts (per-minute usage against each limit; 429s over the agents' turns).
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
+
+use super::{RunResult, Scenario, Strategy};
+
+/// One goal, checked.
+#[derive(Clone, Debug)]
+pub struct Goal {
+    /// What was asked.
+    pub what: String,
+    /// What was measured.
+    pub measured: String,
+    /// Whether it holds.
+    pub met: bool,
+}
+
+fn find(results: &[RunResult], s: Strategy) -> Option<&RunResult> {
+    results.iter().find(|r| r.strategy == s)
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+/// The goals of a scenario, evaluated on its results.
+pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
+    let mut g = Vec::new();
+    let mut push = |what: &str, measured: String, met: bool| {
+        g.push(Goal {
+            what: what.to_string(),
+            measured,
+            met,
+        })
+    };
+    let e = find(results, Strategy::Coordinator);
+    match sc.name {
+        "seed003" | "outsider" => {
+            let (Some(e), Some(a), Some(b)) = (
+                e,
+                find(results, Strategy::Backoff),
+                find(results, Strategy::SdkDefaults),
+            ) else {
+                return g;
+            };
+            if sc.name == "outsider" {
+                let floor = e.margin_floor;
+                let min = e.min_margin.unwrap_or(floor);
+                push(
+                    "margin never below its floor",
+                    format!(
+                        "lowest margin {:.1}% (floor {:.1}%)",
+                        f64::from(min) / 10.0,
+                        f64::from(floor) / 10.0
+                    ),
+                    min >= floor,
+                );
+                let d = find(results, Strategy::CoordinatorEqual);
+                let m = d.and_then(|d| d.min_margin).unwrap_or(floor);
+                push(
+                    "(d) margin never below its floor",
+                    format!("lowest margin {:.1}%", f64::from(m) / 10.0),
+                    m >= floor,
+                );
+                return g;
+            }
+            push(
+                "coordinator 429s <= 0.1% of requests",
+                format!(
+                    "{} of {} ({})",
+                    e.rate_limited,
+                    e.sent,
+                    pct(e.rate_limited_ratio())
+                ),
+                e.rate_limited_ratio() <= 0.001,
+            );
+            let tpt = |r: &RunResult| r.tokens_per_task().unwrap_or(f64::INFINITY);
+            let best_ab = tpt(a).min(tpt(b));
+            push(
+                "tokens per finished task >= 30% below (a) and (b)",
+                format!(
+                    "{:.0} vs (a) {:.0}, (b) {:.0}: {:.0}% below the better",
+                    tpt(e),
+                    tpt(a),
+                    tpt(b),
+                    (1.0 - tpt(e) / best_ab) * 100.0
+                ),
+                tpt(e) <= 0.7 * best_ab,
+            );
+            let p95 = |r: &RunResult| r.task_time_s(950).unwrap_or(f64::INFINITY);
+            let best = p95(a).min(p95(b));
+            push(
+                "p95 task time >= 2x better than (a) and (b)",
+                format!(
+                    "{:.0} s vs (a) {:.0} s, (b) {:.0} s: {:.1}x",
+                    p95(e),
+                    p95(a),
+                    p95(b),
+                    best / p95(e)
+                ),
+                p95(e) * 2.0 <= best,
+            );
+            let lowest = results
+                .iter()
+                .map(|r| r.critical_path_wait_ms)
+                .min()
+                .unwrap_or(0);
+            push(
+                "critical-path wait lowest with (e)",
+                format!(
+                    "(e) {:.0} agent-s; others {}",
+                    e.critical_path_wait_ms as f64 / 1000.0,
+                    results
+                        .iter()
+                        .filter(|r| r.strategy != Strategy::Coordinator)
+                        .map(|r| format!("{:.0}", r.critical_path_wait_ms as f64 / 1000.0))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                e.critical_path_wait_ms <= lowest,
+            );
+        }
+        "saturate" => {
+            let Some(e) = e else { return g };
+            let (axis, share) = e.binding_share(2);
+            push(
+                ">= 97% of the binding limit (after minute 2)",
+                format!("{} at {}", axis, pct(share)),
+                share >= 0.97,
+            );
+            push(
+                "<= 0.1% 429s",
+                format!(
+                    "{} of {} ({})",
+                    e.rate_limited,
+                    e.sent,
+                    pct(e.rate_limited_ratio())
+                ),
+                e.rate_limited_ratio() <= 0.001,
+            );
+        }
+        "overreserve" => {
+            let Some(e) = e else { return g };
+            let (_, o, _) = e.shares(2);
+            push(
+                ">= 90% of output tokens/min (after minute 2)",
+                pct(o),
+                o >= 0.9,
+            );
+        }
+        "noisy" => {
+            let Some(e) = e else { return g };
+            push(
+                "<= 1% 429s",
+                format!(
+                    "{} of {} ({})",
+                    e.rate_limited,
+                    e.sent,
+                    pct(e.rate_limited_ratio())
+                ),
+                e.rate_limited_ratio() <= 0.01,
+            );
+        }
+        "headers-only" => {
+            let Some(e) = e else { return g };
+            let second = e
+                .minutes
+                .get(1)
+                .map_or(0.0, |m| m.input as f64 / e.limits.input_tpm as f64);
+            push(
+                ">= 90% of the input limit within two windows (minute 2)",
+                pct(second),
+                second >= 0.9,
+            );
+        }
+        "fairness" => {
+            let Some(e) = e else { return g };
+            push(
+                "Jain fairness >= 0.95 (e)",
+                format!("{:.3}", e.jain()),
+                e.jain() >= 0.95,
+            );
+        }
+        "weights" => {
+            let Some(e) = e else { return g };
+            let total: u64 = e.tenant_tokens.iter().sum();
+            let shares: Vec<f64> = e
+                .tenant_tokens
+                .iter()
+                .map(|&t| t as f64 / total.max(1) as f64)
+                .collect();
+            let want = [1.0 / 7.0, 2.0 / 7.0, 4.0 / 7.0];
+            let ok = shares.iter().zip(want).all(|(s, w)| (s - w).abs() <= 0.05);
+            push(
+                "shares within +-5 points of 1/7, 2/7, 4/7",
+                shares
+                    .iter()
+                    .map(|s| pct(*s))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                ok,
+            );
+        }
+        _ => {}
+    }
+    g
+}
+
+/// The markdown table of one scenario.
+pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| strategy | calls sent | 429s | 429 rate | broken turns | binding limit used | tokens / finished task | tasks (+ running) | p50 task | p95 task | critical-path wait | Jain | grants from queue |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in results {
+        let (axis, share) = r.binding_share(1);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} of {} | {} | {} (+{}) | {} | {} | {:.0} agent-s | {:.3} | {} |",
+            r.strategy.label(),
+            r.sent,
+            r.rate_limited,
+            pct(r.rate_limited_ratio()),
+            r.broken_turns,
+            pct(share),
+            axis,
+            r.tokens_per_task()
+                .map_or("-".into(), |t| format!("{t:.0}")),
+            r.tasks_finished,
+            r.tasks_unfinished,
+            r.task_time_s(500)
+                .map_or("-".into(), |t| format!("{t:.0} s")),
+            r.task_time_s(950)
+                .map_or("-".into(), |t| format!("{t:.0} s")),
+            r.critical_path_wait_ms as f64 / 1000.0,
+            r.jain(),
+            if r.strategy.uses_coordinator() {
+                r.granted_from_queue.to_string()
+            } else {
+                "-".into()
+            },
+        );
+    }
+    let _ = sc;
+    s
+}
+
+/// Per-minute usage against each limit (as % of the real limit), with 429 counts as bars.
+pub fn usage_svg(r: &RunResult) -> String {
+    let (w, h, left, top, bottom) = (720.0, 300.0, 50.0, 30.0, 40.0);
+    let n = r.minutes.len().max(1) as f64;
+    let plot_h = h - top - bottom;
+    let plot_w = w - left - 20.0;
+    let max_pct = 1.5;
+    let x = |i: f64| left + i / n * plot_w;
+    let y = |p: f64| top + plot_h - (p.min(max_pct) / max_pct) * plot_h;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = write!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = write!(
+        s,
+        r#"<text x="{left}" y="18" font-size="13">{} / {}: usage per minute, % of each real limit</text>"#,
+        r.scenario,
+        r.strategy.label()
+    );
+    let max_rl = r
+        .minutes
+        .iter()
+        .map(|m| m.rate_limited)
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    for (i, m) in r.minutes.iter().enumerate() {
+        if m.rate_limited > 0 {
+            let bh = m.rate_limited as f64 / max_rl * plot_h * 0.5;
+            let _ = write!(
+                s,
+                r##"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#e33" opacity="0.35"/>"##,
+                x(i as f64),
+                top + plot_h - bh,
+                plot_w / n,
+                bh
+            );
+        }
+    }
+    for p in [0.0, 0.5, 1.0, 1.5] {
+        let _ = write!(
+            s,
+            r##"<line x1="{left}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ccc"/><text x="4" y="{:.1}">{:.0}%</text>"##,
+            left + plot_w,
+            y(p),
+            y(p),
+            y(p) + 4.0,
+            p * 100.0
+        );
+    }
+    type Series<'a> = (&'a str, &'a str, Box<dyn Fn(&super::Minute) -> f64 + 'a>);
+    let series: [Series; 3] = [
+        (
+            "input tokens",
+            "#1f77b4",
+            Box::new(|m| m.input as f64 / r.limits.input_tpm as f64),
+        ),
+        (
+            "output tokens",
+            "#2ca02c",
+            Box::new(|m| m.output as f64 / r.limits.output_tpm as f64),
+        ),
+        (
+            "requests",
+            "#9467bd",
+            Box::new(|m| m.requests as f64 / r.limits.rpm as f64),
+        ),
+    ];
+    for (k, (name, color, f)) in series.iter().enumerate() {
+        let pts: Vec<String> = r
+            .minutes
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("{:.1},{:.1}", x(i as f64 + 0.5), y(f(m))))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.8" points="{}"/>"#,
+            pts.join(" ")
+        );
+        let lx = left + 10.0 + k as f64 * 130.0;
+        let _ = write!(
+            s,
+            r#"<rect x="{lx}" y="{}" width="10" height="10" fill="{color}"/><text x="{}" y="{}">{name}</text>"#,
+            h - 18.0,
+            lx + 14.0,
+            h - 9.0
+        );
+    }
+    if r.minutes.iter().any(|m| m.margin.is_some()) {
+        let pts: Vec<String> = r
+            .minutes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| {
+                m.margin
+                    .map(|mg| format!("{:.1},{:.1}", x(i as f64 + 0.5), y(f64::from(mg) / 1000.0)))
+            })
+            .collect();
+        let _ = write!(
+            s,
+            r##"<polyline fill="none" stroke="#ff7f0e" stroke-dasharray="4 3" stroke-width="1.5" points="{}"/>"##,
+            pts.join(" ")
+        );
+        let lx = left + 10.0 + 3.0 * 130.0;
+        let _ = write!(
+            s,
+            r##"<rect x="{lx}" y="{}" width="10" height="10" fill="#ff7f0e"/><text x="{}" y="{}">margin</text>"##,
+            h - 18.0,
+            lx + 14.0,
+            h - 9.0
+        );
+    }
+    let lx = left + 10.0 + 4.0 * 130.0;
+    let _ = write!(
+        s,
+        r##"<rect x="{lx}" y="{}" width="10" height="10" fill="#e33" opacity="0.35"/><text x="{}" y="{}">429s</text>"##,
+        h - 18.0,
+        lx + 14.0,
+        h - 9.0
+    );
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The overlay the write-up asks for: each agent's turn starts as ticks on its row, 429s
+/// as red lines across all rows, over the first `minutes` minutes.
+pub fn overlay_svg(r: &RunResult, agents: &[String], minutes: u64) -> String {
+    let rows = agents.len().max(1) as f64;
+    let (w, left, top) = (900.0, 90.0, 30.0);
+    let row_h = 12.0;
+    let h = top + rows * row_h + 40.0;
+    let span = (minutes * 60_000) as f64;
+    let plot_w = w - left - 20.0;
+    let x = |t: u64| left + t as f64 / span * plot_w;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="10">"#
+    );
+    let _ = write!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = write!(
+        s,
+        r#"<text x="{left}" y="18" font-size="13">{} / {}: turn starts (ticks) and 429s (red), first {minutes} min</text>"#,
+        r.scenario,
+        r.strategy.label()
+    );
+    for &t in r.rate_limit_times.iter().filter(|&&t| (t as f64) < span) {
+        let _ = write!(
+            s,
+            r##"<line x1="{0:.1}" x2="{0:.1}" y1="{top}" y2="{1:.1}" stroke="#e33" stroke-opacity="0.25"/>"##,
+            x(t),
+            top + rows * row_h
+        );
+    }
+    for (i, name) in agents.iter().enumerate() {
+        let yy = top + i as f64 * row_h;
+        let _ = write!(s, r#"<text x="4" y="{:.1}">{name}</text>"#, yy + 9.0);
+    }
+    for &(t, a) in r.turn_starts.iter().filter(|(t, _)| (*t as f64) < span) {
+        let yy = top + a as f64 * row_h;
+        let _ = write!(
+            s,
+            r##"<line x1="{0:.1}" x2="{0:.1}" y1="{1:.1}" y2="{2:.1}" stroke="#222" stroke-width="1.2"/>"##,
+            x(t),
+            yy + 1.0,
+            yy + row_h - 1.0
+        );
+    }
+    for m in (0..=minutes).step_by(5) {
+        let xx = x(m * 60_000);
+        let _ = write!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}">{m} min</text>"#,
+            xx - 8.0,
+            top + rows * row_h + 14.0
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Writes the whole report into `dir`.
+pub fn write(
+    dir: &Path,
+    runs: &[(Scenario, Vec<RunResult>)],
+    command: &str,
+) -> io::Result<Vec<Goal>> {
+    std::fs::create_dir_all(dir)?;
+    let mut md = String::new();
+    let _ = writeln!(md, "# Fleet simulator report\n");
+    let _ = writeln!(
+        md,
+        "Generated by `{command}` (deterministic: the same command writes the same report).\n"
+    );
+    let _ = writeln!(
+        md,
+        "Every scenario runs the same seed under each strategy. *429 rate* is 429s per call sent; *binding limit used* is the busiest of input tokens/min, output tokens/min and requests/min over the run after its first minute, as a share of the provider's real limit; *tokens* are what the provider charged against its limits (uncached input, cache writes, output); *critical-path wait* is agent-seconds that blocked agents spent waiting on an upstream agent's model call. See `examples/src/sim/` for the model.\n"
+    );
+    let mut all_goals = Vec::new();
+    let _ = writeln!(
+        md,
+        "## Goals\n\n| scenario | goal | measured | met |\n|---|---|---|---|"
+    );
+    for (sc, results) in runs {
+        for goal in goals(sc, results) {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                sc.name,
+                goal.what,
+                goal.measured,
+                if goal.met { "yes" } else { "**no**" }
+            );
+            all_goals.push(goal);
+        }
+    }
+    for (sc, results) in runs {
+        let _ = writeln!(
+            md,
+            "\n## {}\n\n{}\n\nLimits: {} input tokens/min, {} output tokens/min, {} requests/min, {} parallel requests; {} minutes; {} agents.\n",
+            sc.name,
+            sc.description,
+            sc.limits.input_tpm,
+            sc.limits.output_tpm,
+            sc.limits.rpm,
+            sc.limits.concurrent,
+            sc.minutes,
+            sc.agents.len()
+        );
+        md.push_str(&table(sc, results));
+        md.push('\n');
+        for r in results {
+            let file = format!("{}-usage-{}.svg", sc.name, r.strategy.id());
+            std::fs::write(dir.join(&file), usage_svg(r))?;
+            let _ = writeln!(md, "![{} usage]({file})", r.strategy.label());
+        }
+        if sc.name == "seed003" {
+            let names: Vec<String> = sc.agents.iter().map(|a| a.name.clone()).collect();
+            for s in [Strategy::Backoff, Strategy::Coordinator] {
+                if let Some(r) = find(results, s) {
+                    let file = format!("seed003-overlay-{}.svg", s.id());
+                    std::fs::write(dir.join(&file), overlay_svg(r, &names, 20))?;
+                    let _ = writeln!(md, "\n![429s over turns, {}]({file})", s.label());
+                }
+            }
+        }
+    }
+    std::fs::write(dir.join("README.md"), md)?;
+    Ok(all_goals)
+}
