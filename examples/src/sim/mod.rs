@@ -126,6 +126,8 @@ pub struct AgentSpec {
     pub looping: bool,
     /// Tenant, for fairness figures.
     pub tenant: usize,
+    /// Tasks in the agent's backlog; `None` keeps it working until the run ends.
+    pub tasks: Option<u32>,
 }
 
 /// A simulated situation.
@@ -137,7 +139,8 @@ pub struct Scenario {
     pub description: &'static str,
     /// The key's real limits.
     pub limits: Limits,
-    /// Virtual minutes to run.
+    /// Virtual minutes to run (at most: a run whose agents all have finite backlogs ends
+    /// when the last task is done).
     pub minutes: u64,
     /// The fleet.
     pub agents: Vec<AgentSpec>,
@@ -199,14 +202,18 @@ pub struct RunResult {
     pub tasks_unfinished: u64,
     /// Task times, ms, sorted: finished tasks and, at their age, tasks still running.
     pub task_times: Vec<u64>,
+    /// (agent, task time ms) of every finished task.
+    pub tasks_by_agent: Vec<(usize, u64)>,
     /// Leases the coordinator granted from its queue (coordinator strategies).
     pub granted_from_queue: u64,
     /// Agent-ms blocked agents spent waiting on an upstream agent's model call.
     pub critical_path_wait_ms: u64,
     /// Per tenant: tokens charged.
     pub tenant_tokens: Vec<u64>,
-    /// Per minute.
+    /// Per minute, up to the end of the run.
     pub minutes: Vec<Minute>,
+    /// When the run ended (ms): the last task done, or the time limit.
+    pub ended_at: u64,
     /// (time, agent) of each turn's first attempt.
     pub turn_starts: Vec<(u64, usize)>,
     /// Times of 429s.
@@ -310,6 +317,8 @@ enum State {
     Blocked,
     Waiting,
     InFlight,
+    /// Its backlog is done.
+    Done,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -421,9 +430,11 @@ impl<'a> Sim<'a> {
                 tasks_unfinished: 0,
                 task_times: Vec::new(),
                 granted_from_queue: 0,
+                tasks_by_agent: Vec::new(),
                 critical_path_wait_ms: 0,
                 tenant_tokens: vec![0; tenants],
                 minutes: vec![Minute::default(); minutes],
+                ended_at: 0,
                 turn_starts: Vec::new(),
                 rate_limit_times: Vec::new(),
                 min_margin: None,
@@ -466,8 +477,14 @@ impl<'a> Sim<'a> {
         for m in 1..=self.sc.minutes {
             self.at(m * 60_000 - 1, Ev::Minute);
         }
+        let finite = self.sc.agents.iter().all(|a| a.tasks.is_some());
+        let mut ended_at = end;
         while let Some(Reverse((t, _, ev))) = self.events.pop() {
             if t >= end {
+                break;
+            }
+            if finite && self.all_done() {
+                ended_at = self.now;
                 break;
             }
             self.now = t;
@@ -502,14 +519,29 @@ impl<'a> Sim<'a> {
             }
             self.pump_coordinator();
         }
-        // Tasks still running at the end count with their age so far, so a strategy that
-        // stalls long tasks is not flattered by finishing only short ones.
+        // Tasks not finished at the end (running, or not started for lack of time) count
+        // with their age so far, so a strategy that stalls long tasks is not flattered by
+        // finishing only short ones.
         for (i, a) in self.agents.iter().enumerate() {
-            if a.in_task && !self.sc.agents[i].looping {
-                self.r.task_times.push(end - a.task_start);
+            let spec = &self.sc.agents[i];
+            if spec.looping {
+                continue;
+            }
+            if a.in_task {
+                self.r.task_times.push(ended_at - a.task_start);
                 self.r.tasks_unfinished += 1;
             }
+            if let Some(n) = spec.tasks {
+                let left = n.saturating_sub(a.tasks_done + u32::from(a.in_task));
+                for _ in 0..left {
+                    self.r.task_times.push(ended_at);
+                    self.r.tasks_unfinished += 1;
+                }
+            }
         }
+        self.r.ended_at = ended_at;
+        let used_minutes = usize::try_from(ended_at.div_ceil(60_000)).unwrap_or(0);
+        self.r.minutes.truncate(used_minutes.max(1));
         self.r.task_times.sort_unstable();
         if let Some(c) = &self.coord {
             let m = c.metrics(Millis(end));
@@ -543,6 +575,10 @@ impl<'a> Sim<'a> {
         }
     }
 
+    fn all_done(&self) -> bool {
+        self.agents.iter().zip(&self.sc.agents).all(|(a, s)| s.tasks.is_some_and(|n| a.tasks_done >= n))
+    }
+
     fn blocked_on(&self, i: usize) -> u64 {
         let task = self.agents[i].task;
         self.sc
@@ -567,6 +603,9 @@ impl<'a> Sim<'a> {
 
     /// The agent is ready for its next call (or its next task).
     fn begin_call(&mut self, i: usize) {
+        if self.agents[i].state == State::Done {
+            return;
+        }
         if !self.agents[i].in_task {
             if !self.deps_done(i) {
                 self.agents[i].state = State::Blocked;
@@ -817,11 +856,14 @@ impl<'a> Sim<'a> {
         let failed = call.new_tokens + call.prefix;
         let mult = self.uniform(5, 20);
         let a = &mut self.agents[i];
-        // The context is rebuilt from scratch (cold), and the re-plan calls add up to
-        // mult × the failed call.
-        a.context = failed;
-        a.replan_left = (a.replan_left + u32::try_from(mult).unwrap_or(20)).min(40);
         a.state = State::Tool;
+        // The context is rebuilt from scratch (cold), and the re-plan calls add up to
+        // mult × the failed call. Failing while re-planning does not start a second
+        // re-plan: the failed re-plan call is made again after the re-read.
+        if !call.replan {
+            a.context = failed;
+            a.replan_left = u32::try_from(mult).unwrap_or(20);
+        }
         let t = self.now + 30_000;
         self.at(t, Ev::Ready(i));
     }
@@ -903,6 +945,7 @@ impl<'a> Sim<'a> {
             if !spec.looping {
                 self.r.tasks_finished += 1;
                 self.r.task_times.push(now - a.task_start);
+                self.r.tasks_by_agent.push((i, now - a.task_start));
             }
             // Unblock agents waiting on this task.
             for j in 0..self.agents.len() {
@@ -911,6 +954,10 @@ impl<'a> Sim<'a> {
                     self.at(now, Ev::Ready(j));
                 }
             }
+        }
+        if spec.tasks.is_some_and(|n| self.agents[i].tasks_done >= n) {
+            self.agents[i].state = State::Done;
+            return;
         }
         let tool = if spec.exponential_tool {
             self.exponential(spec.tool_ms)

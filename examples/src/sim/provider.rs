@@ -194,6 +194,14 @@ impl Provider {
             let retry_after_s = wait_ms.div_ceil(1000).clamp(1, 60);
             let mut headers = self.headers(now);
             headers.push(("retry-after".into(), retry_after_s.to_string()));
+            // The gateway in front of the key names the limit that was exceeded.
+            let kind = match exceeded {
+                Exceeded::Input => "input_tokens_per_minute",
+                Exceeded::Output => "output_tokens_per_minute",
+                Exceeded::Requests => "requests_per_minute",
+                Exceeded::Concurrent => "parallel_requests",
+            };
+            headers.push(("rate_limit_type".into(), kind.into()));
             return Err(Refused {
                 exceeded,
                 headers,

@@ -438,6 +438,7 @@ pub fn write(
     dir: &Path,
     runs: &[(Scenario, Vec<RunResult>)],
     command: &str,
+    sweeps: &[String],
 ) -> io::Result<Vec<Goal>> {
     std::fs::create_dir_all(dir)?;
     let mut md = String::new();
@@ -467,6 +468,9 @@ pub fn write(
             );
             all_goals.push(goal);
         }
+    }
+    for sweep in sweeps {
+        md.push_str(sweep);
     }
     for (sc, results) in runs {
         let _ = writeln!(
@@ -501,4 +505,46 @@ pub fn write(
     }
     std::fs::write(dir.join("README.md"), md)?;
     Ok(all_goals)
+}
+
+/// Medians over several seeds, and how many seeds meet each goal: one seed can be lucky.
+pub fn seed_sweep(sc: &Scenario, seeds: std::ops::RangeInclusive<u64>) -> String {
+    let runs: Vec<Vec<RunResult>> = seeds.clone().map(|seed| sc.strategies.iter().map(|&s| super::run(sc, s, seed)).collect()).collect();
+    let n = runs.len();
+    let mut s = String::new();
+    let _ = writeln!(s, "\n### {} across seeds {}–{}\n", sc.name, seeds.start(), seeds.end());
+    let _ = writeln!(s, "Medians over {n} seeds.\n");
+    let _ = writeln!(s, "| strategy | 429 rate | tokens / finished task | p95 task | critical-path wait |\n|---|---:|---:|---:|---:|");
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    for (k, strategy) in sc.strategies.iter().enumerate() {
+        let col = |f: &dyn Fn(&RunResult) -> f64| median(runs.iter().map(|r| f(&r[k])).collect());
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {:.0} s | {:.0} agent-s |",
+            strategy.label(),
+            pct(col(&|r| r.rate_limited_ratio())),
+            col(&|r| r.tokens_per_task().unwrap_or(f64::INFINITY)),
+            col(&|r| r.task_time_s(950).unwrap_or(f64::INFINITY)),
+            col(&|r| r.critical_path_wait_ms as f64 / 1000.0),
+        );
+    }
+    let mut met: Vec<(String, usize)> = Vec::new();
+    for r in &runs {
+        for (i, g) in goals(sc, r).into_iter().enumerate() {
+            if met.len() <= i {
+                met.push((g.what.clone(), 0));
+            }
+            if g.met {
+                met[i].1 += 1;
+            }
+        }
+    }
+    let _ = writeln!(s, "\n| goal | seeds meeting it |\n|---|---:|");
+    for (what, count) in met {
+        let _ = writeln!(s, "| {what} | {count} of {n} |");
+    }
+    s
 }
