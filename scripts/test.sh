@@ -31,6 +31,11 @@ cargo test --workspace
 step "conformance traces through the native core"
 cargo run --quiet -p tokenwarden-conformance
 
+step "wasmtime plugin: guest lint, traces through the component, example host"
+cargo fmt --manifest-path host-wasmtime/guest/Cargo.toml -- --check
+cargo clippy --manifest-path host-wasmtime/guest/Cargo.toml --release --target wasm32-unknown-unknown --target-dir target/tokenwarden-guest -- -D warnings
+cargo run --quiet -p tokenwarden-wasmtime --example host
+
 step "core built for wasm32-unknown-unknown imports nothing"
 cargo build --quiet --release --target wasm32-unknown-unknown -p tokenwarden-wasm-probe
 python3 scripts/check-wasm-imports.py target/wasm32-unknown-unknown/release/tokenwarden_wasm_probe.wasm tokenwarden_probe

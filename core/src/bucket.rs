@@ -5,8 +5,14 @@
 //! Refill therefore never rounds a token away, whatever the rate. The level may go negative
 //! (debt) when a settle charges more than a lease reserved, or a provider header says the
 //! key has less left than we thought.
+//!
+//! [`TokenBucket`] is the same arithmetic offered on its own, for one limit without leases.
 
 use serde::{Deserialize, Serialize};
+
+use crate::config::{MAX_DURATION_MS, MAX_TOKENS};
+use crate::error::{ConfigError, FieldPath};
+use crate::time::Millis;
 
 /// A rate-limited dimension of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -69,8 +75,16 @@ pub(crate) struct Bucket {
     pub(crate) limit: Option<u64>,
     /// Effective capacity per window (limit × margin × ramp), at least 1 when the limit is known.
     pub(crate) cap: u64,
+    /// Capacity per window ignoring the ramp (limit × margin), at least 1 when the limit is
+    /// known, 0 while it is not: no request above it can ever be granted.
+    pub(crate) nominal: u64,
     /// Level in token-milliseconds; may be negative (debt).
     pub(crate) level: i128,
+    /// Whether the provider charges this axis when a call arrives (Anthropic input tokens)
+    /// rather than reserving and correcting like the coordinator does. See
+    /// [`Bucket::refund_room`].
+    #[serde(default)]
+    pub(crate) charged_on_arrival: bool,
 }
 
 impl Bucket {
@@ -78,7 +92,9 @@ impl Bucket {
         Bucket {
             limit,
             cap: 0,
+            nominal: 0,
             level: 0,
+            charged_on_arrival: false,
         }
     }
 
@@ -131,6 +147,7 @@ impl Bucket {
         self.level >= need || self.level >= self.full(window)
     }
 
+    /// Reserves `n` for a lease.
     pub(crate) fn take(&mut self, n: u64, window: u64) {
         if self.gates() {
             let need = i128::from(n).saturating_mul(i128::from(window));
@@ -138,11 +155,48 @@ impl Bucket {
         }
     }
 
-    /// Refund (positive) or charge (negative) whole tokens; never fills beyond capacity.
-    pub(crate) fn adjust(&mut self, tokens: i128, window: u64) {
+    /// The most a lease granted at level `grant_level` (token-ms, after its own take)
+    /// `elapsed` ms ago may have refunded, in token-ms. The provider charged what the call
+    /// really used when it arrived, so its bucket was fuller than ours by the
+    /// over-reservation and stopped filling at full sooner: refill ours has gained since
+    /// past `full − over-reservation` is refill the provider wasted, and refunding it would
+    /// count the same headroom twice. The bound ignores other leases' takes, which only
+    /// lowered our level, so it errs on the side of refunding less.
+    pub(crate) fn refund_room(&self, grant_level: i128, elapsed: u64, window: u64) -> i128 {
+        if !self.charged_on_arrival {
+            return i128::MAX;
+        }
+        let full = self.full(window);
+        let high = grant_level
+            .saturating_add(i128::from(elapsed).saturating_mul(i128::from(self.cap)))
+            .min(full);
+        full.saturating_sub(high).max(0)
+    }
+
+    /// Ends a reservation of `reserved` that really used `used`: an under-reservation is
+    /// charged at once (debt); an over-reservation is refunded, at most `room` token-ms
+    /// (see [`Bucket::refund_room`]). A reaped lease ends with `used == reserved`.
+    pub(crate) fn release(&mut self, reserved: u64, used: u64, room: i128, window: u64) {
+        if !self.gates() {
+            return;
+        }
+        let w = i128::from(window);
+        let reserved = i128::from(reserved).saturating_mul(w);
+        let used = i128::from(used).saturating_mul(w);
+        if used > reserved {
+            self.level = self.level.saturating_sub(used - reserved);
+        } else {
+            let refund = (reserved - used).min(room.max(0));
+            self.level = self.level.saturating_add(refund).min(self.full(window));
+        }
+    }
+
+    /// Charges `used` with no reservation behind it (an axis that became known after the
+    /// lease was granted).
+    pub(crate) fn charge(&mut self, used: u64, window: u64) {
         if self.gates() {
-            let delta = tokens.saturating_mul(i128::from(window));
-            self.level = self.level.saturating_add(delta).min(self.full(window));
+            let used = i128::from(used).saturating_mul(i128::from(window));
+            self.level = self.level.saturating_sub(used);
         }
     }
 
@@ -183,6 +237,143 @@ impl Bucket {
     }
 }
 
+/// A standalone token bucket: one limit per window, exact, for callers who want a plain
+/// rate limiter rather than the [`Coordinator`](crate::Coordinator)'s leases.
+///
+/// It holds up to `limit_per_window` tokens and refills continuously at
+/// `limit_per_window` per `window_ms`, in integer token-milliseconds, so no fraction of a
+/// token is ever rounded away: 7 tokens per minute give back exactly 7 tokens in 60 000
+/// ms, one every 8 571.43 ms. It starts full. Like the coordinator it never reads a clock
+/// (every call takes `now`, on an epoch the caller chooses), time that goes backwards is
+/// clamped to the latest instant seen, and nothing panics, whatever the inputs.
+///
+/// ```
+/// use tokenwarden_core::{Denied, Millis, TokenBucket};
+///
+/// // 3 requests per second.
+/// let mut rps = TokenBucket::new(3, 1_000).unwrap();
+/// assert_eq!(rps.check(Millis(0), 1), Ok(()));
+/// assert_eq!(rps.check(Millis(0), 2), Ok(()));
+/// // Empty: the next token is back a third of a second later (rounded up to the ms).
+/// assert_eq!(rps.check(Millis(0), 1), Err(Denied::NotUntil { at: Millis(334) }));
+/// assert_eq!(rps.check(Millis(334), 1), Ok(()));
+/// // Asking for more than the bucket ever holds can never succeed.
+/// assert_eq!(rps.check(Millis(5_000), 4), Err(Denied::InsufficientCapacity { limit: 3 }));
+/// assert_eq!(rps.available(Millis(5_000)), 3);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenBucket {
+    limit: u64,
+    window_ms: u64,
+    /// `limit × window_ms`: a full bucket, in token-milliseconds.
+    full: u128,
+    /// Level in token-milliseconds, `0..=full`.
+    level: u128,
+    /// Refilled up to this instant; the latest instant seen.
+    updated: Millis,
+}
+
+/// Why [`TokenBucket::check`] turned a request down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Denied {
+    /// Not enough tokens now; the request fits at `at` (if nothing else takes tokens
+    /// first). Saturates at [`Millis::MAX`].
+    NotUntil {
+        /// The first instant the request fits.
+        at: Millis,
+    },
+    /// The request is larger than the bucket ever holds: it can never succeed.
+    InsufficientCapacity {
+        /// The bucket's limit per window.
+        limit: u64,
+    },
+}
+
+impl TokenBucket {
+    /// A full bucket of `limit_per_window` tokens refilling over `window_ms`.
+    ///
+    /// The limit must be between 1 and 2^53 − 1 ([`MAX_TOKENS`]) and the window between
+    /// 1 ms and 30 days ([`MAX_DURATION_MS`]); anything else is a
+    /// [`ConfigError::Invalid`] naming `limit_per_window` or `window_ms`.
+    pub fn new(limit_per_window: u64, window_ms: u64) -> Result<TokenBucket, ConfigError> {
+        let invalid = |name, reason| ConfigError::Invalid {
+            field: FieldPath { pool: None, name },
+            reason,
+        };
+        if !(1..=MAX_TOKENS).contains(&limit_per_window) {
+            return Err(invalid(
+                "limit_per_window",
+                "must be between 1 and 2^53 - 1",
+            ));
+        }
+        if !(1..=MAX_DURATION_MS).contains(&window_ms) {
+            return Err(invalid("window_ms", "must be between 1 ms and 30 days"));
+        }
+        let full = u128::from(limit_per_window) * u128::from(window_ms);
+        Ok(TokenBucket {
+            limit: limit_per_window,
+            window_ms,
+            full,
+            level: full,
+            updated: Millis::ZERO,
+        })
+    }
+
+    /// The most tokens the bucket holds, and hands out per window.
+    #[must_use]
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The refill window in milliseconds.
+    #[must_use]
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// The level at `now` (clamped to the latest instant seen) and that instant.
+    fn level_at(&self, now: Millis) -> (u128, Millis) {
+        if now <= self.updated || self.level >= self.full {
+            return (self.level, self.updated.max(now));
+        }
+        // Cannot overflow: a u64 × u64 product plus a level below 2^85.
+        let add = u128::from(now.since(self.updated)) * u128::from(self.limit);
+        ((self.level + add).min(self.full), now)
+    }
+
+    /// Takes `n` tokens at `now` if they are there. Otherwise nothing changes (beyond
+    /// the bucket refilling up to `now`) and the answer says when they will be, or that
+    /// they never will (`n` above the limit). `n = 0` always succeeds.
+    pub fn check(&mut self, now: Millis, n: u64) -> Result<(), Denied> {
+        if n > self.limit {
+            return Err(Denied::InsufficientCapacity { limit: self.limit });
+        }
+        let (level, now) = self.level_at(now);
+        self.updated = now;
+        // `n ≤ limit`, so `need ≤ full`.
+        let need = u128::from(n) * u128::from(self.window_ms);
+        if level >= need {
+            self.level = level - need;
+            Ok(())
+        } else {
+            self.level = level;
+            let ms = (need - level).div_ceil(u128::from(self.limit));
+            Err(Denied::NotUntil {
+                at: now.plus(u64::try_from(ms).unwrap_or(u64::MAX)),
+            })
+        }
+    }
+
+    /// Whole tokens available at `now` (clamped to the latest instant seen), without
+    /// taking any.
+    #[must_use]
+    pub fn available(&self, now: Millis) -> i64 {
+        let (level, _) = self.level_at(now);
+        // At most `limit` ≤ 2^53 − 1.
+        i64::try_from(level / u128::from(self.window_ms)).unwrap_or(i64::MAX)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,9 +411,49 @@ mod tests {
     fn debt_is_allowed_and_repaid_by_refill() {
         let mut b = bucket(600);
         b.take(600, W);
-        b.adjust(-300, W);
+        b.release(600, 900, i128::MAX, W);
         assert_eq!(b.available(W), -300);
         assert_eq!(b.ms_until_fits(1, W), Some(30_100));
+    }
+
+    #[test]
+    fn refund_before_the_bucket_tops_out_is_returned_in_full() {
+        let mut b = bucket(85_000);
+        b.charged_on_arrival = true;
+        b.take(80_000, W);
+        let at_grant = b.level;
+        b.refill(10_000, W); // +14_166
+        let room = b.refund_room(at_grant, 10_000, W);
+        b.release(80_000, 40_000, room, W);
+        assert_eq!(b.available(W), 5_000 + 14_166 + 40_000);
+    }
+
+    #[test]
+    fn refund_after_the_bucket_topped_out_counts_no_headroom_twice() {
+        // The provider charged the real 40k on arrival and was full again long before
+        // the lease settled; ours refilled underneath the 80k reservation. Spending the
+        // full bucket and then refunding must not create 40k the provider does not have.
+        let mut b = bucket(85_000);
+        b.charged_on_arrival = true;
+        b.take(80_000, W);
+        let at_grant = b.level;
+        b.refill(56_471, W);
+        assert_eq!(b.available(W), 85_000);
+        b.take(85_000, W);
+        let room = b.refund_room(at_grant, 56_471, W);
+        b.release(80_000, 40_000, room, W);
+        assert_eq!(b.available(W), 0);
+    }
+
+    #[test]
+    fn axes_the_provider_reserves_refund_in_full() {
+        let mut b = bucket(1_000);
+        b.take(900, W);
+        b.refill(60_000, W);
+        assert_eq!(b.refund_room(0, 60_000, W), i128::MAX);
+        b.take(1_000, W);
+        b.release(900, 100, i128::MAX, W);
+        assert_eq!(b.available(W), 800);
     }
 
     #[test]
@@ -253,5 +484,116 @@ mod tests {
         assert!(!b.resync(900, 100, W), "900-150=750 within 100 of 850");
         assert!(b.resync(500, 0, W));
         assert_eq!(b.available(W), 350);
+    }
+
+    #[test]
+    fn token_bucket_refill_is_exact_below_one_token_per_ms() {
+        let mut b = TokenBucket::new(7, 60_000).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.check(Millis(0), 7), Ok(()));
+        // One token is back after 60000 / 7 = 8571.43 ms, i.e. at 8572.
+        assert_eq!(
+            b.check(Millis(0), 1),
+            Err(Denied::NotUntil { at: Millis(8_572) })
+        );
+        let mut granted = 0;
+        for t in 1..=60_000 {
+            if b.check(Millis(t), 1).is_ok() {
+                granted += 1;
+            }
+        }
+        assert_eq!(granted, 7, "exactly 7 tokens come back in one window");
+        assert_eq!(b.available(Millis(60_000)), 0);
+        assert_eq!(b.available(Millis(120_000)), 7);
+    }
+
+    #[test]
+    fn token_bucket_not_until_is_the_first_instant_that_fits() {
+        for (limit, window, n) in [(3, 1_000, 2), (1_000, 7, 999), (5, 60_000, 5), (1, 1, 1)] {
+            let mut b = TokenBucket::new(limit, window).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(b.check(Millis(100), limit), Ok(()));
+            let Err(Denied::NotUntil { at }) = b.check(Millis(100), n) else {
+                panic!("an empty bucket refuses {n}");
+            };
+            let mut early = b.clone();
+            assert!(
+                matches!(early.check(Millis(at.0 - 1), n), Err(Denied::NotUntil { at: a }) if a == at),
+                "{limit}/{window}: one ms early still says {at}"
+            );
+            assert_eq!(b.check(at, n), Ok(()), "{limit}/{window}: fits at {at}");
+        }
+    }
+
+    #[test]
+    fn token_bucket_clamps_time_that_goes_backwards() {
+        let mut b = TokenBucket::new(10, 1_000).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.check(Millis(5_000), 10), Ok(()));
+        // Earlier instants count as 5000: no refill, and no refund of "future" time.
+        assert_eq!(b.available(Millis(0)), 0);
+        assert_eq!(
+            b.check(Millis(1_000), 1),
+            Err(Denied::NotUntil { at: Millis(5_100) })
+        );
+        assert_eq!(b.check(Millis(5_100), 1), Ok(()));
+        assert_eq!(b.check(Millis(0), 0), Ok(()), "zero tokens always fit");
+    }
+
+    #[test]
+    fn token_bucket_reports_insufficient_capacity_without_taking_anything() {
+        let mut b = TokenBucket::new(100, 60_000).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            b.check(Millis(0), 101),
+            Err(Denied::InsufficientCapacity { limit: 100 })
+        );
+        assert_eq!(
+            b.check(Millis(0), u64::MAX),
+            Err(Denied::InsufficientCapacity { limit: 100 })
+        );
+        assert_eq!(b.available(Millis(0)), 100);
+        assert_eq!(b.check(Millis(0), 100), Ok(()));
+    }
+
+    #[test]
+    fn token_bucket_survives_huge_jumps_and_extreme_figures() {
+        let mut b = TokenBucket::new(MAX_TOKENS, MAX_DURATION_MS).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(b.check(Millis(0), MAX_TOKENS), Ok(()));
+        assert_eq!(
+            b.available(Millis(1)),
+            3_474_999,
+            "2^53 - 1 per 30 days: 3474999.7 per ms"
+        );
+        assert_eq!(b.check(Millis::MAX, MAX_TOKENS), Ok(()));
+        assert_eq!(b.available(Millis::MAX), 0);
+        // At the end of time the answer saturates rather than overflowing.
+        assert_eq!(
+            b.check(Millis::MAX, 1),
+            Err(Denied::NotUntil { at: Millis::MAX })
+        );
+        let mut tiny = TokenBucket::new(1, MAX_DURATION_MS).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(tiny.check(Millis(u64::MAX - 1), 1), Ok(()));
+        assert_eq!(
+            tiny.check(Millis(u64::MAX - 1), 1),
+            Err(Denied::NotUntil { at: Millis::MAX })
+        );
+    }
+
+    #[test]
+    fn token_bucket_validates_its_limit_and_window() {
+        let field = |r: Result<TokenBucket, ConfigError>| match r {
+            Err(ConfigError::Invalid { field, .. }) => field.name,
+            other => panic!("expected an invalid field, got {other:?}"),
+        };
+        assert_eq!(field(TokenBucket::new(0, 1_000)), "limit_per_window");
+        assert_eq!(
+            field(TokenBucket::new(MAX_TOKENS + 1, 1_000)),
+            "limit_per_window"
+        );
+        assert_eq!(field(TokenBucket::new(1, 0)), "window_ms");
+        assert_eq!(field(TokenBucket::new(1, MAX_DURATION_MS + 1)), "window_ms");
+        let b = TokenBucket::new(MAX_TOKENS, 1).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((b.limit(), b.window_ms()), (MAX_TOKENS, 1));
+        assert_eq!(
+            b.available(Millis::ZERO),
+            i64::try_from(MAX_TOKENS).unwrap_or(0)
+        );
     }
 }

@@ -5,6 +5,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
+use crate::agents::{Agent, Agents};
 use crate::backoff::{Backoff, BackoffStep};
 use crate::bucket::{Axis, Bucket, Demand};
 use crate::config::{Config, Counting, MAX_TOKENS};
@@ -214,30 +215,11 @@ struct Pool {
     vtime: u128,
     counters: PoolCounters,
     minutes: Vec<MinuteStats>,
+    /// The minute last written and its index in `minutes` (`minute % minutes.len()`), so
+    /// the common case, another event in the same minute, needs no division.
+    minute_now: u64,
+    minute_slot: u32,
     waits: WaitHistogram,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct AgentPool {
-    last_vfinish: u128,
-    cache_warm_until: Option<Millis>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct Agent {
-    last_seen: Millis,
-    last_settle: Option<Millis>,
-    queued: u32,
-    in_flight: u32,
-    queued_since: Millis,
-    last_failure: Option<u64>,
-    repeats: u32,
-    settled: u64,
-    input_error: u32,
-    output_error: u32,
-    misses: u32,
-    alerting: bool,
-    pools: Vec<AgentPool>,
 }
 
 /// The quota coordinator: a deterministic state machine with no clock, no I/O and no
@@ -251,7 +233,7 @@ pub struct Coordinator {
     seq: u64,
     pools: Vec<Pool>,
     leases: LeaseTable,
-    agents: BTreeMap<AgentId, Agent>,
+    agents: Agents,
     events: VecDeque<Event>,
 }
 
@@ -299,8 +281,14 @@ impl Pool {
             vtime: 0,
             counters: PoolCounters::default(),
             minutes: alloc::vec![MinuteStats::default(); config.metrics_minutes as usize],
+            minute_now: 0,
+            minute_slot: 0,
             waits: WaitHistogram::new(),
         };
+        // Anthropic charges input when a call arrives (output is reserved at max_tokens and
+        // corrected, like ours; OpenAI pre-charges its one figure the same way).
+        pool.bucket_mut(Axis::InputTokens).charged_on_arrival =
+            p.is_some_and(|p| p.counting == Counting::Anthropic);
         pool.set_caps(config, true);
         pool
     }
@@ -326,20 +314,27 @@ impl Pool {
     }
 
     /// Capacity ignoring the ramp: the most the pool can ever hand out in a window at
-    /// this margin.
+    /// this margin. Kept in [`Bucket::nominal`] by [`Pool::apply_cap`].
     fn nominal_cap(&self, limit: u64) -> u64 {
         let cap = u128::from(limit) * u128::from(self.margin) / 1000;
         u64::try_from(cap).unwrap_or(u64::MAX).max(1)
     }
 
+    /// Sets an axis's effective and nominal capacity from its limit, the margin and the
+    /// ramp (nothing while the limit is unknown).
+    fn apply_cap(&mut self, axis: Axis, config: &Config, start_full: bool) {
+        if let Some(limit) = self.bucket(axis).limit {
+            let cap = self.cap_for(axis, limit, config);
+            let nominal = self.nominal_cap(limit);
+            let b = self.bucket_mut(axis);
+            b.nominal = nominal;
+            b.set_cap(cap, config.window_ms, start_full);
+        }
+    }
+
     fn set_caps(&mut self, config: &Config, start_full: bool) {
         for axis in Axis::ALL {
-            let limit = self.bucket(axis).limit;
-            if let Some(limit) = limit {
-                let cap = self.cap_for(axis, limit, config);
-                self.bucket_mut(axis)
-                    .set_cap(cap, config.window_ms, start_full);
-            }
+            self.apply_cap(axis, config, start_full);
         }
     }
 
@@ -418,11 +413,15 @@ impl Pool {
 
     fn minute(&mut self, now: Millis) -> Option<&mut MinuteStats> {
         let minute = now.0 / MINUTE_MS;
-        let len = self.minutes.len() as u64;
-        let slot = self
-            .minutes
-            .get_mut(usize::try_from(minute % len.max(1)).unwrap_or(0))?;
-        if slot.minute != minute || slot == &MinuteStats::default() {
+        if minute != self.minute_now {
+            let len = self.minutes.len() as u64;
+            self.minute_slot = u32::try_from(minute % len.max(1)).unwrap_or(0);
+            self.minute_now = minute;
+        }
+        let slot = self.minutes.get_mut(self.minute_slot as usize)?;
+        // A slot still holding an older minute starts afresh. (A slot equal to the default
+        // one holds minute 0 with nothing in it: restarting it changes nothing.)
+        if slot.minute != minute {
             *slot = MinuteStats {
                 minute,
                 ..MinuteStats::default()
@@ -456,15 +455,22 @@ impl Pool {
 
     /// Settles a lease's axes: the difference is refunded or charged on axes it was taken
     /// from; an axis that became known after the grant is charged the actual usage.
-    fn reconcile(&mut self, charged: &Demand, gated: u8, actual: &Demand, window: u64) {
+    fn reconcile(
+        &mut self,
+        charged: &Demand,
+        gated: u8,
+        (grant_level, elapsed): (i128, u64),
+        actual: &Demand,
+        window: u64,
+    ) {
         for axis in Axis::ALL {
-            let reserved = if gated & (1 << axis.index()) != 0 {
-                i128::from(charged.get(axis))
+            let b = self.bucket_mut(axis);
+            if gated & (1 << axis.index()) != 0 {
+                let room = b.refund_room(grant_level, elapsed, window);
+                b.release(charged.get(axis), actual.get(axis), room, window);
             } else {
-                0
-            };
-            self.bucket_mut(axis)
-                .adjust(reserved - i128::from(actual.get(axis)), window);
+                b.charge(actual.get(axis), window);
+            }
         }
     }
 
@@ -480,44 +486,51 @@ impl Pool {
             let want = i128::from(need.get(a)).saturating_mul(i128::from(window));
             let deficit = want.saturating_sub(b.level);
             if deficit > 0 {
-                worst = worst.max(ceil_div(deficit.unsigned_abs(), u128::from(b.cap)));
+                let deficit = deficit.unsigned_abs();
+                let ms = match u64::try_from(deficit) {
+                    // The common case, without a 128-bit division.
+                    Ok(d) if b.cap > 0 => u128::from(d.div_ceil(b.cap)),
+                    _ => ceil_div(deficit, u128::from(b.cap)),
+                };
+                worst = worst.max(ms);
             }
         }
         u64::try_from(worst).unwrap_or(u64::MAX)
     }
 }
 
-impl Agent {
-    fn new(now: Millis, pools: usize) -> Agent {
-        Agent {
-            last_seen: now,
-            last_settle: None,
-            queued: 0,
-            in_flight: 0,
-            queued_since: now,
-            last_failure: None,
-            repeats: 0,
-            settled: 0,
-            input_error: 0,
-            output_error: 0,
-            misses: 0,
-            alerting: false,
-            pools: alloc::vec![AgentPool::default(); pools],
-        }
-    }
-
-    fn cache_cold(&self, pool: u32, now: Millis) -> bool {
-        self.pools
-            .get(pool as usize)
-            .and_then(|p| p.cache_warm_until)
-            .is_none_or(|w| now >= w)
-    }
+fn error_permille(estimate: u64, actual: u64) -> u32 {
+    let diff = estimate.abs_diff(actual);
+    let e = match diff.checked_mul(1000) {
+        // The common case, without a 128-bit division.
+        Some(d) => u128::from(d / actual.max(1)),
+        None => u128::from(diff) * 1000 / u128::from(actual.max(1)),
+    };
+    u32::try_from(e.min(1_000_000)).unwrap_or(1_000_000)
 }
 
-fn error_permille(estimate: u64, actual: u64) -> u32 {
-    let diff = u128::from(estimate.abs_diff(actual));
-    let e = diff * 1000 / u128::from(actual.max(1));
-    u32::try_from(e.min(1_000_000)).unwrap_or(1_000_000)
+/// `a × b / 1000`, in 64-bit arithmetic when the product fits (it does for every valid
+/// configuration), so the common case needs no 128-bit division. Same result either way.
+fn mul_permille(a: u128, b: u128) -> u128 {
+    if let (Ok(a), Ok(b)) = (u64::try_from(a), u64::try_from(b)) {
+        if let Some(p) = a.checked_mul(b) {
+            return u128::from(p / 1000);
+        }
+    }
+    a.saturating_mul(b) / 1000
+}
+
+/// A ticket's length in virtual time: `(tokens + 1) × 10^6 / weight` (weight ≥ 1), in
+/// 64-bit arithmetic when the operands fit. Same result either way.
+fn virtual_cost(tokens: u64, weight: u128) -> u128 {
+    if let (Some(scaled), Ok(w)) = (
+        tokens.checked_add(1).and_then(|c| c.checked_mul(1_000_000)),
+        u64::try_from(weight),
+    ) {
+        return u128::from(scaled / w.max(1));
+    }
+    let cost = u128::from(tokens).saturating_add(1);
+    cost.saturating_mul(1_000_000) / weight.max(1)
 }
 
 /// Reservation for an ask under a pool's counting rules, given whether the cache is cold.
@@ -570,7 +583,7 @@ impl Coordinator {
             seq: 0,
             pools,
             leases: LeaseTable::new(),
-            agents: BTreeMap::new(),
+            agents: Agents::default(),
             events: VecDeque::new(),
         })
     }
@@ -629,18 +642,26 @@ impl Coordinator {
         let Some(entry) = self.leases.remove(id) else {
             return;
         };
-        let Phase::Active { charged, .. } = entry.phase else {
+        let Phase::Active { charged, gated, .. } = entry.phase else {
             return;
         };
         self.leases.prune_expiries();
+        let window = self.config.window_ms;
         if let Some(pool) = self.pools.get_mut(entry.pool as usize) {
+            // No refund: the reservation is assumed spent, and its credit is dropped.
+            for axis in Axis::ALL {
+                if gated & (1 << axis.index()) != 0 {
+                    let reserved = charged.get(axis);
+                    pool.bucket_mut(axis).release(reserved, reserved, 0, window);
+                }
+            }
             pool.in_flight = pool.in_flight.saturating_sub(1);
             pool.counters.expired = pool.counters.expired.saturating_add(1);
             if let Some(m) = pool.minute(now) {
                 m.used = m.used.saturating_add(charged);
             }
         }
-        if let Some(agent) = self.agents.get_mut(&entry.agent) {
+        if let Some(agent) = self.agents.get_mut(entry.agent_slot) {
             agent.in_flight = agent.in_flight.saturating_sub(1);
         }
         self.events.push_back(Event::Expired {
@@ -663,11 +684,15 @@ impl Coordinator {
             .get(p as usize)
             .map(|c| c.counting)
             .unwrap_or_default();
+        // At the end of time a lease would be born expired: nothing is granted.
+        if now.plus(ttl) <= now {
+            return;
+        }
         loop {
             if now < pool.paused_until || !pool.concurrency_free() {
                 return;
             }
-            let Some((key, _, slot)) = pool.queue.peek_min() else {
+            let Some((_, _, slot)) = pool.queue.peek_min() else {
                 return;
             };
             let Some(entry) = self.leases.by_slot(slot).copied() else {
@@ -683,13 +708,13 @@ impl Coordinator {
             };
             let cold = self
                 .agents
-                .get(&entry.agent)
+                .get(entry.agent_slot)
                 .is_none_or(|a| a.cache_cold(p, now));
             let demand = charge(counting, &entry.ask, cold);
             if !pool.fits(&demand, window) {
                 return;
             }
-            pool.queue.remove(key);
+            pool.queue.pop_head();
             let gated = pool.take(&demand, window);
             pool.in_flight = pool.in_flight.saturating_add(1);
             pool.vtime = pool.vtime.max(vstart);
@@ -700,6 +725,7 @@ impl Coordinator {
                 m.granted = m.granted.saturating_add(1);
             }
             let expires_at = now.plus(ttl);
+            let grant_level = pool.bucket(Axis::InputTokens).level;
             if let Some(e) = self.leases.get_mut(entry.id) {
                 e.phase = Phase::Active {
                     granted_at: now,
@@ -707,11 +733,12 @@ impl Coordinator {
                     charged: demand,
                     gated,
                     rate_limited: false,
+                    grant_level,
                 };
             }
             self.leases
                 .push_expiry(expires_at, entry.id, self.config.max_leases);
-            if let Some(a) = self.agents.get_mut(&entry.agent) {
+            if let Some(a) = self.agents.get_mut(entry.agent_slot) {
                 a.queued = a.queued.saturating_sub(1);
                 a.in_flight = a.in_flight.saturating_add(1);
             }
@@ -733,13 +760,16 @@ impl Coordinator {
             Role::Worker => w.worker,
         };
         let unblocks = u128::from(req.unblocks.min(1_000_000));
-        let mut weight = u128::from(base) * (1000 + u128::from(w.unblock_bonus) * unblocks) / 1000;
+        let mut weight = mul_permille(
+            u128::from(base),
+            1000 + u128::from(w.unblock_bonus) * unblocks,
+        );
         let floor = u128::from(w.floor);
         for _ in 0..agent.repeats.min(64) {
             if weight <= floor {
                 break;
             }
-            weight = weight * u128::from(w.repeat_failure_decay) / 1000;
+            weight = mul_permille(weight, u128::from(w.repeat_failure_decay));
         }
         weight = weight.max(floor);
         if req.cached_prefix_tokens >= w.cache_bump_min_tokens && req.cached_prefix_tokens > 0 {
@@ -749,29 +779,23 @@ impl Coordinator {
                 .and_then(|p| p.cache_warm_until)
             {
                 if now < warm_until && warm_until.since(now) <= w.cache_bump_window_ms {
-                    weight = weight * (1000 + u128::from(w.cache_bump)) / 1000;
+                    weight = mul_permille(weight, 1000 + u128::from(w.cache_bump));
                 }
             }
         }
         weight.max(1)
     }
 
-    /// Finds or creates the agent; `None` when the table is full of busy agents.
-    fn agent_slot(&mut self, id: AgentId, now: Millis) -> Option<()> {
-        if self.agents.contains_key(&id) {
-            return Some(());
+    /// Finds or creates the agent; returns its slot, or `None` when the table is full of
+    /// busy agents.
+    fn agent_slot(&mut self, id: AgentId, now: Millis) -> Option<u32> {
+        if let Some(slot) = self.agents.find(id) {
+            return Some(slot);
         }
         if self.agents.len() >= self.config.max_agents as usize {
-            let victim = self
-                .agents
-                .iter()
-                .filter(|(_, a)| a.queued == 0 && a.in_flight == 0)
-                .min_by_key(|(k, a)| (a.last_seen, **k))
-                .map(|(k, _)| *k)?;
-            self.agents.remove(&victim);
+            self.agents.evict_idle()?;
         }
-        self.agents.insert(id, Agent::new(now, self.pools.len()));
-        Some(())
+        Some(self.agents.insert(Agent::new(id, now, self.pools.len())))
     }
 
     fn reject(
@@ -813,10 +837,10 @@ impl Coordinator {
         let now = self.advance(now);
         let window = self.config.window_ms;
 
-        if self.agent_slot(req.agent, now).is_none() {
+        let Some(agent_slot) = self.agent_slot(req.agent, now) else {
             return Ok(self.reject(p, now, None, RejectReason::TooManyAgents));
-        }
-        let Some(agent) = self.agents.get_mut(&req.agent) else {
+        };
+        let Some(agent) = self.agents.get_mut(agent_slot) else {
             return Ok(self.reject(p, now, None, RejectReason::TooManyAgents));
         };
         agent.last_seen = now;
@@ -836,6 +860,9 @@ impl Coordinator {
             max_tokens: req.max_tokens,
         };
         let demand = charge(counting, &ask, cold);
+        // Capacity is checked against the cold-cache reservation: a ticket that waits may
+        // see its cache expire and be charged the whole prefix when it is granted.
+        let worst = charge(counting, &ask, true);
 
         let Some(pool) = self.pools.get(p as usize) else {
             return Err(LeaseError::UnknownPool);
@@ -844,7 +871,8 @@ impl Coordinator {
             let Some(limit) = pool.bucket(axis).limit else {
                 continue;
             };
-            if demand.get(axis) > pool.nominal_cap(limit) {
+            let demand = worst;
+            if demand.get(axis) > pool.bucket(axis).nominal {
                 let ceiling =
                     u128::from(limit) * u128::from(self.config.margin.ceiling_permille) / 1000;
                 let retry_at = if u128::from(demand.get(axis)) > ceiling
@@ -873,7 +901,7 @@ impl Coordinator {
             return Ok(self.reject(p, now, retry_at, RejectReason::TooManyLeases));
         }
 
-        let Some(agent) = self.agents.get(&req.agent) else {
+        let Some(agent) = self.agents.get(agent_slot) else {
             return Err(LeaseError::UnknownPool);
         };
         let weight = self.weight(req, agent, now);
@@ -882,8 +910,7 @@ impl Coordinator {
             return Err(LeaseError::UnknownPool);
         };
         let vstart = pool.vtime.max(last_vfinish);
-        let cost = u128::from(demand.get(Axis::Tokens)).saturating_add(1);
-        let vfinish = vstart.saturating_add(cost.saturating_mul(1_000_000) / weight);
+        let vfinish = vstart.saturating_add(virtual_cost(demand.get(Axis::Tokens), weight));
         let key = Key {
             vfinish,
             seq: self.seq,
@@ -893,6 +920,7 @@ impl Coordinator {
 
         if ahead
             && now >= pool.paused_until
+            && now.plus(ttl) > now
             && pool.concurrency_free()
             && pool.fits(&demand, window)
         {
@@ -914,9 +942,11 @@ impl Coordinator {
             if let Some(m) = pool.minute(now) {
                 m.granted = m.granted.saturating_add(1);
             }
+            let grant_level = pool.bucket(Axis::InputTokens).level;
             let id = self.leases.insert(|id| Entry {
                 id,
                 agent: req.agent,
+                agent_slot,
                 pool: p,
                 ask,
                 phase: Phase::Active {
@@ -925,11 +955,12 @@ impl Coordinator {
                     charged: demand,
                     gated,
                     rate_limited: false,
+                    grant_level,
                 },
             });
             self.leases
                 .push_expiry(expires_at, id, self.config.max_leases);
-            if let Some(a) = self.agents.get_mut(&req.agent) {
+            if let Some(a) = self.agents.get_mut(agent_slot) {
                 a.in_flight = a.in_flight.saturating_add(1);
                 if let Some(ap) = a.pools.get_mut(p as usize) {
                     ap.last_vfinish = vfinish;
@@ -945,15 +976,22 @@ impl Coordinator {
             let retry_at = self.pool_wake(p);
             return Ok(self.reject(p, now, retry_at, RejectReason::QueueFull));
         }
-        let need = pool.queue.demand_before(key).saturating_add(demand);
+        let max_wait = self.config.max_queue_wait_ms;
+        let Some(pool) = self.pools.get_mut(p as usize) else {
+            return Err(LeaseError::UnknownPool);
+        };
+        // Insert first: the same walk gives the demand queued ahead, which sets the ETA. A
+        // ticket that would wait too long is taken back out.
+        let inserted = pool.queue.insert(key, demand, u32::MAX);
+        let need = inserted.before.saturating_add(demand);
         let eta = pool
             .updated
             .plus(pool.ms_until_total(&need, window))
             .max(pool.paused_until)
             .max(now);
-        if eta.since(now) > self.config.max_queue_wait_ms {
-            let retry_at =
-                Millis(eta.0.saturating_sub(self.config.max_queue_wait_ms)).max(now.plus(1));
+        if eta.since(now) > max_wait {
+            pool.queue.undo_insert(key, inserted);
+            let retry_at = Millis(eta.0.saturating_sub(max_wait)).max(now.plus(1));
             return Ok(self.reject(p, now, Some(retry_at), RejectReason::WaitTooLong));
         }
 
@@ -961,6 +999,7 @@ impl Coordinator {
         let id = self.leases.insert(|id| Entry {
             id,
             agent: req.agent,
+            agent_slot,
             pool: p,
             ask,
             phase: Phase::Queued {
@@ -972,12 +1011,12 @@ impl Coordinator {
         let Some(pool) = self.pools.get_mut(p as usize) else {
             return Err(LeaseError::UnknownPool);
         };
-        pool.queue.insert(key, demand, LeaseTable::slot_of(id));
+        pool.queue.set_slot(inserted, LeaseTable::slot_of(id));
         pool.counters.queued = pool.counters.queued.saturating_add(1);
         if let Some(m) = pool.minute(now) {
             m.queued = m.queued.saturating_add(1);
         }
-        if let Some(a) = self.agents.get_mut(&req.agent) {
+        if let Some(a) = self.agents.get_mut(agent_slot) {
             if a.queued == 0 {
                 a.queued_since = now;
             }
@@ -1025,7 +1064,14 @@ impl Coordinator {
             return Err(LeaseError::UnknownLease);
         };
         self.leases.prune_expiries();
-        let Phase::Active { charged, gated, .. } = entry.phase else {
+        let Phase::Active {
+            charged,
+            gated,
+            grant_level,
+            granted_at,
+            ..
+        } = entry.phase
+        else {
             return Err(LeaseError::NotGranted);
         };
         let p = entry.pool;
@@ -1038,7 +1084,13 @@ impl Coordinator {
         let actual = used(counting, usage);
         let window = self.config.window_ms;
         if let Some(pool) = self.pools.get_mut(p as usize) {
-            pool.reconcile(&charged, gated, &actual, window);
+            pool.reconcile(
+                &charged,
+                gated,
+                (grant_level, now.since(granted_at)),
+                &actual,
+                window,
+            );
             pool.in_flight = pool.in_flight.saturating_sub(1);
             pool.counters.settled = pool.counters.settled.saturating_add(1);
             if let Some(m) = pool.minute(now) {
@@ -1047,7 +1099,7 @@ impl Coordinator {
         }
         let ttl = self.config.prompt_cache_ttl_ms;
         let alert = self.config.estimate_alert;
-        if let Some(a) = self.agents.get_mut(&entry.agent) {
+        if let Some(a) = self.agents.get_mut(entry.agent_slot) {
             a.in_flight = a.in_flight.saturating_sub(1);
             a.last_seen = now;
             a.last_settle = Some(now);
@@ -1115,7 +1167,7 @@ impl Coordinator {
             return Err(LeaseError::UnknownPool);
         };
         pool.counters.cancelled = pool.counters.cancelled.saturating_add(1);
-        let agent = self.agents.get_mut(&entry.agent);
+        let agent = self.agents.get_mut(entry.agent_slot);
         match entry.phase {
             Phase::Queued { key, vstart, .. } => {
                 pool.queue.remove(key);
@@ -1130,8 +1182,15 @@ impl Coordinator {
                     }
                 }
             }
-            Phase::Active { charged, gated, .. } => {
-                pool.reconcile(&charged, gated, &Demand::default(), window);
+            Phase::Active {
+                charged,
+                gated,
+                grant_level,
+                granted_at,
+                ..
+            } => {
+                let since = (grant_level, now.since(granted_at));
+                pool.reconcile(&charged, gated, since, &Demand::default(), window);
                 pool.in_flight = pool.in_flight.saturating_sub(1);
                 if let Some(a) = agent {
                     a.in_flight = a.in_flight.saturating_sub(1);
@@ -1195,8 +1254,7 @@ impl Coordinator {
                 if b.limit != Some(limit) {
                     let was_known = b.limit.is_some();
                     pl.bucket_mut(axis).limit = Some(limit);
-                    let cap = pl.cap_for(axis, limit, config);
-                    pl.bucket_mut(axis).set_cap(cap, window, !was_known);
+                    pl.apply_cap(axis, config, !was_known);
                 }
             }
             if let Some(remaining) = r.remaining {
@@ -1328,7 +1386,7 @@ impl Coordinator {
         let counting = self.config.pools.get(p as usize)?.counting;
         let cold = self
             .agents
-            .get(&entry.agent)
+            .get(entry.agent_slot)
             .is_none_or(|a| a.cache_cold(p, self.now));
         let demand = charge(counting, &entry.ask, cold);
         let window = self.config.window_ms;
@@ -1336,7 +1394,9 @@ impl Coordinator {
         for a in Axis::ALL {
             worst = worst.max(pool.bucket(a).ms_until_fits(demand.get(a), window)?);
         }
-        Some(pool.updated.plus(worst).max(pool.paused_until))
+        let at = pool.updated.plus(worst).max(pool.paused_until);
+        // Nothing is granted at the end of time (the lease would be born expired).
+        (at.plus(self.config.lease_ttl_ms) > at).then_some(at)
     }
 
     /// The next event, oldest first.
@@ -1451,9 +1511,9 @@ impl Coordinator {
             .collect();
         let agents = self
             .agents
-            .iter()
-            .map(|(id, a)| AgentMetrics {
-                agent: *id,
+            .in_id_order()
+            .map(|a| AgentMetrics {
+                agent: a.id,
                 activity: if a.queued > 0 {
                     AgentActivity::Queued {
                         since: a.queued_since,
@@ -1547,7 +1607,11 @@ impl Coordinator {
                     counts.1 += 1;
                 }
             }
-            if !self.agents.contains_key(&e.agent) {
+            if self
+                .agents
+                .get(e.agent_slot)
+                .is_none_or(|a| a.id != e.agent)
+            {
                 return Err("lease names a missing agent");
             }
         }
@@ -1558,17 +1622,21 @@ impl Coordinator {
             if queued.get(i) != Some(&pool.queue.len()) || active.get(i) != Some(&pool.in_flight) {
                 return Err("queue or in-flight count differs from lease table");
             }
-            for slot in pool.queue.slots_in_order() {
+            // Keys are distinct in the queue, so matching them makes the queue and the
+            // pool's queued tickets one to one.
+            for (key, slot) in pool.queue.in_order() {
                 match self.leases.by_slot(slot) {
                     Some(Entry {
-                        phase: Phase::Queued { .. },
+                        phase: Phase::Queued { key: k, .. },
                         pool: q,
                         ..
-                    }) if *q as usize == i => {}
+                    }) if *q as usize == i && *k == key => {}
                     _ => return Err("queue names a slot that is not queued in this pool"),
                 }
             }
             if pool.minutes.len() != self.config.metrics_minutes as usize
+                || u64::from(pool.minute_slot)
+                    != pool.minute_now % u64::from(self.config.metrics_minutes.max(1))
                 || !pool.waits.is_consistent()
             {
                 return Err("metrics");
@@ -1581,9 +1649,19 @@ impl Coordinator {
             if pool.updated > self.now {
                 return Err("pool ahead of coordinator clock");
             }
+            if pool
+                .buckets
+                .iter()
+                .any(|b| b.nominal != b.limit.map_or(0, |l| pool.nominal_cap(l)))
+            {
+                return Err("nominal capacity differs from limit and margin");
+            }
         }
-        for (id, a) in &self.agents {
-            let (q, f) = per_agent.get(id).copied().unwrap_or_default();
+        if !self.agents.is_consistent() {
+            return Err("agent table");
+        }
+        for a in self.agents.values() {
+            let (q, f) = per_agent.get(&a.id).copied().unwrap_or_default();
             if a.queued != q || a.in_flight != f || a.pools.len() != self.pools.len() {
                 return Err("agent counts differ from lease table");
             }
@@ -1594,5 +1672,93 @@ impl Coordinator {
             return Err("tables beyond their configured bounds");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    /// Two pools' worth of state: agents, a granted lease, queued tickets, minutes used.
+    fn busy() -> Coordinator {
+        let config = Config::from_json(
+            r#"{"pools":[{"name":"p","input_tokens_per_minute":40000,
+                "output_tokens_per_minute":8000,"requests_per_minute":50,"max_concurrent":1}],
+                "metrics_minutes":7}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut c = Coordinator::new(config, 1, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
+        for (t, agent) in [(0, 1), (10, 2), (20, 3), (30, 2), (70_000, 4)] {
+            let req = LeaseRequest {
+                agent: AgentId(agent),
+                input_tokens: 1_000,
+                max_tokens: 500,
+                ..Default::default()
+            };
+            let _ = c.request_lease(Millis(t), &req);
+        }
+        c.check().unwrap_or_else(|e| panic!("{e}"));
+        c
+    }
+
+    fn restore_edited(c: &Coordinator, edit: impl FnOnce(&mut Value)) -> Result<(), RestoreError> {
+        let mut v = serde_json::to_value(c.snapshot()).unwrap_or(Value::Null);
+        edit(&mut v["state"]);
+        let s: Snapshot = serde_json::from_value(v).map_err(RestoreError::Parse)?;
+        Coordinator::restore(s).map(|_| ())
+    }
+
+    #[test]
+    fn snapshots_round_trip_with_the_new_tables() {
+        let c = busy();
+        let back = Coordinator::restore_json(&c.snapshot_json()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, c);
+        assert!(restore_edited(&c, |_| {}).is_ok());
+    }
+
+    #[test]
+    fn restore_refuses_corrupt_indices() {
+        let c = busy();
+        let corrupt = |what: &str, edit: &dyn Fn(&mut Value)| {
+            assert!(
+                matches!(restore_edited(&c, edit), Err(RestoreError::Corrupt(_))),
+                "{what} must be refused"
+            );
+        };
+        corrupt("a lease naming another agent's slot", &|s| {
+            s["leases"]["slots"][0]["entry"]["agent_slot"] = json!(1);
+        });
+        corrupt("a lease naming a slot past the table", &|s| {
+            s["leases"]["slots"][0]["entry"]["agent_slot"] = json!(99);
+        });
+        corrupt("an agent index naming the wrong slot", &|s| {
+            s["agents"]["index"]["1"] = json!(2);
+        });
+        corrupt("an agent slot on the free list", &|s| {
+            s["agents"]["free"] = json!([0]);
+        });
+        corrupt("a queue head that is not the smallest key", &|s| {
+            let q = &mut s["pools"][0]["queue"];
+            let root = q["root"].clone();
+            let head = q["head"].clone();
+            q["head"] = if root == head { json!(99) } else { root };
+        });
+        corrupt("a queue ticket naming another lease slot", &|s| {
+            s["pools"][0]["queue"]["tickets"][0]["slot"] = json!(0);
+        });
+        corrupt("a queue key that differs from its lease's", &|s| {
+            let v = &mut s["pools"][0]["queue"]["nodes"][0]["vfinish_lo"];
+            *v = json!(v.as_u64().unwrap_or(0) + 1);
+        });
+        corrupt("a cached minute slot that is not minute % len", &|s| {
+            s["pools"][0]["minute_slot"] = json!(0);
+        });
+        corrupt(
+            "a nominal capacity that does not match limit and margin",
+            &|s| {
+                s["pools"][0]["buckets"][0]["nominal"] = json!(40_000);
+            },
+        );
     }
 }

@@ -66,6 +66,9 @@ pub(crate) enum Phase {
         /// Bit per axis (in `Axis::ALL` order) the reservation was taken from.
         gated: u8,
         rate_limited: bool,
+        /// The input bucket's level (token-ms) right after this lease was taken from it,
+        /// which bounds a late refund (see `Bucket::refund_room`).
+        grant_level: i128,
     },
 }
 
@@ -73,6 +76,8 @@ pub(crate) enum Phase {
 pub(crate) struct Entry {
     pub(crate) id: LeaseId,
     pub(crate) agent: AgentId,
+    /// The agent's slot in the agent table (see `crate::agents`).
+    pub(crate) agent_slot: u32,
     pub(crate) pool: u32,
     pub(crate) ask: Ask,
     pub(crate) phase: Phase,
@@ -222,10 +227,21 @@ impl LeaseTable {
 
     pub(crate) fn is_consistent(&self) -> bool {
         let live = self.slots.iter().filter(|s| s.entry.is_some()).count();
+        // Each free slot empty and listed once: a slot listed twice would be handed out
+        // twice.
+        let mut listed = alloc::vec![false; self.slots.len()];
         let free_ok = self.free.iter().all(|f| {
-            self.slots
+            let empty = self
+                .slots
                 .get(*f as usize)
-                .is_some_and(|s| s.entry.is_none())
+                .is_some_and(|s| s.entry.is_none());
+            match listed.get_mut(*f as usize) {
+                Some(l) if empty && !*l => {
+                    *l = true;
+                    true
+                }
+                _ => false,
+            }
         });
         let ids_ok = self.slots.iter().enumerate().all(|(i, s)| {
             s.entry
@@ -235,5 +251,53 @@ impl LeaseTable {
             && free_ok
             && ids_ok
             && self.free.len() + live == self.slots.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: LeaseId) -> Entry {
+        Entry {
+            id,
+            agent: AgentId(1),
+            agent_slot: 0,
+            pool: 0,
+            ask: Ask {
+                input_tokens: 1,
+                cached_prefix_tokens: 0,
+                max_tokens: 1,
+            },
+            phase: Phase::Queued {
+                key: Key { vfinish: 0, seq: 0 },
+                vstart: 0,
+                enqueued_at: Millis(0),
+            },
+        }
+    }
+
+    #[test]
+    fn a_free_slot_listed_twice_is_inconsistent() {
+        let mut t = LeaseTable::new();
+        let a = t.insert(entry);
+        let _b = t.insert(entry);
+        assert!(t.remove(a).is_some());
+        assert!(t.is_consistent());
+
+        let mut dup = t.clone();
+        dup.free.push(LeaseTable::slot_of(a));
+        dup.slots.push(Slot {
+            generation: 0,
+            entry: None,
+        });
+        assert!(
+            !dup.is_consistent(),
+            "the same slot would be handed out twice"
+        );
+
+        let mut live = t.clone();
+        live.free = alloc::vec![1];
+        assert!(!live.is_consistent(), "a live slot on the free list");
     }
 }

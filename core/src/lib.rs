@@ -36,6 +36,12 @@
 //! 3. [`Coordinator::poll_timeout`] — when to call `handle_timeout` next.
 //! 4. [`Coordinator::metrics`] and [`Coordinator::snapshot`].
 //!
+//! ## One limit, no leases
+//!
+//! [`TokenBucket`] is the coordinator's exact bucket arithmetic on its own: one limit per
+//! window, `check(now, n)` answering `Ok` or [`Denied`] (with the instant the request
+//! would fit), for callers who only need a rate limiter.
+//!
 //! ## Run loop
 //!
 //! ```
@@ -84,6 +90,7 @@ extern crate alloc;
 #[cfg(any(feature = "std", test))]
 extern crate std;
 
+mod agents;
 mod backoff;
 mod bucket;
 mod config;
@@ -97,7 +104,7 @@ mod rng;
 mod time;
 
 pub use backoff::{Backoff, BackoffStep};
-pub use bucket::{Axis, Demand};
+pub use bucket::{Axis, Demand, Denied, TokenBucket};
 pub use config::{
     AlertConfig, BackoffConfig, Config, Counting, MAX_DURATION_MS, MAX_TOKENS, MarginConfig,
     PoolConfig, SlowStartConfig, WeightConfig,
@@ -115,3 +122,8 @@ pub use metrics::{
 };
 pub use rng::Rng;
 pub use time::Millis;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

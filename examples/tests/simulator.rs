@@ -15,12 +15,30 @@ fn provider_never_admits_beyond_its_limits_in_any_scenario() {
         let sc = short(sc, 15);
         for &s in &sc.strategies {
             let r = sim::run(&sc, s, 3);
-            assert!(r.max_in_flight <= sc.limits.concurrent, "{} {:?}: {} in flight", sc.name, s, r.max_in_flight);
+            assert!(
+                r.max_in_flight <= sc.limits.concurrent,
+                "{} {:?}: {} in flight",
+                sc.name,
+                s,
+                r.max_in_flight
+            );
             for (i, m) in r.minutes.iter().enumerate() {
                 // A continuous bucket admits at most its capacity plus one window of refill
                 // within any minute.
-                assert!(m.input <= 2 * sc.limits.input_tpm, "{} {:?} minute {i}: {} input", sc.name, s, m.input);
-                assert!(m.requests <= 2 * sc.limits.rpm, "{} {:?} minute {i}: {} requests", sc.name, s, m.requests);
+                assert!(
+                    m.input <= 2 * sc.limits.input_tpm,
+                    "{} {:?} minute {i}: {} input",
+                    sc.name,
+                    s,
+                    m.input
+                );
+                assert!(
+                    m.requests <= 2 * sc.limits.rpm,
+                    "{} {:?} minute {i}: {} requests",
+                    sc.name,
+                    s,
+                    m.requests
+                );
             }
         }
     }
@@ -35,7 +53,10 @@ fn tokens_are_conserved() {
             let by_tenant: u64 = r.tenant_tokens.iter().sum();
             let by_minute: u64 = r.minutes.iter().map(|m| m.input + m.output).sum();
             assert_eq!(by_tenant, r.fleet_tokens, "{name} {s:?}");
-            assert_eq!(by_minute, r.fleet_tokens, "{name} {s:?}: no traffic outside the fleet here");
+            assert_eq!(
+                by_minute, r.fleet_tokens,
+                "{name} {s:?}: no traffic outside the fleet here"
+            );
         }
     }
 }
@@ -46,7 +67,10 @@ fn same_seed_same_run() {
     for s in Strategy::ALL {
         let a = sim::run(&sc, s, 11);
         let b = sim::run(&sc, s, 11);
-        assert_eq!((a.sent, a.rate_limited, a.fleet_tokens, a.task_times.clone()), (b.sent, b.rate_limited, b.fleet_tokens, b.task_times));
+        assert_eq!(
+            (a.sent, a.rate_limited, a.fleet_tokens, a.task_times.clone()),
+            (b.sent, b.rate_limited, b.fleet_tokens, b.task_times)
+        );
     }
 }
 
@@ -57,11 +81,27 @@ fn coordinator_beats_backoff_and_sdk_defaults_on_the_seed003_fleet() {
         let e = sim::run(&sc, Strategy::Coordinator, seed);
         for other in [Strategy::Backoff, Strategy::SdkDefaults] {
             let o = sim::run(&sc, other, seed);
-            assert!(e.rate_limited_ratio() < o.rate_limited_ratio(), "seed {seed}: 429 rate {} vs {other:?} {}", e.rate_limited_ratio(), o.rate_limited_ratio());
-            let (te, to) = (e.tokens_per_task().unwrap(), o.tokens_per_task().unwrap_or(f64::INFINITY));
-            assert!(te < to, "seed {seed}: tokens per task {te} vs {other:?} {to}");
+            assert!(
+                e.rate_limited_ratio() < o.rate_limited_ratio(),
+                "seed {seed}: 429 rate {} vs {other:?} {}",
+                e.rate_limited_ratio(),
+                o.rate_limited_ratio()
+            );
+            let (te, to) = (
+                e.tokens_per_task().unwrap(),
+                o.tokens_per_task().unwrap_or(f64::INFINITY),
+            );
+            assert!(
+                te < to,
+                "seed {seed}: tokens per task {te} vs {other:?} {to}"
+            );
         }
-        assert!(e.rate_limited_ratio() <= 0.001, "seed {seed}: {} 429s of {}", e.rate_limited, e.sent);
+        assert!(
+            e.rate_limited_ratio() <= 0.001,
+            "seed {seed}: {} 429s of {}",
+            e.rate_limited,
+            e.sent
+        );
     }
 }
 

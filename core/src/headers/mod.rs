@@ -182,16 +182,6 @@ fn eq_norm(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| norm(x) == norm(y))
 }
 
-/// `s` without `prefix`, compared as in [`eq_norm`].
-fn strip_prefix_norm<'s>(s: &'s str, prefix: &str) -> Option<&'s str> {
-    let head = s.get(..prefix.len())?;
-    if eq_norm(head, prefix) {
-        s.get(prefix.len()..)
-    } else {
-        None
-    }
-}
-
 /// `s` without `suffix`, compared as in [`eq_norm`].
 fn strip_suffix_norm<'s>(s: &'s str, suffix: &str) -> Option<&'s str> {
     let cut = s.len().checked_sub(suffix.len())?;
@@ -238,79 +228,104 @@ enum Header {
     Date,
 }
 
-fn kind_from(s: &str) -> Option<Kind> {
-    [
-        ("limit", Kind::Limit),
-        ("remaining", Kind::Remaining),
-        ("reset", Kind::Reset),
-    ]
-    .into_iter()
-    .find(|(name, _)| eq_norm(s, name))
-    .map(|(_, k)| k)
+/// Longer than any header name [`classify`] recognises (the longest,
+/// `anthropic-ratelimit-output-tokens-remaining`, has 43 bytes).
+const MAX_NAME: usize = 48;
+
+/// A normalised axis-kind name (`limit`, `remaining`, `reset`).
+fn kind_of(s: &[u8]) -> Option<Kind> {
+    match s {
+        b"limit" => Some(Kind::Limit),
+        b"remaining" => Some(Kind::Remaining),
+        b"reset" => Some(Kind::Reset),
+        _ => None,
+    }
 }
 
-const AXIS_NAMES: [(&str, RateAxis); 4] = [
-    ("requests", RateAxis::Requests),
-    ("tokens", RateAxis::Tokens),
-    ("input-tokens", RateAxis::InputTokens),
-    ("output-tokens", RateAxis::OutputTokens),
-];
+/// A normalised axis name in `anthropic-ratelimit-*` headers.
+fn axis_of(s: &[u8]) -> Option<RateAxis> {
+    match s {
+        b"requests" => Some(RateAxis::Requests),
+        b"tokens" => Some(RateAxis::Tokens),
+        b"input-tokens" => Some(RateAxis::InputTokens),
+        b"output-tokens" => Some(RateAxis::OutputTokens),
+        _ => None,
+    }
+}
 
-/// Axis names in `x-ratelimit-*` headers, including the gateway's concurrency axis.
-const X_AXIS_NAMES: [(&str, RateAxis); 7] = [
-    ("requests", RateAxis::Requests),
-    ("tokens", RateAxis::Tokens),
-    ("input-tokens", RateAxis::InputTokens),
-    ("output-tokens", RateAxis::OutputTokens),
-    ("concurrent-requests", RateAxis::Concurrent),
-    ("parallel-requests", RateAxis::Concurrent),
-    ("concurrent", RateAxis::Concurrent),
-];
+/// A normalised axis name in `x-ratelimit-*` headers, including the gateway's
+/// concurrency axis.
+fn x_axis_of(s: &[u8]) -> Option<RateAxis> {
+    match s {
+        b"concurrent-requests" | b"parallel-requests" | b"concurrent" => Some(RateAxis::Concurrent),
+        _ => axis_of(s),
+    }
+}
 
 /// Recognises a header name (case-insensitively, `_` and `-` alike).
+///
+/// The name is normalised once (see [`norm`]) into a stack buffer, then matched by its
+/// first letter and exact byte strings: no name is compared twice.
 fn classify(name: &str) -> Option<Header> {
-    let name = name.trim_ascii();
-    if let Some(rest) = strip_prefix_norm(name, "anthropic-ratelimit-") {
-        // `{axis}-{kind}`
-        return AXIS_NAMES.iter().find_map(|&(axis_name, axis)| {
-            let after = strip_prefix_norm(rest, axis_name)?;
-            let kind = kind_from(strip_prefix_norm(after, "-")?)?;
+    let raw = name.trim_ascii().as_bytes();
+    // Every recognised name starts with `a`, `d`, `r` or `x` (in either case); most other
+    // headers are turned away here, before any copying.
+    let first = norm(*raw.first()?);
+    if !matches!(first, b'a' | b'd' | b'r' | b'x') || raw.len() > MAX_NAME {
+        return None;
+    }
+    let mut buf = [0u8; MAX_NAME];
+    let n = buf.get_mut(..raw.len())?;
+    for (o, b) in n.iter_mut().zip(raw) {
+        *o = norm(*b);
+    }
+    let n: &[u8] = n;
+    match first {
+        b'a' => {
+            // `anthropic-ratelimit-{axis}-{kind}`; kinds hold no `-`.
+            let rest = n.strip_prefix(b"anthropic-ratelimit-")?;
+            let cut = rest.iter().rposition(|b| *b == b'-')?;
+            let kind = kind_of(rest.get(cut + 1..)?)?;
+            let axis = axis_of(rest.get(..cut)?)?;
             Some(Header::Axis(Family::Anthropic, axis, kind))
-        });
-    }
-    for prefix in ["x-ratelimit-", "x-rate-limit-"] {
-        // `{kind}-{axis}`
-        let found = strip_prefix_norm(name, prefix).and_then(|rest| {
-            let (kind_name, axis_name) = rest.split_once(['-', '_'])?;
-            let kind = kind_from(kind_name)?;
-            let &(_, axis) = X_AXIS_NAMES.iter().find(|(n, _)| eq_norm(axis_name, n))?;
-            Some(Header::Axis(Family::OpenAi, axis, kind))
-        });
-        if found.is_some() {
-            return found;
         }
-    }
-    const EXACT: [(&str, Header); 9] = [
-        ("ratelimit-limit", Header::IetfLimit),
-        ("ratelimit-remaining", Header::IetfRemaining),
-        ("ratelimit-reset", Header::IetfReset),
-        ("ratelimit", Header::IetfRateLimit),
-        ("ratelimit-policy", Header::IetfPolicy),
-        ("retry-after", Header::RetryAfter),
-        ("retry-after-ms", Header::RetryAfterMs),
-        ("x-should-retry", Header::ShouldRetry),
-        ("date", Header::Date),
-    ];
-    if let Some(&(_, h)) = EXACT.iter().find(|(n, _)| eq_norm(name, n)) {
-        return Some(h);
-    }
-    let base = strip_prefix_norm(name, "x-").unwrap_or(name);
-    if eq_norm(base, "rate-limit-type") {
-        Some(Header::LimitType)
-    } else if eq_norm(base, "reset-at") {
-        Some(Header::ResetAt)
-    } else {
-        None
+        b'x' => {
+            // `x-ratelimit-{kind}-{axis}` (also `x-rate-limit-`), split at the first `-`
+            // or `_` of the name as sent (a space is not a separator there).
+            for prefix in [&b"x-ratelimit-"[..], &b"x-rate-limit-"[..]] {
+                let Some(rest) = n.strip_prefix(prefix) else {
+                    continue;
+                };
+                let sent = raw.get(prefix.len()..).unwrap_or_default();
+                let Some(cut) = sent.iter().position(|b| matches!(b, b'-' | b'_')) else {
+                    continue;
+                };
+                let kind = rest.get(..cut).and_then(kind_of);
+                let axis = rest.get(cut + 1..).and_then(x_axis_of);
+                if let (Some(kind), Some(axis)) = (kind, axis) {
+                    return Some(Header::Axis(Family::OpenAi, axis, kind));
+                }
+            }
+            match n {
+                b"x-should-retry" => Some(Header::ShouldRetry),
+                b"x-rate-limit-type" => Some(Header::LimitType),
+                b"x-reset-at" => Some(Header::ResetAt),
+                _ => None,
+            }
+        }
+        b'r' => match n {
+            b"ratelimit-limit" => Some(Header::IetfLimit),
+            b"ratelimit-remaining" => Some(Header::IetfRemaining),
+            b"ratelimit-reset" => Some(Header::IetfReset),
+            b"ratelimit" => Some(Header::IetfRateLimit),
+            b"ratelimit-policy" => Some(Header::IetfPolicy),
+            b"retry-after" => Some(Header::RetryAfter),
+            b"retry-after-ms" => Some(Header::RetryAfterMs),
+            b"rate-limit-type" => Some(Header::LimitType),
+            b"reset-at" => Some(Header::ResetAt),
+            _ => None,
+        },
+        _ => (n == b"date").then_some(Header::Date),
     }
 }
 
@@ -412,7 +427,7 @@ impl<'a> Acc<'a> {
         }
     }
 
-    fn finish(self, unix_now_ms: Option<u64>) -> HeaderReport {
+    fn finish(&self, unix_now_ms: Option<u64>) -> HeaderReport {
         // Prefer the response's own Date: both it and the reset times come from the
         // provider's clock, so their difference is immune to local clock skew.
         let reference = self.date.or(unix_now_ms);

@@ -683,3 +683,230 @@ fn many_ietf_items_are_bounded() {
     assert_eq!(r.requests.remaining, Some(937));
     assert_eq!((r.recognised, r.malformed), (16, 0));
 }
+
+/// The name matcher as first written (one normalised comparison per candidate name),
+/// kept as the reference the fast [`classify`] must agree with.
+mod reference {
+    use super::super::{Family, Header, Kind, RateAxis, eq_norm};
+
+    fn strip_prefix_norm<'s>(s: &'s str, prefix: &str) -> Option<&'s str> {
+        let head = s.get(..prefix.len())?;
+        if eq_norm(head, prefix) {
+            s.get(prefix.len()..)
+        } else {
+            None
+        }
+    }
+
+    fn kind_from(s: &str) -> Option<Kind> {
+        [
+            ("limit", Kind::Limit),
+            ("remaining", Kind::Remaining),
+            ("reset", Kind::Reset),
+        ]
+        .into_iter()
+        .find(|(name, _)| eq_norm(s, name))
+        .map(|(_, k)| k)
+    }
+
+    pub(super) const AXIS_NAMES: [(&str, RateAxis); 4] = [
+        ("requests", RateAxis::Requests),
+        ("tokens", RateAxis::Tokens),
+        ("input-tokens", RateAxis::InputTokens),
+        ("output-tokens", RateAxis::OutputTokens),
+    ];
+
+    pub(super) const X_AXIS_NAMES: [(&str, RateAxis); 7] = [
+        ("requests", RateAxis::Requests),
+        ("tokens", RateAxis::Tokens),
+        ("input-tokens", RateAxis::InputTokens),
+        ("output-tokens", RateAxis::OutputTokens),
+        ("concurrent-requests", RateAxis::Concurrent),
+        ("parallel-requests", RateAxis::Concurrent),
+        ("concurrent", RateAxis::Concurrent),
+    ];
+
+    pub(super) const EXACT: [(&str, Header); 9] = [
+        ("ratelimit-limit", Header::IetfLimit),
+        ("ratelimit-remaining", Header::IetfRemaining),
+        ("ratelimit-reset", Header::IetfReset),
+        ("ratelimit", Header::IetfRateLimit),
+        ("ratelimit-policy", Header::IetfPolicy),
+        ("retry-after", Header::RetryAfter),
+        ("retry-after-ms", Header::RetryAfterMs),
+        ("x-should-retry", Header::ShouldRetry),
+        ("date", Header::Date),
+    ];
+
+    pub(super) fn classify(name: &str) -> Option<Header> {
+        let name = name.trim_ascii();
+        if let Some(rest) = strip_prefix_norm(name, "anthropic-ratelimit-") {
+            return AXIS_NAMES.iter().find_map(|&(axis_name, axis)| {
+                let after = strip_prefix_norm(rest, axis_name)?;
+                let kind = kind_from(strip_prefix_norm(after, "-")?)?;
+                Some(Header::Axis(Family::Anthropic, axis, kind))
+            });
+        }
+        for prefix in ["x-ratelimit-", "x-rate-limit-"] {
+            let found = strip_prefix_norm(name, prefix).and_then(|rest| {
+                let (kind_name, axis_name) = rest.split_once(['-', '_'])?;
+                let kind = kind_from(kind_name)?;
+                let &(_, axis) = X_AXIS_NAMES.iter().find(|(n, _)| eq_norm(axis_name, n))?;
+                Some(Header::Axis(Family::OpenAi, axis, kind))
+            });
+            if found.is_some() {
+                return found;
+            }
+        }
+        if let Some(&(_, h)) = EXACT.iter().find(|(n, _)| eq_norm(name, n)) {
+            return Some(h);
+        }
+        let base = strip_prefix_norm(name, "x-").unwrap_or(name);
+        if eq_norm(base, "rate-limit-type") {
+            Some(Header::LimitType)
+        } else if eq_norm(base, "reset-at") {
+            Some(Header::ResetAt)
+        } else {
+            None
+        }
+    }
+}
+
+/// Every name the reference recognises, spelled canonically.
+fn canonical_names() -> Vec<String> {
+    let kinds = ["limit", "remaining", "reset"];
+    let mut names = Vec::new();
+    for (axis, _) in reference::AXIS_NAMES {
+        for kind in kinds {
+            names.push(format!("anthropic-ratelimit-{axis}-{kind}"));
+        }
+    }
+    for prefix in ["x-ratelimit-", "x-rate-limit-"] {
+        for (axis, _) in reference::X_AXIS_NAMES {
+            for kind in kinds {
+                names.push(format!("{prefix}{kind}-{axis}"));
+            }
+        }
+    }
+    for (name, _) in reference::EXACT {
+        names.push(String::from(name));
+    }
+    for name in [
+        "rate-limit-type",
+        "x-rate-limit-type",
+        "reset-at",
+        "x-reset-at",
+    ] {
+        names.push(String::from(name));
+    }
+    names
+}
+
+#[test]
+fn fast_name_matching_agrees_with_the_reference() {
+    let mut names = canonical_names();
+    for (name, _) in [
+        ("date", ""),
+        ("content-type", ""),
+        ("cf-ray", ""),
+        ("anthropic-organization-id", ""),
+        ("x-request-id", ""),
+        ("x-ratelimit-limit", ""),
+        ("x-ratelimit-", ""),
+        ("anthropic-ratelimit-", ""),
+        ("anthropic-ratelimit-tokens", ""),
+        ("x-x-reset-at", ""),
+        ("x-", ""),
+        ("", ""),
+        ("   ", ""),
+        ("ratelimit-", ""),
+        ("x-ratelimit-limit requests", ""),
+        ("x-ratelimit-limit-input tokens", ""),
+        ("x-ratelimit-limit input-tokens", ""),
+        ("x_ratelimit_limit_input_tokens", ""),
+        ("anthropic-ratelimit-input tokens-limit", ""),
+        ("anthropic ratelimit requests limit", ""),
+        ("x-ratelimit-reset-tokens\u{e9}", ""),
+        ("\u{e9}x-ratelimit-reset-tokens", ""),
+        ("x-ratelimit-r\u{e9}set-tokens", ""),
+        (
+            "anthropic-ratelimit-output-tokens-remaining-and-then-some-more-bytes",
+            "",
+        ),
+    ] {
+        names.push(String::from(name));
+    }
+    // Variants of every canonical name: case, separators, whitespace, truncation and
+    // one more character.
+    let canonical = canonical_names();
+    for name in &canonical {
+        names.push(name.to_ascii_uppercase());
+        names.push(name.replace('-', "_"));
+        names.push(name.replace('-', " "));
+        names.push(format!("  {name}\t"));
+        names.push(format!("{name}-"));
+        names.push(format!("{name}s"));
+        names.push(format!("x-{name}"));
+        names.push(String::from(&name[..name.len() - 1]));
+        names.push(String::from(&name[1..]));
+        // Alternate case and separators character by character.
+        let mixed: String = name
+            .chars()
+            .enumerate()
+            .map(|(i, c)| match (c, i % 3) {
+                ('-', 0) => '_',
+                ('-', 1) => ' ',
+                (c, 2) => c.to_ascii_uppercase(),
+                (c, _) => c,
+            })
+            .collect();
+        names.push(mixed);
+        // Each single separator replaced by each alternative.
+        for (i, c) in name.char_indices() {
+            if c == '-' {
+                for alt in ["_", " ", "", "--", "\u{e9}"] {
+                    names.push(format!("{}{alt}{}", &name[..i], &name[i + 1..]));
+                }
+            }
+        }
+    }
+    // Pseudo-random names over the letters and separators that matter.
+    let alphabet = b"aAxXrRdDt-_ eilmnpqsuoc";
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..20_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = (x % 24) as usize;
+        let mut s = String::new();
+        let mut y = x;
+        for _ in 0..len {
+            y = y.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            s.push(char::from(alphabet[(y >> 59) as usize % alphabet.len()]));
+        }
+        names.push(s);
+        // A known name with one position changed.
+        let base = &canonical[(x >> 20) as usize % canonical.len()];
+        let at = (x >> 40) as usize % base.len();
+        let c = char::from(alphabet[(x >> 8) as usize % alphabet.len()]);
+        names.push(format!("{}{c}{}", &base[..at], &base[at + 1..]));
+    }
+    let mut recognised = 0;
+    for name in &names {
+        let fast = classify(name);
+        assert_eq!(fast, reference::classify(name), "{name:?}");
+        recognised += usize::from(fast.is_some());
+    }
+    assert!(
+        recognised > 500,
+        "the variants exercise matching: {recognised}"
+    );
+}
+
+#[test]
+fn every_recognised_name_fits_the_name_buffer() {
+    for name in canonical_names() {
+        assert!(name.len() < MAX_NAME, "{name}");
+        assert!(classify(&name).is_some(), "{name}");
+    }
+}

@@ -576,7 +576,10 @@ impl<'a> Sim<'a> {
     }
 
     fn all_done(&self) -> bool {
-        self.agents.iter().zip(&self.sc.agents).all(|(a, s)| s.tasks.is_some_and(|n| a.tasks_done >= n))
+        self.agents
+            .iter()
+            .zip(&self.sc.agents)
+            .all(|(a, s)| s.tasks.is_some_and(|n| a.tasks_done >= n))
     }
 
     fn blocked_on(&self, i: usize) -> u64 {

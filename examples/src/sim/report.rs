@@ -509,12 +509,29 @@ pub fn write(
 
 /// Medians over several seeds, and how many seeds meet each goal: one seed can be lucky.
 pub fn seed_sweep(sc: &Scenario, seeds: std::ops::RangeInclusive<u64>) -> String {
-    let runs: Vec<Vec<RunResult>> = seeds.clone().map(|seed| sc.strategies.iter().map(|&s| super::run(sc, s, seed)).collect()).collect();
+    let runs: Vec<Vec<RunResult>> = seeds
+        .clone()
+        .map(|seed| {
+            sc.strategies
+                .iter()
+                .map(|&s| super::run(sc, s, seed))
+                .collect()
+        })
+        .collect();
     let n = runs.len();
     let mut s = String::new();
-    let _ = writeln!(s, "\n### {} across seeds {}–{}\n", sc.name, seeds.start(), seeds.end());
+    let _ = writeln!(
+        s,
+        "\n### {} across seeds {}–{}\n",
+        sc.name,
+        seeds.start(),
+        seeds.end()
+    );
     let _ = writeln!(s, "Medians over {n} seeds.\n");
-    let _ = writeln!(s, "| strategy | 429 rate | tokens / finished task | p95 task | critical-path wait |\n|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| strategy | 429 rate | tokens / finished task | p95 task | critical-path wait |\n|---|---:|---:|---:|---:|"
+    );
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(0.0)

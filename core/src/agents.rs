@@ -1,0 +1,234 @@
+//! The agent table: a slab of agents with a free list, and an index from [`AgentId`] to
+//! slab slot.
+//!
+//! A request looks its agent up once, by id, in the index; a lease keeps its agent's slot,
+//! so settling, cancelling, draining and reaping reach the agent without a search. Only an
+//! idle agent (nothing queued, nothing in flight) is ever removed, so a live lease's slot
+//! always names its own agent.
+
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::AgentId;
+use crate::time::Millis;
+
+/// An agent's state in one pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AgentPool {
+    pub(crate) last_vfinish: u128,
+    pub(crate) cache_warm_until: Option<Millis>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Agent {
+    pub(crate) id: AgentId,
+    pub(crate) last_seen: Millis,
+    pub(crate) last_settle: Option<Millis>,
+    pub(crate) queued: u32,
+    pub(crate) in_flight: u32,
+    pub(crate) queued_since: Millis,
+    pub(crate) last_failure: Option<u64>,
+    pub(crate) repeats: u32,
+    pub(crate) settled: u64,
+    pub(crate) input_error: u32,
+    pub(crate) output_error: u32,
+    pub(crate) misses: u32,
+    pub(crate) alerting: bool,
+    pub(crate) pools: Vec<AgentPool>,
+}
+
+impl Agent {
+    pub(crate) fn new(id: AgentId, now: Millis, pools: usize) -> Agent {
+        Agent {
+            id,
+            last_seen: now,
+            last_settle: None,
+            queued: 0,
+            in_flight: 0,
+            queued_since: now,
+            last_failure: None,
+            repeats: 0,
+            settled: 0,
+            input_error: 0,
+            output_error: 0,
+            misses: 0,
+            alerting: false,
+            pools: alloc::vec![AgentPool::default(); pools],
+        }
+    }
+
+    pub(crate) fn cache_cold(&self, pool: u32, now: Millis) -> bool {
+        self.pools
+            .get(pool as usize)
+            .and_then(|p| p.cache_warm_until)
+            .is_none_or(|w| now >= w)
+    }
+
+    fn is_idle(&self) -> bool {
+        self.queued == 0 && self.in_flight == 0
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Agents {
+    slots: Vec<Option<Agent>>,
+    free: Vec<u32>,
+    index: BTreeMap<AgentId, u32>,
+}
+
+impl Agents {
+    pub(crate) fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The slot of the agent with this id.
+    pub(crate) fn find(&self, id: AgentId) -> Option<u32> {
+        self.index.get(&id).copied()
+    }
+
+    pub(crate) fn get(&self, slot: u32) -> Option<&Agent> {
+        self.slots.get(slot as usize)?.as_ref()
+    }
+
+    pub(crate) fn get_mut(&mut self, slot: u32) -> Option<&mut Agent> {
+        self.slots.get_mut(slot as usize)?.as_mut()
+    }
+
+    /// Adds an agent whose id is not in the table; returns its slot.
+    pub(crate) fn insert(&mut self, agent: Agent) -> u32 {
+        let id = agent.id;
+        let slot = match self.free.pop() {
+            Some(s) => {
+                if let Some(o) = self.slots.get_mut(s as usize) {
+                    *o = Some(agent);
+                }
+                s
+            }
+            None => {
+                self.slots.push(Some(agent));
+                u32::try_from(self.slots.len().saturating_sub(1)).unwrap_or(u32::MAX)
+            }
+        };
+        self.index.insert(id, slot);
+        slot
+    }
+
+    /// Removes the idle agent least recently seen (ties: lowest id); `None` if every agent
+    /// is busy.
+    pub(crate) fn evict_idle(&mut self) -> Option<AgentId> {
+        let (slot, id) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.as_ref().filter(|a| a.is_idle()).map(|a| (i, a)))
+            .min_by_key(|(_, a)| (a.last_seen, a.id))
+            .map(|(i, a)| (i, a.id))?;
+        if let Some(o) = self.slots.get_mut(slot) {
+            *o = None;
+        }
+        self.free.push(u32::try_from(slot).unwrap_or(u32::MAX));
+        self.index.remove(&id);
+        Some(id)
+    }
+
+    /// Every agent, in slot order.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Agent> {
+        self.slots.iter().filter_map(Option::as_ref)
+    }
+
+    /// Every agent, in id order.
+    pub(crate) fn in_id_order(&self) -> impl Iterator<Item = &Agent> {
+        self.index.values().filter_map(|s| self.get(*s))
+    }
+
+    /// Structural check used on restore: the index and the slab name each other one to
+    /// one, and the free list holds each empty slot exactly once.
+    pub(crate) fn is_consistent(&self) -> bool {
+        let occupied = self.slots.iter().filter(|s| s.is_some()).count();
+        if occupied != self.index.len() || occupied + self.free.len() != self.slots.len() {
+            return false;
+        }
+        let index_ok = self
+            .index
+            .iter()
+            .all(|(id, s)| self.get(*s).is_some_and(|a| a.id == *id));
+        let mut seen = alloc::vec![false; self.slots.len()];
+        let free_ok = self.free.iter().all(|f| {
+            let i = *f as usize;
+            let empty = self.slots.get(i).is_some_and(Option::is_none);
+            match seen.get_mut(i) {
+                Some(s) if empty && !*s => {
+                    *s = true;
+                    true
+                }
+                _ => false,
+            }
+        });
+        index_ok && free_ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(id: u64, last_seen: u64) -> Agent {
+        Agent::new(AgentId(id), Millis(last_seen), 1)
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_seen_idle_agent_then_the_lowest_id() {
+        let mut t = Agents::default();
+        t.insert(agent(5, 10));
+        t.insert(agent(3, 10));
+        let busy = t.insert(agent(1, 1));
+        t.insert(agent(9, 20));
+        if let Some(a) = t.get_mut(busy) {
+            a.in_flight = 1;
+        }
+        assert_eq!(t.evict_idle(), Some(AgentId(3)));
+        assert_eq!(t.evict_idle(), Some(AgentId(5)));
+        assert_eq!(t.evict_idle(), Some(AgentId(9)));
+        assert_eq!(t.evict_idle(), None, "only a busy agent is left");
+        assert!(t.is_consistent());
+    }
+
+    #[test]
+    fn freed_slots_are_reused_and_iteration_follows_ids() {
+        let mut t = Agents::default();
+        for id in [7, 2, 4] {
+            t.insert(agent(id, u64::from(id == 2)));
+        }
+        assert_eq!(t.evict_idle(), Some(AgentId(4)));
+        let slot = t.insert(agent(1, 5));
+        assert_eq!(slot, 2, "the freed slot is reused");
+        let ids: Vec<u64> = t.in_id_order().map(|a| a.id.0).collect();
+        assert_eq!(ids, [1, 2, 7]);
+        assert_eq!(t.find(AgentId(7)), Some(0));
+        assert_eq!(t.find(AgentId(4)), None);
+        assert!(t.is_consistent());
+    }
+
+    #[test]
+    fn corrupt_tables_are_detected() {
+        let mut t = Agents::default();
+        t.insert(agent(1, 0));
+        t.insert(agent(2, 0));
+        t.evict_idle();
+        assert!(t.is_consistent());
+
+        let mut dup = t.clone();
+        dup.free.push(0);
+        dup.slots.push(None);
+        assert!(!dup.is_consistent(), "a free slot listed twice");
+
+        let mut wrong = t.clone();
+        wrong.index.insert(AgentId(2), 0);
+        assert!(!wrong.is_consistent(), "index names another agent's slot");
+
+        let mut out = t.clone();
+        out.free = alloc::vec![9];
+        assert!(!out.is_consistent(), "free slot out of range");
+    }
+}
