@@ -1237,6 +1237,7 @@ impl Coordinator {
             .malformed_headers
             .saturating_add(u64::from(report.malformed));
 
+        let concurrency_known = pl.max_concurrent.is_some();
         let tokens_axis = match counting {
             Counting::Openai => Some(Axis::Tokens),
             Counting::Anthropic => pl.bucket(Axis::Tokens).limit.map(|_| Axis::Tokens),
@@ -1299,6 +1300,12 @@ impl Coordinator {
                     self.events.push_back(Event::Paused { pool, until });
                 }
             }
+            // A parallel-request 429 while that limit is unknown teaches it: the provider
+            // was full with the other calls in flight (this one counts in ours).
+            if report.exceeded == Some(RateAxis::Concurrent) && pl.max_concurrent.is_none() {
+                let others = pl.in_flight.saturating_sub(u64::from(lease.is_some()));
+                pl.max_concurrent = Some(others.max(1));
+            }
             // The coordinator was wrong only if it granted the lease knowing every limit it
             // knows now; a lease granted blind (limits not yet learned) cuts nothing.
             let known = Axis::ALL
@@ -1319,7 +1326,9 @@ impl Coordinator {
                 {
                     if !*rate_limited {
                         *rate_limited = true;
-                        cut = *gated & known == known;
+                        let blind_on_concurrency =
+                            report.exceeded == Some(RateAxis::Concurrent) && !concurrency_known;
+                        cut = *gated & known == known && !blind_on_concurrency;
                     }
                 }
             }

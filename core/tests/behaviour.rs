@@ -832,3 +832,38 @@ fn a_429_on_a_lease_granted_before_the_limits_were_known_does_not_cut_the_margin
         .unwrap();
     assert_eq!(c.metrics(Millis(60_010)).pools[0].margin_permille, 800);
 }
+
+#[test]
+fn a_parallel_request_429_teaches_an_unknown_concurrency_limit_without_a_cut() {
+    let json = r#"{"pools":[{"name":"p","input_tokens_per_minute":100000}]}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 1, Millis(0)).unwrap();
+    let leases: Vec<_> = (0..5)
+        .map(|i| grant(c.request_lease(Millis(0), &ask(i, 10, 10)).unwrap()))
+        .collect();
+    let r = parse_headers(
+        [
+            ("retry-after", "60"),
+            ("rate_limit_type", "parallel_requests"),
+        ],
+        None,
+    );
+    c.handle_response(Millis(10), PoolId(0), Some(leases[4]), 429, &r)
+        .unwrap();
+    let m = c.metrics(Millis(10));
+    assert_eq!(
+        m.pools[0].max_concurrent,
+        Some(4),
+        "four others were in flight"
+    );
+    assert_eq!(
+        m.pools[0].margin_permille, 850,
+        "the limit was unknown: not a misjudgement"
+    );
+    assert_eq!(
+        m.pools[0].paused_until,
+        Millis(0),
+        "a parallel-request limit clears as calls end"
+    );
+    c.settle(Millis(20), leases[4], &used(0, 0)).unwrap();
+    queued(c.request_lease(Millis(20), &ask(9, 10, 10)).unwrap());
+}
