@@ -3,26 +3,15 @@
 
 mod common;
 
-use std::sync::OnceLock;
+use common::{PluginEngine, compare, traces};
+use tokenwarden_conformance::{Engine, run_with};
 
-use common::{Reload, compare, run, traces};
-use tokenwarden_wasmtime::{COMPONENT, Plugin};
-
-/// A second, separately compiled plugin (its own engine) to hot-reload into.
-fn other_plugin() -> &'static Plugin {
-    static OTHER: OnceLock<Plugin> = OnceLock::new();
-    OTHER.get_or_init(|| {
-        let engine = Plugin::default_engine().expect("engine");
-        Plugin::new(&engine, COMPONENT).expect("the built component loads")
-    })
-}
-
-fn replay_all(reload: Reload) {
+fn replay_all<E: Engine>(what: &str) {
     let all = traces();
     assert!(all.len() >= 37, "found only {} traces", all.len());
     let mut failures = Vec::new();
     for (name, trace) in &all {
-        let result = run(trace, reload, other_plugin()).and_then(|got| {
+        let result = run_with::<E>(trace).and_then(|got| {
             tokenwarden_conformance::check_expected_events(trace, &got)?;
             let expected = trace
                 .get("expected")
@@ -39,7 +28,7 @@ fn replay_all(reload: Reload) {
     }
     assert!(
         failures.is_empty(),
-        "{} of {} traces differ ({reload:?}):\n{}",
+        "{} of {} traces differ ({what}):\n{}",
         failures.len(),
         all.len(),
         failures.join("\n")
@@ -48,10 +37,10 @@ fn replay_all(reload: Reload) {
 
 #[test]
 fn every_trace_matches_the_native_runner() {
-    replay_all(Reload::Never);
+    replay_all::<PluginEngine<false>>("no reload");
 }
 
 #[test]
 fn hot_reload_before_every_input_changes_no_record() {
-    replay_all(Reload::EveryInput);
+    replay_all::<PluginEngine<true>>("reload before every input");
 }

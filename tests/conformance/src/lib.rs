@@ -30,11 +30,14 @@ fn parse<T: serde::de::DeserializeOwned>(v: &Value, what: &str) -> Result<T, Str
     serde_json::from_value(v.clone()).map_err(|e| format!("bad `{what}`: {e}"))
 }
 
-fn to_value<T: serde::Serialize>(v: &T) -> Value {
+/// Serializes a core value into a record field.
+pub fn to_value<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
-fn lease_error(e: tokenwarden_core::LeaseError) -> Value {
+/// A core error as a record: `{"error": code}` (plus `field` for `too_large`).
+#[must_use]
+pub fn lease_error(e: tokenwarden_core::LeaseError) -> Value {
     match e {
         tokenwarden_core::LeaseError::TooLarge { field } => {
             json!({ "error": e.code(), "field": field })
@@ -43,34 +46,165 @@ fn lease_error(e: tokenwarden_core::LeaseError) -> Value {
     }
 }
 
-fn timeout_value(c: &Coordinator) -> Value {
-    c.poll_timeout().map_or(Value::Null, |t| json!(t.0))
-}
-
-fn drain_events(c: &mut Coordinator, at: u64, out: &mut Vec<Value>) {
-    while let Some(e) = c.poll_event() {
-        out.push(json!({ "at": at, "event": to_value(&e) }));
+/// A runtime that can replay traces: the native core, or an adapter over a binding. Each
+/// method mirrors one core call and returns its result as a record value (core errors
+/// become `{"error": code}` values); an `Err(String)` is a failure of the runtime itself
+/// and fails the replay.
+pub trait Engine: Sized {
+    /// `Coordinator::new`; `Ok(Err(result))` is a configuration error as its record value.
+    fn create(config_json: &str, seed: u64, start: u64) -> Result<Result<Self, Value>, String>;
+    /// `request_lease`.
+    fn request_lease(&mut self, now: u64, req: &LeaseRequest) -> Result<Value, String>;
+    /// `settle`.
+    fn settle(&mut self, now: u64, lease: u64, usage: &Usage) -> Result<Value, String>;
+    /// `cancel`.
+    fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String>;
+    /// `parse_headers` then `handle_response`; the value is `{"report": ...}`.
+    fn response(&mut self, now: u64, r: &Response) -> Result<Value, String>;
+    /// `handle_timeout`.
+    fn handle_timeout(&mut self, now: u64) -> Result<(), String>;
+    /// `poll_timeout`.
+    fn poll_timeout(&mut self) -> Result<Option<u64>, String>;
+    /// `poll_event`, serialized.
+    fn poll_event(&mut self) -> Result<Option<Value>, String>;
+    /// `backoff` from the given state.
+    fn backoff(&mut self, state: Backoff, retry_after_ms: Option<u64>) -> Result<Value, String>;
+    /// `metrics`, serialized.
+    fn metrics(&mut self, now: u64) -> Result<Value, String>;
+    /// Replaces the coordinator by one restored from its own snapshot.
+    fn snapshot_restore(&mut self) -> Result<(), String>;
+    /// `Coordinator::check`.
+    fn check(&mut self) -> Result<(), String>;
+    /// Called after the drive step, before each input (a hot reload, for instance).
+    fn before_input(&mut self) -> Result<(), String> {
+        Ok(())
     }
 }
 
-/// Replays a trace and returns its output records.
+/// The arguments of a `response` input.
+#[derive(Clone, Debug)]
+pub struct Response {
+    /// Pool index.
+    pub pool: u32,
+    /// The lease the response belongs to, if any.
+    pub lease: Option<u64>,
+    /// HTTP status.
+    pub status: u16,
+    /// Header name/value pairs.
+    pub headers: Vec<(String, String)>,
+    /// The host's wall clock, if the trace gives one.
+    pub unix_now_ms: Option<u64>,
+}
+
+/// The native core, the reference.
+pub struct Native(Coordinator);
+
+fn native_result<T: serde::Serialize>(r: Result<T, tokenwarden_core::LeaseError>) -> Value {
+    r.map_or_else(lease_error, |v| to_value(&v))
+}
+
+impl Engine for Native {
+    fn create(config_json: &str, seed: u64, start: u64) -> Result<Result<Self, Value>, String> {
+        let config = match Config::from_json(config_json) {
+            Ok(c) => c,
+            Err(e) => {
+                let mut result = json!({ "error": e.code() });
+                if let tokenwarden_core::ConfigError::Invalid { field, .. } = &e {
+                    result["field"] = json!(field.to_string());
+                }
+                return Ok(Err(result));
+            }
+        };
+        Coordinator::new(config, seed, Millis(start))
+            .map(|c| Ok(Native(c)))
+            .map_err(|e| e.to_string())
+    }
+    fn request_lease(&mut self, now: u64, req: &LeaseRequest) -> Result<Value, String> {
+        Ok(native_result(self.0.request_lease(Millis(now), req)))
+    }
+    fn settle(&mut self, now: u64, lease: u64, usage: &Usage) -> Result<Value, String> {
+        Ok(native_result(self.0.settle(
+            Millis(now),
+            LeaseId(lease),
+            usage,
+        )))
+    }
+    fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String> {
+        Ok(native_result(self.0.cancel(Millis(now), LeaseId(lease))))
+    }
+    fn response(&mut self, now: u64, r: &Response) -> Result<Value, String> {
+        let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        let report: HeaderReport = parse_headers(pairs, r.unix_now_ms);
+        let lease = r.lease.map(LeaseId);
+        Ok(
+            match self
+                .0
+                .handle_response(Millis(now), PoolId(r.pool), lease, r.status, &report)
+            {
+                Ok(()) => json!({ "report": to_value(&report) }),
+                Err(e) => lease_error(e),
+            },
+        )
+    }
+    fn handle_timeout(&mut self, now: u64) -> Result<(), String> {
+        self.0.handle_timeout(Millis(now));
+        Ok(())
+    }
+    fn poll_timeout(&mut self) -> Result<Option<u64>, String> {
+        Ok(self.0.poll_timeout().map(|t| t.0))
+    }
+    fn poll_event(&mut self) -> Result<Option<Value>, String> {
+        Ok(self.0.poll_event().map(|e| to_value(&e)))
+    }
+    fn backoff(
+        &mut self,
+        mut state: Backoff,
+        retry_after_ms: Option<u64>,
+    ) -> Result<Value, String> {
+        Ok(to_value(&self.0.backoff(&mut state, retry_after_ms)))
+    }
+    fn metrics(&mut self, now: u64) -> Result<Value, String> {
+        Ok(to_value(&self.0.metrics(Millis(now))))
+    }
+    fn snapshot_restore(&mut self) -> Result<(), String> {
+        let json = self.0.snapshot_json();
+        self.0 = Coordinator::restore_json(&json).map_err(|e| format!("restore failed: {e}"))?;
+        Ok(())
+    }
+    fn check(&mut self) -> Result<(), String> {
+        self.0.check().map_err(str::to_string)
+    }
+}
+
+fn timeout_value<E: Engine>(c: &mut E) -> Result<Value, String> {
+    Ok(c.poll_timeout()?.map_or(Value::Null, |t| json!(t)))
+}
+
+fn drain_events<E: Engine>(c: &mut E, at: u64, out: &mut Vec<Value>) -> Result<(), String> {
+    while let Some(e) = c.poll_event()? {
+        out.push(json!({ "at": at, "event": e }));
+    }
+    Ok(())
+}
+
+/// Replays a trace through the native core and returns its output records.
 pub fn run(trace: &Value) -> Result<Vec<Value>, String> {
+    run_with::<Native>(trace)
+}
+
+/// Replays a trace through any [`Engine`], by the procedure in `tests/traces/SCHEMA.md`.
+pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
     let config_json = serde_json::to_string(field(trace, "config")?).map_err(|e| e.to_string())?;
     let seed = u64_field(trace, "seed")?;
     let start = trace.get("start").and_then(Value::as_u64).unwrap_or(0);
     let mut out = Vec::new();
-    let config = match Config::from_json(&config_json) {
+    let mut c = match E::create(&config_json, seed, start)? {
         Ok(c) => c,
-        Err(e) => {
-            let mut rec = json!({ "at": start, "op": "new", "result": { "error": e.code() } });
-            if let tokenwarden_core::ConfigError::Invalid { field, .. } = &e {
-                rec["result"]["field"] = json!(field.to_string());
-            }
-            out.push(rec);
+        Err(result) => {
+            out.push(json!({ "at": start, "op": "new", "result": result }));
             return Ok(out);
         }
     };
-    let mut c = Coordinator::new(config, seed, Millis(start)).map_err(|e| e.to_string())?;
     let inputs = field(trace, "inputs")?
         .as_array()
         .ok_or("`inputs` must be an array")?;
@@ -81,77 +215,56 @@ pub fn run(trace: &Value) -> Result<Vec<Value>, String> {
             .ok_or("`op` must be a string")?;
         // Drive: wake the coordinator at each timeout due by `at`, as a host would.
         let mut steps = 0;
-        while let Some(t) = c.poll_timeout() {
-            if t.0 > at {
+        while let Some(t) = c.poll_timeout()? {
+            if t > at {
                 break;
             }
             steps += 1;
             if steps > MAX_DRIVE_STEPS {
-                return Err(format!("poll_timeout does not progress at {t}"));
+                return Err(format!("poll_timeout does not progress at {t}ms"));
             }
-            c.handle_timeout(t);
+            c.handle_timeout(t)?;
             let mut events = Vec::new();
-            drain_events(&mut c, t.0, &mut events);
+            drain_events(&mut c, t, &mut events)?;
             if !events.is_empty() {
-                out.push(json!({ "at": t.0, "op": "drive" }));
+                out.push(json!({ "at": t, "op": "drive" }));
                 out.extend(events);
             }
         }
-        let now = Millis(at);
+        c.before_input()?;
         let result = match op {
-            "request_lease" => {
-                let req: LeaseRequest = parse(field(input, "request")?, "request")?;
-                match c.request_lease(now, &req) {
-                    Ok(d) => to_value(&d),
-                    Err(e) => lease_error(e),
-                }
-            }
+            "request_lease" => c.request_lease(at, &parse(field(input, "request")?, "request")?)?,
             "settle" => {
-                let lease = LeaseId(u64_field(input, "lease")?);
                 let usage: Usage = parse(field(input, "usage")?, "usage")?;
-                match c.settle(now, lease, &usage) {
-                    Ok(s) => to_value(&s),
-                    Err(e) => lease_error(e),
-                }
+                c.settle(at, u64_field(input, "lease")?, &usage)?
             }
-            "cancel" => match c.cancel(now, LeaseId(u64_field(input, "lease")?)) {
-                Ok(()) => Value::Null,
-                Err(e) => lease_error(e),
-            },
+            "cancel" => c.cancel(at, u64_field(input, "lease")?)?,
             "response" => {
-                let pool =
-                    PoolId(u32::try_from(u64_field(input, "pool")?).map_err(|e| e.to_string())?);
-                let lease = input.get("lease").and_then(Value::as_u64).map(LeaseId);
-                let status =
-                    u16::try_from(u64_field(input, "status")?).map_err(|e| e.to_string())?;
-                let headers: Vec<(String, String)> = parse(field(input, "headers")?, "headers")?;
-                let unix_now = input.get("unix_now_ms").and_then(Value::as_u64);
-                let report: HeaderReport = parse_headers(
-                    headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
-                    unix_now,
-                );
-                match c.handle_response(now, pool, lease, status, &report) {
-                    Ok(()) => json!({ "report": to_value(&report) }),
-                    Err(e) => lease_error(e),
-                }
+                let r = Response {
+                    pool: u32::try_from(u64_field(input, "pool")?).map_err(|e| e.to_string())?,
+                    lease: input.get("lease").and_then(Value::as_u64),
+                    status: u16::try_from(u64_field(input, "status")?)
+                        .map_err(|e| e.to_string())?,
+                    headers: parse(field(input, "headers")?, "headers")?,
+                    unix_now_ms: input.get("unix_now_ms").and_then(Value::as_u64),
+                };
+                c.response(at, &r)?
             }
             "timeout" => {
-                c.handle_timeout(now);
+                c.handle_timeout(at)?;
                 Value::Null
             }
             "backoff" => {
-                let mut state = Backoff {
+                let state = Backoff {
                     failed: u32::try_from(input.get("failed").and_then(Value::as_u64).unwrap_or(0))
                         .map_err(|e| e.to_string())?,
                     last_retry_after_ms: input.get("last_retry_after_ms").and_then(Value::as_u64),
                 };
-                let retry_after = input.get("retry_after_ms").and_then(Value::as_u64);
-                to_value(&c.backoff(&mut state, retry_after))
+                c.backoff(state, input.get("retry_after_ms").and_then(Value::as_u64))?
             }
-            "metrics" => to_value(&c.metrics(now)),
+            "metrics" => c.metrics(at)?,
             "snapshot_restore" => {
-                let json = c.snapshot_json();
-                c = Coordinator::restore_json(&json).map_err(|e| format!("restore failed: {e}"))?;
+                c.snapshot_restore()?;
                 Value::Null
             }
             other => return Err(format!("unknown op `{other}`")),
@@ -164,9 +277,9 @@ pub fn run(trace: &Value) -> Result<Vec<Value>, String> {
             }
         }
         out.push(
-            json!({ "at": at, "op": op, "result": result, "next_timeout": timeout_value(&c) }),
+            json!({ "at": at, "op": op, "result": result, "next_timeout": timeout_value(&mut c)? }),
         );
-        drain_events(&mut c, at, &mut out);
+        drain_events(&mut c, at, &mut out)?;
         c.check()
             .map_err(|e| format!("state inconsistent after {op} at {at}: {e}"))?;
     }
