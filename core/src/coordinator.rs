@@ -440,6 +440,24 @@ impl Pool {
         self.max_concurrent.is_none_or(|m| self.in_flight < m)
     }
 
+    /// Grants `demand` now: takes the reservation and a concurrency slot, counts the grant,
+    /// and returns the lease's active phase.
+    fn admit(&mut self, demand: Demand, now: Millis, ttl: u64, window: u64) -> Phase {
+        let gated = self.take(&demand, window);
+        self.in_flight = self.in_flight.saturating_add(1);
+        if let Some(m) = self.minute(now) {
+            m.granted = m.granted.saturating_add(1);
+        }
+        Phase::Active {
+            granted_at: now,
+            expires_at: now.plus(ttl),
+            charged: demand,
+            gated,
+            rate_limited: false,
+            grant_level: self.bucket(Axis::InputTokens).level,
+        }
+    }
+
     /// Takes `d` from every gating axis; returns the mask of axes it was taken from.
     fn take(&mut self, d: &Demand, window: u64) -> u8 {
         let mut gated = 0u8;
@@ -715,26 +733,14 @@ impl Coordinator {
                 return;
             }
             pool.queue.pop_head();
-            let gated = pool.take(&demand, window);
-            pool.in_flight = pool.in_flight.saturating_add(1);
+            let phase = pool.admit(demand, now, ttl, window);
             pool.vtime = pool.vtime.max(vstart);
             let waited_ms = now.since(enqueued_at);
             pool.waits.record(waited_ms);
             pool.counters.granted_from_queue = pool.counters.granted_from_queue.saturating_add(1);
-            if let Some(m) = pool.minute(now) {
-                m.granted = m.granted.saturating_add(1);
-            }
             let expires_at = now.plus(ttl);
-            let grant_level = pool.bucket(Axis::InputTokens).level;
             if let Some(e) = self.leases.get_mut(entry.id) {
-                e.phase = Phase::Active {
-                    granted_at: now,
-                    expires_at,
-                    charged: demand,
-                    gated,
-                    rate_limited: false,
-                    grant_level,
-                };
+                e.phase = phase;
             }
             self.leases
                 .push_expiry(expires_at, entry.id, self.config.max_leases);
@@ -929,8 +935,7 @@ impl Coordinator {
             let Some(pool) = self.pools.get_mut(p as usize) else {
                 return Err(LeaseError::UnknownPool);
             };
-            let gated = pool.take(&demand, window);
-            pool.in_flight = pool.in_flight.saturating_add(1);
+            let phase = pool.admit(demand, now, ttl, window);
             // With nobody waiting, virtual time moves to this grant's finish, so an agent
             // gains no credit from earlier uncontended use and owes none to late comers.
             pool.vtime = pool.vtime.max(if pool.queue.is_empty() {
@@ -939,24 +944,13 @@ impl Coordinator {
                 vstart
             });
             pool.counters.granted_now = pool.counters.granted_now.saturating_add(1);
-            if let Some(m) = pool.minute(now) {
-                m.granted = m.granted.saturating_add(1);
-            }
-            let grant_level = pool.bucket(Axis::InputTokens).level;
             let id = self.leases.insert(|id| Entry {
                 id,
                 agent: req.agent,
                 agent_slot,
                 pool: p,
                 ask,
-                phase: Phase::Active {
-                    granted_at: now,
-                    expires_at,
-                    charged: demand,
-                    gated,
-                    rate_limited: false,
-                    grant_level,
-                },
+                phase,
             });
             self.leases
                 .push_expiry(expires_at, id, self.config.max_leases);
