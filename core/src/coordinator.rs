@@ -635,6 +635,11 @@ impl Coordinator {
             .filter(|e| !matches!(e.phase, Phase::Active { expires_at, .. } if expires_at <= now))
     }
 
+    /// The counting rules of pool `p`, if it exists.
+    fn counting(&self, p: u32) -> Option<Counting> {
+        self.config.pools.get(p as usize).map(|c| c.counting)
+    }
+
     fn clamp(&mut self, now: Millis) -> Millis {
         self.now = self.now.max(now);
         self.now
@@ -693,15 +698,10 @@ impl Coordinator {
     fn drain(&mut self, p: u32, now: Millis) {
         let window = self.config.window_ms;
         let ttl = self.config.lease_ttl_ms;
+        let counting = self.counting(p).unwrap_or_default();
         let Some(pool) = self.pools.get_mut(p as usize) else {
             return;
         };
-        let counting = self
-            .config
-            .pools
-            .get(p as usize)
-            .map(|c| c.counting)
-            .unwrap_or_default();
         // At the end of time a lease would be born expired: nothing is granted.
         if now.plus(ttl) <= now {
             return;
@@ -828,7 +828,7 @@ impl Coordinator {
         req: &LeaseRequest,
     ) -> Result<Decision, LeaseError> {
         let p = req.pool.0;
-        let Some(counting) = self.config.pools.get(p as usize).map(|c| c.counting) else {
+        let Some(counting) = self.counting(p) else {
             return Err(LeaseError::UnknownPool);
         };
         for (field, v) in [
@@ -1069,12 +1069,7 @@ impl Coordinator {
             return Err(LeaseError::NotGranted);
         };
         let p = entry.pool;
-        let counting = self
-            .config
-            .pools
-            .get(p as usize)
-            .map(|c| c.counting)
-            .unwrap_or_default();
+        let counting = self.counting(p).unwrap_or_default();
         let actual = used(counting, usage);
         let window = self.config.window_ms;
         if let Some(pool) = self.pools.get_mut(p as usize) {
@@ -1211,7 +1206,7 @@ impl Coordinator {
         report: &HeaderReport,
     ) -> Result<(), LeaseError> {
         let p = pool.0;
-        let Some(counting) = self.config.pools.get(p as usize).map(|c| c.counting) else {
+        let Some(counting) = self.counting(p) else {
             return Err(LeaseError::UnknownPool);
         };
         if let Some(id) = lease {

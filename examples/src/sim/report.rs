@@ -22,6 +22,16 @@ fn find(results: &[RunResult], s: Strategy) -> Option<&RunResult> {
     results.iter().find(|r| r.strategy == s)
 }
 
+/// "429s of calls (rate)".
+fn rate_limited(r: &RunResult) -> String {
+    format!(
+        "{} of {} ({})",
+        r.rate_limited,
+        r.sent,
+        pct(r.rate_limited_ratio())
+    )
+}
+
 fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
@@ -69,12 +79,7 @@ pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
             }
             push(
                 "coordinator 429s <= 0.1% of requests",
-                format!(
-                    "{} of {} ({})",
-                    e.rate_limited,
-                    e.sent,
-                    pct(e.rate_limited_ratio())
-                ),
+                rate_limited(e),
                 e.rate_limited_ratio() <= 0.001,
             );
             let tpt = |r: &RunResult| r.tokens_per_task().unwrap_or(f64::INFINITY);
@@ -133,12 +138,7 @@ pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
             );
             push(
                 "<= 0.1% 429s",
-                format!(
-                    "{} of {} ({})",
-                    e.rate_limited,
-                    e.sent,
-                    pct(e.rate_limited_ratio())
-                ),
+                rate_limited(e),
                 e.rate_limited_ratio() <= 0.001,
             );
         }
@@ -155,12 +155,7 @@ pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
             let Some(e) = e else { return g };
             push(
                 "<= 1% 429s",
-                format!(
-                    "{} of {} ({})",
-                    e.rate_limited,
-                    e.sent,
-                    pct(e.rate_limited_ratio())
-                ),
+                rate_limited(e),
                 e.rate_limited_ratio() <= 0.01,
             );
         }
