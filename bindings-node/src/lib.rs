@@ -1,0 +1,394 @@
+//! The Node.js addon behind the npm package `tokenwarden`: `tokenwarden-core`'s
+//! `Coordinator` as a JavaScript class, one method per core call.
+//!
+//! Each method converts its arguments, calls the core and converts the result; all
+//! conversion (and every error thrown into JavaScript) lives in `convert.rs`. Bad input
+//! throws a real `Error`/`RangeError`/`TypeError` with a stable `code` (the core's
+//! `LeaseError::code()` and friends, or `invalid_argument`) and changes no state. Nothing
+//! here reads a clock: every call takes `now`, integer milliseconds on an epoch the caller
+//! chooses (the JavaScript driver uses `performance.now()`).
+//!
+//! Most users want the driver and `fetch` wrapper in the package's JavaScript layer; this
+//! class is the low-level engine they drive.
+// napi-rs's macros expand to `unsafe` FFI glue; this crate writes none of its own.
+#![allow(unsafe_code)]
+
+pub mod convert;
+
+use convert::{
+    BackoffResult, BackoffState, Decision, Event, IO_SLOTS, LeaseRequest, Settlement, Thrown, U64,
+    Usage, WIDE, WideResult, config_error, lease_arg, lease_error, restore_error, to_js_value,
+    u32_arg, u64_arg, u64_to_js,
+};
+use napi::Env;
+use napi::bindgen_prelude::{Either3, Float64Array};
+use napi_derive::napi;
+use serde_json::Value;
+use tokenwarden_core as core;
+
+/// Runs `f`, throwing its error (if any) into JavaScript.
+fn js<T>(env: &Env, f: impl FnOnce() -> Result<T, Thrown>) -> napi::Result<T> {
+    f().map_err(|e| e.throw(env))
+}
+
+/// One provider's quota: buckets, leases, the weighted fair queue and the margin, driven by
+/// the caller's clock. Call order: any input (`requestLease`, `settle`, `cancel`,
+/// `handleResponse`, `handleTimeout`), then drain `pollEvent()`, then arm one timer for
+/// `pollTimeout()` and call `handleTimeout(now)` when it fires.
+#[napi]
+pub struct Coordinator {
+    inner: core::Coordinator,
+    /// The fast path's register file (see `convert::IO_SLOTS`), once attached.
+    io: Option<Float64Array>,
+    /// A fast-path result that needs `bigint`s, until `takeWide()`.
+    wide: Option<WideResult>,
+}
+
+#[napi]
+impl Coordinator {
+    /// A coordinator for the configuration (the core's JSON shape, as a string), with the
+    /// PRNG seed and the current time. Throws `config_parse` or `invalid_config` (with
+    /// `field`, e.g. `pools[1].input_tokens_per_minute`).
+    #[napi(constructor)]
+    pub fn new(env: Env, config_json: String, seed: U64, now: U64) -> napi::Result<Self> {
+        js(&env, || {
+            let seed = u64_arg(&seed, "seed")?;
+            let now = u64_arg(&now, "now")?;
+            let config = core::Config::from_json(&config_json).map_err(|e| config_error(&e))?;
+            let inner = core::Coordinator::new(config, seed, core::Millis(now))
+                .map_err(|e| config_error(&e))?;
+            Ok(Coordinator {
+                inner,
+                io: None,
+                wide: None,
+            })
+        })
+    }
+
+    /// A coordinator restored from `snapshot()`'s output; it makes the same decisions as the
+    /// one that wrote it. Throws `snapshot_version`, `snapshot_parse`, `snapshot_config` or
+    /// `snapshot_corrupt`.
+    #[napi(factory)]
+    pub fn restore(env: Env, snapshot_json: String) -> napi::Result<Self> {
+        js(&env, || {
+            core::Coordinator::restore_json(&snapshot_json)
+                .map(|inner| Coordinator {
+                    inner,
+                    io: None,
+                    wide: None,
+                })
+                .map_err(|e| restore_error(&e))
+        })
+    }
+
+    /// Asks for capacity before one model call.
+    #[napi]
+    pub fn request_lease(
+        &mut self,
+        env: Env,
+        now: U64,
+        request: LeaseRequest,
+    ) -> napi::Result<Decision> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let req = request.to_core()?;
+            self.inner
+                .request_lease(now, &req)
+                .map(Decision::from)
+                .map_err(lease_error)
+        })
+    }
+
+    /// Reports what a granted lease really used; refunds the difference (or records debt).
+    #[napi]
+    pub fn settle(
+        &mut self,
+        env: Env,
+        now: U64,
+        lease: U64,
+        usage: Usage,
+    ) -> napi::Result<Settlement> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let lease = lease_arg(&lease)?;
+            let usage = usage.to_core()?;
+            self.inner
+                .settle(now, lease, &usage)
+                .map(Settlement::from)
+                .map_err(lease_error)
+        })
+    }
+
+    /// Withdraws a queued ticket, or returns an unused lease in full.
+    #[napi]
+    pub fn cancel(&mut self, env: Env, now: U64, lease: U64) -> napi::Result<()> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let lease = lease_arg(&lease)?;
+            self.inner.cancel(now, lease).map_err(lease_error)
+        })
+    }
+
+    /// Feeds a provider response: its status and headers (name, value pairs). Parses the
+    /// rate-limit headers (Anthropic, OpenAI, Azure, IETF, retry-after, gateway) with
+    /// `unixNowMs` as the wall clock for absolute reset times, resyncs the pool, pauses it
+    /// on a 429, and returns what the headers said.
+    #[napi(ts_return_type = "Record<string, any>")]
+    #[allow(clippy::too_many_arguments)] // the core call's arguments, the headers and `env`
+    pub fn handle_response(
+        &mut self,
+        env: Env,
+        now: U64,
+        pool: f64,
+        lease: Option<U64>,
+        status: u32,
+        headers: Vec<(String, String)>,
+        unix_now_ms: Option<U64>,
+    ) -> napi::Result<Value> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let pool = core::PoolId(u32_arg(pool, "pool")?);
+            let lease = lease.as_ref().map(lease_arg).transpose()?;
+            let status = u16::try_from(status).map_err(|_| {
+                Thrown::range(
+                    "invalid_argument",
+                    format!("`status` must be below 65536, got {status}"),
+                )
+                .with_field("status")
+            })?;
+            let unix = unix_now_ms
+                .as_ref()
+                .map(|v| u64_arg(v, "unixNowMs"))
+                .transpose()?;
+            let report =
+                core::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
+            self.inner
+                .handle_response(now, pool, lease, status, &report)
+                .map_err(lease_error)?;
+            to_js_value(&report)
+        })
+    }
+
+    /// Advances time: reaps expired leases, grants queued tickets whose time has come,
+    /// steps the margin.
+    #[napi]
+    pub fn handle_timeout(&mut self, env: Env, now: U64) -> napi::Result<()> {
+        js(&env, || {
+            self.inner
+                .handle_timeout(core::Millis(u64_arg(&now, "now")?));
+            Ok(())
+        })
+    }
+
+    /// When `handleTimeout` next has work, or `null`.
+    #[napi]
+    pub fn poll_timeout(&self) -> Option<U64> {
+        self.inner.poll_timeout().map(|t| u64_to_js(t.0))
+    }
+
+    /// The next event, or `null` when there is none. Drain after every call.
+    #[napi]
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.inner.poll_event().map(Event::from)
+    }
+
+    /// The next step after a failed attempt of one call (seeded full-jitter backoff, or
+    /// `Retry-After` plus jitter), with the state to pass back on its next failure.
+    #[napi]
+    pub fn backoff(
+        &mut self,
+        env: Env,
+        state: BackoffState,
+        retry_after_ms: Option<U64>,
+    ) -> napi::Result<BackoffResult> {
+        js(&env, || {
+            let mut b = state.to_core()?;
+            let retry = retry_after_ms
+                .as_ref()
+                .map(|v| u64_arg(v, "retryAfterMs"))
+                .transpose()?;
+            let step = self.inner.backoff(&mut b, retry).into();
+            Ok(BackoffResult {
+                state: BackoffState::from_core(b),
+                step,
+            })
+        })
+    }
+
+    /// Usage against each limit per minute, the binding axis, queue depth and waits, the
+    /// margin, each agent's state, and fleet-sizing advice.
+    #[napi(ts_return_type = "Record<string, any>")]
+    pub fn metrics(&self, env: Env, now: U64) -> napi::Result<Value> {
+        js(&env, || {
+            to_js_value(&self.inner.metrics(core::Millis(u64_arg(&now, "now")?)))
+        })
+    }
+
+    /// The whole state as JSON; `Coordinator.restore` makes an identical coordinator.
+    #[napi]
+    pub fn snapshot(&self) -> String {
+        self.inner.snapshot_json()
+    }
+
+    /// The latest instant seen.
+    #[napi(getter)]
+    pub fn now(&self) -> U64 {
+        u64_to_js(self.inner.now().0)
+    }
+
+    /// The index of the pool with this name, or `null`.
+    #[napi]
+    pub fn pool_id(&self, name: String) -> Option<u32> {
+        self.inner.pool_id(&name).map(|p| p.0)
+    }
+
+    /// Pool names, by index.
+    #[napi(getter)]
+    pub fn pools(&self) -> Vec<String> {
+        self.inner
+            .config()
+            .pools
+            .iter()
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// The configuration as JSON (the shape the constructor takes).
+    #[napi]
+    pub fn config_json(&self, env: Env) -> napi::Result<String> {
+        js(&env, || {
+            serde_json::to_string(self.inner.config()).map_err(|e| {
+                Thrown::range("internal", format!("configuration does not serialize: {e}"))
+            })
+        })
+    }
+
+    /// Attaches the fast path's register file: a `Float64Array` of at least 16 slots that
+    /// the caller keeps private (the package's engine wrapper does this; see
+    /// `convert::IO_SLOTS` for the layouts).
+    #[napi]
+    pub fn attach_io(&mut self, env: Env, io: Float64Array) -> napi::Result<()> {
+        js(&env, || {
+            if io.len() < IO_SLOTS {
+                return Err(Thrown::range(
+                    "invalid_argument",
+                    format!("the io buffer needs {IO_SLOTS} slots, got {}", io.len()),
+                ));
+            }
+            self.io = Some(io);
+            Ok(())
+        })
+    }
+
+    /// `requestLease` on the register file; returns 0 grant, 1 queued, 2 reject, 9 wide.
+    #[napi]
+    pub fn request_lease_io(&mut self, env: Env) -> napi::Result<i32> {
+        let Coordinator { inner, io, wide } = self;
+        js(&env, || {
+            let io = registers(io)?;
+            let now = convert::io_now(io)?;
+            let req = convert::io_lease_request(io)?;
+            let d = inner.request_lease(now, &req).map_err(lease_error)?;
+            Ok(narrow(
+                wide,
+                convert::io_decision(io, &d),
+                WideResult::Decision(d),
+            ))
+        })
+    }
+
+    /// `settle` on the register file; returns 0, or 9 wide.
+    #[napi]
+    pub fn settle_io(&mut self, env: Env) -> napi::Result<i32> {
+        let Coordinator { inner, io, wide } = self;
+        js(&env, || {
+            let io = registers(io)?;
+            let now = convert::io_now(io)?;
+            let (lease, usage) = convert::io_settle(io)?;
+            let s = inner.settle(now, lease, &usage).map_err(lease_error)?;
+            Ok(narrow(
+                wide,
+                convert::io_settlement(io, &s),
+                WideResult::Settlement(s),
+            ))
+        })
+    }
+
+    /// `cancel` on the register file (now, lease).
+    #[napi]
+    pub fn cancel_io(&mut self, env: Env) -> napi::Result<()> {
+        let Coordinator { inner, io, .. } = self;
+        js(&env, || {
+            let io = registers(io)?;
+            let now = convert::io_now(io)?;
+            inner
+                .cancel(now, convert::io_lease(io)?)
+                .map_err(lease_error)
+        })
+    }
+
+    /// `handleTimeout` on the register file (now).
+    #[napi]
+    pub fn handle_timeout_io(&mut self, env: Env) -> napi::Result<()> {
+        let Coordinator { inner, io, .. } = self;
+        js(&env, || {
+            let now = convert::io_now(registers(io)?)?;
+            inner.handle_timeout(now);
+            Ok(())
+        })
+    }
+
+    /// `pollEvent` on the register file; returns the event's code, −1 for none, 9 wide.
+    #[napi]
+    pub fn poll_event_io(&mut self, env: Env) -> napi::Result<i32> {
+        let Coordinator { inner, io, wide } = self;
+        js(&env, || {
+            let io = registers(io)?;
+            Ok(match inner.poll_event() {
+                None => -1,
+                Some(e) => narrow(wide, convert::io_event(io, &e), WideResult::Event(e)),
+            })
+        })
+    }
+
+    /// The fast-path result held back because it needs `bigint`s, or `null`.
+    #[napi]
+    pub fn take_wide(&mut self) -> Option<Either3<Decision, Settlement, Event>> {
+        self.wide.take().map(|w| match w {
+            WideResult::Decision(d) => Either3::A(d.into()),
+            WideResult::Settlement(s) => Either3::B(s.into()),
+            WideResult::Event(e) => Either3::C(e.into()),
+        })
+    }
+
+    /// Internal consistency check; throws `corrupt` naming the broken invariant.
+    #[napi]
+    pub fn check(&self, env: Env) -> napi::Result<()> {
+        js(&env, || {
+            self.inner
+                .check()
+                .map_err(|why| Thrown::range("corrupt", format!("inconsistent state: {why}")))
+        })
+    }
+}
+
+/// The attached register file.
+fn registers(io: &mut Option<Float64Array>) -> Result<&mut [f64], Thrown> {
+    let io = io.as_mut().ok_or_else(|| {
+        Thrown::range(
+            "invalid_argument",
+            "no io buffer attached: call attachIo first".into(),
+        )
+    })?;
+    // SAFETY: the buffer is kept alive by the reference `Float64Array` holds, JavaScript is
+    // single-threaded and blocked in this call, and the slice does not outlive it.
+    Ok(unsafe { io.as_mut() })
+}
+
+/// Keeps `result` for `takeWide()` when the fast path could not write it.
+fn narrow(wide: &mut Option<WideResult>, code: i32, result: WideResult) -> i32 {
+    if code == WIDE {
+        *wide = Some(result);
+    }
+    code
+}

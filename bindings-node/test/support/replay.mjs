@@ -1,0 +1,132 @@
+// Replays conformance traces (tests/traces, procedure in SCHEMA.md) through any engine
+// factory with the JavaScript engine interface: the addon, the wasm build in Node, in
+// Chromium or in workerd. No Node-only imports: this file also runs in browsers/Workers.
+import { equal, stringify } from './json.mjs'
+
+const MAX_DRIVE_STEPS = 1_000_000
+
+// Keys whose snake_case spelling splits a number off a word, which camelCase loses.
+const SNAKE_EXCEPTIONS = { agentsAt75Percent: 'agents_at_75_percent' }
+
+/** `inputTokens` → `input_tokens`. */
+export const snake = (k) => SNAKE_EXCEPTIONS[k] ?? k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)
+/** `input_tokens` → `inputTokens`. */
+export const camel = (k) => k.replace(/_([a-z0-9])/g, (_m, c) => c.toUpperCase())
+
+/** Recases every object key (not string values: enum tags keep their spelling). */
+export function recase(v, f) {
+  if (Array.isArray(v)) return v.map((x) => recase(x, f))
+  if (v !== null && typeof v === 'object') {
+    const out = {}
+    for (const [k, x] of Object.entries(v)) out[f(k)] = recase(x, f)
+    return out
+  }
+  return v
+}
+
+/** An engine error as a record value, or rethrows what is not one. */
+function errorRecord(e, { config = false } = {}) {
+  const code = e?.code
+  if (config && (code === 'config_parse' || code === 'invalid_config')) {
+    return code === 'invalid_config' ? { error: code, field: e.field } : { error: code }
+  }
+  if (['unknown_pool', 'unknown_lease', 'not_granted', 'too_large'].includes(code)) {
+    return code === 'too_large' ? { error: code, field: snake(e.field) } : { error: code }
+  }
+  throw e
+}
+
+const result = (f) => {
+  try {
+    return f()
+  } catch (e) {
+    return errorRecord(e)
+  }
+}
+
+/** Replays one parsed trace; returns its output records (snake_case, like `expected`). */
+export function replay(trace, factory) {
+  const start = trace.start ?? 0
+  const out = []
+  let engine
+  try {
+    engine = factory.create(stringify(trace.config), trace.seed, start)
+  } catch (e) {
+    out.push({ at: start, op: 'new', result: errorRecord(e, { config: true }) })
+    return out
+  }
+  const drain = (at) => {
+    const events = []
+    for (let e = engine.pollEvent(); e !== null; e = engine.pollEvent()) {
+      events.push({ at, event: recase(e, snake) })
+    }
+    return events
+  }
+  for (const input of trace.inputs) {
+    const at = input.at
+    let steps = 0
+    for (let t = engine.pollTimeout(); t !== null && BigInt(t) <= BigInt(at); t = engine.pollTimeout()) {
+      if (++steps > MAX_DRIVE_STEPS) throw new Error(`pollTimeout does not progress at ${t}ms`)
+      engine.handleTimeout(t)
+      const events = drain(t)
+      if (events.length > 0) out.push({ at: t, op: 'drive' }, ...events)
+    }
+    let r
+    switch (input.op) {
+      case 'request_lease': {
+        const req = { agent: 0, pool: 0, ...recase(input.request, camel) }
+        r = result(() => recase(engine.requestLease(at, req), snake))
+        break
+      }
+      case 'settle':
+        r = result(() => recase(engine.settle(at, input.lease, recase(input.usage, camel)), snake))
+        break
+      case 'cancel':
+        r = result(() => (engine.cancel(at, input.lease), null))
+        break
+      case 'response':
+        r = result(() => ({
+          report: recase(
+            engine.handleResponse(at, input.pool, input.lease ?? null, input.status, input.headers, input.unix_now_ms ?? null),
+            snake,
+          ),
+        }))
+        break
+      case 'timeout':
+        engine.handleTimeout(at)
+        r = null
+        break
+      case 'backoff': {
+        const state = { failed: input.failed ?? 0, lastRetryAfterMs: input.last_retry_after_ms ?? null }
+        r = recase(engine.backoff(state, input.retry_after_ms ?? null).step, snake)
+        break
+      }
+      case 'metrics':
+        r = recase(engine.metrics(at), snake)
+        break
+      case 'snapshot_restore':
+        engine = factory.restore(engine.snapshot())
+        r = null
+        break
+      default:
+        throw new Error(`unknown op ${input.op}`)
+    }
+    out.push({ at, op: input.op, result: r, next_timeout: engine.pollTimeout() })
+    out.push(...drain(at))
+  }
+  return out
+}
+
+/** Replays a trace and compares with `expected`; returns null or the first difference. */
+export function verify(trace, factory) {
+  const got = replay(trace, factory)
+  const want = trace.expected
+  if (got.length !== want.length) {
+    const first = got.findIndex((g, i) => !equal(g, want[i]))
+    return `expected ${want.length} records, got ${got.length}; first difference at ${first}: expected ${stringify(want[first])}, got ${stringify(got[first])}`
+  }
+  for (let i = 0; i < got.length; i++) {
+    if (!equal(got[i], want[i])) return `record ${i} differs:\n  expected ${stringify(want[i])}\n  got      ${stringify(got[i])}`
+  }
+  return null
+}

@@ -1,0 +1,225 @@
+/**
+ * The engine backed by the native addon (napi-rs over `tokenwarden-core`).
+ *
+ * Hot calls (`requestLease`, `settle`, `cancel`, `handleTimeout`, `pollEvent`) go through
+ * a private `Float64Array` register file instead of objects: reading object properties by
+ * name across napi costs ~100 ns a field, the register file a few. Values that do not fit a
+ * `number` exactly (bigints) take the addon's object methods, which accept and return them.
+ */
+import { createRequire } from 'node:module'
+import type * as Binding from '../binding.js'
+import { normalizeEngineError } from './errors.js'
+import type {
+  Axis,
+  BackoffResult,
+  BackoffState,
+  Decision,
+  Engine,
+  EngineEvent,
+  EngineFactory,
+  HeaderReport,
+  LeaseRequest,
+  Metrics,
+  RejectReason,
+  Settlement,
+  U64,
+  Usage,
+} from './types.js'
+
+const require = createRequire(import.meta.url)
+const binding = require('../binding.cjs') as typeof Binding
+
+const AXES: readonly Axis[] = ['input_tokens', 'output_tokens', 'tokens', 'requests']
+const REASONS: readonly RejectReason['kind'][] = [
+  'exceeds_capacity',
+  'wait_too_long',
+  'queue_full',
+  'too_many_leases',
+  'too_many_agents',
+]
+const ROLE_CODES = { worker: 0, reviewer: 1, planner: 2 } as const
+const WIDE = 9
+const MAX = Number.MAX_SAFE_INTEGER
+
+/** A `number` argument the register file carries exactly (else: the object path). */
+function exact(v: unknown): v is number {
+  return typeof v === 'number' && v >= 0 && v <= MAX && Number.isInteger(v)
+}
+
+/** An optional numeric field: undefined/null is 0; `NaN` marks "not exact". */
+function field(v: U64 | undefined | null): number {
+  if (v === undefined || v === null) return 0
+  return exact(v) ? v : Number.NaN
+}
+
+/** The addon's coordinator as an {@link Engine}. */
+export class NativeEngine implements Engine {
+  readonly #c: Binding.Coordinator
+  readonly #io = new Float64Array(16)
+  readonly pools: readonly string[]
+
+  /** Wraps an addon coordinator (use `nativeEngines.create` / `.restore`). */
+  constructor(coordinator: Binding.Coordinator) {
+    this.#c = coordinator
+    this.#c.attachIo(this.#io)
+    this.pools = Object.freeze(this.#c.pools)
+  }
+
+  poolId(name: string): number | null {
+    return this.#c.poolId(name)
+  }
+
+  requestLease(now: U64, r: LeaseRequest): Decision {
+    const io = this.#io
+    const role = r.role === undefined ? 0 : ROLE_CODES[r.role]
+    io[0] = exact(now) ? now : Number.NaN
+    io[1] = exact(r.agent) ? r.agent : Number.NaN
+    io[2] = r.pool
+    io[3] = field(r.inputTokens)
+    io[4] = field(r.cachedPrefixTokens)
+    io[5] = field(r.maxTokens)
+    io[6] = role ?? Number.NaN
+    io[7] = r.unblocks ?? 0
+    io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
+    if (io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || typeof r.pool !== 'number') {
+      // Bigints, out-of-range or mistyped values: the object path checks and reports them.
+      return this.#slow(() => this.#c.requestLease(now, r as Binding.LeaseRequest) as Decision, 'requestLease')
+    }
+    let kind: number
+    try {
+      kind = this.#c.requestLeaseIo()
+    } catch (e) {
+      throw normalizeEngineError(e, 'requestLease')
+    }
+    if (kind === 0) return { kind: 'grant', lease: io[0]!, expiresAt: io[1]! }
+    if (kind === 1) return { kind: 'queued', lease: io[0]!, eta: io[1]! }
+    if (kind === WIDE) return this.#c.takeWide() as Decision
+    const reason = REASONS[io[2]!]!
+    return {
+      kind: 'reject',
+      retryAt: io[1] === -1 ? null : io[1]!,
+      reason: reason === 'exceeds_capacity' ? { kind: reason, axis: AXES[io[3]!]! } : ({ kind: reason } as RejectReason),
+    }
+  }
+
+  settle(now: U64, lease: number, u: Usage): Settlement {
+    // (`lease` is a number for real leases; a bigint can only be a forged id.)
+    const io = this.#io
+    io[0] = exact(now) ? now : Number.NaN
+    io[1] = exact(lease) ? lease : Number.NaN
+    io[2] = field(u.inputTokens)
+    io[3] = field(u.cacheCreationInputTokens)
+    io[4] = field(u.cacheReadInputTokens)
+    io[5] = field(u.outputTokens)
+    if (io[0] !== io[0] || io[1] !== io[1] || io[2] !== io[2] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5]) {
+      return this.#slow(() => this.#c.settle(now, lease as U64, u as Binding.Usage) as Settlement, 'settle')
+    }
+    let code: number
+    try {
+      code = this.#c.settleIo()
+    } catch (e) {
+      throw normalizeEngineError(e, 'settle')
+    }
+    if (code === WIDE) return this.#c.takeWide() as Settlement
+    return { reserved: [io[0]!, io[1]!, io[2]!, io[3]!], used: [io[4]!, io[5]!, io[6]!, io[7]!] }
+  }
+
+  cancel(now: U64, lease: number): void {
+    if (!exact(now) || !exact(lease)) return this.#slow(() => this.#c.cancel(now, lease), 'cancel')
+    this.#io[0] = now
+    this.#io[1] = lease
+    try {
+      this.#c.cancelIo()
+    } catch (e) {
+      throw normalizeEngineError(e, 'cancel')
+    }
+  }
+
+  handleResponse(
+    now: U64,
+    pool: number,
+    lease: number | null,
+    status: number,
+    headers: Array<[string, string]>,
+    unixNowMs: U64 | null,
+  ): HeaderReport {
+    return this.#slow(
+      () => this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs) as HeaderReport,
+      'handleResponse',
+    )
+  }
+
+  handleTimeout(now: U64): void {
+    if (!exact(now)) return this.#slow(() => this.#c.handleTimeout(now), 'handleTimeout')
+    this.#io[0] = now
+    this.#c.handleTimeoutIo()
+  }
+
+  pollTimeout(): U64 | null {
+    return this.#c.pollTimeout()
+  }
+
+  pollEvent(): EngineEvent | null {
+    const io = this.#io
+    switch (this.#c.pollEventIo()) {
+      case -1:
+        return null
+      case 0:
+        return { kind: 'granted', lease: io[0]!, agent: io[1]!, pool: io[2]!, expiresAt: io[3]!, waitedMs: io[4]! }
+      case 1:
+        return { kind: 'expired', lease: io[0]!, agent: io[1]!, pool: io[2]! }
+      case 2:
+        return { kind: 'margin_changed', pool: io[0]!, fromPermille: io[1]!, toPermille: io[2]! }
+      case 3:
+        return { kind: 'paused', pool: io[0]!, until: io[1]! }
+      case 4:
+        return { kind: 'estimate_alert', agent: io[0]!, errorPermille: io[1]! }
+      default:
+        return this.#c.takeWide() as EngineEvent
+    }
+  }
+
+  backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult {
+    return this.#slow(() => this.#c.backoff(state, retryAfterMs) as BackoffResult, 'backoff')
+  }
+
+  metrics(now: U64): Metrics {
+    return this.#slow(() => this.#c.metrics(now) as Metrics, 'metrics')
+  }
+
+  snapshot(): string {
+    return this.#c.snapshot()
+  }
+
+  /** Internal consistency check; throws naming the broken invariant. */
+  check(): void {
+    this.#c.check()
+  }
+
+  #slow<T>(f: () => T, what: string): T {
+    try {
+      return f()
+    } catch (e) {
+      throw normalizeEngineError(e, what)
+    }
+  }
+}
+
+/** Creates and restores {@link NativeEngine}s. */
+export const nativeEngines: EngineFactory = {
+  create(config: object | string, seed: U64, now: U64): NativeEngine {
+    const json = typeof config === 'string' ? config : JSON.stringify(config)
+    try {
+      return new NativeEngine(new binding.Coordinator(json, seed, now))
+    } catch (e) {
+      throw normalizeEngineError(e, 'create')
+    }
+  },
+  restore(snapshot: string): NativeEngine {
+    try {
+      return new NativeEngine(binding.Coordinator.restore(snapshot))
+    } catch (e) {
+      throw normalizeEngineError(e, 'restore')
+    }
+  },
+}
