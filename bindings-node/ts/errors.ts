@@ -72,6 +72,14 @@ export class AbortedError extends TokenwardenError {
   }
 }
 
+/** A `TypeError` with code `invalid_argument`, as engines throw for mistyped input. */
+export function invalidArgument(message: string, field?: string): TypeError & { code: 'invalid_argument'; field?: string } {
+  const err = new TypeError(message) as TypeError & { code: 'invalid_argument'; field?: string }
+  err.code = 'invalid_argument'
+  if (field !== undefined) err.field = field
+  return err
+}
+
 const KNOWN = new Set<string>([
   'unknown_pool',
   'unknown_lease',

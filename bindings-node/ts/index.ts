@@ -3,7 +3,7 @@
  *
  * ```js
  * import { createTokenwarden } from 'tokenwarden'
- * const tw = createTokenwarden({ config: { pools: [{ name: 'claude-sonnet-4-5', input_tokens_per_minute: 400000 }] } })
+ * const tw = createTokenwarden({ config: { pools: [{ name: 'claude-sonnet-4-6', input_tokens_per_minute: 400000 }] } })
  * const client = new Anthropic({ fetch: tw.fetch(), maxRetries: 0 })
  * ```
  */

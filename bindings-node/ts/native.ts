@@ -8,7 +8,7 @@
  */
 import { createRequire } from 'node:module'
 import type * as Binding from '../binding.js'
-import { normalizeEngineError } from './errors.js'
+import { invalidArgument, normalizeEngineError } from './errors.js'
 import type {
   Axis,
   BackoffResult,
@@ -70,6 +70,7 @@ export class NativeEngine implements Engine {
   }
 
   requestLease(now: U64, r: LeaseRequest): Decision {
+    if (r === null || typeof r !== 'object') throw invalidArgument(`requestLease needs a request object, got ${r === null ? 'null' : typeof r}`, 'request')
     const io = this.#io
     const role = r.role === undefined ? 0 : ROLE_CODES[r.role]
     io[0] = exact(now) ? now : Number.NaN
@@ -103,6 +104,7 @@ export class NativeEngine implements Engine {
   }
 
   settle(now: U64, lease: number, u: Usage): Settlement {
+    if (u === null || typeof u !== 'object') throw invalidArgument(`settle needs a usage object, got ${u === null ? 'null' : typeof u}`, 'usage')
     // (`lease` is a number for real leases; a bigint can only be a forged id.)
     const io = this.#io
     io[0] = exact(now) ? now : Number.NaN
