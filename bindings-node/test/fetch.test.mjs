@@ -2,7 +2,8 @@
 // leases, when it retries, how it settles, and its parsers.
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { BytesPerTokenEstimator, SseUsage, createTokenwarden, promptBytes, usageFromBody } from '../dist/index.js'
+import { BytesPerTokenEstimator, SseUsage, promptBytes, usageFromBody } from '../dist/index.js'
+import { createTokenwarden } from './support/engine.mjs'
 
 const encoder = new TextEncoder()
 const anthropicOk = (usage = { input_tokens: 100, output_tokens: 20 }) =>

@@ -4,7 +4,7 @@
 // Node >= 22; on older Node this suite is skipped (the test script runs it on Node 24).
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
-import { createTokenwarden } from '../dist/index.js'
+import { createTokenwarden } from './support/engine.mjs'
 import { startMockProvider } from '../mock/provider.mjs'
 
 const major = Number(process.versions.node.split('.')[0])

@@ -1,10 +1,11 @@
-// Every conformance trace in tests/traces replayed through the native addon, compared
+// Every conformance trace in tests/traces replayed through the native addon (or the wasm
+// build with TOKENWARDEN_ENGINE=wasm), compared
 // record by record with the native Rust core's `expected` output.
 import assert from 'node:assert/strict'
 import { readFileSync, readdirSync } from 'node:fs'
 import { test } from 'node:test'
-import { nativeEngines } from '../dist/index.js'
 import { parse } from './support/json.mjs'
+import { engineName, engines } from './support/engine.mjs'
 import { verify } from './support/replay.mjs'
 
 const dir = new URL('../../tests/traces/', import.meta.url)
@@ -15,8 +16,8 @@ test('the trace directory is there', () => {
 })
 
 for (const file of files) {
-  test(`trace ${file}`, () => {
+  test(`trace ${file} (${engineName})`, () => {
     const trace = parse(readFileSync(new URL(file, dir), 'utf8'))
-    assert.equal(verify(trace, nativeEngines), null)
+    assert.equal(verify(trace, engines), null)
   })
 }

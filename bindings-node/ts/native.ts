@@ -52,6 +52,22 @@ function field(v: U64 | undefined | null): number {
   return exact(v) ? v : Number.NaN
 }
 
+const REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'unblocks', 'failureSignature'] as const
+const USAGE_FIELDS = ['inputTokens', 'cacheCreationInputTokens', 'cacheReadInputTokens', 'outputTokens'] as const
+
+/**
+ * napi-rs's own type checks say only `InvalidArg`; name the field as the wasm engine does.
+ * (Only on the slow path: the fast path has already seen numbers.)
+ */
+function checkNumeric(obj: object, fields: readonly string[]): void {
+  for (const f of fields) {
+    const v = (obj as Record<string, unknown>)[f]
+    if (v !== undefined && v !== null && typeof v !== 'number' && typeof v !== 'bigint') {
+      throw invalidArgument(`\`${f}\` must be a number or a bigint, got ${typeof v}`, f)
+    }
+  }
+}
+
 /** The addon's coordinator as an {@link Engine}. */
 export class NativeEngine implements Engine {
   readonly #c: Binding.Coordinator
@@ -84,6 +100,7 @@ export class NativeEngine implements Engine {
     io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
     if (io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || typeof r.pool !== 'number') {
       // Bigints, out-of-range or mistyped values: the object path checks and reports them.
+      checkNumeric(r, REQUEST_FIELDS)
       return this.#slow(() => this.#c.requestLease(now, r as Binding.LeaseRequest) as Decision, 'requestLease')
     }
     let kind: number
@@ -114,6 +131,7 @@ export class NativeEngine implements Engine {
     io[4] = field(u.cacheReadInputTokens)
     io[5] = field(u.outputTokens)
     if (io[0] !== io[0] || io[1] !== io[1] || io[2] !== io[2] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5]) {
+      checkNumeric(u, USAGE_FIELDS)
       return this.#slow(() => this.#c.settle(now, lease as U64, u as Binding.Usage) as Settlement, 'settle')
     }
     let code: number

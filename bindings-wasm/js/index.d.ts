@@ -1,0 +1,45 @@
+// Types for every entry point of tokenwarden-wasm (web, nodejs, bundler, workerd): the
+// shared driver from `tokenwarden/driver` plus the wasm engine.
+import type { Engine, EngineFactory, Tokenwarden, TokenwardenOptions } from 'tokenwarden/driver'
+
+export * from 'tokenwarden/driver'
+
+/** The wasm build's coordinator as an {@link Engine}. */
+export declare class WasmEngine implements Engine {
+  private constructor()
+  readonly pools: readonly string[]
+  poolId(name: string): number | null
+  requestLease: Engine['requestLease']
+  settle: Engine['settle']
+  cancel: Engine['cancel']
+  handleResponse: Engine['handleResponse']
+  handleTimeout: Engine['handleTimeout']
+  pollTimeout: Engine['pollTimeout']
+  pollEvent: Engine['pollEvent']
+  backoff: Engine['backoff']
+  metrics: Engine['metrics']
+  snapshot: Engine['snapshot']
+  /** Internal consistency check; throws naming the broken invariant. */
+  check(): void
+  /** Frees the wasm memory now (otherwise a FinalizationRegistry does it eventually). */
+  free(): void
+}
+
+/** Creates and restores engines backed by the wasm build. */
+export declare const wasmEngines: EngineFactory & {
+  create(config: object | string, seed: number | bigint, now: number | bigint): WasmEngine
+  restore(snapshot: string): WasmEngine
+}
+
+/** Options for {@link createTokenwarden}: the engine defaults to the wasm build. */
+export type CreateOptions = Omit<TokenwardenOptions, 'engine'> & Partial<Pick<TokenwardenOptions, 'engine'>>
+
+/** A `Tokenwarden` on the wasm engine (a random seed unless you give one). */
+export declare function createTokenwarden(options: CreateOptions): Tokenwarden
+
+/**
+ * Loads the .wasm. Required once before use in the `web` build (pass a URL, `Response`,
+ * bytes or a compiled `WebAssembly.Module`, or nothing to fetch it next to the module);
+ * a no-op elsewhere.
+ */
+export declare function init(input?: unknown): Promise<void>

@@ -1,0 +1,15 @@
+// Browsers: the `web` build. Call `await init()` once (it fetches the .wasm next to the
+// module, or takes a URL, Response, bytes or a compiled WebAssembly.Module).
+import initWasm, * as wasm from '../pkg/web/tokenwarden_wasm.js'
+import { enginesFor, tokenwardenFor } from './engine.js'
+
+export * from 'tokenwarden/driver'
+export { WasmEngine } from './engine.js'
+/** Loads and instantiates the .wasm; resolves when engines can be created. */
+export async function init(input) {
+  await initWasm(input === undefined ? undefined : { module_or_path: input })
+}
+/** Creates and restores engines backed by the wasm build (after `init()`). */
+export const wasmEngines = enginesFor(wasm)
+/** A `Tokenwarden` on the wasm engine (after `init()`). */
+export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)

@@ -1,0 +1,242 @@
+//! `tokenwarden-core`'s `Coordinator` for JavaScript through wasm-bindgen: the engine for
+//! browsers, Node.js and Cloudflare Workers.
+//!
+//! The class mirrors the Node addon's object API method for method (same names, same
+//! shapes, same error codes), so the package's JavaScript driver and `fetch` wrapper run
+//! on either engine unchanged. Each method converts its arguments, calls the core and
+//! converts the result; all conversion lives in `convert.rs`. Nothing here reads a clock:
+//! every call takes `now`, integer milliseconds on the caller's epoch.
+
+pub mod convert;
+
+use convert::{
+    Thrown, backoff_state, config_error, headers, lease_error, lease_request, restore_error, to_js,
+    u32_arg, u64_arg, u64_to_js, usage,
+};
+use tokenwarden_core as core;
+use wasm_bindgen::prelude::*;
+
+/// One provider's quota: buckets, leases, the weighted fair queue and the margin, driven by
+/// the caller's clock. Call order: any input, then drain `pollEvent()`, then arm one timer
+/// for `pollTimeout()` and call `handleTimeout(now)` when it fires.
+#[wasm_bindgen]
+pub struct Coordinator {
+    inner: core::Coordinator,
+}
+
+fn now_arg(now: &JsValue) -> Result<core::Millis, Thrown> {
+    u64_arg(now, "now").map(core::Millis)
+}
+
+fn lease_arg(lease: &JsValue) -> Result<core::LeaseId, Thrown> {
+    u64_arg(lease, "lease").map(core::LeaseId)
+}
+
+#[wasm_bindgen]
+impl Coordinator {
+    /// A coordinator for the configuration (the core's JSON shape, as a string), with the
+    /// PRNG seed and the current time. Throws `config_parse` or `invalid_config` (with
+    /// `field`).
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        config_json: &str,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] seed: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+    ) -> Result<Coordinator, JsValue> {
+        let seed = u64_arg(&seed, "seed")?;
+        let now = now_arg(&now)?;
+        let config = core::Config::from_json(config_json).map_err(|e| config_error(&e))?;
+        let inner = core::Coordinator::new(config, seed, now).map_err(|e| config_error(&e))?;
+        Ok(Coordinator { inner })
+    }
+
+    /// A coordinator restored from `snapshot()`; it makes the same decisions as the one that
+    /// wrote it. Throws `snapshot_version`, `snapshot_parse`, `snapshot_config` or
+    /// `snapshot_corrupt`.
+    pub fn restore(snapshot_json: &str) -> Result<Coordinator, JsValue> {
+        core::Coordinator::restore_json(snapshot_json)
+            .map(|inner| Coordinator { inner })
+            .map_err(|e| restore_error(&e).into())
+    }
+
+    /// Asks for capacity before one model call.
+    #[wasm_bindgen(js_name = requestLease, unchecked_return_type = "Decision")]
+    pub fn request_lease(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "LeaseRequest")] request: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let now = now_arg(&now)?;
+        let req = lease_request(&request)?;
+        let d = self.inner.request_lease(now, &req).map_err(lease_error)?;
+        Ok(to_js(&d)?)
+    }
+
+    /// Reports what a granted lease really used; refunds the difference (or records debt).
+    #[wasm_bindgen(unchecked_return_type = "Settlement")]
+    pub fn settle(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Usage")] usage_value: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let now = now_arg(&now)?;
+        let lease = lease_arg(&lease)?;
+        let u = usage(&usage_value)?;
+        let s = self.inner.settle(now, lease, &u).map_err(lease_error)?;
+        Ok(to_js(&s)?)
+    }
+
+    /// Withdraws a queued ticket, or returns an unused lease in full.
+    pub fn cancel(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
+    ) -> Result<(), JsValue> {
+        let now = now_arg(&now)?;
+        let lease = lease_arg(&lease)?;
+        Ok(self.inner.cancel(now, lease).map_err(lease_error)?)
+    }
+
+    /// Feeds a provider response (status and `[name, value]` header pairs): parses the
+    /// rate-limit headers with `unixNowMs` as the wall clock, resyncs the pool, pauses it
+    /// on a 429, and returns what the headers said.
+    #[wasm_bindgen(js_name = handleResponse, unchecked_return_type = "HeaderReport")]
+    pub fn handle_response(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] pool: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] lease: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] status: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Array<[string, string]>")] header_pairs: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] unix_now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let now = now_arg(&now)?;
+        let pool = core::PoolId(u32_arg(&pool, "pool")?);
+        let lease = if lease.is_null() || lease.is_undefined() {
+            None
+        } else {
+            Some(lease_arg(&lease)?)
+        };
+        let status = u16::try_from(u32_arg(&status, "status")?).map_err(|_| {
+            Thrown::range("invalid_argument", "`status` must be below 65536".into())
+                .with_field("status")
+        })?;
+        let unix = if unix_now_ms.is_null() || unix_now_ms.is_undefined() {
+            None
+        } else {
+            Some(u64_arg(&unix_now_ms, "unixNowMs")?)
+        };
+        let pairs = headers(header_pairs)?;
+        let report = core::parse_headers(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
+        self.inner
+            .handle_response(now, pool, lease, status, &report)
+            .map_err(lease_error)?;
+        Ok(to_js(&report)?)
+    }
+
+    /// Advances time: reaps expired leases, grants queued tickets whose time has come,
+    /// steps the margin.
+    #[wasm_bindgen(js_name = handleTimeout)]
+    pub fn handle_timeout(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+    ) -> Result<(), JsValue> {
+        self.inner.handle_timeout(now_arg(&now)?);
+        Ok(())
+    }
+
+    /// When `handleTimeout` next has work, or `null`.
+    #[wasm_bindgen(js_name = pollTimeout, unchecked_return_type = "number | bigint | null")]
+    pub fn poll_timeout(&self) -> JsValue {
+        self.inner
+            .poll_timeout()
+            .map_or(JsValue::NULL, |t| u64_to_js(t.0))
+    }
+
+    /// The next event, or `null`. Drain after every call.
+    #[wasm_bindgen(js_name = pollEvent, unchecked_return_type = "EngineEvent | null")]
+    pub fn poll_event(&mut self) -> Result<JsValue, JsValue> {
+        match self.inner.poll_event() {
+            None => Ok(JsValue::NULL),
+            Some(e) => Ok(to_js(&e)?),
+        }
+    }
+
+    /// The next step after a failed attempt of one call, with the state to pass back.
+    #[wasm_bindgen(unchecked_return_type = "BackoffResult")]
+    pub fn backoff(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "BackoffState")] state: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] retry_after_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let mut b = backoff_state(&state)?;
+        let retry = if retry_after_ms.is_null() || retry_after_ms.is_undefined() {
+            None
+        } else {
+            Some(u64_arg(&retry_after_ms, "retryAfterMs")?)
+        };
+        let step = self.inner.backoff(&mut b, retry);
+        let out = js_sys::Object::new();
+        js_sys::Reflect::set(&out, &"state".into(), &to_js(&b)?)?;
+        js_sys::Reflect::set(&out, &"step".into(), &to_js(&step)?)?;
+        Ok(out.into())
+    }
+
+    /// Usage against each limit per minute, the binding axis, queue, margin, agents.
+    #[wasm_bindgen(unchecked_return_type = "Metrics")]
+    pub fn metrics(
+        &self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        Ok(to_js(&self.inner.metrics(now_arg(&now)?))?)
+    }
+
+    /// The whole state as JSON; `Coordinator.restore` makes an identical coordinator.
+    pub fn snapshot(&self) -> String {
+        self.inner.snapshot_json()
+    }
+
+    /// The latest instant seen.
+    #[wasm_bindgen(getter, unchecked_return_type = "number | bigint")]
+    pub fn now(&self) -> JsValue {
+        u64_to_js(self.inner.now().0)
+    }
+
+    /// The index of the pool with this name, or `undefined`.
+    #[wasm_bindgen(js_name = poolId)]
+    pub fn pool_id(&self, name: &str) -> Option<u32> {
+        self.inner.pool_id(name).map(|p| p.0)
+    }
+
+    /// Pool names, by index.
+    #[wasm_bindgen(getter)]
+    pub fn pools(&self) -> Vec<String> {
+        self.inner
+            .config()
+            .pools
+            .iter()
+            .map(|p| p.name.clone())
+            .collect()
+    }
+
+    /// Internal consistency check; throws `corrupt` naming the broken invariant.
+    pub fn check(&self) -> Result<(), JsValue> {
+        self.inner
+            .check()
+            .map_err(|why| Thrown::range("corrupt", format!("inconsistent state: {why}")).into())
+    }
+}
+
+/// A random 53-bit seed from the platform's `crypto.getRandomValues` (getrandom's wasm JS
+/// backend), for backoff jitter when the caller does not choose one.
+#[wasm_bindgen(js_name = randomSeed)]
+pub fn random_seed() -> Result<f64, JsValue> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Thrown::range("internal", format!("no random source: {e}")))?;
+    #[allow(clippy::cast_precision_loss)] // exact: masked to 53 bits
+    Ok((u64::from_le_bytes(bytes) & MAX_SEED) as f64)
+}
+
+const MAX_SEED: u64 = (1 << 53) - 1;
