@@ -59,6 +59,27 @@ step "npm package tests on Node $("$NODE24" --version) (driver, traces, fetch wr
 step "npm package tests on the machine's Node $(node --version) (the SDK suite needs Node >= 22 and is skipped here)"
 (cd bindings-node && node --test test/*.test.mjs test/*.test.cjs)
 
+WASM_BINDGEN_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
+step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), npm ci, build web/nodejs/bundler"
+if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$WASM_BINDGEN_VERSION" ]; then
+  cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
+fi
+(cd bindings-wasm && npm ci --no-audit --no-fund --loglevel=error && ./build.sh)
+
+step "wasm engine in Node: the driver, fetch-wrapper and trace suites (Node 24 and $(node --version)), the SDK suite (Node 24)"
+(
+  cd bindings-node
+  TOKENWARDEN_ENGINE=wasm "$NODE24" --test test/driver.test.mjs test/fetch.test.mjs test/traces.test.mjs test/sdk.test.mjs
+  TOKENWARDEN_ENGINE=wasm node --test test/driver.test.mjs test/fetch.test.mjs test/traces.test.mjs
+)
+
+step "wasm in headless Chromium (Debian's chromium) and in workerd (miniflare)"
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi
+fi
+(cd bindings-wasm && node --test test/browser.test.mjs test/workerd.test.mjs)
+
 step "benchmarks build"
 cargo bench --workspace --no-run --quiet
 
