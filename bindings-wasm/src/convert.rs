@@ -191,7 +191,8 @@ fn object<'a>(v: &'a JsValue, what: &str) -> Result<&'a Object, Thrown> {
 
 /// A property of an object argument (`undefined` when absent).
 fn get(obj: &Object, key: &str) -> JsValue {
-    Reflect::get(obj, &JsValue::from_str(key)).unwrap_or(JsValue::UNDEFINED)
+    // Interned: the key's JavaScript string is made once, not decoded from UTF-8 per call.
+    Reflect::get(obj, &JsValue::from_str(wasm_bindgen::intern(key))).unwrap_or(JsValue::UNDEFINED)
 }
 
 /// An optional numeric property: absent (or `null`) is 0.
@@ -301,7 +302,7 @@ pub fn camel(s: &str) -> String {
 
 fn set(obj: &Object, key: &str, value: &JsValue) {
     // Defining a data property on a plain object cannot fail.
-    let _ = Reflect::set(obj, &JsValue::from_str(key), value);
+    let _ = Reflect::set(obj, &JsValue::from_str(wasm_bindgen::intern(key)), value);
 }
 
 /// A serde JSON value as a JavaScript value with camelCase keys and the number rule.
@@ -313,7 +314,8 @@ pub fn value_to_js(v: &Value) -> JsValue {
             Some(u) => u64_to_js(u),
             None => JsValue::from_f64(n.as_f64().unwrap_or(f64::NAN)),
         },
-        Value::String(s) => JsValue::from_str(s),
+        // Strings in core output are enum tags and names: few and repeated.
+        Value::String(s) => JsValue::from_str(wasm_bindgen::intern(s)),
         Value::Array(items) => items.iter().map(value_to_js).collect::<Array>().into(),
         Value::Object(map) => {
             let obj = Object::new();
