@@ -59,6 +59,9 @@ step "npm package tests on Node $("$NODE24" --version) (driver, traces, fetch wr
 step "npm package tests on the machine's Node $(node --version) (the SDK suite needs Node >= 22 and is skipped here)"
 (cd bindings-node && node --test test/*.test.mjs test/*.test.cjs)
 
+step "examples/node-fleet: 20 agents on the official Anthropic SDK against the mock provider (Node 24)"
+(cd examples/node-fleet && npm ci --no-audit --no-fund --loglevel=error && "$NODE24" index.mjs --quiet)
+
 WASM_BINDGEN_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
 step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), npm ci, build web/nodejs/bundler"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$WASM_BINDGEN_VERSION" ]; then
