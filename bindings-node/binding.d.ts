@@ -45,9 +45,10 @@ export declare class Coordinator {
    * Feeds a provider response: its status and headers (name, value pairs). Parses the
    * rate-limit headers (Anthropic, OpenAI, Azure, IETF, retry-after, gateway) with
    * `unixNowMs` as the wall clock for absolute reset times, resyncs the pool, pauses it
-   * on a 429, and returns what the headers said.
+   * on a 429, and returns what the headers said (JSON text, or an object with `bigint`s
+   * when a number needs one).
    */
-  handleResponse(now: U64, pool: number, lease: U64 | undefined | null, status: number, headers: Array<[string, string]>, unixNowMs?: U64 | undefined | null): Record<string, any>
+  handleResponse(now: U64, pool: number, lease: U64 | undefined | null, status: number, headers: Array<[string, string]>, unixNowMs?: U64 | undefined | null): string | Record<string, any>
   /**
    * Advances time: reaps expired leases, grants queued tickets whose time has come,
    * steps the margin.
@@ -64,9 +65,10 @@ export declare class Coordinator {
   backoff(state: BackoffState, retryAfterMs?: U64 | undefined | null): BackoffResult
   /**
    * Usage against each limit per minute, the binding axis, queue depth and waits, the
-   * margin, each agent's state, and fleet-sizing advice.
+   * margin, each agent's state, and fleet-sizing advice: JSON text (camelCase keys) when
+   * every number is below 2^53, else an object with `bigint`s.
    */
-  metrics(now: U64): Record<string, any>
+  metrics(now: U64): string | Record<string, any>
   /** The whole state as JSON; `Coordinator.restore` makes an identical coordinator. */
   snapshot(): string
   /** The latest instant seen. */

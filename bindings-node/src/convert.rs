@@ -846,6 +846,28 @@ pub fn to_js_value<T: serde::Serialize>(v: &T) -> Result<Value, Thrown> {
     })
 }
 
+/// Whether every integer in `v` is exact as a JavaScript `number`.
+fn all_safe(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_u64().is_none_or(|u| u <= MAX_SAFE),
+        Value::Array(items) => items.iter().all(all_safe),
+        Value::Object(map) => map.values().all(all_safe),
+        _ => true,
+    }
+}
+
+/// A core value for JavaScript as JSON text (camelCase keys) when `JSON.parse` reads it
+/// exactly, else as an object with `bigint`s. Big objects cross much faster as one
+/// string than property by property (a metrics object: ~60 µs as properties).
+pub fn to_js_json<T: serde::Serialize>(v: &T) -> Result<Either<String, Value>, Thrown> {
+    let value = to_js_value(v)?;
+    if all_safe(&value) {
+        Ok(Either::A(value.to_string()))
+    } else {
+        Ok(Either::B(value))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,11 +17,11 @@ pub mod convert;
 
 use convert::{
     BackoffResult, BackoffState, Decision, Event, IO_SLOTS, LeaseRequest, Settlement, Thrown, U64,
-    Usage, WIDE, WideResult, config_error, lease_arg, lease_error, restore_error, to_js_value,
+    Usage, WIDE, WideResult, config_error, lease_arg, lease_error, restore_error, to_js_json,
     u32_arg, u64_arg, u64_to_js,
 };
 use napi::Env;
-use napi::bindgen_prelude::{Either3, Float64Array};
+use napi::bindgen_prelude::{Either, Either3, Float64Array};
 use napi_derive::napi;
 use serde_json::Value;
 use tokenwarden_core as core;
@@ -132,8 +132,9 @@ impl Coordinator {
     /// Feeds a provider response: its status and headers (name, value pairs). Parses the
     /// rate-limit headers (Anthropic, OpenAI, Azure, IETF, retry-after, gateway) with
     /// `unixNowMs` as the wall clock for absolute reset times, resyncs the pool, pauses it
-    /// on a 429, and returns what the headers said.
-    #[napi(ts_return_type = "Record<string, any>")]
+    /// on a 429, and returns what the headers said (JSON text, or an object with `bigint`s
+    /// when a number needs one).
+    #[napi(ts_return_type = "string | Record<string, any>")]
     #[allow(clippy::too_many_arguments)] // the core call's arguments, the headers and `env`
     pub fn handle_response(
         &mut self,
@@ -144,7 +145,7 @@ impl Coordinator {
         status: u32,
         headers: Vec<(String, String)>,
         unix_now_ms: Option<U64>,
-    ) -> napi::Result<Value> {
+    ) -> napi::Result<Either<String, Value>> {
         js(&env, || {
             let now = core::Millis(u64_arg(&now, "now")?);
             let pool = core::PoolId(u32_arg(pool, "pool")?);
@@ -165,7 +166,7 @@ impl Coordinator {
             self.inner
                 .handle_response(now, pool, lease, status, &report)
                 .map_err(lease_error)?;
-            to_js_value(&report)
+            to_js_json(&report)
         })
     }
 
@@ -216,12 +217,11 @@ impl Coordinator {
     }
 
     /// Usage against each limit per minute, the binding axis, queue depth and waits, the
-    /// margin, each agent's state, and fleet-sizing advice.
-    #[napi(ts_return_type = "Record<string, any>")]
-    pub fn metrics(&self, env: Env, now: U64) -> napi::Result<Value> {
-        js(&env, || {
-            to_js_value(&self.inner.metrics(core::Millis(u64_arg(&now, "now")?)))
-        })
+    /// margin, each agent's state, and fleet-sizing advice: JSON text (camelCase keys) when
+    /// every number is below 2^53, else an object with `bigint`s.
+    #[napi(ts_return_type = "string | Record<string, any>")]
+    pub fn metrics(&self, env: Env, now: U64) -> napi::Result<Either<String, Value>> {
+        js(&env, || to_js_json(&self.inner.metrics(core::Millis(u64_arg(&now, "now")?))))
     }
 
     /// The whole state as JSON; `Coordinator.restore` makes an identical coordinator.

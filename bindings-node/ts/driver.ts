@@ -222,7 +222,9 @@ export class Driver extends Emitter<DriverEvents> {
         result = this.#enqueue(d.lease, request, now, Number(d.eta), signal)
         break
       case 'reject':
-        this.emit('rejected', { agent: request.agent, pool: request.pool, reason: d.reason, retryAt: d.retryAt })
+        if (this.listening('rejected')) {
+          this.emit('rejected', { agent: request.agent, pool: request.pool, reason: d.reason, retryAt: d.retryAt })
+        }
         result = Promise.reject(new LeaseRejectedError(d.reason, d.retryAt, now))
         break
     }
@@ -256,7 +258,7 @@ export class Driver extends Emitter<DriverEvents> {
         signal.addEventListener('abort', waiter.onAbort, { once: true })
       }
       this.#waiters.set(id, waiter)
-      this.emit('queued', { lease: id, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - now) })
+      if (this.listening('queued')) this.emit('queued', { lease: id, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - now) })
     })
   }
 
@@ -314,6 +316,23 @@ export class Driver extends Emitter<DriverEvents> {
     return this.engine.metrics(this.clock.now())
   }
 
+  /**
+   * Wakes the engine now (`handleTimeout`), delivers what that produced, and re-arms the
+   * timer. The driver's own timer does this; hosts whose timers do not survive (a Durable
+   * Object's alarm after an eviction) call it from their own wake-up.
+   */
+  tick(): void {
+    if (this.#closed) return
+    this.engine.handleTimeout(this.clock.now())
+    this.#afterCall()
+  }
+
+  /** When the engine next needs waking (the driver's clock), or `null`. */
+  nextWake(): number | null {
+    const t = this.engine.pollTimeout()
+    return t === null ? null : Number(t)
+  }
+
   /** Rejects every waiter with `closed` (their tickets are cancelled) and stops the timer. */
   close(): void {
     if (this.#closed) return
@@ -349,7 +368,7 @@ export class Driver extends Emitter<DriverEvents> {
             this.#detach(w)
             w.resolve(new Lease(this, e.lease, w.agent, w.pool, e.expiresAt, waited))
           }
-          this.emit('granted', { lease: e.lease, agent: e.agent, pool: e.pool, waitedMs: waited })
+          if (this.listening('granted')) this.emit('granted', { lease: e.lease, agent: e.agent, pool: e.pool, waitedMs: waited })
           break
         }
         case 'expired':
@@ -382,7 +401,9 @@ export class Driver extends Emitter<DriverEvents> {
     const next = this.engine.pollTimeout()
     const alive = this.#waiters.size > 0
     if (next === null) {
-      if (!alive) this.#disarm()
+      // Nothing to wake for: let a pending timer fire early and find nothing (cheaper than
+      // clearing and re-creating one around every lease), but never keep the process alive.
+      if (this.#timer !== null && alive !== this.#timerAlive) this.#keepAlive(alive)
       return
     }
     const at = Number(next)
@@ -411,8 +432,6 @@ export class Driver extends Emitter<DriverEvents> {
   #fire(): void {
     this.#timer = null
     this.#timerAt = Number.POSITIVE_INFINITY
-    if (this.#closed) return
-    this.engine.handleTimeout(this.clock.now())
-    this.#afterCall()
+    this.tick()
   }
 }

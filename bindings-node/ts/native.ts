@@ -68,6 +68,11 @@ function checkNumeric(obj: object, fields: readonly string[]): void {
   }
 }
 
+/** Big results cross as JSON text unless a number needs a bigint (then as an object). */
+function fromJson(v: string | Record<string, unknown>): unknown {
+  return typeof v === 'string' ? JSON.parse(v) : v
+}
+
 /** The addon's coordinator as an {@link Engine}. */
 export class NativeEngine implements Engine {
   readonly #c: Binding.Coordinator
@@ -163,10 +168,7 @@ export class NativeEngine implements Engine {
     headers: Array<[string, string]>,
     unixNowMs: U64 | null,
   ): HeaderReport {
-    return this.#slow(
-      () => this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs) as HeaderReport,
-      'handleResponse',
-    )
+    return fromJson(this.#slow(() => this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs), 'handleResponse')) as HeaderReport
   }
 
   handleTimeout(now: U64): void {
@@ -204,7 +206,7 @@ export class NativeEngine implements Engine {
   }
 
   metrics(now: U64): Metrics {
-    return this.#slow(() => this.#c.metrics(now) as Metrics, 'metrics')
+    return fromJson(this.#slow(() => this.#c.metrics(now), 'metrics')) as Metrics
   }
 
   snapshot(): string {
