@@ -1,0 +1,132 @@
+// Fleets, their bearer secrets, and unforgeable lease handles.
+//
+// A fleet is a tenant with its own secret; each fleet has named quotas (one per provider
+// API key), each owned by its own Durable Object. The configuration is one JSON secret
+// (`TOKENWARDEN_FLEETS`):
+//
+//   { "fleet-a": { "secret": "…", "quotas": { "anthropic-main": { "config": {…core config…},
+//                                                                  "upstream": "https://api.anthropic.com" } } } }
+//
+// API keys are not part of it: in proxy mode the agent's own key passes through to the
+// upstream and is never stored or logged.
+
+const NAME = /^[A-Za-z0-9_-]{1,64}$/
+const encoder = new TextEncoder()
+
+/** An HTTP error with a status and a stable code, rendered as JSON by the router. */
+export class HttpError extends Error {
+  constructor(status, code, message) {
+    super(message)
+    this.status = status
+    this.code = code
+  }
+}
+
+/** Parses and checks the fleets configuration; throws naming what is wrong. */
+export function parseFleets(text) {
+  if (typeof text !== 'string' || text.length === 0) throw new Error('TOKENWARDEN_FLEETS is not set')
+  let fleets
+  try {
+    fleets = JSON.parse(text)
+  } catch (e) {
+    throw new Error(`TOKENWARDEN_FLEETS is not JSON: ${e.message}`)
+  }
+  if (fleets === null || typeof fleets !== 'object' || Array.isArray(fleets)) throw new Error('TOKENWARDEN_FLEETS must be an object of fleets')
+  for (const [name, fleet] of Object.entries(fleets)) {
+    if (!NAME.test(name)) throw new Error(`fleet name ${JSON.stringify(name)} must match ${NAME}`)
+    if (typeof fleet?.secret !== 'string' || fleet.secret.length < 16) throw new Error(`fleets.${name}.secret must be a string of at least 16 characters`)
+    if (fleet.quotas === null || typeof fleet.quotas !== 'object') throw new Error(`fleets.${name}.quotas must be an object`)
+    for (const [q, quota] of Object.entries(fleet.quotas)) {
+      if (!NAME.test(q)) throw new Error(`quota name ${JSON.stringify(q)} in fleet ${name} must match ${NAME}`)
+      if (quota?.config === null || typeof quota?.config !== 'object') throw new Error(`fleets.${name}.quotas.${q}.config must be the core configuration object`)
+      if (quota.upstream !== undefined) {
+        let u
+        try {
+          u = new URL(quota.upstream)
+        } catch {
+          throw new Error(`fleets.${name}.quotas.${q}.upstream is not a URL`)
+        }
+        if (u.protocol !== 'https:' && u.hostname !== '127.0.0.1' && u.hostname !== 'localhost') {
+          throw new Error(`fleets.${name}.quotas.${q}.upstream must be https (or loopback for tests)`)
+        }
+      }
+    }
+  }
+  return fleets
+}
+
+async function sha256(text) {
+  return new Uint8Array(await crypto.subtle.digest('SHA-256', encoder.encode(text)))
+}
+
+/** Compares two secrets in constant time (over their SHA-256 digests). */
+export async function sameSecret(given, expected) {
+  const [a, b] = await Promise.all([sha256(given), sha256(expected)])
+  let diff = 0
+  for (let i = 0; i < a.length; i++) diff |= a[i] ^ b[i]
+  return diff === 0
+}
+
+/** The caller's secret: `Authorization: Bearer …` or `x-tokenwarden-token` (proxy mode). */
+export function presentedSecret(request) {
+  const token = request.headers.get('x-tokenwarden-token')
+  if (token) return token
+  const auth = request.headers.get('authorization') ?? ''
+  const m = /^Bearer\s+(.+)$/i.exec(auth)
+  return m ? m[1].trim() : null
+}
+
+/**
+ * Authenticates a request for `fleet`: 401 without a secret or with a wrong one (the same
+ * answer for an unknown fleet, so fleet names cannot be probed).
+ */
+export async function authenticate(fleets, fleet, request) {
+  const secret = presentedSecret(request)
+  if (secret === null) throw new HttpError(401, 'unauthorized', 'missing bearer secret: send Authorization: Bearer <fleet secret>')
+  const f = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
+  const ok = await sameSecret(secret, f?.secret ?? `no fleet ${fleet} ${secret}x`)
+  if (!ok || f === null) throw new HttpError(401, 'unauthorized', 'wrong bearer secret for this fleet')
+  return f
+}
+
+function b64url(bytes) {
+  let s = ''
+  for (const b of bytes) s += String.fromCharCode(b)
+  return btoa(s).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '')
+}
+
+async function mac(secret, message) {
+  const key = await crypto.subtle.importKey('raw', encoder.encode(`tokenwarden lease handles\u0000${secret}`), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign'])
+  return b64url(new Uint8Array(await crypto.subtle.sign('HMAC', key, encoder.encode(message)))).slice(0, 27)
+}
+
+/** A lease handle: `tw1.<fleet>.<quota>.<lease id>.<mac>`, unforgeable without the secret. */
+export async function signHandle(secret, fleet, quota, lease) {
+  const body = `tw1.${fleet}.${quota}.${lease}`
+  return `${body}.${await mac(secret, body)}`
+}
+
+/**
+ * Checks a handle presented for (`fleet`, `quota`): 403 when it names another fleet or
+ * quota (it is not yours), 404 when it is malformed or its MAC is wrong (no such lease).
+ */
+export async function openHandle(secret, fleet, quota, handle) {
+  const parts = typeof handle === 'string' ? handle.split('.') : []
+  if (parts.length !== 5 || parts[0] !== 'tw1' || !/^\d{1,16}$/.test(parts[3])) {
+    throw new HttpError(404, 'unknown_lease', 'no such lease')
+  }
+  if (parts[1] !== fleet || parts[2] !== quota) {
+    throw new HttpError(403, 'forbidden', 'this lease belongs to another fleet or quota')
+  }
+  const expected = await mac(secret, parts.slice(0, 4).join('.'))
+  let diff = expected.length ^ parts[4].length
+  for (let i = 0; i < expected.length; i++) diff |= expected.charCodeAt(i) ^ (parts[4].charCodeAt(i) | 0)
+  if (diff !== 0) throw new HttpError(404, 'unknown_lease', 'no such lease')
+  return Number(parts[3])
+}
+
+/** Checks a fleet or quota name from a URL. */
+export function checkName(kind, name) {
+  if (!NAME.test(name)) throw new HttpError(404, 'not_found', `no such ${kind}`)
+  return name
+}

@@ -1,0 +1,102 @@
+// The edge limiter's Worker: authenticates callers, turns lease handles into ids (and back),
+// and routes each request to the Durable Object that owns the quota — one object per
+// (fleet, quota), never one global object. See ../API.md for the HTTP API.
+import { HttpError, authenticate, checkName, openHandle, parseFleets, signHandle } from './auth.js'
+import { dashboardHtml } from './dashboard.js'
+import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
+import { QuotaObject, errorResponse, json } from './quota.js'
+
+export { QuotaObject }
+
+const ROUTE = /^\/v1\/fleets\/([^/]+)\/quotas\/([^/]+)(\/.*)?$/
+
+/** Forwards an internal request to the quota's Durable Object. */
+async function toObject(env, fleet, quota, path, init = {}) {
+  const id = env.QUOTAS.idFromName(`${fleet}/${quota}`)
+  const headers = new Headers(init.headers)
+  headers.set('x-tw-fleet', fleet)
+  headers.set('x-tw-quota', quota)
+  return env.QUOTAS.get(id).fetch(`https://quota${path}`, { ...init, headers })
+}
+
+/** Replaces the lease id in a decision by its signed handle. */
+async function withHandle(res, secret, fleet, quota) {
+  const body = await res.json()
+  if (typeof body.lease === 'number') body.lease = await signHandle(secret, fleet, quota, body.lease)
+  return json(res.status, body)
+}
+
+async function handle(request, env) {
+  const url = new URL(request.url)
+  if (url.pathname === '/' || url.pathname === '/healthz') return json(200, { ok: true, service: 'tokenwarden edge limiter' })
+  const m = ROUTE.exec(url.pathname)
+  if (m === null) throw new HttpError(404, 'not_found', 'no such route; see API.md')
+  const fleet = checkName('fleet', decodeURIComponent(m[1]))
+  const quota = checkName('quota', decodeURIComponent(m[2]))
+  const rest = m[3] ?? '/'
+  const base = `/v1/fleets/${fleet}/quotas/${quota}`
+
+  // The dashboard page carries no data and needs no secret: it asks for it and then
+  // fetches the metrics with it.
+  if (request.method === 'GET' && rest === '/dashboard') {
+    return new Response(dashboardHtml({ fleet, quota, metricsPath: `${base}/metrics` }), {
+      headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'x-frame-options': 'DENY' },
+    })
+  }
+
+  const fleets = parseFleets(env.TOKENWARDEN_FLEETS)
+  const f = await authenticate(fleets, fleet, request)
+  if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
+  const secret = f.secret
+  const parts = rest.split('/').filter(Boolean)
+
+  if (request.method === 'POST' && rest === '/leases') {
+    const res = await toObject(env, fleet, quota, '/lease', { method: 'POST', body: await request.text() })
+    return withHandle(res, secret, fleet, quota)
+  }
+  if (parts[0] === 'leases' && parts.length >= 2) {
+    const lease = await openHandle(secret, fleet, quota, parts[1])
+    if (request.method === 'GET' && parts.length === 2) {
+      const timeout = url.searchParams.get('wait') ?? '0'
+      if (!/^\d{1,6}$/.test(timeout)) throw new HttpError(400, 'invalid_argument', '`wait` must be milliseconds (0 to 30000)')
+      const res = await toObject(env, fleet, quota, `/wait/${lease}?timeout=${timeout}`)
+      return withHandle(res, secret, fleet, quota)
+    }
+    if (request.method === 'DELETE' && parts.length === 2) {
+      return toObject(env, fleet, quota, `/cancel/${lease}`, { method: 'POST' })
+    }
+    if (request.method === 'POST' && parts.length === 3 && parts[2] === 'settle') {
+      return toObject(env, fleet, quota, `/settle/${lease}`, { method: 'POST', body: await request.text() })
+    }
+  }
+  if (request.method === 'POST' && rest === '/responses') {
+    let body
+    try {
+      body = await request.json()
+    } catch {
+      throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
+    }
+    if (body?.lease !== undefined && body.lease !== null) body.lease = await openHandle(secret, fleet, quota, body.lease)
+    return toObject(env, fleet, quota, '/response', { method: 'POST', body: JSON.stringify(body) })
+  }
+  if (request.method === 'GET' && rest === '/metrics') {
+    const res = await toObject(env, fleet, quota, '/metrics')
+    const wantsText = url.searchParams.get('format') === 'prometheus' || (request.headers.get('accept') ?? '').includes('text/plain')
+    if (!wantsText || res.status !== 200) return res
+    return new Response(prometheusText(await res.json(), { fleet, quota }), { headers: { 'content-type': PROMETHEUS_CONTENT_TYPE } })
+  }
+  if (request.method === 'POST' && parts[0] === 'proxy') {
+    return toObject(env, fleet, quota, rest, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
+  }
+  throw new HttpError(404, 'not_found', 'no such route; see API.md')
+}
+
+export default {
+  async fetch(request, env) {
+    try {
+      return await handle(request, env)
+    } catch (e) {
+      return errorResponse(e)
+    }
+  },
+}
