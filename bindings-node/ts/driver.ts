@@ -24,7 +24,7 @@ import type {
 /** What the driver reports. Listen with `driver.on(name, fn)`. */
 export interface DriverEvents {
   /** A lease was granted (at once, or after queueing: `waitedMs` > 0). */
-  granted: { lease: number; agent: U64; pool: number; waitedMs: number }
+  granted: { lease: number; agent: U64; pool: number; expiresAt: U64; waitedMs: number }
   /** A request joined the queue; `etaMs` is the estimated wait from now. */
   queued: { lease: number; agent: U64; pool: number; eta: U64; etaMs: number }
   /** A request was refused (the promise rejects with `LeaseRejectedError`). */
@@ -213,7 +213,7 @@ export class Driver extends Emitter<DriverEvents> {
       case 'grant': {
         const lease = new Lease(this, d.lease, request.agent, request.pool, d.expiresAt, 0)
         if (this.listening('granted')) {
-          this.emit('granted', { lease: d.lease, agent: request.agent, pool: request.pool, waitedMs: 0 })
+          this.emit('granted', { lease: d.lease, agent: request.agent, pool: request.pool, expiresAt: d.expiresAt, waitedMs: 0 })
         }
         result = Promise.resolve(lease)
         break
@@ -368,7 +368,9 @@ export class Driver extends Emitter<DriverEvents> {
             this.#detach(w)
             w.resolve(new Lease(this, e.lease, w.agent, w.pool, e.expiresAt, waited))
           }
-          if (this.listening('granted')) this.emit('granted', { lease: e.lease, agent: e.agent, pool: e.pool, waitedMs: waited })
+          if (this.listening('granted')) {
+            this.emit('granted', { lease: e.lease, agent: e.agent, pool: e.pool, expiresAt: e.expiresAt, waitedMs: waited })
+          }
           break
         }
         case 'expired':

@@ -22,11 +22,13 @@ before(async () => {
     conditions: ['workerd', 'worker', 'browser'],
     outdir,
     loader: { '.wasm': 'copy' },
+    assetNames: '[name]-[hash]',
     logLevel: 'error',
   })
   mf = new Miniflare({
     modules: true,
     scriptPath: `${outdir}traces-worker.js`,
+    modulesRoot: outdir,
     modulesRules: [{ type: 'CompiledWasm', include: ['**/*.wasm'] }],
     compatibilityDate: '2025-12-01',
     host: '127.0.0.1',

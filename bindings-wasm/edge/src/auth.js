@@ -22,8 +22,17 @@ export class HttpError extends Error {
   }
 }
 
-/** Parses and checks the fleets configuration; throws naming what is wrong. */
+let cached = { text: null, fleets: null }
+
+/** Parses and checks the fleets configuration (once per distinct text); throws naming what is wrong. */
 export function parseFleets(text) {
+  if (text === cached.text) return cached.fleets
+  const fleets = parseFleetsUncached(text)
+  cached = { text, fleets }
+  return fleets
+}
+
+function parseFleetsUncached(text) {
   if (typeof text !== 'string' || text.length === 0) throw new Error('TOKENWARDEN_FLEETS is not set')
   let fleets
   try {
@@ -55,13 +64,18 @@ export function parseFleets(text) {
   return fleets
 }
 
-async function sha256(text) {
-  return new Uint8Array(await crypto.subtle.digest('SHA-256', encoder.encode(text)))
+const digests = new Map()
+
+async function sha256(text, cache = false) {
+  if (cache && digests.has(text)) return digests.get(text)
+  const d = new Uint8Array(await crypto.subtle.digest('SHA-256', encoder.encode(text)))
+  if (cache) digests.set(text, d)
+  return d
 }
 
 /** Compares two secrets in constant time (over their SHA-256 digests). */
 export async function sameSecret(given, expected) {
-  const [a, b] = await Promise.all([sha256(given), sha256(expected)])
+  const [a, b] = await Promise.all([sha256(given), sha256(expected, true)])
   let diff = 0
   for (let i = 0; i < a.length; i++) diff |= a[i] ^ b[i]
   return diff === 0
@@ -95,8 +109,14 @@ function b64url(bytes) {
   return btoa(s).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '')
 }
 
+const keys = new Map()
+
 async function mac(secret, message) {
-  const key = await crypto.subtle.importKey('raw', encoder.encode(`tokenwarden lease handles\u0000${secret}`), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign'])
+  let key = keys.get(secret)
+  if (key === undefined) {
+    key = await crypto.subtle.importKey('raw', encoder.encode(`tokenwarden lease handles\u0000${secret}`), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign'])
+    keys.set(secret, key)
+  }
   return b64url(new Uint8Array(await crypto.subtle.sign('HMAC', key, encoder.encode(message)))).slice(0, 27)
 }
 

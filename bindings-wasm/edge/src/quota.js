@@ -13,6 +13,8 @@ import { HttpError, parseFleets } from './auth.js'
 
 const STATE_KEY = 'state'
 const MAX_WAIT_MS = 30_000
+/** How long changes gather before one storage write. */
+const FLUSH_MS = 10
 
 /** The clock of a Durable Object: Unix milliseconds, the runtime's timers. */
 const clock = {
@@ -55,6 +57,8 @@ export class QuotaObject {
     /** lease id → callbacks waiting for its grant (long polls) */
     this.waiters = new Map()
     this.pending = null
+    /** The alarm time last set (Unix ms), or null. */
+    this.alarmAt = undefined
     this.ctx.blockConcurrencyWhile(async () => {
       const saved = await this.ctx.storage.get(STATE_KEY)
       if (saved !== undefined) this.#start(wasmEngines.restore(saved.snapshot), saved.leases)
@@ -78,7 +82,7 @@ export class QuotaObject {
     this.tw.on('granted', (e) => {
       const rec = this.leases.get(e.lease)
       if (rec !== undefined) {
-        this.leases.set(e.lease, { ...rec, state: 'granted', waitedMs: e.waitedMs })
+        this.leases.set(e.lease, { ...rec, state: 'granted', expiresAt: e.expiresAt, waitedMs: e.waitedMs })
         for (const wake of this.waiters.get(e.lease) ?? []) wake()
         this.waiters.delete(e.lease)
       }
@@ -91,21 +95,31 @@ export class QuotaObject {
     for (const name of ['paused', 'margin_changed', 'estimate_alert', 'settled']) this.tw.on(name, () => this.#persistSoon())
   }
 
-  /** One storage write per turn, however many changes it saw; also re-arms the alarm. */
+  /**
+   * Coalesced writes: changes within FLUSH_MS share one storage write (and the alarm moves
+   * only when the next wake-up changes). A mutating call awaits the write before it
+   * replies, so nothing acknowledged is lost if the object is evicted; concurrent calls
+   * interleave while they wait and share the write.
+   */
   #persistSoon() {
     if (this.pending !== null || this.tw === null) return this.pending
-    this.pending = Promise.resolve().then(async () => {
+    this.pending = new Promise((resolve) => setTimeout(resolve, FLUSH_MS)).then(() => {
       this.pending = null
       const state = { snapshot: this.tw.engine.snapshot(), leases: [...this.leases] }
-      await this.ctx.storage.put(STATE_KEY, state)
+      const writes = [this.ctx.storage.put(STATE_KEY, state)]
       const wake = this.tw.nextWake()
-      if (wake === null) await this.ctx.storage.deleteAlarm()
-      else await this.ctx.storage.setAlarm(Math.max(wake, Date.now() + 1))
+      const at = wake === null ? null : Math.max(wake, Date.now() + 1)
+      if (at !== this.alarmAt) {
+        this.alarmAt = at
+        writes.push(at === null ? this.ctx.storage.deleteAlarm() : this.ctx.storage.setAlarm(at))
+      }
+      return Promise.all(writes)
     })
     return this.pending
   }
 
   async alarm() {
+    this.alarmAt = undefined
     if (this.tw === null) return
     this.tw.tick()
     await this.#persistSoon()

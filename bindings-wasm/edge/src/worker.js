@@ -2,7 +2,7 @@
 // and routes each request to the Durable Object that owns the quota — one object per
 // (fleet, quota), never one global object. See ../API.md for the HTTP API.
 import { HttpError, authenticate, checkName, openHandle, parseFleets, signHandle } from './auth.js'
-import { dashboardHtml } from './dashboard.js'
+import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
 import { QuotaObject, errorResponse, json } from './quota.js'
 
@@ -40,7 +40,7 @@ async function handle(request, env) {
   // fetches the metrics with it.
   if (request.method === 'GET' && rest === '/dashboard') {
     return new Response(dashboardHtml({ fleet, quota, metricsPath: `${base}/metrics` }), {
-      headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'x-frame-options': 'DENY' },
+      headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'x-frame-options': 'DENY', 'content-security-policy': dashboardCsp() },
     })
   }
 

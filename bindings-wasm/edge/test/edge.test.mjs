@@ -8,8 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
-import { build } from 'esbuild'
-import { Miniflare } from 'miniflare'
+import { buildWorker, startWorker } from './support.mjs'
 import { startMockProvider } from '../../../bindings-node/mock/provider.mjs'
 
 const here = (p) => fileURLToPath(new URL(p, import.meta.url))
@@ -31,31 +30,12 @@ function fleets() {
 }
 
 async function start() {
-  mf = new Miniflare({
-    modules: true,
-    scriptPath: `${outdir}worker.js`,
-    modulesRules: [{ type: 'CompiledWasm', include: ['**/*.wasm'] }],
-    compatibilityDate: '2025-12-01',
-    durableObjects: { QUOTAS: 'QuotaObject' },
-    durableObjectsPersist: persist,
-    bindings: { TOKENWARDEN_FLEETS: fleets() },
-    host: '127.0.0.1',
-  })
-  base = (await mf.ready).href.replace(/\/$/, '')
+  ;({ mf, base } = await startWorker({ outdir, persist, fleets: JSON.parse(fleets()) }))
 }
 
 before(async () => {
   rmSync(outdir, { recursive: true, force: true })
-  await build({
-    entryPoints: { worker: here('../src/worker.js') },
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral',
-    conditions: ['workerd', 'worker', 'browser'],
-    outdir,
-    loader: { '.wasm': 'copy' },
-    logLevel: 'error',
-  })
+  await buildWorker(outdir)
   mock = await startMockProvider({ inputTokensPerMinute: 100_000, outputTokensPerMinute: 20_000, concurrency: 4, replyTokens: 30, chunkDelayMs: 2 })
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-edge-'))
   await start()

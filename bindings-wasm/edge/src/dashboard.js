@@ -1,0 +1,658 @@
+// The live dashboard of one quota of one fleet: a self-contained HTML page (inline CSS and
+// script, no external resource) that holds no data itself. It asks for the fleet's bearer
+// secret, keeps it in sessionStorage only, polls the quota's metrics endpoint with it every
+// 2 s and renders the JSON it gets (the coordinator's `Metrics`, camelCase keys).
+//
+// The inline script and style never change (the fleet, quota and metrics path reach the
+// script through `data-*` attributes), so the page runs under a hash-based Content Security
+// Policy: serve it with `dashboardCsp()` as the `Content-Security-Policy` header.
+//
+// For tests, everything shown is also in `data-*` attributes with the raw figures:
+//   #app              data-state (locked | loading | live | error), data-polls, data-fleet,
+//                     data-quota, data-metrics-path, data-stale
+//   #error            data-status (HTTP status, or "network"), visible only on failure
+//   #summary          data-now, data-live-leases, data-pools, data-agents, data-agents-idle,
+//                     data-agents-in-flight, data-agents-queued, data-agents-alerting
+//   section.pool      id pool-<index>, data-pool, data-margin-permille, data-queue-depth,
+//                     data-in-flight, data-max-concurrent, data-paused, data-paused-until,
+//                     data-queue-wait-p50-ms, data-queue-wait-p95-ms, data-binding-axis,
+//                     data-rate-limited-minutes (comma-separated minute numbers),
+//                     data-rate-limited (429s over those minutes)
+//   .axis             id pool-<index>-<axis>, data-pool, data-axis, data-limit, data-capacity,
+//                     data-available, data-used (last complete minute), data-used-permille,
+//                     data-used-current-minute
+//     svg.chart       rect.bar (data-minute, data-used), line.limit (data-limit),
+//                     line.capacity, .rl-marker (data-minute, data-rate-limited)
+//   tr.counter        data-counter (camelCase key), data-value
+//   .fleet-advice     data-axis, data-per-agent-per-minute, data-agents-measured,
+//                     data-agents-at-75-percent
+//   #agents           data-agents (count); tr.agent: data-agent, data-state,
+//                     data-queued-since, data-queued-ms, data-in-flight, data-queued,
+//                     data-settled, data-input-error-permille, data-output-error-permille,
+//                     data-alerting, data-repeat-failures, data-last-seen
+// An attribute whose figure is unknown (null) is left out.
+
+const STYLE = `
+:root { color-scheme: light dark; --fg: #1b1f24; --muted: #5b6470; --bg: #f6f7f9; --card: #fff;
+  --line: #d7dbe0; --bar: #3b82f6; --bar-now: #93c5fd; --limit: #1b1f24; --cap: #d97706;
+  --bad: #dc2626; --ok: #15803d; }
+@media (prefers-color-scheme: dark) { :root { --fg: #e6e8eb; --muted: #9aa4b1; --bg: #111418;
+  --card: #1a1e24; --line: #2c323a; --bar: #60a5fa; --bar-now: #1e3a5f; --limit: #e6e8eb;
+  --cap: #f59e0b; --bad: #f87171; --ok: #4ade80; } }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+  color: var(--fg); background: var(--bg); }
+main { max-width: 1200px; margin: 0 auto; padding: 16px; }
+h1 { font-size: 20px; margin: 0 0 4px; overflow-wrap: anywhere; }
+h2 { font-size: 16px; margin: 0 0 8px; overflow-wrap: anywhere; }
+h3 { font-size: 13px; margin: 0; font-weight: 600; }
+.muted, small { color: var(--muted); font-weight: normal; }
+#status { margin: 0 0 8px; color: var(--muted); }
+#error { margin: 0 0 8px; padding: 6px 10px; border-radius: 6px; color: #fff; background: var(--bad); }
+[hidden] { display: none !important; }
+form#secret-form { display: flex; gap: 8px; align-items: center; flex-wrap: wrap; margin: 8px 0 16px; }
+input, button { font: inherit; padding: 5px 10px; border-radius: 6px; border: 1px solid var(--line);
+  background: var(--card); color: var(--fg); }
+input { min-width: 260px; }
+button { cursor: pointer; }
+#toolbar { margin: 0 0 12px; }
+#summary { display: flex; gap: 16px; flex-wrap: wrap; margin: 0 0 12px; }
+#summary span b { font-variant-numeric: tabular-nums; }
+.pool, .agents-card { background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+  padding: 12px 14px; margin: 0 0 14px; }
+.badge { display: inline-block; font-size: 12px; padding: 1px 8px; border-radius: 10px;
+  border: 1px solid var(--line); margin-left: 6px; font-weight: 600; vertical-align: 2px; }
+.badge.bad { background: var(--bad); border-color: var(--bad); color: #fff; }
+.badge.ok { color: var(--ok); }
+dl.stats { display: grid; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr)); gap: 8px;
+  margin: 0 0 10px; }
+dl.stats div { border: 1px solid var(--line); border-radius: 6px; padding: 6px 8px; }
+dt { color: var(--muted); font-size: 12px; }
+dd { margin: 0; font-size: 16px; font-variant-numeric: tabular-nums; }
+meter { width: 100%; height: 8px; }
+.axes { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr)); gap: 10px;
+  margin: 0 0 10px; }
+.axis { border: 1px solid var(--line); border-radius: 6px; padding: 6px 8px; }
+.axis.ungated { opacity: .7; }
+svg.chart { display: block; width: 100%; height: auto; margin-top: 4px; }
+svg.chart .bar { fill: var(--bar); }
+svg.chart .bar.current { fill: var(--bar-now); }
+svg.chart .bar.rl { fill: var(--bad); }
+svg.chart .rl-marker { fill: var(--bad); }
+svg.chart .limit { stroke: var(--limit); stroke-width: 1.5; }
+svg.chart .capacity { stroke: var(--cap); stroke-width: 1; stroke-dasharray: 4 3; }
+svg.chart .frame { stroke: var(--line); stroke-width: 1; }
+svg.chart text { fill: var(--muted); font-size: 10px; }
+svg.chart text.limit-label { fill: var(--limit); }
+.row { display: flex; gap: 14px; flex-wrap: wrap; align-items: flex-start; }
+table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
+th, td { text-align: left; padding: 3px 10px 3px 0; border-bottom: 1px solid var(--line); white-space: nowrap; }
+th { color: var(--muted); font-weight: 600; font-size: 12px; }
+table.counters th { color: var(--fg); font-weight: normal; font-size: 13px; }
+tr.agent.alerting td { color: var(--bad); }
+tr.agent[data-state="queued"] td.state { color: var(--cap); font-weight: 600; }
+.fleet-advice { margin: 0; max-width: 520px; }
+.scroll { overflow-x: auto; }
+`
+
+// Runs in the browser. Static: it reads its settings from #app's data-* attributes.
+const SCRIPT = `
+(() => {
+  'use strict'
+  const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests']
+  const SVG = 'http://www.w3.org/2000/svg'
+  const MINUTE = 60000
+  const MAX_AGENT_ROWS = 1000
+  const $ = (id) => document.getElementById(id)
+  const app = $('app')
+  const fleet = app.dataset.fleet || ''
+  const path = app.dataset.metricsPath || ''
+  const interval = Number(app.dataset.intervalMs) || 2000
+  const storageKey = 'tokenwarden.dashboard.secret:' + fleet
+  const form = $('secret-form')
+  const input = $('secret')
+  const toolbar = $('toolbar')
+  const errorLine = $('error')
+  const statusLine = $('status')
+  let url = null
+  try { url = new URL(path, location.href) } catch (e) { url = null }
+  let generation = 0
+  let timer = null
+  let polls = 0
+
+  const store = {
+    get() { try { return sessionStorage.getItem(storageKey) || '' } catch (e) { return '' } },
+    set(v) { try { sessionStorage.setItem(storageKey, v) } catch (e) { /* storage off: this page only */ } },
+    clear() { try { sessionStorage.removeItem(storageKey) } catch (e) { /* nothing kept */ } },
+  }
+  let memorySecret = ''
+  const secret = () => store.get() || memorySecret
+
+  // DOM helpers: text goes in as text nodes, attributes through setAttribute, so nothing
+  // from the metrics is ever parsed as markup.
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag)
+    return fill(node, attrs, children)
+  }
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag)
+    return fill(node, attrs, children)
+  }
+  function fill(node, attrs, children) {
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue
+      node.setAttribute(k, String(v))
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue
+      node.append(typeof c === 'object' ? c : document.createTextNode(String(c)))
+    }
+    return node
+  }
+  const n = (v) => (v === null || v === undefined ? null : Number(v))
+  const nf = new Intl.NumberFormat(undefined, { maximumFractionDigits: 0 })
+  const int = (v) => (v === null || v === undefined ? '–' : nf.format(Number(v)))
+  const pct = (permille) => (Number(permille) / 10).toFixed(1) + ' %'
+  function dur(ms) {
+    if (ms === null || ms === undefined) return '–'
+    ms = Number(ms)
+    if (ms < 1000) return Math.round(ms) + ' ms'
+    if (ms < 60000) return (ms / 1000).toFixed(1) + ' s'
+    const s = Math.round(ms / 1000)
+    if (s < 3600) return Math.floor(s / 60) + ' min ' + (s % 60) + ' s'
+    return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' min'
+  }
+  const pad = (x) => String(x).padStart(2, '0')
+  function clock(ms) {
+    const d = new Date(Number(ms))
+    return pad(d.getHours()) + ':' + pad(d.getMinutes())
+  }
+  function clockSeconds(ms) {
+    const d = new Date(Number(ms))
+    return clock(ms) + ':' + pad(d.getSeconds())
+  }
+  function short(v) {
+    v = Number(v)
+    if (Math.abs(v) >= 1e9) return +(v / 1e9).toFixed(1) + 'G'
+    if (Math.abs(v) >= 1e6) return +(v / 1e6).toFixed(1) + 'M'
+    if (Math.abs(v) >= 1e4) return +(v / 1e3).toFixed(1) + 'k'
+    return String(Math.round(v))
+  }
+  const words = (key) => key.replace(/[A-Z]/g, (c) => ' ' + c.toLowerCase()).replace(/_/g, ' ')
+
+  function showError(text, status) {
+    errorLine.textContent = text
+    errorLine.setAttribute('data-status', String(status))
+    errorLine.hidden = false
+  }
+  function clearError() {
+    errorLine.hidden = true
+    errorLine.textContent = ''
+    errorLine.removeAttribute('data-status')
+  }
+  function setState(state) { app.setAttribute('data-state', state) }
+
+  function lock() {
+    generation++
+    clearTimeout(timer)
+    // Nothing read with a secret stays on screen once it is gone.
+    polls = 0
+    app.removeAttribute('data-polls')
+    app.removeAttribute('data-stale')
+    const summary = $('summary')
+    summary.replaceChildren()
+    for (const a of [...summary.attributes]) if (a.name.startsWith('data-')) summary.removeAttribute(a.name)
+    $('pools').replaceChildren()
+    $('agents-body').replaceChildren()
+    $('agents').setAttribute('data-agents', '0')
+    form.hidden = false
+    toolbar.hidden = true
+    setState('locked')
+    statusLine.textContent = 'Enter the fleet secret to load live metrics.'
+    input.focus()
+  }
+  function start() {
+    generation++
+    clearTimeout(timer)
+    form.hidden = true
+    toolbar.hidden = false
+    setState('loading')
+    statusLine.textContent = 'Loading metrics…'
+    poll(generation)
+  }
+
+  async function poll(gen) {
+    const key = secret()
+    if (!key) return lock()
+    const abort = new AbortController()
+    const timeout = setTimeout(() => abort.abort(), 10000)
+    try {
+      const res = await fetch(url, {
+        method: 'GET',
+        headers: { authorization: 'Bearer ' + key, accept: 'application/json' },
+        cache: 'no-store',
+        credentials: 'omit',
+        referrerPolicy: 'no-referrer',
+        signal: abort.signal,
+      })
+      if (gen !== generation) return
+      if (res.status === 401) {
+        store.clear()
+        memorySecret = ''
+        lock()
+        showError('wrong secret: the metrics endpoint answered 401. Enter the fleet secret again.', 401)
+        return
+      }
+      if (!res.ok) {
+        let detail = ''
+        try { detail = (await res.text()).slice(0, 200) } catch (e) { detail = '' }
+        const what = res.status === 403 ? 'forbidden' : res.status === 404 ? 'no such fleet or quota' : 'metrics request failed'
+        throw Object.assign(new Error(what + ' (HTTP ' + res.status + ')' + (detail ? ': ' + detail : '')), { status: res.status })
+      }
+      const body = await res.json()
+      const metrics = body && Array.isArray(body.pools) ? body : body && body.metrics
+      if (!metrics || !Array.isArray(metrics.pools)) throw Object.assign(new Error('the metrics endpoint answered an unexpected shape'), { status: 'format' })
+      if (gen !== generation) return
+      render(metrics)
+      clearError()
+      app.removeAttribute('data-stale')
+    } catch (e) {
+      if (gen !== generation) return
+      const status = e && e.status ? e.status : 'network'
+      const text = status === 'network' ? 'metrics fetch failed: ' + (e && e.name === 'AbortError' ? 'timed out' : (e && e.message) || String(e)) : e.message
+      showError(text, status)
+      if (polls > 0) app.setAttribute('data-stale', 'true')
+      else setState('error')
+    } finally {
+      clearTimeout(timeout)
+    }
+    if (gen === generation) timer = setTimeout(() => poll(gen), interval)
+  }
+
+  function render(m) {
+    const now = n(m.now) || 0
+    const agents = Array.isArray(m.agents) ? m.agents : []
+    const count = { idle: 0, in_flight: 0, queued: 0 }
+    for (const a of agents) {
+      const s = a && a.activity && a.activity.state
+      count[s] = (count[s] || 0) + 1
+    }
+    const alerting = agents.filter((a) => a.alerting === true).length
+    const summary = $('summary')
+    summary.replaceChildren()
+    fill(summary, {
+      'data-now': now,
+      'data-live-leases': n(m.liveLeases),
+      'data-pools': m.pools.length,
+      'data-agents': agents.length,
+      'data-agents-idle': count.idle,
+      'data-agents-in-flight': count.in_flight,
+      'data-agents-queued': count.queued,
+      'data-agents-alerting': alerting,
+    }, [
+      el('span', { id: 'live-leases' }, 'Live leases ', el('b', {}, int(m.liveLeases))),
+      el('span', {}, 'Agents ', el('b', {}, int(agents.length)), ' (', int(count.in_flight), ' in flight, ', int(count.queued), ' queued, ', int(count.idle), ' idle)'),
+      alerting ? el('span', { class: 'alerting' }, 'Estimate alerts ', el('b', {}, int(alerting))) : null,
+      el('span', { class: 'muted' }, 'Metrics at ', clockSeconds(now)),
+    ])
+    $('pools').replaceChildren(...m.pools.map((p, i) => renderPool(p, i, now)))
+    renderAgents(agents, now)
+    polls++
+    app.setAttribute('data-polls', String(polls))
+    setState('live')
+    statusLine.textContent = 'Live: refreshed every ' + interval / 1000 + ' s; last update ' + clockSeconds(Date.now()) + '.'
+  }
+
+  function renderPool(p, index, now) {
+    const id = 'pool-' + index
+    const minutes = Array.isArray(p.minutes) ? p.minutes : []
+    const limited = minutes.filter((x) => Number(x.rateLimited) > 0)
+    const pausedUntil = n(p.pausedUntil) || 0
+    const paused = pausedUntil > now
+    const maxConcurrent = n(p.maxConcurrent)
+    const counters = p.counters || {}
+    const section = el('section', {
+      class: 'pool' + (paused ? ' paused' : ''),
+      id,
+      'data-pool': p.name,
+      'data-margin-permille': n(p.marginPermille),
+      'data-queue-depth': n(p.queueDepth),
+      'data-in-flight': n(p.inFlight),
+      'data-max-concurrent': maxConcurrent,
+      'data-paused': paused ? 'true' : 'false',
+      'data-paused-until': pausedUntil,
+      'data-queue-wait-p50-ms': n(p.queueWaitP50Ms),
+      'data-queue-wait-p95-ms': n(p.queueWaitP95Ms),
+      'data-binding-axis': p.bindingAxis,
+      'data-rate-limited-minutes': limited.map((x) => Number(x.minute)).join(','),
+      'data-rate-limited': limited.reduce((s, x) => s + Number(x.rateLimited), 0),
+    })
+    section.append(el('h2', {},
+      'Pool ', el('span', { class: 'pool-name' }, p.name),
+      paused ? el('span', { class: 'badge bad paused-badge' }, 'paused ' + dur(pausedUntil - now)) : el('span', { class: 'badge ok' }, 'granting'),
+      p.bindingAxis ? el('span', { class: 'badge' }, 'binding: ' + p.bindingAxis) : null,
+    ))
+    const stat = (name, label, ...value) => el('div', { 'data-stat': name }, el('dt', {}, label), el('dd', { id: id + '-' + name }, ...value))
+    section.append(el('dl', { class: 'stats' },
+      stat('queue-depth', 'Queue depth', int(p.queueDepth)),
+      stat('in-flight', 'In flight / max concurrent', int(p.inFlight), ' / ', maxConcurrent === null ? 'unknown' : int(maxConcurrent),
+        maxConcurrent ? el('meter', { min: 0, max: maxConcurrent, value: Math.min(Number(p.inFlight), maxConcurrent), 'aria-label': 'in flight' }) : null),
+      stat('margin', 'Margin (share of limit granted)', pct(p.marginPermille)),
+      stat('paused', 'Paused', paused ? 'until ' + clockSeconds(pausedUntil) + ' (' + dur(pausedUntil - now) + ')' : 'no'),
+      stat('queue-wait', 'Queue wait p50 / p95', dur(n(p.queueWaitP50Ms)), ' / ', dur(n(p.queueWaitP95Ms))),
+      stat('rate-limited', '429s in the kept minutes', int(limited.reduce((s, x) => s + Number(x.rateLimited), 0))),
+    ))
+    const axes = Array.isArray(p.axes) ? p.axes : []
+    section.append(el('div', { class: 'axes' }, axes.map((a) => renderAxis(p, a, id, minutes, now))))
+    const counterRows = Object.keys(counters).map((k) =>
+      el('tr', { class: 'counter', 'data-counter': k, 'data-value': n(counters[k]) }, el('th', {}, words(k)), el('td', {}, int(counters[k]))))
+    const f = p.fleet
+    const advice = f
+      ? el('p', {
+          class: 'fleet-advice',
+          'data-axis': f.axis,
+          'data-per-agent-per-minute': n(f.perAgentPerMinute),
+          'data-agents-measured': n(f.agentsMeasured),
+          'data-agents-at-75-percent': n(f.agentsAt75Percent),
+        }, 'About ', el('b', {}, int(f.agentsAt75Percent)), ' agents like the ', int(f.agentsMeasured),
+          ' measured fit at 75 % of the ', f.axis, ' limit (', int(f.perAgentPerMinute), ' ', f.axis, ' per agent per minute).')
+      : el('p', { class: 'fleet-advice muted' }, 'No fleet advice yet: it needs settled usage in complete minutes against a known limit.')
+    section.append(el('div', { class: 'row' },
+      el('div', {}, el('h3', {}, 'Counters since start'), el('table', { class: 'counters' }, el('tbody', {}, counterRows))),
+      el('div', {}, el('h3', {}, 'Fleet advice'), advice),
+    ))
+    return section
+  }
+
+  function renderAxis(p, a, poolId, minutes, now) {
+    const axisIndex = AXES.indexOf(a.axis)
+    const limit = n(a.limit)
+    const gated = limit !== null
+    const current = Math.floor(now / MINUTE)
+    const currentStats = minutes.find((x) => Number(x.minute) === current)
+    const usedNow = currentStats && axisIndex >= 0 ? Number(currentStats.used[axisIndex]) : 0
+    const box = el('div', {
+      class: 'axis' + (gated ? '' : ' ungated'),
+      id: poolId + '-' + a.axis,
+      'data-pool': p.name,
+      'data-axis': a.axis,
+      'data-limit': limit,
+      'data-capacity': gated ? n(a.capacity) : null,
+      'data-available': gated ? n(a.available) : null,
+      'data-used': n(a.lastMinute),
+      'data-used-permille': gated ? n(a.lastMinutePermille) : null,
+      'data-used-current-minute': usedNow,
+    })
+    box.append(el('h3', {}, a.axis, ' ',
+      el('small', {}, gated
+        ? 'last minute ' + int(a.lastMinute) + ' / ' + int(limit) + ' (' + pct(a.lastMinutePermille) + ') · capacity ' + int(a.capacity) + ' · available ' + int(a.available)
+        : 'limit unknown · last minute ' + int(a.lastMinute))))
+    box.append(chart(minutes, axisIndex, limit, gated ? n(a.capacity) : null, current, p.name + ' ' + a.axis))
+    return box
+  }
+
+  // Usage per minute as bars, the limit as a line (the capacity, limit × margin, dashed),
+  // minutes with a 429 in red with a marker on top. The last bar is the current minute.
+  function chart(minutes, axisIndex, limit, capacity, current, label) {
+    const W = 600, H = 150, left = 6, right = 56, top = 14, bottom = 18
+    const plotW = W - left - right, plotH = H - top - bottom
+    const first = minutes.length ? Math.min(Number(minutes[0].minute), current) : current
+    const span = Math.max(15, Math.min(60, current - first + 1))
+    const start = current - span + 1
+    const byMinute = new Map(minutes.map((x) => [Number(x.minute), x]))
+    let peak = 0
+    for (let k = start; k <= current; k++) {
+      const x = byMinute.get(k)
+      if (x && axisIndex >= 0) peak = Math.max(peak, Number(x.used[axisIndex]))
+    }
+    const yMax = Math.max(peak, limit || 0, 1) * 1.1
+    const y = (v) => top + plotH - (Math.max(0, v) / yMax) * plotH
+    const slot = plotW / span
+    const root = svg('svg', { class: 'chart', viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': label + ': usage per minute' })
+    root.append(svg('line', { class: 'frame', x1: left, x2: left + plotW, y1: top + plotH, y2: top + plotH }))
+    for (let k = start; k <= current; k++) {
+      const x = byMinute.get(k)
+      const used = x && axisIndex >= 0 ? Number(x.used[axisIndex]) : 0
+      const rl = x ? Number(x.rateLimited) : 0
+      const bx = left + (k - start) * slot
+      const cls = 'bar' + (k === current ? ' current' : '') + (rl > 0 ? ' rl' : '')
+      const h = Math.max(used > 0 ? 1 : 0, top + plotH - y(used))
+      const bar = svg('rect', { class: cls, x: (bx + slot * 0.1).toFixed(2), width: (slot * 0.8).toFixed(2), y: (top + plotH - h).toFixed(2), height: h.toFixed(2), 'data-minute': k, 'data-used': used })
+      const tip = clock(k * MINUTE) + (k === current ? ' (this minute, so far)' : '') + ': ' + int(used) + (limit ? ' (' + pct(Math.round((used * 1000) / limit)) + ' of the limit)' : '') +
+        (x ? ' · ' + x.granted + ' granted, ' + x.queued + ' queued, ' + x.rejected + ' rejected' : '') + (rl > 0 ? ' · ' + rl + ' × 429' : '')
+      bar.append(svg('title', {}, tip))
+      root.append(bar)
+      if (rl > 0) {
+        const cx = bx + slot / 2
+        const marker = svg('path', { class: 'rl-marker', d: 'M' + (cx - 4).toFixed(2) + ' ' + (top - 11) + 'h8l-4 8z', 'data-minute': k, 'data-rate-limited': rl })
+        marker.append(svg('title', {}, clock(k * MINUTE) + ': ' + rl + ' × 429'))
+        root.append(marker)
+      }
+    }
+    if (capacity !== null && capacity > 0) {
+      root.append(svg('line', { class: 'capacity', x1: left, x2: left + plotW, y1: y(capacity).toFixed(2), y2: y(capacity).toFixed(2), 'data-capacity': capacity }))
+    }
+    if (limit !== null) {
+      const ly = y(limit).toFixed(2)
+      root.append(svg('line', { class: 'limit', x1: left, x2: left + plotW, y1: ly, y2: ly, 'data-limit': limit }))
+      root.append(svg('text', { class: 'limit-label', x: left + plotW + 4, y: (Number(ly) + 3).toFixed(2) }, 'limit ' + short(limit)))
+    }
+    root.append(svg('text', { x: left, y: H - 4 }, clock(start * MINUTE)))
+    root.append(svg('text', { x: left + plotW, y: H - 4, 'text-anchor': 'end' }, clock(current * MINUTE)))
+    root.append(svg('text', { x: left + plotW + 4, y: top + plotH }, '0'))
+    return root
+  }
+
+  function renderAgents(agents, now) {
+    const table = $('agents')
+    table.setAttribute('data-agents', String(agents.length))
+    const rows = agents.slice(0, MAX_AGENT_ROWS).map((a) => {
+      const act = a.activity || {}
+      const since = act.state === 'queued' ? n(act.since) : null
+      const state = act.state === 'queued' ? 'queued for ' + dur(Math.max(0, now - since)) : act.state === 'in_flight' ? 'in flight' : String(act.state || 'unknown')
+      return el('tr', {
+        class: 'agent' + (a.alerting ? ' alerting' : ''),
+        'data-agent': String(a.agent),
+        'data-state': act.state,
+        'data-queued-since': since,
+        'data-queued-ms': since === null ? null : Math.max(0, now - since),
+        'data-in-flight': n(a.inFlight),
+        'data-queued': n(a.queued),
+        'data-settled': n(a.settled),
+        'data-input-error-permille': n(a.inputErrorPermille),
+        'data-output-error-permille': n(a.outputErrorPermille),
+        'data-alerting': a.alerting ? 'true' : 'false',
+        'data-repeat-failures': n(a.repeatFailures),
+        'data-last-seen': n(a.lastSeen),
+      },
+        el('td', {}, String(a.agent)),
+        el('td', { class: 'state' }, state),
+        el('td', {}, int(a.inFlight)),
+        el('td', {}, int(a.queued)),
+        el('td', {}, int(a.settled)),
+        el('td', {}, pct(a.inputErrorPermille)),
+        el('td', {}, pct(a.outputErrorPermille)),
+        el('td', {}, a.alerting ? 'yes' : 'no'),
+        el('td', {}, dur(Math.max(0, now - Number(a.lastSeen))) + ' ago'),
+      )
+    })
+    $('agents-body').replaceChildren(...rows)
+    const more = $('agents-more')
+    more.hidden = agents.length <= MAX_AGENT_ROWS
+    more.textContent = agents.length > MAX_AGENT_ROWS ? '… and ' + (agents.length - MAX_AGENT_ROWS) + ' more agents not shown.' : ''
+    $('agents-empty').hidden = agents.length > 0
+  }
+
+  form.addEventListener('submit', (e) => {
+    e.preventDefault()
+    const value = input.value.trim()
+    input.value = ''
+    if (!value) return
+    memorySecret = value
+    store.set(value)
+    clearError()
+    start()
+  })
+  $('forget').addEventListener('click', () => {
+    store.clear()
+    memorySecret = ''
+    clearError()
+    lock()
+  })
+
+  if (!url || url.origin !== location.origin) {
+    form.hidden = true
+    setState('error')
+    showError('the metrics path is not on this origin; refusing to send the secret there', 'config')
+  } else if (secret()) {
+    start()
+  } else {
+    lock()
+  }
+})()
+`
+
+/** How often the page polls the metrics endpoint, ms. */
+export const DASHBOARD_POLL_MS = 2000
+
+/**
+ * The dashboard page for one quota of one fleet.
+ *
+ * @param {{ fleet: string, quota: string, metricsPath: string }} options `metricsPath` is
+ *   the quota's metrics endpoint (answering the coordinator's `Metrics` as JSON to a
+ *   `GET` with `Authorization: Bearer <secret>`), on the page's origin, e.g.
+ *   `/v1/fleets/<fleet>/quotas/<quota>/metrics`
+ * @returns {string} a complete HTML document; serve it as `text/html; charset=utf-8`
+ *   with `dashboardCsp()` as its Content Security Policy
+ */
+export function dashboardHtml({ fleet, quota, metricsPath }) {
+  const f = escapeHtml(fleet)
+  const q = escapeHtml(quota)
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<meta name="robots" content="noindex, nofollow">
+<title>tokenwarden · ${f} / ${q}</title>
+<link rel="icon" href="data:,">
+<style>${STYLE}</style>
+</head>
+<body>
+<main id="app" data-state="locked" data-fleet="${f}" data-quota="${q}" data-metrics-path="${escapeHtml(metricsPath)}" data-interval-ms="${DASHBOARD_POLL_MS}">
+<header>
+<h1>tokenwarden <span class="muted">fleet</span> <span id="fleet-name">${f}</span> <span class="muted">quota</span> <span id="quota-name">${q}</span></h1>
+<p id="status" role="status" aria-live="polite">This page needs JavaScript to load the live metrics.</p>
+<p id="error" role="alert" hidden></p>
+</header>
+<form id="secret-form" method="post" autocomplete="off" hidden>
+<label for="secret">Fleet secret</label>
+<input id="secret" type="password" autocomplete="off" spellcheck="false" autocapitalize="off" placeholder="bearer secret of this fleet">
+<button id="connect" type="submit">Show metrics</button>
+<span class="muted">Kept in this tab's session storage only.</span>
+</form>
+<div id="toolbar" hidden><button id="forget" type="button">Forget secret</button></div>
+<section id="summary"></section>
+<div id="pools"></div>
+<section class="agents-card">
+<h2>Agents</h2>
+<div class="scroll">
+<table id="agents">
+<thead><tr><th>agent</th><th>state</th><th>in flight</th><th>queued</th><th>settled</th><th>input estimate error</th><th>output estimate error</th><th>alert</th><th>last seen</th></tr></thead>
+<tbody id="agents-body"></tbody>
+</table>
+</div>
+<p id="agents-empty" class="muted">No agents yet.</p>
+<p id="agents-more" class="muted" hidden></p>
+</section>
+</main>
+<script>${SCRIPT}</script>
+</body>
+</html>
+`
+}
+
+/** @type {string | undefined} */
+let csp
+
+/**
+ * A Content Security Policy for {@link dashboardHtml}'s page: nothing but its own inline
+ * script and style (by hash) and `fetch`es to its own origin; no framing, no form posts.
+ * Synchronous (the hashes are computed once, in plain JavaScript).
+ *
+ * @returns {string} the `Content-Security-Policy` header value (the same for every fleet
+ *   and quota)
+ */
+export function dashboardCsp() {
+  csp ??=
+    `default-src 'none'; script-src 'sha256-${sha256Base64(SCRIPT)}'; style-src 'sha256-${sha256Base64(STYLE)}'; ` +
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+  return csp
+}
+
+/** The first 32 bits of the fractional part of `x`. */
+const frac32 = (x) => Math.floor((x - Math.floor(x)) * 2 ** 32) >>> 0
+const PRIMES = []
+for (let p = 2; PRIMES.length < 64; p++) if (PRIMES.every((q) => p % q !== 0)) PRIMES.push(p)
+/** SHA-256 round constants and initial hash (FIPS 180-4, 4.2.2 and 5.3.3). */
+const K = Uint32Array.from(PRIMES, (p) => frac32(Math.cbrt(p)))
+const H0 = Uint32Array.from(PRIMES.slice(0, 8), (p) => frac32(Math.sqrt(p)))
+
+/**
+ * SHA-256 of `text` (as UTF-8), base64: what a CSP hash source holds. Synchronous, so the
+ * Worker can set the header without awaiting `crypto.subtle`.
+ * @param {string} text
+ */
+export function sha256Base64(text) {
+  const bytes = new TextEncoder().encode(text)
+  const words = new Uint32Array(((bytes.length + 9 + 63) >>> 6) << 4)
+  for (let i = 0; i < bytes.length; i++) words[i >>> 2] |= bytes[i] << (24 - (i & 3) * 8)
+  words[bytes.length >>> 2] |= 0x80 << (24 - (bytes.length & 3) * 8)
+  const bits = bytes.length * 8
+  words[words.length - 2] = Math.floor(bits / 2 ** 32)
+  words[words.length - 1] = bits >>> 0
+  const h = Uint32Array.from(H0)
+  const w = new Uint32Array(64)
+  const rotr = (x, n) => (x >>> n) | (x << (32 - n))
+  for (let block = 0; block < words.length; block += 16) {
+    for (let t = 0; t < 16; t++) w[t] = words[block + t]
+    for (let t = 16; t < 64; t++) {
+      const s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >>> 3)
+      const s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >>> 10)
+      w[t] = w[t - 16] + s0 + w[t - 7] + s1
+    }
+    let [a, b, c, d, e, f, g, k] = h
+    for (let t = 0; t < 64; t++) {
+      const t1 = (k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K[t] + w[t]) | 0
+      const t2 = ((rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) | 0
+      k = g
+      g = f
+      f = e
+      e = (d + t1) | 0
+      d = c
+      c = b
+      b = a
+      a = (t1 + t2) | 0
+    }
+    h[0] += a
+    h[1] += b
+    h[2] += c
+    h[3] += d
+    h[4] += e
+    h[5] += f
+    h[6] += g
+    h[7] += k
+  }
+  let binary = ''
+  for (const word of h) binary += String.fromCharCode(word >>> 24, (word >>> 16) & 255, (word >>> 8) & 255, word & 255)
+  return btoa(binary)
+}
+
+/**
+ * Text made safe for HTML element content and double- or single-quoted attribute values.
+ * @param {unknown} value
+ */
+export function escapeHtml(value) {
+  return String(value ?? '').replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`)
+}
