@@ -83,8 +83,8 @@ if ! command -v chromium >/dev/null; then
 fi
 (cd bindings-wasm && node --test test/browser.test.mjs test/workerd.test.mjs)
 
-step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the Anthropic SDK (Node 24), dashboard in Chromium, formats"
-(cd bindings-wasm && "$NODE24" --test edge/test/edge.test.mjs edge/test/dashboard.test.mjs edge/test/format.test.mjs)
+step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the Anthropic SDK (Node 24), dashboard in Chromium, formats, the remote driver failing open"
+(cd bindings-wasm && "$NODE24" --test edge/test/edge.test.mjs edge/test/dashboard.test.mjs edge/test/format.test.mjs edge/test/remote.test.mjs)
 
 step "benchmarks build"
 cargo bench --workspace --no-run --quiet

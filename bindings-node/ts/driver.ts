@@ -53,6 +53,12 @@ export interface DriverEvents {
   paused: { pool: number; until: U64 }
   /** An agent's input estimates keep missing by more than the alert threshold. */
   estimate_alert: { agent: U64; errorPermille: number }
+  /** Remote drivers: the edge limiter could not be reached; leasing locally until it can. */
+  fail_open: { reason: string; message: string }
+  /** Remote drivers: the edge limiter answers again. */
+  remote_restored: { downMs: number }
+  /** Remote drivers: a background report or cancel to the limiter failed. */
+  remote_error: { operation: string; message: string }
 }
 
 /** Options for {@link Driver}. */
@@ -107,7 +113,10 @@ export class Lease {
     return this.#done
   }
 
-  /** Reports what the call used; refunds the rest (or records debt). Once per lease. */
+  /**
+   * Reports what the call used; refunds the rest (or records debt). Once per lease. (A lease
+   * from the edge limiter answers with a promise of the settlement: `await` works for both.)
+   */
   settle(usage: Usage): Settlement {
     const s = this.#driver.settleLease(this.id, usage, this.agent, this.pool)
     this.#done = true

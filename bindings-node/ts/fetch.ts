@@ -163,7 +163,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         res = await send(url.href, forward)
       } catch (err) {
         // Nothing came back: the provider may have processed all of it.
-        settleQuietly(lease, conservative(estimate, null, shape.maxTokens))
+        settleQuietly(lease, conservative(estimate, null, shape.maxTokens), driver)
         throw err
       }
 
@@ -173,7 +173,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       if (retryable) {
         const errorText = await res.text().catch(() => '')
         // Refused before any generation: the request cost no tokens.
-        settleQuietly(lease, {})
+        settleQuietly(lease, {}, driver)
         const step = driver.backoff(backoff, report.retryAfterMs)
         backoff = step.state
         if (step.step.kind === 'give_up') {
@@ -186,11 +186,11 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       }
       if (!res.ok) {
         // A refusal (400, 401, 404, …) or a failure the provider says not to retry.
-        settleQuietly(lease, {})
+        settleQuietly(lease, {}, driver)
         return res
       }
       if (isEventStream(res) && res.body !== null) {
-        return streamed(res, lease, provider, estimate, shape.maxTokens, (usage) =>
+        return streamed(res, lease, driver, provider, estimate, shape.maxTokens, (usage) =>
           learn(estimator, provider, shape.model, body, estimate, usage),
         )
       }
@@ -198,7 +198,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       try {
         responseText = await res.text()
       } catch (err) {
-        settleQuietly(lease, conservative(estimate, null, shape.maxTokens))
+        settleQuietly(lease, conservative(estimate, null, shape.maxTokens), driver)
         throw err
       }
       let usage: Usage | null = null
@@ -208,9 +208,9 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         usage = null
       }
       if (usage === null) {
-        settleQuietly(lease, conservative(estimate, null, shape.maxTokens))
+        settleQuietly(lease, conservative(estimate, null, shape.maxTokens), driver)
       } else {
-        settleQuietly(lease, usage)
+        settleQuietly(lease, usage, driver)
         learn(estimator, provider, shape.model, body, estimate, usage)
       }
       return new Response(responseText, { status: res.status, statusText: res.statusText, headers: res.headers })
@@ -262,11 +262,19 @@ function conservative(estimate: Estimate, partial: SseUsage | null, maxTokens: n
   return { inputTokens: input, outputTokens: output }
 }
 
-/** Settles, ignoring a lease that already ended (reaped after its TTL: the event said so). */
-function settleQuietly(lease: Lease, usage: Usage): void {
+/**
+ * Settles, ignoring a lease that already ended (reaped after its TTL: the event said so).
+ * A remote lease settles asynchronously; its failure is reported as a `remote_error` event.
+ */
+function settleQuietly(lease: Lease, usage: Usage, driver?: Driver): void {
   if (lease.done) return
   try {
-    lease.settle(usage)
+    const s: unknown = lease.settle(usage)
+    if (s instanceof Promise) {
+      s.catch((e: Error & { code?: string }) => {
+        if (e.code !== 'unknown_lease') driver?.emit('remote_error', { operation: 'settle', message: e.message })
+      })
+    }
   } catch (e) {
     if ((e as { code?: string }).code !== 'unknown_lease') throw e
   }
@@ -276,6 +284,7 @@ function settleQuietly(lease: Lease, usage: Usage): void {
 function streamed(
   res: Response,
   lease: Lease,
+  driver: Driver,
   provider: Provider,
   estimate: Estimate,
   maxTokens: number,
@@ -290,10 +299,10 @@ function streamed(
     tracker.end()
     const usage = tracker.usage
     if (clean && usage !== null) {
-      settleQuietly(lease, usage)
+      settleQuietly(lease, usage, driver)
       onUsage(usage)
     } else {
-      settleQuietly(lease, conservative(estimate, tracker, maxTokens))
+      settleQuietly(lease, conservative(estimate, tracker, maxTokens), driver)
     }
   }
   const body = new ReadableStream<Uint8Array>({

@@ -6,6 +6,8 @@
 export { Driver, Lease, headerPairs } from './driver.js'
 export type { AcquireOptions, DriverEvents, DriverOptions, HeadersLike } from './driver.js'
 export { Tokenwarden } from './tokenwarden.js'
+export { RemoteLease, RemoteTokenwarden } from './remote.js'
+export type { RemoteOptions } from './remote.js'
 export type { TokenwardenOptions } from './tokenwarden.js'
 export { createFetch, agentIdFor } from './fetch.js'
 export type { FetchContext, FetchOptions } from './fetch.js'
