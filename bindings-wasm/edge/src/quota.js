@@ -16,12 +16,16 @@ const MAX_WAIT_MS = 30_000
 /** How long changes gather before one storage write. */
 const FLUSH_MS = 10
 
-/** The clock of a Durable Object: Unix milliseconds, the runtime's timers. */
+/**
+ * The clock of a Durable Object: Unix milliseconds, and no in-process timers. The object
+ * is woken only by its alarm (set after every change for the engine's next wake-up), which
+ * survives evictions and restarts and does not keep an idle object in memory.
+ */
 const clock = {
   now: () => Date.now(),
   unixNow: () => Date.now(),
-  setTimer: (fn, ms) => setTimeout(fn, ms),
-  clearTimer: (h) => clearTimeout(h),
+  setTimer: () => null,
+  clearTimer: () => {},
 }
 
 /** JSON text with bigints (instants near u64::MAX only) written as numbers. */

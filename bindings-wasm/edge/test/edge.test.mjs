@@ -24,7 +24,7 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } } } },
+    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } } } },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -186,6 +186,24 @@ describe('persistence', () => {
     const g = await (await poll).json()
     assert.equal(g.kind, 'grant')
     assert.equal((await post(`/leases/${g.lease}/settle`, { inputTokens: 1000 }, { quota })).status, 200)
+  })
+})
+
+describe('the alarm', () => {
+  test('the alarm reaps expired leases and grants the queued ticket (the object keeps no timers)', async () => {
+    const quota = 'short'
+    const held = []
+    for (let i = 0; i < 2; i++) held.push(await (await lease({ agent: `h${i}` }, { quota })).json())
+    const ticket = await (await lease({ agent: 'h2' }, { quota })).json()
+    assert.equal(ticket.kind, 'queued')
+    const first = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(first.pools[0].counters.expired), 0, 'nothing reaped yet')
+    await new Promise((r) => setTimeout(r, 1600))
+    const m = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(m.pools[0].counters.expired), 2, 'both leases were reaped by the alarm')
+    assert.equal(Number(m.pools[0].counters.grantedFromQueue), 1, 'the ticket was granted by the alarm')
+    const settle = await post(`/leases/${held[0].lease}/settle`, {}, { quota })
+    assert.equal(settle.status, 404, 'an expired lease cannot be settled')
   })
 })
 
