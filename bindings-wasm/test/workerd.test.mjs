@@ -5,8 +5,7 @@ import assert from 'node:assert/strict'
 import { readFileSync, readdirSync, rmSync } from 'node:fs'
 import { after, before, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
-import { build } from 'esbuild'
-import { Miniflare } from 'miniflare'
+import { buildWorker, startWorker } from '../edge/dev.mjs'
 
 const here = (p) => fileURLToPath(new URL(p, import.meta.url))
 const outdir = here('./.build/workerd/')
@@ -14,26 +13,8 @@ let mf
 
 before(async () => {
   rmSync(outdir, { recursive: true, force: true })
-  await build({
-    entryPoints: [here('./workerd/traces-worker.js')],
-    bundle: true,
-    format: 'esm',
-    platform: 'neutral',
-    conditions: ['workerd', 'worker', 'browser'],
-    outdir,
-    loader: { '.wasm': 'copy' },
-    assetNames: '[name]-[hash]',
-    logLevel: 'error',
-  })
-  mf = new Miniflare({
-    modules: true,
-    scriptPath: `${outdir}traces-worker.js`,
-    modulesRoot: outdir,
-    modulesRules: [{ type: 'CompiledWasm', include: ['**/*.wasm'] }],
-    compatibilityDate: '2025-12-01',
-    host: '127.0.0.1',
-  })
-  await mf.ready
+  await buildWorker(outdir, { entry: here('./workerd/traces-worker.js'), name: 'traces-worker' })
+  ;({ mf } = await startWorker({ outdir, name: 'traces-worker' }))
 })
 
 after(async () => {

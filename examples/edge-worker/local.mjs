@@ -6,28 +6,12 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { createRequire } from 'node:module'
+import { buildWorker, startWorker } from '../../bindings-wasm/edge/dev.mjs'
 import { startMockProvider } from '../../bindings-node/mock/provider.mjs'
 
-// esbuild and miniflare are the wasm package's dev dependencies (npm ci in bindings-wasm).
-const require = createRequire(new URL('../../bindings-wasm/package.json', import.meta.url))
-const { build } = require('esbuild')
-const { Miniflare } = require('miniflare')
-
 const port = Number(process.argv[process.argv.indexOf('--port') + 1] || 8787)
-const here = (p) => fileURLToPath(new URL(p, import.meta.url))
 const outdir = join(mkdtempSync(join(tmpdir(), 'tokenwarden-edge-build-')), '/')
-await build({
-  entryPoints: { worker: here('./src/index.js') },
-  bundle: true,
-  format: 'esm',
-  platform: 'neutral',
-  conditions: ['workerd', 'worker', 'browser'],
-  outdir,
-  loader: { '.wasm': 'copy' },
-  assetNames: '[name]-[hash]',
-  logLevel: 'error',
-})
+await buildWorker(outdir, { entry: fileURLToPath(new URL('./src/index.js', import.meta.url)) })
 const mock = await startMockProvider({ inputTokensPerMinute: 120_000, outputTokensPerMinute: 30_000, requestsPerMinute: 600, concurrency: 8 })
 const secret = 'local-demo-secret-0123456789'
 const fleets = {
@@ -41,19 +25,7 @@ const fleets = {
     },
   },
 }
-const mf = new Miniflare({
-  modules: true,
-  scriptPath: `${outdir}worker.js`,
-  modulesRoot: outdir,
-  modulesRules: [{ type: 'CompiledWasm', include: ['**/*.wasm'] }],
-  compatibilityDate: '2025-12-01',
-  durableObjects: { QUOTAS: 'QuotaObject' },
-  durableObjectsPersist: mkdtempSync(join(tmpdir(), 'tokenwarden-edge-state-')),
-  bindings: { TOKENWARDEN_FLEETS: JSON.stringify(fleets) },
-  host: '127.0.0.1',
-  port,
-})
-const url = (await mf.ready).href.replace(/\/$/, '')
+const { mf, base: url } = await startWorker({ outdir, persist: mkdtempSync(join(tmpdir(), 'tokenwarden-edge-state-')), fleets, port })
 const q = `${url}/v1/fleets/demo/quotas/anthropic`
 console.log(`edge limiter on ${url} (workerd), upstream: mock provider on ${mock.url}
   dashboard   ${q}/dashboard        (secret: ${secret})

@@ -8,7 +8,7 @@ import http from 'node:http'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { buildWorker, startWorker } from '../test/support.mjs'
+import { buildWorker, startWorker } from '../dev.mjs'
 
 const arg = (name, d) => (process.argv.includes(name) ? Number(process.argv[process.argv.indexOf(name) + 1]) : d)
 const SECONDS = arg('--seconds', 30)

@@ -9,7 +9,7 @@ import { join } from 'node:path'
 import { after, before, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { chromium } from 'playwright-core'
-import { buildWorker, startWorker } from './support.mjs'
+import { buildWorker, startWorker } from '../dev.mjs'
 
 const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium'
 const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}`

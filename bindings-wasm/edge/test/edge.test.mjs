@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
-import { buildWorker, startWorker } from './support.mjs'
+import { buildWorker, startWorker } from '../dev.mjs'
 import { startMockProvider } from '../../../bindings-node/mock/provider.mjs'
 
 const here = (p) => fileURLToPath(new URL(p, import.meta.url))

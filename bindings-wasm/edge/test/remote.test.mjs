@@ -10,7 +10,7 @@ import { after, before, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { RemoteTokenwarden, nativeEngines } from '../../../bindings-node/dist/index.js'
 import { startMockProvider } from '../../../bindings-node/mock/provider.mjs'
-import { buildWorker, startWorker } from './support.mjs'
+import { buildWorker, startWorker } from '../dev.mjs'
 
 const SECRET = 'remote-secret-0123456789abcdef'
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 200_000, output_tokens_per_minute: 40_000, requests_per_minute: 2_000, max_concurrent: 4 }
