@@ -1,7 +1,8 @@
 // The edge limiter's dashboard in headless Chromium (Debian's /usr/bin/chromium driven by
 // playwright-core), against the Worker under workerd: the page asks for the fleet secret,
 // then shows the quota's live figures; the test reads them from the page and compares them
-// with the metrics API, and saves a screenshot (docs/edge-dashboard.png).
+// with the metrics API, and saves a screenshot (test/.build/edge-dashboard.png; with
+// UPDATE_SCREENSHOT=1, over the committed docs/edge-dashboard.png).
 import assert from 'node:assert/strict'
 import { existsSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -15,7 +16,9 @@ const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium'
 const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}`
 const SECRET = 'dashboard-secret-0123456789'
 const outdir = fileURLToPath(new URL('../../test/.build/dashboard/', import.meta.url))
-const screenshot = fileURLToPath(new URL('../../../docs/edge-dashboard.png', import.meta.url))
+const screenshot = fileURLToPath(
+  new URL(process.env.UPDATE_SCREENSHOT ? '../../../docs/edge-dashboard.png' : '../../test/.build/edge-dashboard.png', import.meta.url),
+)
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 3 }
 
 let worker
