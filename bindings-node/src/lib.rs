@@ -221,7 +221,9 @@ impl Coordinator {
     /// every number is below 2^53, else an object with `bigint`s.
     #[napi(ts_return_type = "string | Record<string, any>")]
     pub fn metrics(&self, env: Env, now: U64) -> napi::Result<Either<String, Value>> {
-        js(&env, || to_js_json(&self.inner.metrics(core::Millis(u64_arg(&now, "now")?))))
+        js(&env, || {
+            to_js_json(&self.inner.metrics(core::Millis(u64_arg(&now, "now")?)))
+        })
     }
 
     /// The whole state as JSON; `Coordinator.restore` makes an identical coordinator.
