@@ -24,7 +24,7 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } } } },
+    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -233,6 +233,26 @@ describe('proxy mode', () => {
     await new Promise((res) => setTimeout(res, 50))
     const m = await (await api('/metrics')).json()
     assert.equal(m.liveLeases, 0, 'settled at the end of the stream')
+  })
+
+  test('OpenAI chat completions, streamed with include_usage and not, through the official SDK', { skip: Number(process.versions.node.split('.')[0]) < 22 ? 'run with Node >= 22' : false }, async () => {
+    const { default: OpenAI } = await import('../../../bindings-node/node_modules/openai/index.mjs')
+    const client = new OpenAI({ apiKey: 'sk-test-openai', baseURL: `${base}/v1/fleets/fleet-a/quotas/openai/proxy/v1`, defaultHeaders: { 'x-tokenwarden-token': SECRET_A }, maxRetries: 0 })
+    const params = { model: 'gpt-5', max_completion_tokens: 100, messages: [{ role: 'user', content: 'hello' }] }
+    const results = await Promise.all(
+      Array.from({ length: 5 }, async (_, i) => {
+        if (i % 2 === 0) return (await client.chat.completions.create(params)).usage.completion_tokens
+        const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } })
+        let usage = null
+        for await (const chunk of stream) if (chunk.usage) usage = chunk.usage
+        return usage.completion_tokens
+      }),
+    )
+    assert.deepEqual(results, [30, 30, 30, 30, 30])
+    await new Promise((r) => setTimeout(r, 50))
+    const m = await (await api('/metrics', { quota: 'openai' })).json()
+    assert.equal(Number(m.pools[0].counters.settled), 5)
+    assert.equal(m.liveLeases, 0)
   })
 
   test('401 without the fleet token, even with an API key', async () => {
