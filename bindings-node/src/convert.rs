@@ -13,14 +13,16 @@
 use napi::bindgen_prelude::{BigInt, Either, JsObjectValue};
 use napi::{Env, JsError, JsRangeError, JsTypeError, JsValue, Status};
 use napi_derive::napi;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokenwarden_core as core;
+/// The register-file layouts and the result held back when it needs `bigint`s.
+pub use tokenwarden_js_io::io::{self, IO_SLOTS, WIDE, WideResult};
+use tokenwarden_js_io::{
+    MAX_SAFE, all_safe, camel_value, u32_from_f64, u64_from_bigint, u64_from_f64,
+};
 
 /// An unsigned 64-bit integer as JavaScript sees it: `number` up to 2^53 − 1, `bigint` above.
 pub type U64 = Either<f64, BigInt>;
-
-/// The largest integer a `number` holds exactly.
-const MAX_SAFE: u64 = (1 << 53) - 1;
 
 /// A `u64` for JavaScript: a `number` when exact, a `bigint` otherwise.
 pub fn u64_to_js(v: u64) -> U64 {
@@ -38,159 +40,60 @@ pub fn lease_to_js(id: core::LeaseId) -> f64 {
     id.0 as f64
 }
 
-/// An error about to be thrown into JavaScript: its class, stable code, message and
-/// optional offending field.
-#[derive(Debug)]
-pub struct Thrown {
-    kind: ErrorKind,
-    code: &'static str,
-    message: String,
-    field: Option<String>,
-}
+/// An error about to be thrown into JavaScript (shared with the wasm build).
+pub use tokenwarden_js_io::ArgError as Thrown;
+use tokenwarden_js_io::ErrorKind;
 
-#[derive(Debug, Clone, Copy)]
-enum ErrorKind {
-    /// `Error`: the call was well formed but the state refuses it (unknown lease, …).
-    Error,
-    /// `RangeError`: a value out of range.
-    Range,
-    /// `TypeError`: a value of the wrong type.
-    Type,
-}
-
-impl Thrown {
-    /// A value outside its allowed range.
-    pub fn range(code: &'static str, message: String) -> Thrown {
-        Thrown {
-            kind: ErrorKind::Range,
-            code,
-            message,
-            field: None,
+/// Throws `t` as a real JavaScript `Error`/`RangeError`/`TypeError` with `code` (and
+/// `field`) properties, and returns the marker napi-rs expects after a throw.
+pub fn throw(t: Thrown, env: &Env) -> napi::Error {
+    let base = napi::Error::new(t.code.to_owned(), t.message);
+    let value = match t.kind {
+        ErrorKind::Error => JsError::from(base).into_unknown(*env),
+        ErrorKind::Range => JsRangeError::from(base).into_unknown(*env),
+        ErrorKind::Type => JsTypeError::from(base).into_unknown(*env),
+    };
+    let thrown = value.coerce_to_object().and_then(|mut obj| {
+        if let Some(field) = &t.field {
+            obj.set_named_property("field", field.as_str())?;
         }
-    }
-
-    /// A value of the wrong type.
-    pub fn type_error(message: String) -> Thrown {
-        Thrown {
-            kind: ErrorKind::Type,
-            code: "invalid_argument",
-            message,
-            field: None,
-        }
-    }
-
-    /// Attaches the name of the offending field (`error.field` in JavaScript).
-    pub fn with_field(mut self, field: impl Into<String>) -> Thrown {
-        self.field = Some(field.into());
-        self
-    }
-
-    /// Throws this error as a real JavaScript `Error`/`RangeError`/`TypeError` with `code`
-    /// (and `field`) properties, and returns the marker napi-rs expects after a throw.
-    pub fn throw(self, env: &Env) -> napi::Error {
-        let base = napi::Error::new(self.code.to_owned(), self.message);
-        let value = match self.kind {
-            ErrorKind::Error => JsError::from(base).into_unknown(*env),
-            ErrorKind::Range => JsRangeError::from(base).into_unknown(*env),
-            ErrorKind::Type => JsTypeError::from(base).into_unknown(*env),
-        };
-        let thrown = value.coerce_to_object().and_then(|mut obj| {
-            if let Some(field) = &self.field {
-                obj.set_named_property("field", field.as_str())?;
-            }
-            env.throw(obj)
-        });
-        match thrown {
-            Ok(()) => napi::Error::from_status(Status::PendingException),
-            Err(e) => e,
-        }
+        env.throw(obj)
+    });
+    match thrown {
+        Ok(()) => napi::Error::from_status(Status::PendingException),
+        Err(e) => e,
     }
 }
 
 /// A core `LeaseError` as the thrown error. `too_large` names the JavaScript field.
 pub fn lease_error(e: core::LeaseError) -> Thrown {
-    let message = e.to_string();
-    match e {
-        core::LeaseError::TooLarge { field } => {
-            Thrown::range(e.code(), message).with_field(camel(field))
-        }
-        _ => Thrown {
-            kind: ErrorKind::Error,
-            code: e.code(),
-            message,
-            field: None,
-        },
-    }
+    Thrown::from(e)
 }
 
 /// A core `ConfigError` as the thrown error; `field` is the path in the configuration JSON.
 pub fn config_error(e: &core::ConfigError) -> Thrown {
-    let t = Thrown {
-        kind: ErrorKind::Error,
-        code: e.code(),
-        message: e.to_string(),
-        field: None,
-    };
-    if let core::ConfigError::Invalid { field, .. } = e {
-        t.with_field(field.to_string())
-    } else {
-        t
-    }
+    Thrown::from(e)
 }
 
 /// A core `RestoreError` as the thrown error.
 pub fn restore_error(e: &core::RestoreError) -> Thrown {
-    Thrown {
-        kind: ErrorKind::Error,
-        code: e.code(),
-        message: e.to_string(),
-        field: None,
-    }
+    Thrown::from(e)
 }
 
 /// Reads an unsigned integer argument named `what`.
 pub fn u64_arg(v: &U64, what: &str) -> Result<u64, Thrown> {
     match v {
-        Either::A(n) => {
-            // 2^64 as f64 is exact; anything at or above it does not fit.
-            if n.is_finite() && n.fract() == 0.0 && *n >= 0.0 && *n < 18_446_744_073_709_551_616.0 {
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
-                Ok(*n as u64)
-            } else {
-                Err(Thrown::range(
-                    "invalid_argument",
-                    format!("`{what}` must be a non-negative integer below 2^64, got {n}"),
-                )
-                .with_field(what))
-            }
-        }
+        Either::A(n) => u64_from_f64(*n, what),
         Either::B(b) => {
             let (negative, value, lossless) = b.get_u64();
-            if negative || !lossless {
-                Err(Thrown::range(
-                    "invalid_argument",
-                    format!("`{what}` must be a bigint in 0..2^64"),
-                )
-                .with_field(what))
-            } else {
-                Ok(value)
-            }
+            u64_from_bigint(negative, value, lossless, what)
         }
     }
 }
 
 /// Reads a `u32` argument named `what` (pool ids, unblocks, HTTP status).
 pub fn u32_arg(n: f64, what: &str) -> Result<u32, Thrown> {
-    if n.is_finite() && n.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&n) {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
-        Ok(n as u32)
-    } else {
-        Err(Thrown::range(
-            "invalid_argument",
-            format!("`{what}` must be an integer in 0..2^32, got {n}"),
-        )
-        .with_field(what))
-    }
+    u32_from_f64(n, what)
 }
 
 /// A lease id argument: any non-negative integer; ids the core never issued are
@@ -307,16 +210,6 @@ pub enum Axis {
     Tokens,
     /// Requests per minute.
     Requests,
-}
-
-/// The axis's position in demand arrays (input, output, tokens, requests).
-fn axis_index(a: core::Axis) -> u64 {
-    match a {
-        core::Axis::InputTokens => 0,
-        core::Axis::OutputTokens => 1,
-        core::Axis::Tokens => 2,
-        core::Axis::Requests => 3,
-    }
 }
 
 fn axis(a: core::Axis) -> Axis {
@@ -608,252 +501,9 @@ pub struct BackoffResult {
     pub step: BackoffStep,
 }
 
-/// The fast path's register file: a `Float64Array` the JavaScript wrapper owns and the
-/// addon reads arguments from and writes results to, so a hot call crosses the boundary
-/// with no object to read or build (napi property access by name costs ~100 ns a field).
-/// Every slot holds an exact integer below 2^53, or −1 for "none". Layouts, per call:
-///
-/// | call | arguments in | results out | returns |
-/// |---|---|---|---|
-/// | `requestLeaseIo` | now, agent, pool, input, cached, max, role (0 worker, 1 reviewer, 2 planner), unblocks, failure signature | lease, instant (expires at / eta / retry at), reason, axis | `DECISION_*` |
-/// | `settleIo` | now, lease, input, cache creation, cache read, output | reserved ×4, used ×4 | 0 |
-/// | `cancelIo` | now, lease | — | 0 |
-/// | `handleTimeoutIo` | now | — | 0 |
-/// | `pollEventIo` | — | the event's fields in declaration order | `EVENT_*`, or −1 |
-///
-/// A result with a value above 2^53 − 1 returns `WIDE` instead; `takeWide()` then hands
-/// it over as an object with `bigint`s.
-pub const IO_SLOTS: usize = 16;
-/// The lease was granted.
-pub const DECISION_GRANT: i32 = 0;
-/// The request was queued.
-pub const DECISION_QUEUED: i32 = 1;
-/// The request was rejected.
-pub const DECISION_REJECT: i32 = 2;
-/// The result does not fit a `number`: fetch it with `takeWide()`.
-pub const WIDE: i32 = 9;
-
-fn fits(values: &[u64]) -> bool {
-    values.iter().all(|&v| v <= MAX_SAFE)
-}
-
-#[allow(clippy::cast_precision_loss)] // exact: callers check `fits` first
-fn put(io: &mut [f64], values: &[u64]) {
-    for (slot, &v) in io.iter_mut().zip(values) {
-        *slot = v as f64;
-    }
-}
-
-/// A slot as a `u64` argument.
-fn slot(io: &[f64], i: usize, what: &str) -> Result<u64, Thrown> {
-    u64_arg(&Either::A(io[i]), what)
-}
-
-/// An optional slot: −1 is "none".
-fn opt_slot(io: &[f64], i: usize, what: &str) -> Result<Option<u64>, Thrown> {
-    if io[i] == -1.0 {
-        Ok(None)
-    } else {
-        slot(io, i, what).map(Some)
-    }
-}
-
-/// Reads `now` from slot 0.
-pub fn io_now(io: &[f64]) -> Result<core::Millis, Thrown> {
-    slot(io, 0, "now").map(core::Millis)
-}
-
-/// Reads `requestLeaseIo`'s arguments.
-pub fn io_lease_request(io: &[f64]) -> Result<core::LeaseRequest, Thrown> {
-    Ok(core::LeaseRequest {
-        agent: core::AgentId(slot(io, 1, "agent")?),
-        pool: core::PoolId(u32_arg(io[2], "pool")?),
-        input_tokens: slot(io, 3, "inputTokens")?,
-        cached_prefix_tokens: slot(io, 4, "cachedPrefixTokens")?,
-        max_tokens: slot(io, 5, "maxTokens")?,
-        role: match io[6] {
-            0.0 => core::Role::Worker,
-            1.0 => core::Role::Reviewer,
-            2.0 => core::Role::Planner,
-            other => {
-                return Err(Thrown::range(
-                    "invalid_argument",
-                    format!("`role` must be planner, reviewer or worker (code {other})"),
-                )
-                .with_field("role"));
-            }
-        },
-        unblocks: u32_arg(io[7], "unblocks")?,
-        failure_signature: opt_slot(io, 8, "failureSignature")?,
-    })
-}
-
-/// Writes a decision; `WIDE` when an instant does not fit a `number`.
-pub fn io_decision(io: &mut [f64], d: &core::Decision) -> i32 {
-    let none = u64::MAX; // written as −1 below
-    let (code, lease, at, reason, axis_index) = match *d {
-        core::Decision::Grant { lease, expires_at } => {
-            (DECISION_GRANT, lease.0, expires_at.0, 0, 0)
-        }
-        core::Decision::Queued { lease, eta } => (DECISION_QUEUED, lease.0, eta.0, 0, 0),
-        core::Decision::Reject { retry_at, reason } => {
-            let (r, a) = match reason {
-                core::RejectReason::ExceedsCapacity { axis: a } => (0, axis_index(a)),
-                core::RejectReason::WaitTooLong => (1, 0),
-                core::RejectReason::QueueFull => (2, 0),
-                core::RejectReason::TooManyLeases => (3, 0),
-                core::RejectReason::TooManyAgents => (4, 0),
-            };
-            (DECISION_REJECT, 0, retry_at.map_or(none, |t| t.0), r, a)
-        }
-    };
-    if at != none && !fits(&[at]) {
-        return WIDE;
-    }
-    put(io, &[lease, at, reason, axis_index]);
-    if at == none {
-        io[1] = -1.0;
-    }
-    code
-}
-
-/// Reads the lease id from slot 1 (`cancelIo`).
-pub fn io_lease(io: &[f64]) -> Result<core::LeaseId, Thrown> {
-    slot(io, 1, "lease").map(core::LeaseId)
-}
-
-/// Reads `settleIo`'s arguments.
-pub fn io_settle(io: &[f64]) -> Result<(core::LeaseId, core::Usage), Thrown> {
-    Ok((
-        core::LeaseId(slot(io, 1, "lease")?),
-        core::Usage {
-            input_tokens: slot(io, 2, "inputTokens")?,
-            cache_creation_input_tokens: slot(io, 3, "cacheCreationInputTokens")?,
-            cache_read_input_tokens: slot(io, 4, "cacheReadInputTokens")?,
-            output_tokens: slot(io, 5, "outputTokens")?,
-        },
-    ))
-}
-
-/// Writes a settlement; `WIDE` when an amount does not fit a `number`.
-pub fn io_settlement(io: &mut [f64], s: &core::Settlement) -> i32 {
-    if !fits(&s.reserved.0) || !fits(&s.used.0) {
-        return WIDE;
-    }
-    put(io, &s.reserved.0);
-    put(&mut io[4..], &s.used.0);
-    0
-}
-
-/// Granted, expired, margin changed, paused, estimate alert: `pollEventIo`'s codes.
-pub const EVENT_GRANTED: i32 = 0;
-
-/// Writes an event; `WIDE` when a field does not fit a `number`.
-pub fn io_event(io: &mut [f64], e: &core::Event) -> i32 {
-    let (code, fields): (i32, [u64; 5]) = match *e {
-        core::Event::Granted {
-            lease,
-            agent,
-            pool,
-            expires_at,
-            waited_ms,
-        } => (
-            EVENT_GRANTED,
-            [lease.0, agent.0, u64::from(pool.0), expires_at.0, waited_ms],
-        ),
-        core::Event::Expired { lease, agent, pool } => {
-            (1, [lease.0, agent.0, u64::from(pool.0), 0, 0])
-        }
-        core::Event::MarginChanged {
-            pool,
-            from_permille,
-            to_permille,
-        } => (
-            2,
-            [
-                u64::from(pool.0),
-                u64::from(from_permille),
-                u64::from(to_permille),
-                0,
-                0,
-            ],
-        ),
-        core::Event::Paused { pool, until } => (3, [u64::from(pool.0), until.0, 0, 0, 0]),
-        core::Event::EstimateAlert {
-            agent,
-            error_permille,
-        } => (4, [agent.0, u64::from(error_permille), 0, 0, 0]),
-    };
-    if !fits(&fields) {
-        return WIDE;
-    }
-    put(io, &fields);
-    code
-}
-
-/// A result held back from the fast path because it needs `bigint`s.
-#[derive(Debug, Clone, Copy)]
-pub enum WideResult {
-    /// From `requestLeaseIo`.
-    Decision(core::Decision),
-    /// From `settleIo`.
-    Settlement(core::Settlement),
-    /// From `pollEventIo`.
-    Event(core::Event),
-}
-
-/// `snake_case` → `camelCase`.
-pub fn camel(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut upper = false;
-    for c in s.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// A serde-shaped core value with its object keys recased to camelCase (string values,
-/// such as enum tags, are left alone). Numbers keep their exact value; napi-rs turns
-/// integers above 2^53 − 1 into `bigint`.
-pub fn camel_keys(v: Value) -> Value {
-    match v {
-        Value::Object(map) => {
-            let mut out = Map::with_capacity(map.len());
-            for (k, v) in map {
-                out.insert(camel(&k), camel_keys(v));
-            }
-            Value::Object(out)
-        }
-        Value::Array(items) => Value::Array(items.into_iter().map(camel_keys).collect()),
-        other => other,
-    }
-}
-
 /// Serializes a core value for JavaScript with camelCase keys.
 pub fn to_js_value<T: serde::Serialize>(v: &T) -> Result<Value, Thrown> {
-    serde_json::to_value(v).map(camel_keys).map_err(|e| Thrown {
-        kind: ErrorKind::Error,
-        code: "internal",
-        message: e.to_string(),
-        field: None,
-    })
-}
-
-/// Whether every integer in `v` is exact as a JavaScript `number`.
-fn all_safe(v: &Value) -> bool {
-    match v {
-        Value::Number(n) => n.as_u64().is_none_or(|u| u <= MAX_SAFE),
-        Value::Array(items) => items.iter().all(all_safe),
-        Value::Object(map) => map.values().all(all_safe),
-        _ => true,
-    }
+    camel_value(v)
 }
 
 /// A core value for JavaScript as JSON text (camelCase keys) when `JSON.parse` reads it
@@ -871,18 +521,6 @@ pub fn to_js_json<T: serde::Serialize>(v: &T) -> Result<Either<String, Value>, T
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn camel_recases_keys_only() {
-        assert_eq!(camel("input_tokens_per_minute"), "inputTokensPerMinute");
-        assert_eq!(camel("p50_ms"), "p50Ms");
-        assert_eq!(camel("agent"), "agent");
-        let v = serde_json::json!({"binding_axis": "input_tokens", "axes": [{"last_minute": 1}]});
-        assert_eq!(
-            camel_keys(v),
-            serde_json::json!({"bindingAxis": "input_tokens", "axes": [{"lastMinute": 1}]})
-        );
-    }
 
     #[test]
     fn u64_args_accept_exact_integers_only() {

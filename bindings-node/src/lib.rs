@@ -17,7 +17,7 @@ pub mod convert;
 
 use convert::{
     BackoffResult, BackoffState, Decision, Event, IO_SLOTS, LeaseRequest, Settlement, Thrown, U64,
-    Usage, WIDE, WideResult, config_error, lease_arg, lease_error, restore_error, to_js_json,
+    Usage, WIDE, WideResult, config_error, io, lease_arg, lease_error, restore_error, to_js_json,
     u32_arg, u64_arg, u64_to_js,
 };
 use napi::Env;
@@ -28,7 +28,7 @@ use tokenwarden_core as core;
 
 /// Runs `f`, throwing its error (if any) into JavaScript.
 fn js<T>(env: &Env, f: impl FnOnce() -> Result<T, Thrown>) -> napi::Result<T> {
-    f().map_err(|e| e.throw(env))
+    f().map_err(|e| convert::throw(e, env))
 }
 
 /// One provider's quota: buckets, leases, the weighted fair queue and the margin, driven by
@@ -288,12 +288,12 @@ impl Coordinator {
         let Coordinator { inner, io, wide } = self;
         js(&env, || {
             let io = registers(io)?;
-            let now = convert::io_now(io)?;
-            let req = convert::io_lease_request(io)?;
+            let now = io::io_now(io)?;
+            let req = io::io_lease_request(io)?;
             let d = inner.request_lease(now, &req).map_err(lease_error)?;
             Ok(narrow(
                 wide,
-                convert::io_decision(io, &d),
+                io::io_decision(io, &d),
                 WideResult::Decision(d),
             ))
         })
@@ -305,12 +305,12 @@ impl Coordinator {
         let Coordinator { inner, io, wide } = self;
         js(&env, || {
             let io = registers(io)?;
-            let now = convert::io_now(io)?;
-            let (lease, usage) = convert::io_settle(io)?;
+            let now = io::io_now(io)?;
+            let (lease, usage) = io::io_settle(io)?;
             let s = inner.settle(now, lease, &usage).map_err(lease_error)?;
             Ok(narrow(
                 wide,
-                convert::io_settlement(io, &s),
+                io::io_settlement(io, &s),
                 WideResult::Settlement(s),
             ))
         })
@@ -322,10 +322,8 @@ impl Coordinator {
         let Coordinator { inner, io, .. } = self;
         js(&env, || {
             let io = registers(io)?;
-            let now = convert::io_now(io)?;
-            inner
-                .cancel(now, convert::io_lease(io)?)
-                .map_err(lease_error)
+            let now = io::io_now(io)?;
+            inner.cancel(now, io::io_lease(io)?).map_err(lease_error)
         })
     }
 
@@ -334,7 +332,7 @@ impl Coordinator {
     pub fn handle_timeout_io(&mut self, env: Env) -> napi::Result<()> {
         let Coordinator { inner, io, .. } = self;
         js(&env, || {
-            let now = convert::io_now(registers(io)?)?;
+            let now = io::io_now(registers(io)?)?;
             inner.handle_timeout(now);
             Ok(())
         })
@@ -348,7 +346,7 @@ impl Coordinator {
             let io = registers(io)?;
             Ok(match inner.poll_event() {
                 None => -1,
-                Some(e) => narrow(wide, convert::io_event(io, &e), WideResult::Event(e)),
+                Some(e) => narrow(wide, io::io_event(io, &e), WideResult::Event(e)),
             })
         })
     }

@@ -4,6 +4,8 @@
  * bring an {@link Engine} (the addon from `tokenwarden`, or the wasm build).
  */
 export { Driver, Lease, headerPairs } from './driver.js'
+export { RegisterEngine } from './register.js'
+export type { RegisterBinding } from './register.js'
 export type { AcquireOptions, DriverEvents, DriverOptions, HeadersLike } from './driver.js'
 export { Tokenwarden } from './tokenwarden.js'
 export { RemoteLease, RemoteTokenwarden } from './remote.js'

@@ -7,123 +7,67 @@
 //! camelCase and enum tags keep the core's snake_case spelling; errors are real `Error`,
 //! `RangeError` or `TypeError` objects with the core's stable `code` (and `field`).
 //!
-//! Inputs with plain shapes (header pairs) go through `serde-wasm-bindgen`; outputs are
-//! built by hand, because serde-wasm-bindgen writes every `u64` either as a lossy `number`
-//! or always as a `bigint`, and the rule above is neither.
+//! Objects are read and built with `js-sys` here rather than through `serde-wasm-bindgen`:
+//! it writes every `u64` either as a lossy `number` or always as a `bigint` (the rule above
+//! is neither), and the one input it handled (header pairs) costs 2 KB of the gzipped
+//! `.wasm` through it, against a budget of 150 KB. The hot calls skip objects altogether:
+//! they use the register file shared with the addon (`tokenwarden-js-io`).
 
 use js_sys::{Array, BigInt, Object, Reflect};
 use serde_json::Value;
 use tokenwarden_core as core;
+use tokenwarden_js_io::camel;
 use wasm_bindgen::{JsCast, JsValue};
 
-/// The largest integer a `number` holds exactly.
-const MAX_SAFE: u64 = (1 << 53) - 1;
+pub use tokenwarden_js_io::ArgError;
+use tokenwarden_js_io::{ErrorKind, MAX_SAFE, u64_from_f64};
 
-/// An error about to be thrown into JavaScript.
+/// An error on its way into JavaScript: what the methods of `lib.rs` return.
 #[derive(Debug)]
-pub struct Thrown {
-    kind: Kind,
-    code: &'static str,
-    message: String,
-    field: Option<String>,
-}
+pub struct Thrown(pub ArgError);
 
-#[derive(Debug, Clone, Copy)]
-enum Kind {
-    Error,
-    Range,
-    Type,
-}
-
-impl Thrown {
-    /// A value outside its allowed range (`RangeError`).
-    pub fn range(code: &'static str, message: String) -> Thrown {
-        Thrown {
-            kind: Kind::Range,
-            code,
-            message,
-            field: None,
-        }
-    }
-
-    /// A value of the wrong type (`TypeError`, code `invalid_argument`).
-    pub fn type_error(message: String) -> Thrown {
-        Thrown {
-            kind: Kind::Type,
-            code: "invalid_argument",
-            message,
-            field: None,
-        }
-    }
-
-    /// Attaches the offending field (`error.field`).
-    pub fn with_field(mut self, field: impl Into<String>) -> Thrown {
-        self.field = Some(field.into());
-        self
-    }
-
-    /// The JavaScript error object.
-    pub fn into_js(self) -> JsValue {
-        let err: js_sys::Error = match self.kind {
-            Kind::Error => js_sys::Error::new(&self.message),
-            Kind::Range => js_sys::RangeError::new(&self.message).unchecked_into(),
-            Kind::Type => js_sys::TypeError::new(&self.message).unchecked_into(),
-        };
-        let obj: &JsValue = err.as_ref();
-        // Setting a property on a fresh error object cannot fail.
-        let _ = Reflect::set(obj, &"code".into(), &self.code.into());
-        if let Some(field) = &self.field {
-            let _ = Reflect::set(obj, &"field".into(), &field.into());
-        }
-        err.into()
+impl From<ArgError> for Thrown {
+    fn from(e: ArgError) -> Thrown {
+        Thrown(e)
     }
 }
 
 impl From<Thrown> for JsValue {
     fn from(t: Thrown) -> JsValue {
-        t.into_js()
+        js_error(t.0)
     }
+}
+
+/// The JavaScript error object for `t`: a real `Error`, `RangeError` or `TypeError` with
+/// `code` (and `field`) properties.
+pub fn js_error(t: ArgError) -> JsValue {
+    let err: js_sys::Error = match t.kind {
+        ErrorKind::Error => js_sys::Error::new(&t.message),
+        ErrorKind::Range => js_sys::RangeError::new(&t.message).unchecked_into(),
+        ErrorKind::Type => js_sys::TypeError::new(&t.message).unchecked_into(),
+    };
+    let obj: &JsValue = err.as_ref();
+    // Setting a property on a fresh error object cannot fail.
+    let _ = Reflect::set(obj, &"code".into(), &t.code.into());
+    if let Some(field) = &t.field {
+        let _ = Reflect::set(obj, &"field".into(), &field.into());
+    }
+    err.into()
 }
 
 /// A core `LeaseError`; `too_large` names the JavaScript field.
-pub fn lease_error(e: core::LeaseError) -> Thrown {
-    let message = e.to_string();
-    match e {
-        core::LeaseError::TooLarge { field } => {
-            Thrown::range(e.code(), message).with_field(camel(field))
-        }
-        _ => Thrown {
-            kind: Kind::Error,
-            code: e.code(),
-            message,
-            field: None,
-        },
-    }
+pub fn lease_error(e: core::LeaseError) -> ArgError {
+    ArgError::from(e)
 }
 
 /// A core `ConfigError`; `field` is the path in the configuration JSON.
-pub fn config_error(e: &core::ConfigError) -> Thrown {
-    let t = Thrown {
-        kind: Kind::Error,
-        code: e.code(),
-        message: e.to_string(),
-        field: None,
-    };
-    if let core::ConfigError::Invalid { field, .. } = e {
-        t.with_field(field.to_string())
-    } else {
-        t
-    }
+pub fn config_error(e: &core::ConfigError) -> ArgError {
+    ArgError::from(e)
 }
 
 /// A core `RestoreError`.
-pub fn restore_error(e: &core::RestoreError) -> Thrown {
-    Thrown {
-        kind: Kind::Error,
-        code: e.code(),
-        message: e.to_string(),
-        field: None,
-    }
+pub fn restore_error(e: &core::RestoreError) -> ArgError {
+    ArgError::from(e)
 }
 
 /// A `u64` for JavaScript: a `number` when exact, a `bigint` otherwise.
@@ -137,33 +81,20 @@ pub fn u64_to_js(v: u64) -> JsValue {
 }
 
 /// Reads an unsigned integer argument named `what`.
-pub fn u64_arg(v: &JsValue, what: &str) -> Result<u64, Thrown> {
+pub fn u64_arg(v: &JsValue, what: &str) -> Result<u64, ArgError> {
     if let Some(n) = v.as_f64() {
-        if n.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&n) {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
-            return Ok(n as u64);
-        }
-        // JavaScript formats the number: Rust's float formatting would add ~15 KB of code.
-        let shown = js_sys::Number::from(n)
-            .to_string_with_radix(10)
-            .map(String::from)
-            .unwrap_or_default();
-        return Err(Thrown::range(
-            "invalid_argument",
-            format!("`{what}` must be a non-negative integer below 2^64, got {shown}"),
-        )
-        .with_field(what));
+        return u64_from_f64(n, what);
     }
     if v.is_bigint() {
         return u64::try_from(v.clone()).map_err(|_| {
-            Thrown::range(
+            ArgError::range(
                 "invalid_argument",
                 format!("`{what}` must be a bigint in 0..2^64"),
             )
             .with_field(what)
         });
     }
-    Err(Thrown::type_error(format!(
+    Err(ArgError::type_error(format!(
         "`{what}` must be a number or a bigint, got {}",
         v.js_typeof().as_string().unwrap_or_default()
     ))
@@ -171,10 +102,10 @@ pub fn u64_arg(v: &JsValue, what: &str) -> Result<u64, Thrown> {
 }
 
 /// Reads a `u32` argument (pool ids, unblocks, status).
-pub fn u32_arg(v: &JsValue, what: &str) -> Result<u32, Thrown> {
+pub fn u32_arg(v: &JsValue, what: &str) -> Result<u32, ArgError> {
     let n = u64_arg(v, what)?;
     u32::try_from(n).map_err(|_| {
-        Thrown::range(
+        ArgError::range(
             "invalid_argument",
             format!("`{what}` must be below 2^32, got {n}"),
         )
@@ -183,10 +114,10 @@ pub fn u32_arg(v: &JsValue, what: &str) -> Result<u32, Thrown> {
 }
 
 /// An object argument, or a `TypeError` naming it.
-fn object<'a>(v: &'a JsValue, what: &str) -> Result<&'a Object, Thrown> {
+fn object<'a>(v: &'a JsValue, what: &str) -> Result<&'a Object, ArgError> {
     v.dyn_ref::<Object>()
         .filter(|_| v.is_object())
-        .ok_or_else(|| Thrown::type_error(format!("`{what}` must be an object")).with_field(what))
+        .ok_or_else(|| ArgError::type_error(format!("`{what}` must be an object")).with_field(what))
 }
 
 /// A property of an object argument (`undefined` when absent).
@@ -196,7 +127,7 @@ fn get(obj: &Object, key: &str) -> JsValue {
 }
 
 /// An optional numeric property: absent (or `null`) is 0.
-fn opt_u64(obj: &Object, key: &str) -> Result<u64, Thrown> {
+fn opt_u64(obj: &Object, key: &str) -> Result<u64, ArgError> {
     let v = get(obj, key);
     if v.is_undefined() || v.is_null() {
         Ok(0)
@@ -207,7 +138,7 @@ fn opt_u64(obj: &Object, key: &str) -> Result<u64, Thrown> {
 
 /// `LeaseRequest` from `{ agent, pool, inputTokens?, cachedPrefixTokens?, maxTokens?, role?,
 /// unblocks?, failureSignature? }`.
-pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, Thrown> {
+pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, ArgError> {
     let o = object(v, "request")?;
     let role = get(o, "role");
     let role = if role.is_undefined() || role.is_null() {
@@ -218,7 +149,7 @@ pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, Thrown> {
             Some("reviewer") => core::Role::Reviewer,
             Some("planner") => core::Role::Planner,
             _ => {
-                return Err(Thrown::range(
+                return Err(ArgError::range(
                     "invalid_argument",
                     "`role` must be planner, reviewer or worker".into(),
                 )
@@ -249,7 +180,7 @@ pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, Thrown> {
 }
 
 /// `Usage` from `{ inputTokens?, cacheCreationInputTokens?, cacheReadInputTokens?, outputTokens? }`.
-pub fn usage(v: &JsValue) -> Result<core::Usage, Thrown> {
+pub fn usage(v: &JsValue) -> Result<core::Usage, ArgError> {
     let o = object(v, "usage")?;
     Ok(core::Usage {
         input_tokens: opt_u64(o, "inputTokens")?,
@@ -260,7 +191,7 @@ pub fn usage(v: &JsValue) -> Result<core::Usage, Thrown> {
 }
 
 /// `Backoff` from `{ failed, lastRetryAfterMs }`.
-pub fn backoff_state(v: &JsValue) -> Result<core::Backoff, Thrown> {
+pub fn backoff_state(v: &JsValue) -> Result<core::Backoff, ArgError> {
     let o = object(v, "state")?;
     let last = get(o, "lastRetryAfterMs");
     Ok(core::Backoff {
@@ -273,31 +204,22 @@ pub fn backoff_state(v: &JsValue) -> Result<core::Backoff, Thrown> {
     })
 }
 
-/// Header pairs `[[name, value], ...]` (through serde-wasm-bindgen).
-pub fn headers(v: JsValue) -> Result<Vec<(String, String)>, Thrown> {
-    serde_wasm_bindgen::from_value(v).map_err(|e| {
-        Thrown::type_error(format!(
-            "`headers` must be an array of [name, value] string pairs: {e}"
-        ))
-        .with_field("headers")
-    })
-}
-
-/// `snake_case` → `camelCase`.
-pub fn camel(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut upper = false;
-    for c in s.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
+/// Header pairs `[[name, value], ...]`.
+pub fn headers(v: &JsValue) -> Result<Vec<(String, String)>, ArgError> {
+    let bad = || {
+        ArgError::type_error("`headers` must be an array of [name, value] string pairs".into())
+            .with_field("headers")
+    };
+    let list = v.dyn_ref::<Array>().ok_or_else(bad)?;
+    let mut out = Vec::with_capacity(list.length() as usize);
+    for pair in list.iter() {
+        let pair = pair.dyn_into::<Array>().map_err(|_| bad())?;
+        match (pair.get(0).as_string(), pair.get(1).as_string()) {
+            (Some(name), Some(value)) if pair.length() == 2 => out.push((name, value)),
+            _ => return Err(bad()),
         }
     }
-    out
+    Ok(out)
 }
 
 fn set(obj: &Object, key: &str, value: &JsValue) {
@@ -328,13 +250,8 @@ pub fn value_to_js(v: &Value) -> JsValue {
 }
 
 /// Serializes a core value for JavaScript.
-pub fn to_js<T: serde::Serialize>(v: &T) -> Result<JsValue, Thrown> {
+pub fn to_js<T: serde::Serialize>(v: &T) -> Result<JsValue, ArgError> {
     serde_json::to_value(v)
         .map(|v| value_to_js(&v))
-        .map_err(|e| Thrown {
-            kind: Kind::Error,
-            code: "internal",
-            message: e.to_string(),
-            field: None,
-        })
+        .map_err(|e| ArgError::state("internal", e.to_string()))
 }

@@ -10,10 +10,11 @@
 pub mod convert;
 
 use convert::{
-    Thrown, backoff_state, config_error, headers, lease_error, lease_request, restore_error, to_js,
-    u32_arg, u64_arg, u64_to_js, usage,
+    ArgError, Thrown, backoff_state, config_error, headers, lease_error, lease_request,
+    restore_error, to_js, u32_arg, u64_arg, u64_to_js, usage,
 };
 use tokenwarden_core as core;
+use tokenwarden_js_io::io::{self, WideResult};
 use wasm_bindgen::prelude::*;
 
 /// One provider's quota: buckets, leases, the weighted fair queue and the margin, driven by
@@ -22,13 +23,33 @@ use wasm_bindgen::prelude::*;
 #[wasm_bindgen]
 pub struct Coordinator {
     inner: core::Coordinator,
+    /// A register-file result that needs `bigint`s, until `takeWide()`.
+    wide: Option<WideResult>,
 }
 
-fn now_arg(now: &JsValue) -> Result<core::Millis, Thrown> {
+/// Keeps `result` for `takeWide()` when the register file could not hold it.
+fn narrow(wide: &mut Option<WideResult>, code: i32, result: WideResult) -> i32 {
+    if code == io::WIDE {
+        *wide = Some(result);
+    }
+    code
+}
+
+fn registers(io: &[f64]) -> Result<(), ArgError> {
+    if io.len() < io::IO_SLOTS {
+        return Err(ArgError::range(
+            "invalid_argument",
+            format!("the io buffer needs {} slots", io::IO_SLOTS),
+        ));
+    }
+    Ok(())
+}
+
+fn now_arg(now: &JsValue) -> Result<core::Millis, ArgError> {
     u64_arg(now, "now").map(core::Millis)
 }
 
-fn lease_arg(lease: &JsValue) -> Result<core::LeaseId, Thrown> {
+fn lease_arg(lease: &JsValue) -> Result<core::LeaseId, ArgError> {
     u64_arg(lease, "lease").map(core::LeaseId)
 }
 
@@ -42,20 +63,20 @@ impl Coordinator {
         config_json: &str,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] seed: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-    ) -> Result<Coordinator, JsValue> {
+    ) -> Result<Coordinator, Thrown> {
         let seed = u64_arg(&seed, "seed")?;
         let now = now_arg(&now)?;
         let config = core::Config::from_json(config_json).map_err(|e| config_error(&e))?;
         let inner = core::Coordinator::new(config, seed, now).map_err(|e| config_error(&e))?;
-        Ok(Coordinator { inner })
+        Ok(Coordinator { inner, wide: None })
     }
 
     /// A coordinator restored from `snapshot()`; it makes the same decisions as the one that
     /// wrote it. Throws `snapshot_version`, `snapshot_parse`, `snapshot_config` or
     /// `snapshot_corrupt`.
-    pub fn restore(snapshot_json: &str) -> Result<Coordinator, JsValue> {
+    pub fn restore(snapshot_json: &str) -> Result<Coordinator, Thrown> {
         core::Coordinator::restore_json(snapshot_json)
-            .map(|inner| Coordinator { inner })
+            .map(|inner| Coordinator { inner, wide: None })
             .map_err(|e| restore_error(&e).into())
     }
 
@@ -65,7 +86,7 @@ impl Coordinator {
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
         #[wasm_bindgen(unchecked_param_type = "LeaseRequest")] request: JsValue,
-    ) -> Result<JsValue, JsValue> {
+    ) -> Result<JsValue, Thrown> {
         let now = now_arg(&now)?;
         let req = lease_request(&request)?;
         let d = self.inner.request_lease(now, &req).map_err(lease_error)?;
@@ -79,7 +100,7 @@ impl Coordinator {
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
         #[wasm_bindgen(unchecked_param_type = "Usage")] usage_value: JsValue,
-    ) -> Result<JsValue, JsValue> {
+    ) -> Result<JsValue, Thrown> {
         let now = now_arg(&now)?;
         let lease = lease_arg(&lease)?;
         let u = usage(&usage_value)?;
@@ -92,7 +113,7 @@ impl Coordinator {
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
-    ) -> Result<(), JsValue> {
+    ) -> Result<(), Thrown> {
         let now = now_arg(&now)?;
         let lease = lease_arg(&lease)?;
         Ok(self.inner.cancel(now, lease).map_err(lease_error)?)
@@ -110,7 +131,7 @@ impl Coordinator {
         #[wasm_bindgen(unchecked_param_type = "number")] status: JsValue,
         #[wasm_bindgen(unchecked_param_type = "Array<[string, string]>")] header_pairs: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] unix_now_ms: JsValue,
-    ) -> Result<JsValue, JsValue> {
+    ) -> Result<JsValue, Thrown> {
         let now = now_arg(&now)?;
         let pool = core::PoolId(u32_arg(&pool, "pool")?);
         let lease = if lease.is_null() || lease.is_undefined() {
@@ -119,7 +140,7 @@ impl Coordinator {
             Some(lease_arg(&lease)?)
         };
         let status = u16::try_from(u32_arg(&status, "status")?).map_err(|_| {
-            Thrown::range("invalid_argument", "`status` must be below 65536".into())
+            ArgError::range("invalid_argument", "`status` must be below 65536".into())
                 .with_field("status")
         })?;
         let unix = if unix_now_ms.is_null() || unix_now_ms.is_undefined() {
@@ -127,7 +148,7 @@ impl Coordinator {
         } else {
             Some(u64_arg(&unix_now_ms, "unixNowMs")?)
         };
-        let pairs = headers(header_pairs)?;
+        let pairs = headers(&header_pairs)?;
         let report = core::parse_headers(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
         self.inner
             .handle_response(now, pool, lease, status, &report)
@@ -141,7 +162,7 @@ impl Coordinator {
     pub fn handle_timeout(
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-    ) -> Result<(), JsValue> {
+    ) -> Result<(), Thrown> {
         self.inner.handle_timeout(now_arg(&now)?);
         Ok(())
     }
@@ -156,7 +177,7 @@ impl Coordinator {
 
     /// The next event, or `null`. Drain after every call.
     #[wasm_bindgen(js_name = pollEvent, unchecked_return_type = "EngineEvent | null")]
-    pub fn poll_event(&mut self) -> Result<JsValue, JsValue> {
+    pub fn poll_event(&mut self) -> Result<JsValue, Thrown> {
         match self.inner.poll_event() {
             None => Ok(JsValue::NULL),
             Some(e) => Ok(to_js(&e)?),
@@ -169,7 +190,7 @@ impl Coordinator {
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "BackoffState")] state: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] retry_after_ms: JsValue,
-    ) -> Result<JsValue, JsValue> {
+    ) -> Result<JsValue, Thrown> {
         let mut b = backoff_state(&state)?;
         let retry = if retry_after_ms.is_null() || retry_after_ms.is_undefined() {
             None
@@ -178,8 +199,9 @@ impl Coordinator {
         };
         let step = self.inner.backoff(&mut b, retry);
         let out = js_sys::Object::new();
-        js_sys::Reflect::set(&out, &"state".into(), &to_js(&b)?)?;
-        js_sys::Reflect::set(&out, &"step".into(), &to_js(&step)?)?;
+        // Defining properties on a fresh object cannot fail.
+        let _ = js_sys::Reflect::set(&out, &"state".into(), &to_js(&b)?);
+        let _ = js_sys::Reflect::set(&out, &"step".into(), &to_js(&step)?);
         Ok(out.into())
     }
 
@@ -188,7 +210,7 @@ impl Coordinator {
     pub fn metrics(
         &self,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-    ) -> Result<JsValue, JsValue> {
+    ) -> Result<JsValue, Thrown> {
         Ok(to_js(&self.inner.metrics(now_arg(&now)?))?)
     }
 
@@ -220,21 +242,90 @@ impl Coordinator {
             .collect()
     }
 
+    /// `requestLease` on a register file (`Float64Array`, layouts in `tokenwarden-js-io`):
+    /// returns 0 grant, 1 queued, 2 reject, 9 wide. The hot path of the shared driver.
+    #[wasm_bindgen(js_name = requestLeaseIo)]
+    pub fn request_lease_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
+        registers(io)?;
+        let now = io::io_now(io)?;
+        let req = io::io_lease_request(io)?;
+        let d = self.inner.request_lease(now, &req).map_err(lease_error)?;
+        Ok(narrow(
+            &mut self.wide,
+            io::io_decision(io, &d),
+            WideResult::Decision(d),
+        ))
+    }
+
+    /// `settle` on a register file: returns 0, or 9 wide.
+    #[wasm_bindgen(js_name = settleIo)]
+    pub fn settle_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
+        registers(io)?;
+        let now = io::io_now(io)?;
+        let (lease, u) = io::io_settle(io)?;
+        let s = self.inner.settle(now, lease, &u).map_err(lease_error)?;
+        Ok(narrow(
+            &mut self.wide,
+            io::io_settlement(io, &s),
+            WideResult::Settlement(s),
+        ))
+    }
+
+    /// `cancel` on a register file (now, lease).
+    #[wasm_bindgen(js_name = cancelIo)]
+    pub fn cancel_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
+        registers(io)?;
+        let now = io::io_now(io)?;
+        Ok(self
+            .inner
+            .cancel(now, io::io_lease(io)?)
+            .map_err(lease_error)?)
+    }
+
+    /// `handleTimeout` on a register file (now).
+    #[wasm_bindgen(js_name = handleTimeoutIo)]
+    pub fn handle_timeout_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
+        registers(io)?;
+        self.inner.handle_timeout(io::io_now(io)?);
+        Ok(())
+    }
+
+    /// `pollEvent` on a register file: the event's code, −1 for none, 9 wide.
+    #[wasm_bindgen(js_name = pollEventIo)]
+    pub fn poll_event_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
+        registers(io)?;
+        Ok(match self.inner.poll_event() {
+            None => -1,
+            Some(e) => narrow(&mut self.wide, io::io_event(io, &e), WideResult::Event(e)),
+        })
+    }
+
+    /// The register-file result held back because it needs `bigint`s, or `null`.
+    #[wasm_bindgen(js_name = takeWide, unchecked_return_type = "Decision | Settlement | EngineEvent | null")]
+    pub fn take_wide(&mut self) -> Result<JsValue, Thrown> {
+        Ok(match self.wide.take() {
+            None => JsValue::NULL,
+            Some(WideResult::Decision(d)) => to_js(&d)?,
+            Some(WideResult::Settlement(s)) => to_js(&s)?,
+            Some(WideResult::Event(e)) => to_js(&e)?,
+        })
+    }
+
     /// Internal consistency check; throws `corrupt` naming the broken invariant.
-    pub fn check(&self) -> Result<(), JsValue> {
+    pub fn check(&self) -> Result<(), Thrown> {
         self.inner
             .check()
-            .map_err(|why| Thrown::range("corrupt", format!("inconsistent state: {why}")).into())
+            .map_err(|why| ArgError::range("corrupt", format!("inconsistent state: {why}")).into())
     }
 }
 
 /// A random 53-bit seed from the platform's `crypto.getRandomValues` (getrandom's wasm JS
 /// backend), for backoff jitter when the caller does not choose one.
 #[wasm_bindgen(js_name = randomSeed)]
-pub fn random_seed() -> Result<f64, JsValue> {
+pub fn random_seed() -> Result<f64, Thrown> {
     let mut bytes = [0u8; 8];
     getrandom::fill(&mut bytes)
-        .map_err(|e| Thrown::range("internal", format!("no random source: {e}")))?;
+        .map_err(|e| ArgError::range("internal", format!("no random source: {e}")))?;
     #[allow(clippy::cast_precision_loss)] // exact: masked to 53 bits
     Ok((u64::from_le_bytes(bytes) & MAX_SEED) as f64)
 }
