@@ -65,21 +65,6 @@ pub fn throw(t: Thrown, env: &Env) -> napi::Error {
     }
 }
 
-/// A core `LeaseError` as the thrown error. `too_large` names the JavaScript field.
-pub fn lease_error(e: core::LeaseError) -> Thrown {
-    Thrown::from(e)
-}
-
-/// A core `ConfigError` as the thrown error; `field` is the path in the configuration JSON.
-pub fn config_error(e: &core::ConfigError) -> Thrown {
-    Thrown::from(e)
-}
-
-/// A core `RestoreError` as the thrown error.
-pub fn restore_error(e: &core::RestoreError) -> Thrown {
-    Thrown::from(e)
-}
-
 /// Reads an unsigned integer argument named `what`.
 pub fn u64_arg(v: &U64, what: &str) -> Result<u64, Thrown> {
     match v {

@@ -17,8 +17,7 @@ pub mod convert;
 
 use convert::{
     BackoffResult, BackoffState, Decision, Event, IO_SLOTS, LeaseRequest, Settlement, Thrown, U64,
-    Usage, WIDE, WideResult, config_error, io, lease_arg, lease_error, restore_error, to_js_json,
-    u32_arg, u64_arg, u64_to_js,
+    Usage, WIDE, WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg, u64_to_js,
 };
 use napi::Env;
 use napi::bindgen_prelude::{Either, Either3, Float64Array};
@@ -54,9 +53,9 @@ impl Coordinator {
         js(&env, || {
             let seed = u64_arg(&seed, "seed")?;
             let now = u64_arg(&now, "now")?;
-            let config = core::Config::from_json(&config_json).map_err(|e| config_error(&e))?;
+            let config = core::Config::from_json(&config_json).map_err(|e| Thrown::from(&e))?;
             let inner = core::Coordinator::new(config, seed, core::Millis(now))
-                .map_err(|e| config_error(&e))?;
+                .map_err(|e| Thrown::from(&e))?;
             Ok(Coordinator {
                 inner,
                 io: None,
@@ -77,7 +76,7 @@ impl Coordinator {
                     io: None,
                     wide: None,
                 })
-                .map_err(|e| restore_error(&e))
+                .map_err(|e| Thrown::from(&e))
         })
     }
 
@@ -95,7 +94,7 @@ impl Coordinator {
             self.inner
                 .request_lease(now, &req)
                 .map(Decision::from)
-                .map_err(lease_error)
+                .map_err(Thrown::from)
         })
     }
 
@@ -115,7 +114,7 @@ impl Coordinator {
             self.inner
                 .settle(now, lease, &usage)
                 .map(Settlement::from)
-                .map_err(lease_error)
+                .map_err(Thrown::from)
         })
     }
 
@@ -125,7 +124,7 @@ impl Coordinator {
         js(&env, || {
             let now = core::Millis(u64_arg(&now, "now")?);
             let lease = lease_arg(&lease)?;
-            self.inner.cancel(now, lease).map_err(lease_error)
+            self.inner.cancel(now, lease).map_err(Thrown::from)
         })
     }
 
@@ -165,7 +164,7 @@ impl Coordinator {
                 core::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
             self.inner
                 .handle_response(now, pool, lease, status, &report)
-                .map_err(lease_error)?;
+                .map_err(Thrown::from)?;
             to_js_json(&report)
         })
     }
@@ -290,7 +289,7 @@ impl Coordinator {
             let io = registers(io)?;
             let now = io::io_now(io)?;
             let req = io::io_lease_request(io)?;
-            let d = inner.request_lease(now, &req).map_err(lease_error)?;
+            let d = inner.request_lease(now, &req).map_err(Thrown::from)?;
             Ok(narrow(
                 wide,
                 io::io_decision(io, &d),
@@ -307,7 +306,7 @@ impl Coordinator {
             let io = registers(io)?;
             let now = io::io_now(io)?;
             let (lease, usage) = io::io_settle(io)?;
-            let s = inner.settle(now, lease, &usage).map_err(lease_error)?;
+            let s = inner.settle(now, lease, &usage).map_err(Thrown::from)?;
             Ok(narrow(
                 wide,
                 io::io_settlement(io, &s),
@@ -323,7 +322,7 @@ impl Coordinator {
         js(&env, || {
             let io = registers(io)?;
             let now = io::io_now(io)?;
-            inner.cancel(now, io::io_lease(io)?).map_err(lease_error)
+            inner.cancel(now, io::io_lease(io)?).map_err(Thrown::from)
         })
     }
 

@@ -6,10 +6,10 @@
  * with the core's backoff on 429s) and says so with a `fail_open` event; it goes back to the
  * limiter, with a `remote_restored` event, once a request to it succeeds again.
  */
-import { Driver, type HeadersLike, Lease, headerPairs } from './driver.js'
-import { BytesPerTokenEstimator, type Estimator } from './estimator.js'
+import { type HeadersLike, Lease, headerPairs } from './driver.js'
+import type { Estimator } from './estimator.js'
 import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
-import { type FetchOptions, createFetch } from './fetch.js'
+import { Tokenwarden } from './tokenwarden.js'
 import type { Clock } from './clock.js'
 import type { AcquireOptions } from './driver.js'
 import type { Engine, HeaderReport, LeaseRequest, RejectReason, Settlement, U64, Usage } from './types.js'
@@ -78,7 +78,7 @@ export class RemoteLease extends Lease {
 }
 
 /**
- * A `Tokenwarden`-shaped driver backed by the edge limiter:
+ * A `Tokenwarden` backed by the edge limiter (its `fetch()` and estimator are inherited):
  *
  * ```js
  * const tw = new RemoteTokenwarden({ url, fleet: 'fleet-a', quota: 'anthropic-main', secret,
@@ -87,15 +87,16 @@ export class RemoteLease extends Lease {
  * tw.on('fail_open', (e) => console.warn(e.message))
  * ```
  */
-export class RemoteTokenwarden extends Driver {
-  readonly estimator: Estimator
+export class RemoteTokenwarden extends Tokenwarden {
   readonly #o: Required<Omit<RemoteOptions, 'engine' | 'clock' | 'estimator' | 'fetch'>> & { fetch: typeof fetch }
   #downSince: number | null = null
-  #agents = 0
 
   constructor(options: RemoteOptions) {
-    super(options.engine, options.clock === undefined ? {} : { clock: options.clock })
-    this.estimator = options.estimator ?? new BytesPerTokenEstimator()
+    super({
+      engine: options.engine,
+      ...(options.clock === undefined ? {} : { clock: options.clock }),
+      ...(options.estimator === undefined ? {} : { estimator: options.estimator }),
+    })
     this.#o = {
       url: options.url.replace(/\/+$/, ''),
       fleet: options.fleet,
@@ -111,11 +112,6 @@ export class RemoteTokenwarden extends Driver {
   /** Whether leases currently come from the local engine (the limiter is unreachable). */
   get failedOpen(): boolean {
     return this.#downSince !== null
-  }
-
-  /** A `fetch` for one agent's SDK client, leasing through the limiter. */
-  fetch(options: FetchOptions = {}): typeof fetch {
-    return createFetch({ driver: this, estimator: this.estimator, nextAgent: () => ++this.#agents }, options)
   }
 
   async #call(method: string, path: string, body?: unknown, timeoutMs = this.#o.timeoutMs): Promise<{ status: number; body: Record<string, unknown> }> {

@@ -55,21 +55,6 @@ pub fn js_error(t: ArgError) -> JsValue {
     err.into()
 }
 
-/// A core `LeaseError`; `too_large` names the JavaScript field.
-pub fn lease_error(e: core::LeaseError) -> ArgError {
-    ArgError::from(e)
-}
-
-/// A core `ConfigError`; `field` is the path in the configuration JSON.
-pub fn config_error(e: &core::ConfigError) -> ArgError {
-    ArgError::from(e)
-}
-
-/// A core `RestoreError`.
-pub fn restore_error(e: &core::RestoreError) -> ArgError {
-    ArgError::from(e)
-}
-
 /// A `u64` for JavaScript: a `number` when exact, a `bigint` otherwise.
 pub fn u64_to_js(v: u64) -> JsValue {
     if v <= MAX_SAFE {

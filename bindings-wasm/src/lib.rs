@@ -10,8 +10,8 @@
 pub mod convert;
 
 use convert::{
-    ArgError, Thrown, backoff_state, config_error, headers, lease_error, lease_request,
-    restore_error, to_js, u32_arg, u64_arg, u64_to_js, usage,
+    ArgError, Thrown, backoff_state, headers, lease_request, to_js, u32_arg, u64_arg, u64_to_js,
+    usage,
 };
 use tokenwarden_core as core;
 use tokenwarden_js_io::io::{self, WideResult};
@@ -66,8 +66,8 @@ impl Coordinator {
     ) -> Result<Coordinator, Thrown> {
         let seed = u64_arg(&seed, "seed")?;
         let now = now_arg(&now)?;
-        let config = core::Config::from_json(config_json).map_err(|e| config_error(&e))?;
-        let inner = core::Coordinator::new(config, seed, now).map_err(|e| config_error(&e))?;
+        let config = core::Config::from_json(config_json).map_err(|e| ArgError::from(&e))?;
+        let inner = core::Coordinator::new(config, seed, now).map_err(|e| ArgError::from(&e))?;
         Ok(Coordinator { inner, wide: None })
     }
 
@@ -77,7 +77,7 @@ impl Coordinator {
     pub fn restore(snapshot_json: &str) -> Result<Coordinator, Thrown> {
         core::Coordinator::restore_json(snapshot_json)
             .map(|inner| Coordinator { inner, wide: None })
-            .map_err(|e| restore_error(&e).into())
+            .map_err(|e| ArgError::from(&e).into())
     }
 
     /// Asks for capacity before one model call.
@@ -89,7 +89,10 @@ impl Coordinator {
     ) -> Result<JsValue, Thrown> {
         let now = now_arg(&now)?;
         let req = lease_request(&request)?;
-        let d = self.inner.request_lease(now, &req).map_err(lease_error)?;
+        let d = self
+            .inner
+            .request_lease(now, &req)
+            .map_err(ArgError::from)?;
         Ok(to_js(&d)?)
     }
 
@@ -104,7 +107,7 @@ impl Coordinator {
         let now = now_arg(&now)?;
         let lease = lease_arg(&lease)?;
         let u = usage(&usage_value)?;
-        let s = self.inner.settle(now, lease, &u).map_err(lease_error)?;
+        let s = self.inner.settle(now, lease, &u).map_err(ArgError::from)?;
         Ok(to_js(&s)?)
     }
 
@@ -116,7 +119,7 @@ impl Coordinator {
     ) -> Result<(), Thrown> {
         let now = now_arg(&now)?;
         let lease = lease_arg(&lease)?;
-        Ok(self.inner.cancel(now, lease).map_err(lease_error)?)
+        Ok(self.inner.cancel(now, lease).map_err(ArgError::from)?)
     }
 
     /// Feeds a provider response (status and `[name, value]` header pairs): parses the
@@ -152,7 +155,7 @@ impl Coordinator {
         let report = core::parse_headers(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
         self.inner
             .handle_response(now, pool, lease, status, &report)
-            .map_err(lease_error)?;
+            .map_err(ArgError::from)?;
         Ok(to_js(&report)?)
     }
 
@@ -249,7 +252,10 @@ impl Coordinator {
         registers(io)?;
         let now = io::io_now(io)?;
         let req = io::io_lease_request(io)?;
-        let d = self.inner.request_lease(now, &req).map_err(lease_error)?;
+        let d = self
+            .inner
+            .request_lease(now, &req)
+            .map_err(ArgError::from)?;
         Ok(narrow(
             &mut self.wide,
             io::io_decision(io, &d),
@@ -263,7 +269,7 @@ impl Coordinator {
         registers(io)?;
         let now = io::io_now(io)?;
         let (lease, u) = io::io_settle(io)?;
-        let s = self.inner.settle(now, lease, &u).map_err(lease_error)?;
+        let s = self.inner.settle(now, lease, &u).map_err(ArgError::from)?;
         Ok(narrow(
             &mut self.wide,
             io::io_settlement(io, &s),
@@ -279,7 +285,7 @@ impl Coordinator {
         Ok(self
             .inner
             .cancel(now, io::io_lease(io)?)
-            .map_err(lease_error)?)
+            .map_err(ArgError::from)?)
     }
 
     /// `handleTimeout` on a register file (now).

@@ -8,7 +8,7 @@
 // `put`, and the reply to a mutating call waits for it, so an evicted or restarted object
 // loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LeaseRejectedError, Tokenwarden, wasmEngines } from '../../js/workerd.js'
+import { LeaseRejectedError, Tokenwarden, agentIdFor, wasmEngines } from '../../js/workerd.js'
 import { HttpError, parseFleets } from './auth.js'
 
 const STATE_KEY = 'state'
@@ -42,11 +42,8 @@ const USAGE_FIELDS = new Set(['inputTokens', 'cacheCreationInputTokens', 'cacheR
 
 function agentId(agent) {
   if (typeof agent === 'number') return agent
-  if (typeof agent === 'string' && agent.length > 0 && agent.length <= 128) {
-    let h = 0x811c9dc5
-    for (let i = 0; i < agent.length; i++) h = Math.imul(h ^ agent.charCodeAt(i), 0x01000193) >>> 0
-    return h
-  }
+  // A name gets the same id the fetch wrapper gives it (FNV-1a).
+  if (typeof agent === 'string' && agent.length > 0 && agent.length <= 128) return agentIdFor(agent)
   throw new HttpError(400, 'invalid_argument', '`agent` must be a number or a name (1 to 128 characters)')
 }
 
