@@ -10,7 +10,9 @@ use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::AgentId;
+use crate::bucket::{Axis, Demand};
+use crate::config::AlertConfig;
+use crate::ids::AgentId;
 use crate::time::Millis;
 
 /// An agent's state in one pool.
@@ -65,9 +67,84 @@ impl Agent {
             .is_none_or(|w| now >= w)
     }
 
+    /// Notes a request at `now`: the agent was seen, and a failure signature equal to the
+    /// previous one counts as a repeat (which lowers its weight); any other resets it.
+    pub(crate) fn note_request(&mut self, now: Millis, failure_signature: Option<u64>) {
+        self.last_seen = now;
+        match failure_signature {
+            Some(sig) if self.last_failure == Some(sig) => {
+                self.repeats = self.repeats.saturating_add(1);
+            }
+            sig => {
+                self.last_failure = sig;
+                self.repeats = 0;
+            }
+        }
+    }
+
+    /// Notes a settled lease: the slot is free, the prompt cache is warm until
+    /// `cache_warm_until` when the call used it, and the estimate errors move. Returns the
+    /// agent's moving-average input error when it has just started alerting.
+    pub(crate) fn record_settle(
+        &mut self,
+        now: Millis,
+        pool: u32,
+        cache_warm_until: Option<Millis>,
+        (charged, actual): (&Demand, &Demand),
+        alert: &AlertConfig,
+    ) -> Option<u32> {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.last_seen = now;
+        self.last_settle = Some(now);
+        self.settled = self.settled.saturating_add(1);
+        if let (Some(until), Some(ap)) = (cache_warm_until, self.pools.get_mut(pool as usize)) {
+            ap.cache_warm_until = Some(until);
+        }
+        let in_err = error_permille(
+            charged.get(Axis::InputTokens),
+            actual.get(Axis::InputTokens),
+        );
+        let out_err = error_permille(
+            charged.get(Axis::OutputTokens),
+            actual.get(Axis::OutputTokens),
+        );
+        let first = self.settled == 1;
+        let ewma = |old: u32, x: u32| {
+            if first {
+                x
+            } else {
+                ((u64::from(old) * 7 + u64::from(x)) / 8) as u32
+            }
+        };
+        self.input_error = ewma(self.input_error, in_err);
+        self.output_error = ewma(self.output_error, out_err);
+        if in_err > alert.threshold_permille {
+            self.misses = self.misses.saturating_add(1);
+            if self.misses >= alert.consecutive && !self.alerting {
+                self.alerting = true;
+                return Some(self.input_error);
+            }
+        } else {
+            self.misses = 0;
+            self.alerting = false;
+        }
+        None
+    }
+
     fn is_idle(&self) -> bool {
         self.queued == 0 && self.in_flight == 0
     }
+}
+
+/// How far an estimate missed, in thousandths of the actual figure (at most 1000×).
+fn error_permille(estimate: u64, actual: u64) -> u32 {
+    let diff = estimate.abs_diff(actual);
+    let e = match diff.checked_mul(1000) {
+        // The common case, without a 128-bit division.
+        Some(d) => u128::from(d / actual.max(1)),
+        None => u128::from(diff) * 1000 / u128::from(actual.max(1)),
+    };
+    u32::try_from(e.min(1_000_000)).unwrap_or(1_000_000)
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +189,28 @@ impl Agents {
         };
         self.index.insert(id, slot);
         slot
+    }
+
+    /// The agent with this id, added (with `pools` pools) if it is new; when the table holds
+    /// `max` agents, the idle one least recently seen makes room. `None` when every agent
+    /// is busy.
+    pub(crate) fn find_or_add(
+        &mut self,
+        id: AgentId,
+        now: Millis,
+        pools: usize,
+        max: u32,
+    ) -> Option<(u32, &mut Agent)> {
+        let slot = match self.find(id) {
+            Some(slot) => slot,
+            None => {
+                if self.len() >= max as usize {
+                    self.evict_idle()?;
+                }
+                self.insert(Agent::new(id, now, pools))
+            }
+        };
+        self.get_mut(slot).map(|a| (slot, a))
     }
 
     /// Removes the idle agent least recently seen (ties: lowest id); `None` if every agent

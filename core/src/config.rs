@@ -288,10 +288,12 @@ impl Config {
 
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let top = |name: &'static str, reason: &'static str| ConfigError::Invalid {
-            field: FieldPath { pool: None, name },
-            reason,
-        };
+        self.validate_pools()?;
+        self.validate_timing()?;
+        self.validate_weights_and_bounds()
+    }
+
+    fn validate_pools(&self) -> Result<(), ConfigError> {
         if self.pools.is_empty() {
             return Err(top("pools", "must hold at least one pool"));
         }
@@ -326,20 +328,11 @@ impl Config {
                 }
             }
         }
-        let duration = |name: &'static str, v: u64, min: u64| {
-            if v < min || v > MAX_DURATION_MS {
-                Err(top(
-                    name,
-                    if min == 0 {
-                        "must be at most 30 days"
-                    } else {
-                        "must be between 1 ms and 30 days"
-                    },
-                ))
-            } else {
-                Ok(())
-            }
-        };
+        Ok(())
+    }
+
+    /// Durations, the margin and backoff.
+    fn validate_timing(&self) -> Result<(), ConfigError> {
         duration("window_ms", self.window_ms, 1)?;
         duration("lease_ttl_ms", self.lease_ttl_ms, 1)?;
         duration("max_queue_wait_ms", self.max_queue_wait_ms, 0)?;
@@ -358,20 +351,6 @@ impl Config {
             0,
         )?;
         let m = &self.margin;
-        let permille = |name: &'static str, v: u32, min: u32| {
-            if v < min || v > 1000 {
-                Err(top(
-                    name,
-                    if min == 0 {
-                        "must be at most 1000 (thousandths)"
-                    } else {
-                        "must be between 1 and 1000 (thousandths)"
-                    },
-                ))
-            } else {
-                Ok(())
-            }
-        };
         permille("margin.start_permille", m.start_permille, 1)?;
         permille("margin.floor_permille", m.floor_permille, 1)?;
         permille("margin.ceiling_permille", m.ceiling_permille, 1)?;
@@ -395,6 +374,11 @@ impl Config {
         if self.backoff.max_attempts == 0 || self.backoff.max_attempts > 64 {
             return Err(top("backoff.max_attempts", "must be between 1 and 64"));
         }
+        Ok(())
+    }
+
+    /// Queue weights, slow start, the estimate alert and the table bounds.
+    fn validate_weights_and_bounds(&self) -> Result<(), ConfigError> {
         let w = &self.weights;
         for (name, v) in [
             ("weights.planner", w.planner),
@@ -457,6 +441,46 @@ impl Config {
         if self.metrics_minutes == 0 || self.metrics_minutes > 1440 {
             return Err(top("metrics_minutes", "must be between 1 and 1440"));
         }
+        Ok(())
+    }
+}
+
+/// An error for a top-level field.
+fn top(name: &'static str, reason: &'static str) -> ConfigError {
+    ConfigError::Invalid {
+        field: FieldPath { pool: None, name },
+        reason,
+    }
+}
+
+/// A duration between `min` ms and 30 days.
+fn duration(name: &'static str, v: u64, min: u64) -> Result<(), ConfigError> {
+    if v < min || v > MAX_DURATION_MS {
+        Err(top(
+            name,
+            if min == 0 {
+                "must be at most 30 days"
+            } else {
+                "must be between 1 ms and 30 days"
+            },
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// A ratio in thousandths between `min` and 1000.
+fn permille(name: &'static str, v: u32, min: u32) -> Result<(), ConfigError> {
+    if v < min || v > 1000 {
+        Err(top(
+            name,
+            if min == 0 {
+                "must be at most 1000 (thousandths)"
+            } else {
+                "must be between 1 and 1000 (thousandths)"
+            },
+        ))
+    } else {
         Ok(())
     }
 }

@@ -95,13 +95,18 @@ mod backoff;
 mod bucket;
 mod config;
 mod coordinator;
+mod decision;
 mod error;
 pub mod headers;
+mod ids;
 mod lease;
 mod metrics;
+mod pool;
 mod queue;
+mod request;
 mod rng;
 mod time;
+mod weight;
 
 pub use backoff::{Backoff, BackoffStep};
 pub use bucket::{Axis, Demand, Denied, TokenBucket};
@@ -109,17 +114,17 @@ pub use config::{
     AlertConfig, BackoffConfig, Config, Counting, MAX_DURATION_MS, MAX_TOKENS, MarginConfig,
     PoolConfig, SlowStartConfig, WeightConfig,
 };
-pub use coordinator::{
-    AgentId, Coordinator, Decision, Event, LeaseRequest, PoolId, RejectReason, Role, Settlement,
-    Snapshot, Usage,
-};
+pub use coordinator::{Coordinator, Snapshot};
+pub use decision::{Decision, Event, RejectReason, Settlement};
 pub use error::{ConfigError, FieldPath, LeaseError, RestoreError};
 pub use headers::{HeaderReport, parse_headers};
+pub use ids::{AgentId, PoolId};
 pub use lease::LeaseId;
 pub use metrics::{
     AgentActivity, AgentMetrics, AxisMetrics, FleetAdvice, MINUTE_MS, Metrics, MinuteStats,
     PoolCounters, PoolMetrics,
 };
+pub use request::{LeaseRequest, Role, Usage};
 pub use rng::Rng;
 pub use time::Millis;
 

@@ -2,14 +2,20 @@
 //! per-agent state and estimate error, and fleet-sizing advice.
 //!
 //! Everything here is integer (thousandths for ratios) so that every runtime reports the
-//! same figures; bindings may convert to floats for display.
+//! same figures; bindings may convert to floats for display. The types are here, and so is
+//! their assembly from a pool's and the agent table's state ([`Coordinator::metrics`] calls it).
+//!
+//! [`Coordinator::metrics`]: crate::Coordinator::metrics
 
 use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::AgentId;
+use crate::agents::{Agent, Agents};
 use crate::bucket::{Axis, Demand};
+use crate::config::PoolConfig;
+use crate::ids::AgentId;
+use crate::pool::Pool;
 use crate::time::Millis;
 
 /// Milliseconds in a metrics minute (fixed, whatever the rate window).
@@ -243,6 +249,144 @@ pub struct Metrics {
     pub agents: Vec<AgentMetrics>,
     /// Leases and tickets alive.
     pub live_leases: u32,
+}
+
+/// A pool's figures as of `now` (a minute still open counts as incomplete).
+pub(crate) fn pool_metrics(
+    pool: &Pool,
+    cfg: &PoolConfig,
+    agents: &Agents,
+    now: Millis,
+    window: u64,
+) -> PoolMetrics {
+    let current_minute = now.0 / MINUTE_MS;
+    let mut minutes: Vec<MinuteStats> = pool
+        .minutes
+        .iter()
+        .filter(|m| m.minute <= current_minute && *m != &MinuteStats::default())
+        .copied()
+        .collect();
+    minutes.sort_by_key(|m| m.minute);
+    let last_complete = minutes
+        .iter()
+        .rev()
+        .find(|m| m.minute + 1 == current_minute);
+    let axes = Axis::ALL
+        .iter()
+        .map(|&axis| axis_metrics(pool, axis, last_complete, window))
+        .collect();
+    // Binding axis and fleet advice over up to five complete minutes.
+    let recent: Vec<&MinuteStats> = minutes
+        .iter()
+        .filter(|m| m.minute < current_minute && m.minute + 5 >= current_minute)
+        .collect();
+    let binding = binding_axis(pool, &recent);
+    let fleet = binding.and_then(|axis| fleet_advice(pool, axis, &recent, agents, current_minute));
+    PoolMetrics {
+        name: cfg.name.clone(),
+        margin_permille: pool.margin,
+        paused_until: pool.paused_until,
+        in_flight: pool.in_flight,
+        max_concurrent: pool.max_concurrent,
+        queue_depth: pool.queue.len(),
+        axes,
+        binding_axis: binding,
+        queue_wait_p50_ms: pool.waits.percentile(500),
+        queue_wait_p95_ms: pool.waits.percentile(950),
+        counters: pool.counters,
+        minutes,
+        fleet,
+    }
+}
+
+fn axis_metrics(
+    pool: &Pool,
+    axis: Axis,
+    last_complete: Option<&MinuteStats>,
+    window: u64,
+) -> AxisMetrics {
+    let b = pool.bucket(axis);
+    let last_minute = last_complete.map_or(0, |m| m.used.get(axis));
+    AxisMetrics {
+        axis,
+        limit: b.limit,
+        capacity: if b.gates() { b.cap } else { 0 },
+        available: i64::try_from(b.available(window)).unwrap_or(i64::MIN),
+        last_minute,
+        last_minute_permille: b.limit.map_or(0, |l| {
+            u32::try_from(u128::from(last_minute) * 1000 / u128::from(l.max(1))).unwrap_or(u32::MAX)
+        }),
+    }
+}
+
+/// The known axis with the largest share of its limit used over `recent`.
+fn binding_axis(pool: &Pool, recent: &[&MinuteStats]) -> Option<Axis> {
+    let mut binding: Option<(Axis, u128)> = None;
+    for &axis in &Axis::ALL {
+        let Some(limit) = pool.bucket(axis).limit else {
+            continue;
+        };
+        let total: u128 = recent.iter().map(|m| u128::from(m.used.get(axis))).sum();
+        let share = total * 1_000_000 / u128::from(limit);
+        if total > 0 && binding.is_none_or(|(_, s)| share > s) {
+            binding = Some((axis, share));
+        }
+    }
+    binding.map(|(a, _)| a)
+}
+
+/// How many agents like the ones measured over `recent` fit in 75 % of the binding limit.
+fn fleet_advice(
+    pool: &Pool,
+    axis: Axis,
+    recent: &[&MinuteStats],
+    agents: &Agents,
+    current_minute: u64,
+) -> Option<FleetAdvice> {
+    let limit = pool.bucket(axis).limit?;
+    let first = recent.first()?.minute;
+    let span = (current_minute - first).max(1);
+    let since = Millis(first.saturating_mul(MINUTE_MS));
+    let measured = agents
+        .values()
+        .filter(|a| a.last_settle.is_some_and(|t| t >= since))
+        .count();
+    let measured = u32::try_from(measured).ok().filter(|m| *m > 0)?;
+    let total: u64 = recent
+        .iter()
+        .map(|m| m.used.get(axis))
+        .fold(0, u64::saturating_add);
+    let per_agent = (total / span / u64::from(measured)).max(1);
+    Some(FleetAdvice {
+        axis,
+        per_agent_per_minute: per_agent,
+        agents_measured: measured,
+        agents_at_75_percent: limit / 4 * 3 / per_agent,
+    })
+}
+
+/// One agent's figures.
+pub(crate) fn agent_metrics(a: &Agent) -> AgentMetrics {
+    AgentMetrics {
+        agent: a.id,
+        activity: if a.queued > 0 {
+            AgentActivity::Queued {
+                since: a.queued_since,
+            }
+        } else if a.in_flight > 0 {
+            AgentActivity::InFlight
+        } else {
+            AgentActivity::Idle
+        },
+        queued: a.queued,
+        in_flight: a.in_flight,
+        settled: a.settled,
+        input_error_permille: a.input_error,
+        output_error_permille: a.output_error,
+        alerting: a.alerting,
+        repeat_failures: a.repeats,
+        last_seen: a.last_seen,
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,102 @@
+//! The invariant checker: every table agrees with every other (run on restore, by tests,
+//! and by the model-based proptests after every step).
+
+use alloc::collections::BTreeMap;
+
+use super::Coordinator;
+use crate::ids::AgentId;
+use crate::lease::{Entry, Phase};
+
+impl Coordinator {
+    /// Internal consistency: used on restore and by tests.
+    #[doc(hidden)]
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.pools.len() != self.config.pools.len() {
+            return Err("pool count differs from config");
+        }
+        if !self.leases.is_consistent() {
+            return Err("lease table");
+        }
+        let mut queued = alloc::vec![0u32; self.pools.len()];
+        let mut active = alloc::vec![0u64; self.pools.len()];
+        let mut per_agent: BTreeMap<AgentId, (u32, u32)> = BTreeMap::new();
+        for e in self.leases.entries() {
+            let i = e.pool as usize;
+            let counts = per_agent.entry(e.agent).or_default();
+            match e.phase {
+                Phase::Queued { .. } => {
+                    *queued.get_mut(i).ok_or("lease names a missing pool")? += 1;
+                    counts.0 += 1;
+                }
+                Phase::Active { .. } => {
+                    *active.get_mut(i).ok_or("lease names a missing pool")? += 1;
+                    counts.1 += 1;
+                }
+            }
+            if self
+                .agents
+                .get(e.agent_slot)
+                .is_none_or(|a| a.id != e.agent)
+            {
+                return Err("lease names a missing agent");
+            }
+        }
+        for (i, pool) in self.pools.iter().enumerate() {
+            if !pool.queue.is_consistent() {
+                return Err("queue structure");
+            }
+            if queued.get(i) != Some(&pool.queue.len()) || active.get(i) != Some(&pool.in_flight) {
+                return Err("queue or in-flight count differs from lease table");
+            }
+            // Keys are distinct in the queue, so matching them makes the queue and the
+            // pool's queued tickets one to one.
+            for (key, slot) in pool.queue.in_order() {
+                match self.leases.by_slot(slot) {
+                    Some(Entry {
+                        phase: Phase::Queued { key: k, .. },
+                        pool: q,
+                        ..
+                    }) if *q as usize == i && *k == key => {}
+                    _ => return Err("queue names a slot that is not queued in this pool"),
+                }
+            }
+            if pool.minutes.len() != self.config.metrics_minutes as usize
+                || u64::from(pool.minute_slot)
+                    != pool.minute_now % u64::from(self.config.metrics_minutes.max(1))
+                || !pool.waits.is_consistent()
+            {
+                return Err("metrics");
+            }
+            if pool.margin < self.config.margin.floor_permille
+                || pool.margin > self.config.margin.ceiling_permille
+            {
+                return Err("margin outside floor and ceiling");
+            }
+            if pool.updated > self.now {
+                return Err("pool ahead of coordinator clock");
+            }
+            if pool
+                .buckets
+                .iter()
+                .any(|b| b.nominal != b.limit.map_or(0, |l| pool.nominal_cap(l)))
+            {
+                return Err("nominal capacity differs from limit and margin");
+            }
+        }
+        if !self.agents.is_consistent() {
+            return Err("agent table");
+        }
+        for a in self.agents.values() {
+            let (q, f) = per_agent.get(&a.id).copied().unwrap_or_default();
+            if a.queued != q || a.in_flight != f || a.pools.len() != self.pools.len() {
+                return Err("agent counts differ from lease table");
+            }
+        }
+        if self.agents.len() > self.config.max_agents as usize
+            || self.leases.live() > self.config.max_leases
+        {
+            return Err("tables beyond their configured bounds");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,188 @@
+//! Provider feedback: a response's status and rate-limit headers, fed back into the pool.
+
+use super::Coordinator;
+use crate::bucket::Axis;
+use crate::config::{Config, Counting, MAX_TOKENS};
+use crate::decision::Event;
+use crate::error::LeaseError;
+use crate::headers::{HeaderReport, RateAxis};
+use crate::ids::PoolId;
+use crate::lease::{Entry, LeaseId, Phase};
+use crate::pool::Pool;
+use crate::time::Millis;
+
+impl Coordinator {
+    /// Feeds a provider response's status and parsed rate-limit headers back in.
+    ///
+    /// Limits in the headers update the pool (a new tier changes capacity; an unknown limit
+    /// becomes known); a `remaining` lower than the coordinator's view lowers the bucket.
+    /// A 429 pauses new grants for the whole pool until its retry time (one 429, one
+    /// fleet-wide pause; a parallel-request 429 does not pause, as it clears when calls
+    /// finish), and a 429 against a granted `lease` cuts the margin once.
+    pub fn handle_response(
+        &mut self,
+        now: Millis,
+        pool: PoolId,
+        lease: Option<LeaseId>,
+        status: u16,
+        report: &HeaderReport,
+    ) -> Result<(), LeaseError> {
+        let p = pool.0;
+        let counting = self.counting(p).ok_or(LeaseError::UnknownPool)?;
+        if let Some(id) = lease {
+            match self.live(id, now) {
+                Some(e) if e.pool == p => {}
+                _ => return Err(LeaseError::UnknownLease),
+            }
+        }
+        let now = self.advance(now);
+        let Some(pl) = self.pools.get_mut(p as usize) else {
+            return Err(LeaseError::UnknownPool);
+        };
+        let concurrency_known = pl.max_concurrent.is_some();
+        pl.learn(report, counting, &self.config);
+        if status == 429 {
+            // The coordinator was wrong only if it granted the lease knowing every limit it
+            // knows now; a lease granted blind (limits not yet learned) cuts nothing.
+            let known = Axis::ALL
+                .iter()
+                .filter(|a| pl.bucket(**a).gates())
+                .fold(0u8, |m, a| m | (1 << a.index()));
+            let blind_on_concurrency =
+                report.exceeded == Some(RateAxis::Concurrent) && !concurrency_known;
+            let mut cut = false;
+            if let Some(Entry {
+                phase:
+                    Phase::Active {
+                        rate_limited,
+                        gated,
+                        ..
+                    },
+                ..
+            }) = lease.and_then(|id| self.leases.get_mut(id))
+            {
+                if !*rate_limited {
+                    *rate_limited = true;
+                    cut = *gated & known == known && !blind_on_concurrency;
+                }
+            }
+            pl.rate_limited(now, pool, lease.is_some(), cut, report, &self.config)
+                .into_iter()
+                .flatten()
+                .for_each(|e| self.events.push_back(e));
+        }
+        self.drain(p, now);
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// Takes in what the headers say of limits and remaining capacity.
+    fn learn(&mut self, report: &HeaderReport, counting: Counting, config: &Config) {
+        self.counters.malformed_headers = self
+            .counters
+            .malformed_headers
+            .saturating_add(u64::from(report.malformed));
+        let tokens_axis = match counting {
+            Counting::Openai => Some(Axis::Tokens),
+            Counting::Anthropic => self.bucket(Axis::Tokens).limit.map(|_| Axis::Tokens),
+        };
+        let mapped = [
+            (Some(Axis::Requests), &report.requests),
+            (Some(Axis::InputTokens), &report.input_tokens),
+            (Some(Axis::OutputTokens), &report.output_tokens),
+            (tokens_axis, &report.tokens),
+        ];
+        for (axis, r) in mapped {
+            let Some(axis) = axis else { continue };
+            if let Some(limit) = r.limit.filter(|l| (1..=MAX_TOKENS).contains(l)) {
+                let b = self.bucket(axis);
+                if b.limit != Some(limit) {
+                    let was_known = b.limit.is_some();
+                    self.bucket_mut(axis).limit = Some(limit);
+                    self.apply_cap(axis, config, !was_known);
+                }
+            }
+            if let Some(remaining) = r.remaining {
+                if self.bucket_mut(axis).resync(
+                    remaining.min(MAX_TOKENS),
+                    r.granularity,
+                    config.window_ms,
+                ) {
+                    self.counters.resyncs = self.counters.resyncs.saturating_add(1);
+                }
+            }
+        }
+        if let Some(limit) = report
+            .concurrent
+            .limit
+            .filter(|l| (1..=MAX_TOKENS).contains(l))
+        {
+            self.max_concurrent = Some(limit);
+        }
+    }
+
+    /// A 429: counted; the pool paused until its retry time (except for a parallel-request
+    /// 429, which teaches an unknown concurrency limit instead); the margin cut when `cut`.
+    /// Returns the events that follow (at most a pause and a margin change).
+    fn rate_limited(
+        &mut self,
+        now: Millis,
+        pool: PoolId,
+        on_lease: bool,
+        cut: bool,
+        report: &HeaderReport,
+        config: &Config,
+    ) -> [Option<Event>; 2] {
+        self.counters.rate_limited = self.counters.rate_limited.saturating_add(1);
+        if let Some(m) = self.minute(now) {
+            m.rate_limited = m.rate_limited.saturating_add(1);
+        }
+        let mut paused = None;
+        if report.exceeded != Some(RateAxis::Concurrent) {
+            let exceeded_reset = match report.exceeded {
+                Some(RateAxis::Requests) => report.requests.reset_after_ms,
+                Some(RateAxis::Tokens) => report.tokens.reset_after_ms,
+                Some(RateAxis::InputTokens) => report.input_tokens.reset_after_ms,
+                Some(RateAxis::OutputTokens) => report.output_tokens.reset_after_ms,
+                _ => None,
+            };
+            let wait = report
+                .retry_after_ms
+                .or(report.reset_at_ms)
+                .or(exceeded_reset)
+                .unwrap_or(config.backoff.base_ms)
+                .min(crate::headers::MAX_WAIT_MS);
+            let until = now.plus(wait);
+            if until > self.paused_until {
+                self.paused_until = until;
+                paused = Some(Event::Paused { pool, until });
+            }
+        }
+        // A parallel-request 429 while that limit is unknown teaches it: the provider
+        // was full with the other calls in flight (this one counts in ours).
+        if report.exceeded == Some(RateAxis::Concurrent) && self.max_concurrent.is_none() {
+            let others = self.in_flight.saturating_sub(u64::from(on_lease));
+            self.max_concurrent = Some(others.max(1));
+        }
+        let mut margin = None;
+        if cut {
+            self.counters.rate_limited_on_lease =
+                self.counters.rate_limited_on_lease.saturating_add(1);
+            let from = self.margin;
+            self.margin = from
+                .saturating_sub(config.margin.decrease_permille)
+                .max(config.margin.floor_permille);
+            self.margin_clock = now;
+            self.set_caps(config, false);
+            if self.margin != from {
+                margin = Some(Event::MarginChanged {
+                    pool,
+                    from_permille: from,
+                    to_permille: self.margin,
+                });
+            }
+        }
+        [paused, margin]
+    }
+}

@@ -1,0 +1,153 @@
+//! Snapshot and restore: the whole state as versioned JSON, refused when inconsistent.
+
+use alloc::string::String;
+use serde::{Deserialize, Serialize};
+
+use super::Coordinator;
+use crate::error::RestoreError;
+
+/// A serialized coordinator: restore it to get one that makes the same decisions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Format version; [`Snapshot::VERSION`] for this build.
+    pub version: u32,
+    /// The whole state.
+    pub state: Coordinator,
+}
+
+impl Snapshot {
+    /// The format this build writes and reads.
+    pub const VERSION: u32 = 1;
+}
+
+impl Coordinator {
+    /// The whole state, ready to serialize.
+    #[must_use]
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            version: Snapshot::VERSION,
+            state: self.clone(),
+        }
+    }
+
+    /// The snapshot as JSON text.
+    #[must_use]
+    pub fn snapshot_json(&self) -> String {
+        // Serializing plain data to a String cannot fail.
+        serde_json::to_string(&self.snapshot()).unwrap_or_default()
+    }
+
+    /// A coordinator from a snapshot; it makes the same decisions the original would.
+    pub fn restore(snapshot: Snapshot) -> Result<Coordinator, RestoreError> {
+        if snapshot.version != Snapshot::VERSION {
+            return Err(RestoreError::UnsupportedVersion(snapshot.version));
+        }
+        let c = snapshot.state;
+        c.config.validate().map_err(RestoreError::Config)?;
+        c.check().map_err(RestoreError::Corrupt)?;
+        Ok(c)
+    }
+
+    /// [`Coordinator::restore`] from JSON text.
+    pub fn restore_json(json: &str) -> Result<Coordinator, RestoreError> {
+        #[derive(Deserialize)]
+        struct Version {
+            version: u32,
+        }
+        let v: Version = serde_json::from_str(json).map_err(RestoreError::Parse)?;
+        if v.version != Snapshot::VERSION {
+            return Err(RestoreError::UnsupportedVersion(v.version));
+        }
+        let s: Snapshot = serde_json::from_str(json).map_err(RestoreError::Parse)?;
+        Coordinator::restore(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AgentId, Config, LeaseRequest, Millis};
+    use serde_json::{Value, json};
+
+    /// Two pools' worth of state: agents, a granted lease, queued tickets, minutes used.
+    fn busy() -> Coordinator {
+        let config = Config::from_json(
+            r#"{"pools":[{"name":"p","input_tokens_per_minute":40000,
+                "output_tokens_per_minute":8000,"requests_per_minute":50,"max_concurrent":1}],
+                "metrics_minutes":7}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let mut c = Coordinator::new(config, 1, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
+        for (t, agent) in [(0, 1), (10, 2), (20, 3), (30, 2), (70_000, 4)] {
+            let req = LeaseRequest {
+                agent: AgentId(agent),
+                input_tokens: 1_000,
+                max_tokens: 500,
+                ..Default::default()
+            };
+            let _ = c.request_lease(Millis(t), &req);
+        }
+        c.check().unwrap_or_else(|e| panic!("{e}"));
+        c
+    }
+
+    fn restore_edited(c: &Coordinator, edit: impl FnOnce(&mut Value)) -> Result<(), RestoreError> {
+        let mut v = serde_json::to_value(c.snapshot()).unwrap_or(Value::Null);
+        edit(&mut v["state"]);
+        let s: Snapshot = serde_json::from_value(v).map_err(RestoreError::Parse)?;
+        Coordinator::restore(s).map(|_| ())
+    }
+
+    #[test]
+    fn snapshots_round_trip_with_the_new_tables() {
+        let c = busy();
+        let back = Coordinator::restore_json(&c.snapshot_json()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, c);
+        assert!(restore_edited(&c, |_| {}).is_ok());
+    }
+
+    #[test]
+    fn restore_refuses_corrupt_indices() {
+        let c = busy();
+        let corrupt = |what: &str, edit: &dyn Fn(&mut Value)| {
+            assert!(
+                matches!(restore_edited(&c, edit), Err(RestoreError::Corrupt(_))),
+                "{what} must be refused"
+            );
+        };
+        corrupt("a lease naming another agent's slot", &|s| {
+            s["leases"]["slots"][0]["entry"]["agent_slot"] = json!(1);
+        });
+        corrupt("a lease naming a slot past the table", &|s| {
+            s["leases"]["slots"][0]["entry"]["agent_slot"] = json!(99);
+        });
+        corrupt("an agent index naming the wrong slot", &|s| {
+            s["agents"]["index"]["1"] = json!(2);
+        });
+        corrupt("an agent slot on the free list", &|s| {
+            s["agents"]["free"] = json!([0]);
+        });
+        corrupt("a queue head that is not the smallest key", &|s| {
+            let q = &mut s["pools"][0]["queue"];
+            let root = q["root"].clone();
+            let head = q["head"].clone();
+            q["head"] = if root == head { json!(99) } else { root };
+        });
+        corrupt("a queue ticket naming another lease slot", &|s| {
+            s["pools"][0]["queue"]["tickets"][0]["slot"] = json!(0);
+        });
+        corrupt("a queue key that differs from its lease's", &|s| {
+            let v = &mut s["pools"][0]["queue"]["nodes"][0]["vfinish_lo"];
+            *v = json!(v.as_u64().unwrap_or(0) + 1);
+        });
+        corrupt("a cached minute slot that is not minute % len", &|s| {
+            s["pools"][0]["minute_slot"] = json!(0);
+        });
+        corrupt(
+            "a nominal capacity that does not match limit and margin",
+            &|s| {
+                s["pools"][0]["buckets"][0]["nominal"] = json!(40_000);
+            },
+        );
+    }
+}

@@ -1,0 +1,119 @@
+//! What the coordinator answers ([`Decision`], [`Settlement`]) and what it reports on its
+//! own ([`Event`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::{Axis, Demand};
+use crate::ids::{AgentId, PoolId};
+use crate::lease::LeaseId;
+use crate::time::Millis;
+
+/// Why a request was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum RejectReason {
+    /// The request needs more of this axis than the pool hands out in a whole window: it
+    /// would wait forever.
+    ExceedsCapacity {
+        /// The axis.
+        axis: Axis,
+    },
+    /// The estimated wait is longer than `max_queue_wait_ms`.
+    WaitTooLong,
+    /// The pool's queue holds `max_queue_depth` tickets.
+    QueueFull,
+    /// `max_leases` leases and tickets are alive.
+    TooManyLeases,
+    /// `max_agents` agents are tracked and none is idle.
+    TooManyAgents,
+}
+
+/// The answer to [`Coordinator::request_lease`](crate::Coordinator::request_lease).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+#[must_use]
+pub enum Decision {
+    /// Send now; settle before `expires_at` or the reservation is kept without refund.
+    Grant {
+        /// The lease to settle.
+        lease: LeaseId,
+        /// When it is reaped.
+        expires_at: Millis,
+    },
+    /// In line: an [`Event::Granted`] with this id follows. Checkpoint before waiting.
+    Queued {
+        /// The ticket, which becomes the lease.
+        lease: LeaseId,
+        /// Estimated grant time (assumes estimates hold and no higher-priority arrivals).
+        eta: Millis,
+    },
+    /// Not now. Come back at `retry_at` (`None`: this request can never be served as asked).
+    Reject {
+        /// When a new request has a fair chance.
+        retry_at: Option<Millis>,
+        /// Why.
+        reason: RejectReason,
+    },
+}
+
+/// The answer to [`Coordinator::settle`](crate::Coordinator::settle): what the lease had reserved and what it used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settlement {
+    /// Reserved at grant, per axis.
+    pub reserved: Demand,
+    /// Used, per axis, by the pool's counting rules.
+    pub used: Demand,
+}
+
+/// Something that happened, for the host to act on or log. Drain with
+/// [`Coordinator::poll_event`](crate::Coordinator::poll_event) after every call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Event {
+    /// A queued ticket was granted: the agent may send now.
+    Granted {
+        /// The lease (same id as the ticket).
+        lease: LeaseId,
+        /// Its agent.
+        agent: AgentId,
+        /// Its pool.
+        pool: PoolId,
+        /// When it is reaped.
+        expires_at: Millis,
+        /// How long it waited.
+        waited_ms: u64,
+    },
+    /// A lease was not settled in time and was reaped with no refund.
+    Expired {
+        /// The lease.
+        lease: LeaseId,
+        /// Its agent.
+        agent: AgentId,
+        /// Its pool.
+        pool: PoolId,
+    },
+    /// The pool's margin moved.
+    MarginChanged {
+        /// The pool.
+        pool: PoolId,
+        /// Before, thousandths.
+        from_permille: u32,
+        /// After, thousandths.
+        to_permille: u32,
+    },
+    /// A 429 paused new grants for the whole pool.
+    Paused {
+        /// The pool.
+        pool: PoolId,
+        /// Until when.
+        until: Millis,
+    },
+    /// An agent's input estimates have missed by more than the threshold for
+    /// `estimate_alert.consecutive` settles in a row.
+    EstimateAlert {
+        /// The agent.
+        agent: AgentId,
+        /// Its moving-average input error, thousandths.
+        error_permille: u32,
+    },
+}

@@ -1,0 +1,354 @@
+//! A pool: the buckets of one provider limit group, its margin, pause, fair queue and
+//! per-minute figures, and the arithmetic of taking, refunding and waiting for capacity.
+
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::{Axis, Bucket, Demand};
+use crate::config::{Config, Counting, MarginConfig};
+use crate::decision::Event;
+use crate::ids::PoolId;
+use crate::lease::Phase;
+use crate::metrics::{MINUTE_MS, MinuteStats, PoolCounters, WaitHistogram};
+use crate::queue::Queue;
+use crate::time::Millis;
+
+const RAMP_STEPS: u64 = 10;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Pool {
+    pub(crate) buckets: [Bucket; 4],
+    pub(crate) max_concurrent: Option<u64>,
+    pub(crate) in_flight: u64,
+    pub(crate) margin: u32,
+    /// Last 429 or last margin step: the next step is one clean interval later.
+    pub(crate) margin_clock: Millis,
+    pub(crate) ramp_step: u64,
+    pub(crate) paused_until: Millis,
+    /// Buckets are refilled up to this instant.
+    pub(crate) updated: Millis,
+    pub(crate) queue: Queue,
+    pub(crate) vtime: u128,
+    pub(crate) counters: PoolCounters,
+    pub(crate) minutes: Vec<MinuteStats>,
+    /// The minute last written and its index in `minutes` (`minute % minutes.len()`), so
+    /// the common case, another event in the same minute, needs no division.
+    pub(crate) minute_now: u64,
+    pub(crate) minute_slot: u32,
+    pub(crate) waits: WaitHistogram,
+}
+
+pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
+    if b == 0 { u128::MAX } else { a.div_ceil(b) }
+}
+
+impl Pool {
+    pub(crate) fn new(config: &Config, index: usize, now: Millis) -> Pool {
+        let p = config.pools.get(index);
+        let limit = |f: fn(&crate::config::PoolConfig) -> Option<u64>| p.and_then(f);
+        let mut pool = Pool {
+            buckets: [
+                Bucket::new(limit(|p| p.input_tokens_per_minute)),
+                Bucket::new(limit(|p| p.output_tokens_per_minute)),
+                Bucket::new(limit(|p| p.tokens_per_minute)),
+                Bucket::new(limit(|p| p.requests_per_minute)),
+            ],
+            max_concurrent: limit(|p| p.max_concurrent),
+            in_flight: 0,
+            margin: config.margin.start_permille,
+            margin_clock: now,
+            ramp_step: if config.slow_start.is_some() {
+                0
+            } else {
+                RAMP_STEPS
+            },
+            paused_until: now,
+            updated: now,
+            queue: Queue::new(),
+            vtime: 0,
+            counters: PoolCounters::default(),
+            minutes: alloc::vec![MinuteStats::default(); config.metrics_minutes as usize],
+            minute_now: 0,
+            minute_slot: 0,
+            waits: WaitHistogram::new(),
+        };
+        // Anthropic charges input when a call arrives (output is reserved at max_tokens and
+        // corrected, like ours; OpenAI pre-charges its one figure the same way).
+        pool.bucket_mut(Axis::InputTokens).charged_on_arrival =
+            p.is_some_and(|p| p.counting == Counting::Anthropic);
+        pool.set_caps(config, true);
+        pool
+    }
+
+    pub(crate) fn ramp_permille(&self, config: &Config) -> u64 {
+        match config.slow_start {
+            Some(s) if self.ramp_step < RAMP_STEPS => {
+                let start = u64::from(s.start_permille);
+                start + (1000 - start) * self.ramp_step / RAMP_STEPS
+            }
+            _ => 1000,
+        }
+    }
+
+    pub(crate) fn cap_for(&self, axis: Axis, limit: u64, config: &Config) -> u64 {
+        let ramp = if axis == Axis::Requests {
+            1000
+        } else {
+            self.ramp_permille(config)
+        };
+        let cap = u128::from(limit) * u128::from(self.margin) * u128::from(ramp) / 1_000_000;
+        u64::try_from(cap).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Capacity ignoring the ramp: the most the pool can ever hand out in a window at
+    /// this margin. Kept in [`Bucket::nominal`] by [`Pool::apply_cap`].
+    pub(crate) fn nominal_cap(&self, limit: u64) -> u64 {
+        let cap = u128::from(limit) * u128::from(self.margin) / 1000;
+        u64::try_from(cap).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// Sets an axis's effective and nominal capacity from its limit, the margin and the
+    /// ramp (nothing while the limit is unknown).
+    pub(crate) fn apply_cap(&mut self, axis: Axis, config: &Config, start_full: bool) {
+        if let Some(limit) = self.bucket(axis).limit {
+            let cap = self.cap_for(axis, limit, config);
+            let nominal = self.nominal_cap(limit);
+            let b = self.bucket_mut(axis);
+            b.nominal = nominal;
+            b.set_cap(cap, config.window_ms, start_full);
+        }
+    }
+
+    pub(crate) fn set_caps(&mut self, config: &Config, start_full: bool) {
+        for axis in Axis::ALL {
+            self.apply_cap(axis, config, start_full);
+        }
+    }
+
+    pub(crate) fn bucket(&self, axis: Axis) -> &Bucket {
+        &self.buckets[axis.index()]
+    }
+
+    pub(crate) fn bucket_mut(&mut self, axis: Axis) -> &mut Bucket {
+        &mut self.buckets[axis.index()]
+    }
+
+    pub(crate) fn refill_to(&mut self, t: Millis, window: u64) {
+        let elapsed = t.since(self.updated);
+        if elapsed > 0 {
+            for b in &mut self.buckets {
+                b.refill(elapsed, window);
+            }
+            self.updated = t;
+        }
+    }
+
+    pub(crate) fn next_margin_step(&self, config: &Config) -> Option<Millis> {
+        (self.margin < config.margin.ceiling_permille && config.margin.increase_permille > 0)
+            .then(|| self.margin_clock.plus(config.margin.clean_interval_ms))
+    }
+
+    pub(crate) fn next_ramp_step(&self, config: &Config, started: Millis) -> Option<Millis> {
+        let s = config.slow_start?;
+        (self.ramp_step < RAMP_STEPS).then(|| {
+            let at = u128::from(self.ramp_step + 1) * u128::from(s.ramp_ms);
+            started.plus(u64::try_from(at.div_ceil(u128::from(RAMP_STEPS))).unwrap_or(u64::MAX))
+        })
+    }
+
+    /// Moves the pool to `t`, applying margin steps and ramp steps at their exact instants
+    /// so the result does not depend on how often the host calls in.
+    pub(crate) fn advance(
+        &mut self,
+        t: Millis,
+        config: &Config,
+        started: Millis,
+        pool: PoolId,
+        events: &mut VecDeque<Event>,
+    ) {
+        loop {
+            let margin_at = self.next_margin_step(config);
+            let ramp_at = self.next_ramp_step(config, started);
+            let next = match (margin_at, ramp_at) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => break,
+            };
+            if next > t {
+                break;
+            }
+            self.refill_to(next, config.window_ms);
+            if margin_at == Some(next) {
+                let from = self.margin;
+                self.margin = from
+                    .saturating_add(config.margin.increase_permille)
+                    .min(config.margin.ceiling_permille);
+                self.margin_clock = next;
+                events.push_back(Event::MarginChanged {
+                    pool,
+                    from_permille: from,
+                    to_permille: self.margin,
+                });
+            }
+            if ramp_at == Some(next) {
+                self.ramp_step += 1;
+            }
+            self.set_caps(config, false);
+        }
+        self.refill_to(t, config.window_ms);
+    }
+
+    pub(crate) fn minute(&mut self, now: Millis) -> Option<&mut MinuteStats> {
+        let minute = now.0 / MINUTE_MS;
+        if minute != self.minute_now {
+            let len = self.minutes.len() as u64;
+            self.minute_slot = u32::try_from(minute % len.max(1)).unwrap_or(0);
+            self.minute_now = minute;
+        }
+        let slot = self.minutes.get_mut(self.minute_slot as usize)?;
+        // A slot still holding an older minute starts afresh. (A slot equal to the default
+        // one holds minute 0 with nothing in it: restarting it changes nothing.)
+        if slot.minute != minute {
+            *slot = MinuteStats {
+                minute,
+                ..MinuteStats::default()
+            };
+        }
+        Some(slot)
+    }
+
+    pub(crate) fn fits(&self, d: &Demand, window: u64) -> bool {
+        Axis::ALL
+            .iter()
+            .all(|a| self.bucket(*a).fits(d.get(*a), window))
+    }
+
+    pub(crate) fn concurrency_free(&self) -> bool {
+        self.max_concurrent.is_none_or(|m| self.in_flight < m)
+    }
+
+    /// Grants `demand` now: takes the reservation and a concurrency slot, counts the grant,
+    /// and returns the lease's active phase.
+    pub(crate) fn admit(&mut self, demand: Demand, now: Millis, ttl: u64, window: u64) -> Phase {
+        let gated = self.take(&demand, window);
+        self.in_flight = self.in_flight.saturating_add(1);
+        if let Some(m) = self.minute(now) {
+            m.granted = m.granted.saturating_add(1);
+        }
+        Phase::Active {
+            granted_at: now,
+            expires_at: now.plus(ttl),
+            charged: demand,
+            gated,
+            rate_limited: false,
+            grant_level: self.bucket(Axis::InputTokens).level,
+        }
+    }
+
+    /// Takes `d` from every gating axis; returns the mask of axes it was taken from.
+    pub(crate) fn take(&mut self, d: &Demand, window: u64) -> u8 {
+        let mut gated = 0u8;
+        for a in Axis::ALL {
+            let b = self.bucket_mut(a);
+            if b.gates() {
+                b.take(d.get(a), window);
+                gated |= 1 << a.index();
+            }
+        }
+        gated
+    }
+
+    /// Settles a lease's axes: the difference is refunded or charged on axes it was taken
+    /// from; an axis that became known after the grant is charged the actual usage.
+    pub(crate) fn reconcile(
+        &mut self,
+        charged: &Demand,
+        gated: u8,
+        (grant_level, elapsed): (i128, u64),
+        actual: &Demand,
+        window: u64,
+    ) {
+        for axis in Axis::ALL {
+            let b = self.bucket_mut(axis);
+            if gated & (1 << axis.index()) != 0 {
+                let room = b.refund_room(grant_level, elapsed, window);
+                b.release(charged.get(axis), actual.get(axis), room, window);
+            } else {
+                b.charge(actual.get(axis), window);
+            }
+        }
+    }
+
+    /// Whether a grant may be made at `now` at all: not paused, a concurrency slot free, and
+    /// a lease of `ttl` not born expired at the end of time.
+    pub(crate) fn can_admit(&self, now: Millis, ttl: u64) -> bool {
+        now >= self.paused_until && now.plus(ttl) > now && self.concurrency_free()
+    }
+
+    /// The first axis on which `worst` (the cold-cache reservation) exceeds what the pool
+    /// hands out in a whole window at this margin, with when the margin will have recovered
+    /// enough for it to fit (`None`: never, not even at the margin's ceiling).
+    pub(crate) fn exceeds_capacity(
+        &self,
+        worst: &Demand,
+        margin: &MarginConfig,
+    ) -> Option<(Axis, Option<Millis>)> {
+        Axis::ALL.into_iter().find_map(|axis| {
+            let b = self.bucket(axis);
+            let limit = b.limit?;
+            let need = worst.get(axis);
+            if need <= b.nominal {
+                return None;
+            }
+            let ceiling = u128::from(limit) * u128::from(margin.ceiling_permille) / 1000;
+            if u128::from(need) > ceiling || margin.increase_permille == 0 {
+                return Some((axis, None));
+            }
+            let needed = ceil_div(u128::from(need) * 1000, u128::from(limit));
+            let steps = ceil_div(
+                needed.saturating_sub(u128::from(self.margin)),
+                u128::from(margin.increase_permille),
+            );
+            let wait = steps.saturating_mul(u128::from(margin.clean_interval_ms));
+            let at = self
+                .margin_clock
+                .plus(u64::try_from(wait).unwrap_or(u64::MAX));
+            Some((axis, Some(at)))
+        })
+    }
+
+    /// When a ticket with `need` (its own demand plus all queued ahead of it) in line would
+    /// be granted, if estimates hold: refill until the total fits, not before the pause
+    /// ends, not before `now`.
+    pub(crate) fn eta(&self, now: Millis, need: &Demand, window: u64) -> Millis {
+        self.updated
+            .plus(self.ms_until_total(need, window))
+            .max(self.paused_until)
+            .max(now)
+    }
+
+    /// Ms from `updated` until a total of `need` fits on every axis (no full-bucket rule:
+    /// this is for sums of several requests).
+    pub(crate) fn ms_until_total(&self, need: &Demand, window: u64) -> u64 {
+        let mut worst = 0u128;
+        for a in Axis::ALL {
+            let b = self.bucket(a);
+            if !b.gates() {
+                continue;
+            }
+            let want = i128::from(need.get(a)).saturating_mul(i128::from(window));
+            let deficit = want.saturating_sub(b.level);
+            if deficit > 0 {
+                let deficit = deficit.unsigned_abs();
+                let ms = match u64::try_from(deficit) {
+                    // The common case, without a 128-bit division.
+                    Ok(d) if b.cap > 0 => u128::from(d.div_ceil(b.cap)),
+                    _ => ceil_div(deficit, u128::from(b.cap)),
+                };
+                worst = worst.max(ms);
+            }
+        }
+        u64::try_from(worst).unwrap_or(u64::MAX)
+    }
+}

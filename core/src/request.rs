@@ -1,0 +1,144 @@
+//! What a host asks for before a model call and reports after it, and the reservation
+//! and usage they come to under a pool's counting rules.
+
+use serde::{Deserialize, Serialize};
+
+use crate::bucket::Demand;
+use crate::config::{Counting, MAX_TOKENS};
+use crate::error::LeaseError;
+use crate::ids::{AgentId, PoolId};
+use crate::lease::Ask;
+
+/// An agent's role in the task graph; it sets the base queue weight.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Plans work that unblocks others (weight 3 by default).
+    Planner,
+    /// Reviews (weight 2).
+    Reviewer,
+    /// A leaf worker (weight 1).
+    #[default]
+    Worker,
+}
+
+/// A request for capacity before one model call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who asks.
+    pub agent: AgentId,
+    /// Which limit group the call goes to.
+    pub pool: PoolId,
+    /// Prompt tokens counted locally, excluding the cached prefix.
+    pub input_tokens: u64,
+    /// Tokens of the prompt covered by the agent's prompt cache. Charged as input when the
+    /// cache has probably expired (or always, under OpenAI counting).
+    pub cached_prefix_tokens: u64,
+    /// The call's `max_tokens`: the output reservation, refunded on settle.
+    pub max_tokens: u64,
+    /// The agent's role.
+    pub role: Role,
+    /// Downstream tasks waiting on this one.
+    pub unblocks: u32,
+    /// A hash of the agent's last failure (failing test, diff hash); the same value twice
+    /// in a row halves the weight. `None` when the last turn did not fail.
+    pub failure_signature: Option<u64>,
+}
+
+/// What a call really used, as the provider reports it (Anthropic's field names; an OpenAI
+/// host puts `prompt_tokens − cached_tokens` in `input_tokens` and `cached_tokens` in
+/// `cache_read_input_tokens`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Usage {
+    /// Uncached input tokens.
+    pub input_tokens: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_creation_input_tokens: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+}
+
+impl LeaseRequest {
+    /// The request's token figures, by field name (the name an error reports).
+    fn sizes(&self) -> [(&'static str, u64); 3] {
+        [
+            ("input_tokens", self.input_tokens),
+            ("cached_prefix_tokens", self.cached_prefix_tokens),
+            ("max_tokens", self.max_tokens),
+        ]
+    }
+
+    /// `TooLarge` naming the first figure above [`MAX_TOKENS`].
+    pub(crate) fn check_sizes(&self) -> Result<(), LeaseError> {
+        check_sizes(&self.sizes())
+    }
+
+    /// The figures a lease keeps to recompute its reservation.
+    pub(crate) fn ask(&self) -> Ask {
+        Ask {
+            input_tokens: self.input_tokens,
+            cached_prefix_tokens: self.cached_prefix_tokens,
+            max_tokens: self.max_tokens,
+        }
+    }
+}
+
+impl Usage {
+    /// `TooLarge` naming the first figure above [`MAX_TOKENS`].
+    pub(crate) fn check_sizes(&self) -> Result<(), LeaseError> {
+        check_sizes(&[
+            ("input_tokens", self.input_tokens),
+            (
+                "cache_creation_input_tokens",
+                self.cache_creation_input_tokens,
+            ),
+            ("cache_read_input_tokens", self.cache_read_input_tokens),
+            ("output_tokens", self.output_tokens),
+        ])
+    }
+}
+
+fn check_sizes(sizes: &[(&'static str, u64)]) -> Result<(), LeaseError> {
+    match sizes.iter().find(|(_, v)| *v > MAX_TOKENS) {
+        Some(&(field, _)) => Err(LeaseError::TooLarge { field }),
+        None => Ok(()),
+    }
+}
+
+/// Reservation for an ask under a pool's counting rules, given whether the cache is cold.
+pub(crate) fn charge(counting: Counting, ask: &Ask, cold: bool) -> Demand {
+    let (input, tokens) = match counting {
+        Counting::Anthropic => {
+            let input =
+                ask.input_tokens
+                    .saturating_add(if cold { ask.cached_prefix_tokens } else { 0 });
+            (input, input.saturating_add(ask.max_tokens))
+        }
+        Counting::Openai => {
+            let input = ask.input_tokens.saturating_add(ask.cached_prefix_tokens);
+            (input, input.max(ask.max_tokens))
+        }
+    };
+    Demand([input, ask.max_tokens, tokens, 1])
+}
+
+/// Usage under a pool's counting rules.
+pub(crate) fn used(counting: Counting, u: &Usage) -> Demand {
+    let input = match counting {
+        Counting::Anthropic => u.input_tokens.saturating_add(u.cache_creation_input_tokens),
+        Counting::Openai => u
+            .input_tokens
+            .saturating_add(u.cache_creation_input_tokens)
+            .saturating_add(u.cache_read_input_tokens),
+    };
+    Demand([
+        input,
+        u.output_tokens,
+        input.saturating_add(u.output_tokens),
+        1,
+    ])
+}

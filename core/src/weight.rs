@@ -1,0 +1,66 @@
+//! Weights and virtual time for the weighted fair queue.
+
+use crate::agents::Agent;
+use crate::config::WeightConfig;
+use crate::request::{LeaseRequest, Role};
+use crate::time::Millis;
+
+/// A request's weight in the fair queue, in thousandths: role × (1 + bonus × unblocks),
+/// decayed per repeated identical failure down to the floor, bumped when the agent's warm
+/// prompt cache is about to expire; at least 1.
+pub(crate) fn weight(w: &WeightConfig, req: &LeaseRequest, agent: &Agent, now: Millis) -> u128 {
+    let base = match req.role {
+        Role::Planner => w.planner,
+        Role::Reviewer => w.reviewer,
+        Role::Worker => w.worker,
+    };
+    let unblocks = u128::from(req.unblocks.min(1_000_000));
+    let mut weight = mul_permille(
+        u128::from(base),
+        1000 + u128::from(w.unblock_bonus) * unblocks,
+    );
+    let floor = u128::from(w.floor);
+    for _ in 0..agent.repeats.min(64) {
+        if weight <= floor {
+            break;
+        }
+        weight = mul_permille(weight, u128::from(w.repeat_failure_decay));
+    }
+    weight = weight.max(floor);
+    if req.cached_prefix_tokens >= w.cache_bump_min_tokens && req.cached_prefix_tokens > 0 {
+        if let Some(warm_until) = agent
+            .pools
+            .get(req.pool.0 as usize)
+            .and_then(|p| p.cache_warm_until)
+        {
+            if now < warm_until && warm_until.since(now) <= w.cache_bump_window_ms {
+                weight = mul_permille(weight, 1000 + u128::from(w.cache_bump));
+            }
+        }
+    }
+    weight.max(1)
+}
+
+/// `a × b / 1000`, in 64-bit arithmetic when the product fits (it does for every valid
+/// configuration), so the common case needs no 128-bit division. Same result either way.
+pub(crate) fn mul_permille(a: u128, b: u128) -> u128 {
+    if let (Ok(a), Ok(b)) = (u64::try_from(a), u64::try_from(b)) {
+        if let Some(p) = a.checked_mul(b) {
+            return u128::from(p / 1000);
+        }
+    }
+    a.saturating_mul(b) / 1000
+}
+
+/// A ticket's length in virtual time: `(tokens + 1) × 10^6 / weight` (weight ≥ 1), in
+/// 64-bit arithmetic when the operands fit. Same result either way.
+pub(crate) fn virtual_cost(tokens: u64, weight: u128) -> u128 {
+    if let (Some(scaled), Ok(w)) = (
+        tokens.checked_add(1).and_then(|c| c.checked_mul(1_000_000)),
+        u64::try_from(weight),
+    ) {
+        return u128::from(scaled / w.max(1));
+    }
+    let cost = u128::from(tokens).saturating_add(1);
+    cost.saturating_mul(1_000_000) / weight.max(1)
+}
