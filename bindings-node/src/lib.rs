@@ -1,8 +1,11 @@
 //! The Node.js addon behind the npm package `tokenwarden`: `tokenwarden-core`'s
 //! `Coordinator` as a JavaScript class, one method per core call.
 //!
-//! Each method converts its arguments, calls the core and converts the result; all
-//! conversion (and every error thrown into JavaScript) lives in `convert.rs`. Bad input
+//! Each method converts its arguments, calls the core and converts the result. The
+//! JavaScript calling convention both bindings share (argument checks, error codes, key
+//! recasing, register-file layouts) is the crate `tokenwarden-js-abi`; this addon's own
+//! conversions (napi objects, `bigint`s, throwing) are in `convert.rs`; this file holds the
+//! class, the attached register file and the calls. Bad input
 //! throws a real `Error`/`RangeError`/`TypeError` with a stable `code` (the core's
 //! `LeaseError::code()` and friends, or `invalid_argument`) and changes no state. Nothing
 //! here reads a clock: every call takes `now`, integer milliseconds on an epoch the caller
@@ -16,8 +19,8 @@
 pub mod convert;
 
 use convert::{
-    BackoffResult, BackoffState, Decision, Event, IO_SLOTS, LeaseRequest, Settlement, Thrown, U64,
-    Usage, WIDE, WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg, u64_to_js,
+    BackoffResult, BackoffState, Decision, Event, LeaseRequest, Settlement, Thrown, U64, Usage,
+    WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg, u64_to_js,
 };
 use napi::Env;
 use napi::bindgen_prelude::{Either, Either3, Float64Array};
@@ -270,12 +273,7 @@ impl Coordinator {
     #[napi]
     pub fn attach_io(&mut self, env: Env, io: Float64Array) -> napi::Result<()> {
         js(&env, || {
-            if io.len() < IO_SLOTS {
-                return Err(Thrown::range(
-                    "invalid_argument",
-                    format!("the io buffer needs {IO_SLOTS} slots, got {}", io.len()),
-                ));
-            }
+            io::check_len(&io)?;
             self.io = Some(io);
             Ok(())
         })
@@ -290,7 +288,7 @@ impl Coordinator {
             let now = io::io_now(io)?;
             let req = io::io_lease_request(io)?;
             let d = inner.request_lease(now, &req).map_err(Thrown::from)?;
-            Ok(narrow(
+            Ok(io::narrow(
                 wide,
                 io::io_decision(io, &d),
                 WideResult::Decision(d),
@@ -307,7 +305,7 @@ impl Coordinator {
             let now = io::io_now(io)?;
             let (lease, usage) = io::io_settle(io)?;
             let s = inner.settle(now, lease, &usage).map_err(Thrown::from)?;
-            Ok(narrow(
+            Ok(io::narrow(
                 wide,
                 io::io_settlement(io, &s),
                 WideResult::Settlement(s),
@@ -345,7 +343,7 @@ impl Coordinator {
             let io = registers(io)?;
             Ok(match inner.poll_event() {
                 None => -1,
-                Some(e) => narrow(wide, io::io_event(io, &e), WideResult::Event(e)),
+                Some(e) => io::narrow(wide, io::io_event(io, &e), WideResult::Event(e)),
             })
         })
     }
@@ -382,12 +380,4 @@ fn registers(io: &mut Option<Float64Array>) -> Result<&mut [f64], Thrown> {
     // SAFETY: the buffer is kept alive by the reference `Float64Array` holds, JavaScript is
     // single-threaded and blocked in this call, and the slice does not outlive it.
     Ok(unsafe { io.as_mut() })
-}
-
-/// Keeps `result` for `takeWide()` when the fast path could not write it.
-fn narrow(wide: &mut Option<WideResult>, code: i32, result: WideResult) -> i32 {
-    if code == WIDE {
-        *wide = Some(result);
-    }
-    code
 }

@@ -10,6 +10,6 @@ test('require("tokenwarden") gives the same API', async () => {
   const lease = await t.acquire({ agent: 1, pool: 0 })
   assert.equal(lease.settle({}).reserved[3], 1)
   t.close()
-  const { startMockProvider } = require('tokenwarden/mock')
-  assert.equal(typeof startMockProvider, 'function')
+  const driver = require('tokenwarden/driver')
+  assert.equal(driver.Driver, tw.Driver, 'tokenwarden/driver is the same layer')
 })

@@ -8,9 +8,9 @@
  * ```
  */
 import { NativeEngine, nativeEngines } from './native.js'
-import { Tokenwarden, type TokenwardenOptions } from './tokenwarden.js'
+import { Tokenwarden, type TokenwardenOptions } from 'tokenwarden-driver'
 
-export * from './shared.js'
+export * from 'tokenwarden-driver'
 export { NativeEngine, nativeEngines }
 
 /** Options for {@link createTokenwarden}: as for `Tokenwarden`, with the engine optional. */

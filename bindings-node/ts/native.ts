@@ -4,9 +4,7 @@
  */
 import { createRequire } from 'node:module'
 import type * as Binding from '../binding.js'
-import { normalizeEngineError } from './errors.js'
-import { RegisterEngine, type RegisterBinding } from './register.js'
-import type { EngineFactory, U64 } from './types.js'
+import { type EngineFactory, type LeaseRequest, RegisterEngine, type RegisterBinding, type SameUnion, type U64, type Usage, normalizeEngineError } from 'tokenwarden-driver'
 
 const require = createRequire(import.meta.url)
 const binding = require('../binding.cjs') as typeof Binding
@@ -37,3 +35,11 @@ export const nativeEngines: EngineFactory = {
     }
   },
 }
+
+// Drift check, at compile time: the addon's napi-generated argument types (binding.d.ts, from
+// convert.rs) have the driver's fields, which are checked against the Rust tables in turn.
+type Holds<T extends true> = T
+export type BindingDriftChecks = [
+  Holds<SameUnion<keyof Binding.LeaseRequest, keyof LeaseRequest>>,
+  Holds<SameUnion<keyof Binding.Usage, keyof Usage>>,
+]

@@ -1,7 +1,7 @@
 // The wasm build as an engine for the shared driver: the same `RegisterEngine` the Node
 // addon's NativeEngine is, so `Driver`, `Tokenwarden` and the `fetch` wrapper from
-// `tokenwarden/driver` run on it unchanged.
-import { RegisterEngine, Tokenwarden, normalizeEngineError } from 'tokenwarden/driver'
+// `tokenwarden-driver` run on it unchanged.
+import { RegisterEngine, Tokenwarden, normalizeEngineError } from 'tokenwarden-driver'
 
 /**
  * The wasm build's coordinator as an `Engine`: the shared `RegisterEngine` (hot calls through

@@ -1,8 +1,8 @@
 // Types for every entry point of tokenwarden-wasm (web, nodejs, bundler, workerd): the
-// shared driver from `tokenwarden/driver` plus the wasm engine.
-import type { Engine, EngineFactory, Tokenwarden, TokenwardenOptions } from 'tokenwarden/driver'
+// shared driver from `tokenwarden-driver` plus the wasm engine.
+import type { Engine, EngineFactory, Tokenwarden, TokenwardenOptions } from 'tokenwarden-driver'
 
-export * from 'tokenwarden/driver'
+export * from 'tokenwarden-driver'
 
 /** The wasm build's coordinator as an {@link Engine}. */
 export declare class WasmEngine implements Engine {

@@ -2,7 +2,7 @@
 import wasm from '../pkg/nodejs/tokenwarden_wasm.js'
 import { enginesFor, tokenwardenFor } from './engine.js'
 
-export * from 'tokenwarden/driver'
+export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
 /** Creates and restores engines backed by the wasm build. */
 export const wasmEngines = enginesFor(wasm)

@@ -3,7 +3,7 @@
 import initWasm, * as wasm from '../pkg/web/tokenwarden_wasm.js'
 import { enginesFor, tokenwardenFor } from './engine.js'
 
-export * from 'tokenwarden/driver'
+export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
 /** Loads and instantiates the .wasm; resolves when engines can be created. */
 export async function init(input) {

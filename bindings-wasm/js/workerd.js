@@ -7,7 +7,7 @@ import { enginesFor, tokenwardenFor } from './engine.js'
 
 initSync({ module })
 
-export * from 'tokenwarden/driver'
+export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
 /** Creates and restores engines backed by the wasm build. */
 export const wasmEngines = enginesFor(wasm)

@@ -11,16 +11,16 @@
 //! it writes every `u64` either as a lossy `number` or always as a `bigint` (the rule above
 //! is neither), and the one input it handled (header pairs) costs 2 KB of the gzipped
 //! `.wasm` through it, against a budget of 150 KB. The hot calls skip objects altogether:
-//! they use the register file shared with the addon (`tokenwarden-js-io`).
+//! they use the register file shared with the addon (`tokenwarden-js-abi`).
 
 use js_sys::{Array, BigInt, Object, Reflect};
 use serde_json::Value;
 use tokenwarden_core as core;
-use tokenwarden_js_io::camel;
+use tokenwarden_js_abi::camel;
 use wasm_bindgen::{JsCast, JsValue};
 
-pub use tokenwarden_js_io::ArgError;
-use tokenwarden_js_io::{ErrorKind, MAX_SAFE, u64_from_f64};
+pub use tokenwarden_js_abi::ArgError;
+use tokenwarden_js_abi::{ErrorKind, MAX_SAFE, u64_from_f64};
 
 /// An error on its way into JavaScript: what the methods of `lib.rs` return.
 #[derive(Debug)]

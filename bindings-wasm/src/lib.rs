@@ -4,7 +4,9 @@
 //! The class mirrors the Node addon's object API method for method (same names, same
 //! shapes, same error codes), so the package's JavaScript driver and `fetch` wrapper run
 //! on either engine unchanged. Each method converts its arguments, calls the core and
-//! converts the result; all conversion lives in `convert.rs`. Nothing here reads a clock:
+//! converts the result: the calling convention both bindings share is the crate
+//! `tokenwarden-js-abi`, this build's own conversions (js-sys objects, `bigint`s, errors)
+//! are in `convert.rs`. Nothing here reads a clock:
 //! every call takes `now`, integer milliseconds on the caller's epoch.
 
 pub mod convert;
@@ -14,7 +16,7 @@ use convert::{
     usage,
 };
 use tokenwarden_core as core;
-use tokenwarden_js_io::io::{self, WideResult};
+use tokenwarden_js_abi::io::{self, WideResult};
 use wasm_bindgen::prelude::*;
 
 /// One provider's quota: buckets, leases, the weighted fair queue and the margin, driven by
@@ -25,24 +27,6 @@ pub struct Coordinator {
     inner: core::Coordinator,
     /// A register-file result that needs `bigint`s, until `takeWide()`.
     wide: Option<WideResult>,
-}
-
-/// Keeps `result` for `takeWide()` when the register file could not hold it.
-fn narrow(wide: &mut Option<WideResult>, code: i32, result: WideResult) -> i32 {
-    if code == io::WIDE {
-        *wide = Some(result);
-    }
-    code
-}
-
-fn registers(io: &[f64]) -> Result<(), ArgError> {
-    if io.len() < io::IO_SLOTS {
-        return Err(ArgError::range(
-            "invalid_argument",
-            format!("the io buffer needs {} slots", io::IO_SLOTS),
-        ));
-    }
-    Ok(())
 }
 
 fn now_arg(now: &JsValue) -> Result<core::Millis, ArgError> {
@@ -245,18 +229,18 @@ impl Coordinator {
             .collect()
     }
 
-    /// `requestLease` on a register file (`Float64Array`, layouts in `tokenwarden-js-io`):
+    /// `requestLease` on a register file (`Float64Array`, layouts in `tokenwarden-js-abi`):
     /// returns 0 grant, 1 queued, 2 reject, 9 wide. The hot path of the shared driver.
     #[wasm_bindgen(js_name = requestLeaseIo)]
     pub fn request_lease_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
-        registers(io)?;
+        io::check_len(io)?;
         let now = io::io_now(io)?;
         let req = io::io_lease_request(io)?;
         let d = self
             .inner
             .request_lease(now, &req)
             .map_err(ArgError::from)?;
-        Ok(narrow(
+        Ok(io::narrow(
             &mut self.wide,
             io::io_decision(io, &d),
             WideResult::Decision(d),
@@ -266,11 +250,11 @@ impl Coordinator {
     /// `settle` on a register file: returns 0, or 9 wide.
     #[wasm_bindgen(js_name = settleIo)]
     pub fn settle_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
-        registers(io)?;
+        io::check_len(io)?;
         let now = io::io_now(io)?;
         let (lease, u) = io::io_settle(io)?;
         let s = self.inner.settle(now, lease, &u).map_err(ArgError::from)?;
-        Ok(narrow(
+        Ok(io::narrow(
             &mut self.wide,
             io::io_settlement(io, &s),
             WideResult::Settlement(s),
@@ -280,7 +264,7 @@ impl Coordinator {
     /// `cancel` on a register file (now, lease).
     #[wasm_bindgen(js_name = cancelIo)]
     pub fn cancel_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
-        registers(io)?;
+        io::check_len(io)?;
         let now = io::io_now(io)?;
         Ok(self
             .inner
@@ -291,7 +275,7 @@ impl Coordinator {
     /// `handleTimeout` on a register file (now).
     #[wasm_bindgen(js_name = handleTimeoutIo)]
     pub fn handle_timeout_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
-        registers(io)?;
+        io::check_len(io)?;
         self.inner.handle_timeout(io::io_now(io)?);
         Ok(())
     }
@@ -299,10 +283,10 @@ impl Coordinator {
     /// `pollEvent` on a register file: the event's code, −1 for none, 9 wide.
     #[wasm_bindgen(js_name = pollEventIo)]
     pub fn poll_event_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
-        registers(io)?;
+        io::check_len(io)?;
         Ok(match self.inner.poll_event() {
             None => -1,
-            Some(e) => narrow(&mut self.wide, io::io_event(io, &e), WideResult::Event(e)),
+            Some(e) => io::narrow(&mut self.wide, io::io_event(io, &e), WideResult::Event(e)),
         })
     }
 

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { readFileSync, readdirSync, rmSync } from 'node:fs'
 import { after, before, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
-import { buildWorker, startWorker } from '../edge/dev.mjs'
+import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 
 const here = (p) => fileURLToPath(new URL(p, import.meta.url))
 const outdir = here('./.build/workerd/')

@@ -90,6 +90,13 @@ extern crate alloc;
 #[cfg(any(feature = "std", test))]
 extern crate std;
 
+// Where things are: `coordinator.rs` holds the state and the lease protocol (request,
+// settle, cancel, time); `coordinator/` beside it provider feedback, snapshot/restore and
+// the invariant checker. A pool's buckets, margin and pause are `pool.rs`; the fair queue
+// `queue.rs`, its weights and virtual time `weight.rs`; the lease and agent tables
+// `lease.rs` and `agents.rs`; the API's types `request.rs`, `decision.rs`, `ids.rs`;
+// metrics types and their assembly `metrics.rs`; provider headers `headers/`.
+
 mod agents;
 mod backoff;
 mod bucket;

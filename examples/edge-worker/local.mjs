@@ -6,8 +6,8 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { buildWorker, startWorker } from '../../bindings-wasm/edge/dev.mjs'
-import { startMockProvider } from '../../bindings-node/mock/provider.mjs'
+import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
+import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 
 const port = Number(process.argv[process.argv.indexOf('--port') + 1] || 8787)
 const outdir = join(mkdtempSync(join(tmpdir(), 'tokenwarden-edge-build-')), '/')

@@ -13,7 +13,7 @@
 
 import { parseArgs } from 'node:util'
 import { createTokenwarden } from 'tokenwarden'
-import { startMockProvider } from 'tokenwarden/mock'
+import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 import { Fleet, MODEL } from './fleet.mjs'
 import { Monitor } from './view.mjs'
 

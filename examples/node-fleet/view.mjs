@@ -82,7 +82,7 @@ export class Monitor {
   /**
    * @param {object} o
    * @param {import('tokenwarden').Tokenwarden} o.tw
-   * @param {import('tokenwarden/mock').MockProvider} o.mock
+   * @param {import('tokenwarden-testing/mock-provider').MockProvider} o.mock
    * @param {import('./fleet.mjs').Fleet} o.fleet
    * @param {{inputTokensPerMinute: number, outputTokensPerMinute: number, requestsPerMinute: number, concurrency: number}} o.limits
    * @param {'tty' | 'lines' | 'quiet'} o.mode

@@ -1,8 +1,8 @@
 // A Worker that replays conformance traces through the `workerd` build of tokenwarden-wasm:
 // POST a trace file's text to /replay and get `{ error }` back (`null` when it matches).
 import { wasmEngines, createTokenwarden } from '../../js/workerd.js'
-import { parse } from '../../../bindings-node/test/support/json.mjs'
-import { verify } from '../../../bindings-node/test/support/replay.mjs'
+import { parse } from '../../../tests/js/support/json.mjs'
+import { verify } from '../../../tests/js/support/replay.mjs'
 
 export default {
   async fetch(request) {

@@ -1,0 +1,546 @@
+//! What the JavaScript bindings of `tokenwarden-core` share, so the napi-rs addon and the
+//! wasm-bindgen build check arguments, name errors and lay out their fast paths the same
+//! way (and the shared JavaScript driver cannot tell them apart):
+//!
+//! - argument checks: a `u64` argument is a non-negative integer below 2^64; a `number`
+//!   result is exact below 2^53 ([`MAX_SAFE`]) and a `bigint` above;
+//! - [`ArgError`]: the class (`Error`, `RangeError`, `TypeError`), stable code, message and
+//!   offending field of every error a binding throws, built from the core's errors;
+//! - [`camel`] / [`camel_keys`]: object keys in camelCase, enum tags left alone;
+//! - [`io`]: the register-file layouts of the hot calls (a `Float64Array` of
+//!   [`io::IO_SLOTS`] slots) with their field orders and codes, and the result held back
+//!   when it needs `bigint`s;
+//! - [`ERROR_CODES`]: every code an engine throws.
+//!
+//! The TypeScript side of this convention, `driver/ts/abi.ts`, is generated from these
+//! tables by [`typescript`]; `cargo test -p tokenwarden-js-abi` fails when the committed
+//! file differs (`UPDATE_ABI=1` rewrites it), and tests here check each table against the
+//! core's own types and against the readers and writers below.
+
+use serde_json::{Map, Value};
+use tokenwarden_core as core;
+
+/// The largest integer a JavaScript `number` holds exactly: 2^53 − 1.
+pub const MAX_SAFE: u64 = (1 << 53) - 1;
+
+/// Every stable code an engine's errors carry (`error.code`): the core's lease, config and
+/// restore errors, plus `invalid_argument` for mistyped or out-of-range arguments and
+/// `internal` for a result that could not be built, and `corrupt` from the consistency
+/// check.
+pub const ERROR_CODES: [&str; 13] = [
+    "unknown_pool",
+    "unknown_lease",
+    "not_granted",
+    "too_large",
+    "invalid_argument",
+    "config_parse",
+    "invalid_config",
+    "snapshot_version",
+    "snapshot_parse",
+    "snapshot_config",
+    "snapshot_corrupt",
+    "internal",
+    "corrupt",
+];
+
+/// The JavaScript class of an [`ArgError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// `Error`: the call was well formed but the state refuses it (unknown lease, …).
+    Error,
+    /// `RangeError`: a value out of range.
+    Range,
+    /// `TypeError`: a value of the wrong type.
+    Type,
+}
+
+/// An error for a binding to throw: its class, stable code, message and offending field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgError {
+    /// Which JavaScript error class.
+    pub kind: ErrorKind,
+    /// The stable code (`error.code`), the same in every binding.
+    pub code: &'static str,
+    /// The message, in lowercase words.
+    pub message: String,
+    /// The offending field (`error.field`), where there is one.
+    pub field: Option<String>,
+}
+
+impl ArgError {
+    /// A value outside its allowed range.
+    #[must_use]
+    pub fn range(code: &'static str, message: String) -> ArgError {
+        ArgError {
+            kind: ErrorKind::Range,
+            code,
+            message,
+            field: None,
+        }
+    }
+
+    /// A value of the wrong type (code `invalid_argument`).
+    #[must_use]
+    pub fn type_error(message: String) -> ArgError {
+        ArgError {
+            kind: ErrorKind::Type,
+            code: "invalid_argument",
+            message,
+            field: None,
+        }
+    }
+
+    /// A refusal by the state (an `Error`).
+    #[must_use]
+    pub fn state(code: &'static str, message: String) -> ArgError {
+        ArgError {
+            kind: ErrorKind::Error,
+            code,
+            message,
+            field: None,
+        }
+    }
+
+    /// Attaches the name of the offending field.
+    #[must_use]
+    pub fn with_field(mut self, field: impl Into<String>) -> ArgError {
+        self.field = Some(field.into());
+        self
+    }
+}
+
+impl From<core::LeaseError> for ArgError {
+    /// `too_large` is a `RangeError` naming the JavaScript field; the others are `Error`s.
+    fn from(e: core::LeaseError) -> ArgError {
+        let message = e.to_string();
+        match e {
+            core::LeaseError::TooLarge { field } => {
+                ArgError::range(e.code(), message).with_field(camel(field))
+            }
+            _ => ArgError::state(e.code(), message),
+        }
+    }
+}
+
+impl From<&core::ConfigError> for ArgError {
+    /// `field` is the path in the configuration JSON (`pools[1].requests_per_minute`).
+    fn from(e: &core::ConfigError) -> ArgError {
+        let t = ArgError::state(e.code(), e.to_string());
+        if let core::ConfigError::Invalid { field, .. } = e {
+            t.with_field(field.to_string())
+        } else {
+            t
+        }
+    }
+}
+
+impl From<&core::RestoreError> for ArgError {
+    fn from(e: &core::RestoreError) -> ArgError {
+        ArgError::state(e.code(), e.to_string())
+    }
+}
+
+/// A `number` argument as a `u64`: a non-negative integer below 2^64.
+pub fn u64_from_f64(n: f64, what: &str) -> Result<u64, ArgError> {
+    // 2^64 as f64 is exact; anything at or above it does not fit.
+    if n.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&n) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
+        Ok(n as u64)
+    } else {
+        Err(ArgError::range(
+            "invalid_argument",
+            format!(
+                "`{what}` must be a non-negative integer below 2^64, got {}",
+                shown(n)
+            ),
+        )
+        .with_field(what))
+    }
+}
+
+/// A `number` argument as a `u32` (pool ids, unblocks, HTTP status).
+pub fn u32_from_f64(n: f64, what: &str) -> Result<u32, ArgError> {
+    if n.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&n) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
+        Ok(n as u32)
+    } else {
+        Err(ArgError::range(
+            "invalid_argument",
+            format!("`{what}` must be an integer in 0..2^32, got {}", shown(n)),
+        )
+        .with_field(what))
+    }
+}
+
+/// A number for a message, without Rust's float formatting (~15 KB of wasm): integers as
+/// integers, anything else by kind.
+fn shown(n: f64) -> String {
+    if n.is_nan() {
+        "NaN".into()
+    } else if n.is_infinite() {
+        if n > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        }
+    } else if n.fract() == 0.0 && n.abs() < 9.0e15 {
+        #[allow(clippy::cast_possible_truncation)] // an integer below 2^53 in magnitude
+        let i = n as i64;
+        i.to_string()
+    } else {
+        "a fractional or out-of-range number".into()
+    }
+}
+
+/// A `bigint` argument (its sign and 64-bit value, and whether it fit) as a `u64`.
+pub fn u64_from_bigint(
+    negative: bool,
+    value: u64,
+    lossless: bool,
+    what: &str,
+) -> Result<u64, ArgError> {
+    if negative || !lossless {
+        Err(ArgError::range(
+            "invalid_argument",
+            format!("`{what}` must be a bigint in 0..2^64"),
+        )
+        .with_field(what))
+    } else {
+        Ok(value)
+    }
+}
+
+/// `snake_case` → `camelCase`.
+#[must_use]
+pub fn camel(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut upper = false;
+    for c in s.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A serde-shaped core value with its object keys recased to camelCase (string values,
+/// such as enum tags, are left alone). Numbers keep their exact value; napi-rs turns
+/// integers above 2^53 − 1 into `bigint`.
+#[must_use]
+pub fn camel_keys(v: Value) -> Value {
+    match v {
+        Value::Object(map) => {
+            let mut out = Map::with_capacity(map.len());
+            for (k, v) in map {
+                out.insert(camel(&k), camel_keys(v));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(camel_keys).collect()),
+        other => other,
+    }
+}
+
+/// Whether every integer in `v` is exact as a JavaScript `number`.
+#[must_use]
+pub fn all_safe(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.as_u64().is_none_or(|u| u <= MAX_SAFE),
+        Value::Array(items) => items.iter().all(all_safe),
+        Value::Object(map) => map.values().all(all_safe),
+        _ => true,
+    }
+}
+
+/// A serde-shaped core value with camelCase keys, or an internal error.
+pub fn camel_value<T: serde::Serialize>(v: &T) -> Result<Value, ArgError> {
+    serde_json::to_value(v)
+        .map(camel_keys)
+        .map_err(|e| ArgError::state("internal", e.to_string()))
+}
+
+pub mod io {
+    //! The register file of the hot calls.
+    use super::{ArgError, MAX_SAFE, core, u32_from_f64, u64_from_f64};
+
+    /// The axis's code: its position in [`AXES`] (and in demand arrays).
+    fn axis_index(a: core::Axis) -> u64 {
+        match a {
+            core::Axis::InputTokens => 0,
+            core::Axis::OutputTokens => 1,
+            core::Axis::Tokens => 2,
+            core::Axis::Requests => 3,
+        }
+    }
+
+    /// The fast path's register file: a `Float64Array` the JavaScript wrapper owns and the
+    /// addon reads arguments from and writes results to, so a hot call crosses the boundary
+    /// with no object to read or build (napi property access by name costs ~100 ns a field).
+    /// Every slot holds an exact integer below 2^53, or −1 for "none". Layouts, per call:
+    ///
+    /// | call | arguments in | results out | returns |
+    /// |---|---|---|---|
+    /// | `requestLeaseIo` | now, agent, pool, input, cached, max, role (0 worker, 1 reviewer, 2 planner), unblocks, failure signature | lease, instant (expires at / eta / retry at), reason, axis | `DECISION_*` |
+    /// | `settleIo` | now, lease, input, cache creation, cache read, output | reserved ×4, used ×4 | 0 |
+    /// | `cancelIo` | now, lease | — | 0 |
+    /// | `handleTimeoutIo` | now | — | 0 |
+    /// | `pollEventIo` | — | the event's fields in declaration order | `EVENT_*`, or −1 |
+    ///
+    /// A result with a value above 2^53 − 1 returns `WIDE` instead; `takeWide()` then hands
+    /// it over as an object with `bigint`s.
+    pub const IO_SLOTS: usize = 16;
+    /// The lease was granted.
+    pub const DECISION_GRANT: i32 = 0;
+    /// The request was queued.
+    pub const DECISION_QUEUED: i32 = 1;
+    /// The request was rejected.
+    pub const DECISION_REJECT: i32 = 2;
+    /// The result does not fit a `number`: fetch it with `takeWide()`.
+    pub const WIDE: i32 = 9;
+
+    /// `requestLeaseIo`'s argument slots 1 to 8 (slot 0 is `now`): the lease request's
+    /// fields by their JavaScript names, in slot order.
+    pub const LEASE_REQUEST_FIELDS: [&str; 8] = [
+        "agent",
+        "pool",
+        "inputTokens",
+        "cachedPrefixTokens",
+        "maxTokens",
+        "role",
+        "unblocks",
+        "failureSignature",
+    ];
+    /// `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease): the usage's fields.
+    pub const USAGE_FIELDS: [&str; 4] = [
+        "inputTokens",
+        "cacheCreationInputTokens",
+        "cacheReadInputTokens",
+        "outputTokens",
+    ];
+    /// Role codes in the `role` slot: the index in this list.
+    pub const ROLES: [core::Role; 3] = [
+        core::Role::Worker,
+        core::Role::Reviewer,
+        core::Role::Planner,
+    ];
+    /// Reject reasons in a rejected decision's reason slot: the index in this list (the
+    /// core's tags).
+    pub const REJECT_REASONS: [&str; 5] = [
+        "exceeds_capacity",
+        "wait_too_long",
+        "queue_full",
+        "too_many_leases",
+        "too_many_agents",
+    ];
+    /// Axis codes (a rejected decision's axis slot): the index in [`core::Axis::ALL`].
+    pub const AXES: [core::Axis; 4] = core::Axis::ALL;
+    /// `pollEventIo`'s return codes: the index in this list (the core's event tags).
+    pub const EVENTS: [&str; 5] = [
+        "granted",
+        "expired",
+        "margin_changed",
+        "paused",
+        "estimate_alert",
+    ];
+
+    /// Keeps `result` for `takeWide()` when the register file could not hold it; returns
+    /// `code`. Both bindings hold a `wide` slot and call this after every writer.
+    pub fn narrow(wide: &mut Option<WideResult>, code: i32, result: WideResult) -> i32 {
+        if code == WIDE {
+            *wide = Some(result);
+        }
+        code
+    }
+
+    /// A register file with fewer than [`IO_SLOTS`] slots is refused.
+    pub fn check_len(io: &[f64]) -> Result<(), ArgError> {
+        if io.len() < IO_SLOTS {
+            return Err(ArgError::range(
+                "invalid_argument",
+                format!("the io buffer needs {IO_SLOTS} slots, got {}", io.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn fits(values: &[u64]) -> bool {
+        values.iter().all(|&v| v <= MAX_SAFE)
+    }
+
+    #[allow(clippy::cast_precision_loss)] // exact: callers check `fits` first
+    fn put(io: &mut [f64], values: &[u64]) {
+        for (slot, &v) in io.iter_mut().zip(values) {
+            *slot = v as f64;
+        }
+    }
+
+    /// A slot as a `u64` argument.
+    fn slot(io: &[f64], i: usize, what: &str) -> Result<u64, ArgError> {
+        u64_from_f64(io[i], what)
+    }
+
+    /// An optional slot: −1 is "none".
+    fn opt_slot(io: &[f64], i: usize, what: &str) -> Result<Option<u64>, ArgError> {
+        if io[i] == -1.0 {
+            Ok(None)
+        } else {
+            slot(io, i, what).map(Some)
+        }
+    }
+
+    /// Reads `now` from slot 0.
+    pub fn io_now(io: &[f64]) -> Result<core::Millis, ArgError> {
+        slot(io, 0, "now").map(core::Millis)
+    }
+
+    /// Reads `requestLeaseIo`'s arguments.
+    pub fn io_lease_request(io: &[f64]) -> Result<core::LeaseRequest, ArgError> {
+        Ok(core::LeaseRequest {
+            agent: core::AgentId(slot(io, 1, "agent")?),
+            pool: core::PoolId(u32_from_f64(io[2], "pool")?),
+            input_tokens: slot(io, 3, "inputTokens")?,
+            cached_prefix_tokens: slot(io, 4, "cachedPrefixTokens")?,
+            max_tokens: slot(io, 5, "maxTokens")?,
+            role: match u32_from_f64(io[6], "role")
+                .ok()
+                .and_then(|i| ROLES.get(i as usize))
+            {
+                Some(role) => *role,
+                None => {
+                    return Err(ArgError::range(
+                        "invalid_argument",
+                        "`role` must be planner, reviewer or worker".into(),
+                    )
+                    .with_field("role"));
+                }
+            },
+            unblocks: u32_from_f64(io[7], "unblocks")?,
+            failure_signature: opt_slot(io, 8, "failureSignature")?,
+        })
+    }
+
+    /// Writes a decision; `WIDE` when an instant does not fit a `number`.
+    pub fn io_decision(io: &mut [f64], d: &core::Decision) -> i32 {
+        let none = u64::MAX; // written as −1 below
+        let (code, lease, at, reason, axis_index) = match *d {
+            core::Decision::Grant { lease, expires_at } => {
+                (DECISION_GRANT, lease.0, expires_at.0, 0, 0)
+            }
+            core::Decision::Queued { lease, eta } => (DECISION_QUEUED, lease.0, eta.0, 0, 0),
+            core::Decision::Reject { retry_at, reason } => {
+                let (r, a) = match reason {
+                    core::RejectReason::ExceedsCapacity { axis: a } => (0, axis_index(a)),
+                    core::RejectReason::WaitTooLong => (1, 0),
+                    core::RejectReason::QueueFull => (2, 0),
+                    core::RejectReason::TooManyLeases => (3, 0),
+                    core::RejectReason::TooManyAgents => (4, 0),
+                };
+                (DECISION_REJECT, 0, retry_at.map_or(none, |t| t.0), r, a)
+            }
+        };
+        if at != none && !fits(&[at]) {
+            return WIDE;
+        }
+        put(io, &[lease, at, reason, axis_index]);
+        if at == none {
+            io[1] = -1.0;
+        }
+        code
+    }
+
+    /// Reads the lease id from slot 1 (`cancelIo`).
+    pub fn io_lease(io: &[f64]) -> Result<core::LeaseId, ArgError> {
+        slot(io, 1, "lease").map(core::LeaseId)
+    }
+
+    /// Reads `settleIo`'s arguments.
+    pub fn io_settle(io: &[f64]) -> Result<(core::LeaseId, core::Usage), ArgError> {
+        Ok((
+            core::LeaseId(slot(io, 1, "lease")?),
+            core::Usage {
+                input_tokens: slot(io, 2, "inputTokens")?,
+                cache_creation_input_tokens: slot(io, 3, "cacheCreationInputTokens")?,
+                cache_read_input_tokens: slot(io, 4, "cacheReadInputTokens")?,
+                output_tokens: slot(io, 5, "outputTokens")?,
+            },
+        ))
+    }
+
+    /// Writes a settlement; `WIDE` when an amount does not fit a `number`.
+    pub fn io_settlement(io: &mut [f64], s: &core::Settlement) -> i32 {
+        if !fits(&s.reserved.0) || !fits(&s.used.0) {
+            return WIDE;
+        }
+        put(io, &s.reserved.0);
+        put(&mut io[4..], &s.used.0);
+        0
+    }
+
+    /// Granted, expired, margin changed, paused, estimate alert: `pollEventIo`'s codes.
+    pub const EVENT_GRANTED: i32 = 0;
+
+    /// Writes an event; `WIDE` when a field does not fit a `number`.
+    pub fn io_event(io: &mut [f64], e: &core::Event) -> i32 {
+        let (code, fields): (i32, [u64; 5]) = match *e {
+            core::Event::Granted {
+                lease,
+                agent,
+                pool,
+                expires_at,
+                waited_ms,
+            } => (
+                EVENT_GRANTED,
+                [lease.0, agent.0, u64::from(pool.0), expires_at.0, waited_ms],
+            ),
+            core::Event::Expired { lease, agent, pool } => {
+                (1, [lease.0, agent.0, u64::from(pool.0), 0, 0])
+            }
+            core::Event::MarginChanged {
+                pool,
+                from_permille,
+                to_permille,
+            } => (
+                2,
+                [
+                    u64::from(pool.0),
+                    u64::from(from_permille),
+                    u64::from(to_permille),
+                    0,
+                    0,
+                ],
+            ),
+            core::Event::Paused { pool, until } => (3, [u64::from(pool.0), until.0, 0, 0, 0]),
+            core::Event::EstimateAlert {
+                agent,
+                error_permille,
+            } => (4, [agent.0, u64::from(error_permille), 0, 0, 0]),
+        };
+        if !fits(&fields) {
+            return WIDE;
+        }
+        put(io, &fields);
+        code
+    }
+
+    /// A result held back from the fast path because it needs `bigint`s.
+    #[derive(Debug, Clone, Copy)]
+    pub enum WideResult {
+        /// From `requestLeaseIo`.
+        Decision(core::Decision),
+        /// From `settleIo`.
+        Settlement(core::Settlement),
+        /// From `pollEventIo`.
+        Event(core::Event),
+    }
+}
+
+mod ts;
+pub use ts::typescript;
+
+#[cfg(test)]
+mod tests;

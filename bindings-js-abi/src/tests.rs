@@ -1,0 +1,298 @@
+use super::*;
+
+#[test]
+fn camel_recases_keys_only() {
+    assert_eq!(camel("input_tokens_per_minute"), "inputTokensPerMinute");
+    assert_eq!(camel("p50_ms"), "p50Ms");
+    assert_eq!(camel("agent"), "agent");
+    let v = serde_json::json!({"binding_axis": "input_tokens", "axes": [{"last_minute": 1}]});
+    assert_eq!(
+        camel_keys(v),
+        serde_json::json!({"bindingAxis": "input_tokens", "axes": [{"lastMinute": 1}]})
+    );
+}
+
+#[test]
+fn numbers_are_exact_integers_only() {
+    assert_eq!(u64_from_f64(5.0, "x").ok(), Some(5));
+    for bad in [
+        -1.0,
+        1.5,
+        f64::NAN,
+        f64::INFINITY,
+        18_446_744_073_709_551_616.0,
+    ] {
+        let e = u64_from_f64(bad, "x").unwrap_err();
+        assert_eq!(
+            (e.kind, e.code, e.field.as_deref()),
+            (ErrorKind::Range, "invalid_argument", Some("x"))
+        );
+    }
+    assert!(
+        u64_from_f64(-1.0, "now")
+            .unwrap_err()
+            .message
+            .contains("got -1")
+    );
+    assert_eq!(u32_from_f64(7.0, "pool").ok(), Some(7));
+    assert!(u32_from_f64(4_294_967_296.0, "pool").is_err());
+    assert_eq!(
+        u64_from_bigint(false, u64::MAX, true, "x").ok(),
+        Some(u64::MAX)
+    );
+    assert!(u64_from_bigint(true, 1, true, "x").is_err());
+    assert!(u64_from_bigint(false, 1, false, "x").is_err());
+}
+
+#[test]
+fn core_errors_keep_their_codes() {
+    let e = ArgError::from(core::LeaseError::TooLarge {
+        field: "input_tokens",
+    });
+    assert_eq!(
+        (e.kind, e.code, e.field.as_deref()),
+        (ErrorKind::Range, "too_large", Some("inputTokens"))
+    );
+    let e = ArgError::from(core::LeaseError::UnknownLease);
+    assert_eq!((e.kind, e.code), (ErrorKind::Error, "unknown_lease"));
+}
+
+#[test]
+fn a_decision_that_fits_is_written_and_one_that_does_not_is_wide() {
+    let mut io = [0.0; io::IO_SLOTS];
+    let d = core::Decision::Queued {
+        lease: core::LeaseId(7),
+        eta: core::Millis(1234),
+    };
+    assert_eq!(io::io_decision(&mut io, &d), io::DECISION_QUEUED);
+    assert_eq!(&io[..2], &[7.0, 1234.0]);
+    let d = core::Decision::Grant {
+        lease: core::LeaseId(7),
+        expires_at: core::Millis(MAX_SAFE + 1),
+    };
+    assert_eq!(io::io_decision(&mut io, &d), io::WIDE);
+    let d = core::Decision::Reject {
+        retry_at: None,
+        reason: core::RejectReason::QueueFull,
+    };
+    assert_eq!(io::io_decision(&mut io, &d), io::DECISION_REJECT);
+    assert_eq!(&io[..3], &[0.0, -1.0, 2.0]);
+}
+
+/// The committed TypeScript mirror is what the tables generate.
+#[test]
+fn typescript_mirror_is_current() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../driver/ts/abi.ts");
+    let want = typescript();
+    if std::env::var_os("UPDATE_ABI").is_some() {
+        std::fs::write(&path, &want).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{} is out of date: run `UPDATE_ABI=1 cargo test -p tokenwarden-js-abi` and commit it",
+        path.display()
+    );
+}
+
+/// The object keys of a serialized core value, camelCased.
+fn camel_fields<T: serde::Serialize>(v: &T) -> std::collections::BTreeSet<String> {
+    match serde_json::to_value(v) {
+        Ok(Value::Object(map)) => map.keys().map(|k| camel(k)).collect(),
+        other => panic!("not an object: {other:?}"),
+    }
+}
+
+fn tag<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(Value::String(s)) => s,
+        Ok(Value::Object(map)) => map["kind"].as_str().unwrap_or_default().to_owned(),
+        other => panic!("no tag: {other:?}"),
+    }
+}
+
+#[test]
+fn lease_request_fields_are_the_cores_in_slot_order() {
+    let names: std::collections::BTreeSet<String> = io::LEASE_REQUEST_FIELDS
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    assert_eq!(names, camel_fields(&core::LeaseRequest::default()));
+    // Slot 1 + i carries field i: give each a distinct value and read it back by name.
+    let mut regs = [0.0; io::IO_SLOTS];
+    for (i, slot) in regs[1..=io::LEASE_REQUEST_FIELDS.len()]
+        .iter_mut()
+        .enumerate()
+    {
+        *slot = 10.0 + i as f64;
+    }
+    let role = io::LEASE_REQUEST_FIELDS
+        .iter()
+        .position(|f| *f == "role")
+        .unwrap_or(99);
+    regs[1 + role] = 1.0;
+    let req = io::io_lease_request(&regs).unwrap_or_else(|e| panic!("{e:?}"));
+    let read = camel_value(&req).unwrap_or_else(|e| panic!("{e:?}"));
+    for (i, field) in io::LEASE_REQUEST_FIELDS.iter().enumerate() {
+        let want = if i == role {
+            serde_json::json!(tag(&io::ROLES[1]))
+        } else {
+            serde_json::json!(10 + i)
+        };
+        assert_eq!(read[*field], want, "slot {} is `{field}`", 1 + i);
+    }
+}
+
+#[test]
+fn usage_fields_are_the_cores_in_slot_order() {
+    let names: std::collections::BTreeSet<String> =
+        io::USAGE_FIELDS.iter().map(|s| (*s).to_owned()).collect();
+    assert_eq!(names, camel_fields(&core::Usage::default()));
+    let mut regs = [0.0; io::IO_SLOTS];
+    for (i, slot) in regs[2..2 + io::USAGE_FIELDS.len()].iter_mut().enumerate() {
+        *slot = 10.0 + i as f64;
+    }
+    let (_, usage) = io::io_settle(&regs).unwrap_or_else(|e| panic!("{e:?}"));
+    let read = camel_value(&usage).unwrap_or_else(|e| panic!("{e:?}"));
+    for (i, field) in io::USAGE_FIELDS.iter().enumerate() {
+        assert_eq!(
+            read[*field],
+            serde_json::json!(10 + i),
+            "slot {} is `{field}`",
+            2 + i
+        );
+    }
+}
+
+#[test]
+fn every_role_has_its_code() {
+    for role in [
+        core::Role::Worker,
+        core::Role::Reviewer,
+        core::Role::Planner,
+    ] {
+        // (A new role fails to compile here until it is listed.)
+        match role {
+            core::Role::Worker | core::Role::Reviewer | core::Role::Planner => {}
+        }
+        let code = io::ROLES.iter().position(|r| *r == role);
+        let mut regs = [0.0; io::IO_SLOTS];
+        regs[6] = code.unwrap_or_else(|| panic!("{role:?} has no code")) as f64;
+        assert_eq!(io::io_lease_request(&regs).map(|r| r.role), Ok(role));
+    }
+    let mut regs = [0.0; io::IO_SLOTS];
+    regs[6] = f64::NAN;
+    let e = io::io_lease_request(&regs).unwrap_err();
+    assert_eq!(
+        (e.field.as_deref(), e.message.as_str()),
+        (Some("role"), "`role` must be planner, reviewer or worker")
+    );
+}
+
+#[test]
+fn reject_reasons_and_axes_are_written_as_their_codes() {
+    let reasons = [
+        core::RejectReason::ExceedsCapacity {
+            axis: core::Axis::Requests,
+        },
+        core::RejectReason::WaitTooLong,
+        core::RejectReason::QueueFull,
+        core::RejectReason::TooManyLeases,
+        core::RejectReason::TooManyAgents,
+    ];
+    for reason in reasons {
+        match reason {
+            core::RejectReason::ExceedsCapacity { .. }
+            | core::RejectReason::WaitTooLong
+            | core::RejectReason::QueueFull
+            | core::RejectReason::TooManyLeases
+            | core::RejectReason::TooManyAgents => {}
+        }
+        let mut regs = [0.0; io::IO_SLOTS];
+        let d = core::Decision::Reject {
+            retry_at: None,
+            reason,
+        };
+        assert_eq!(io::io_decision(&mut regs, &d), io::DECISION_REJECT);
+        assert_eq!(io::REJECT_REASONS[regs[2] as usize], tag(&reason));
+    }
+    for (code, axis) in io::AXES.iter().enumerate() {
+        let mut regs = [0.0; io::IO_SLOTS];
+        let d = core::Decision::Reject {
+            retry_at: None,
+            reason: core::RejectReason::ExceedsCapacity { axis: *axis },
+        };
+        let _ = io::io_decision(&mut regs, &d);
+        assert_eq!(regs[3] as usize, code, "{axis:?}");
+    }
+    assert_eq!(io::AXES, core::Axis::ALL);
+}
+
+#[test]
+fn events_are_returned_as_their_codes() {
+    let (lease, agent, pool, t) = (
+        core::LeaseId(1),
+        core::AgentId(2),
+        core::PoolId(0),
+        core::Millis(3),
+    );
+    let events = [
+        core::Event::Granted {
+            lease,
+            agent,
+            pool,
+            expires_at: t,
+            waited_ms: 4,
+        },
+        core::Event::Expired { lease, agent, pool },
+        core::Event::MarginChanged {
+            pool,
+            from_permille: 850,
+            to_permille: 800,
+        },
+        core::Event::Paused { pool, until: t },
+        core::Event::EstimateAlert {
+            agent,
+            error_permille: 300,
+        },
+    ];
+    assert_eq!(events.len(), io::EVENTS.len());
+    for e in events {
+        let mut regs = [0.0; io::IO_SLOTS];
+        let code = io::io_event(&mut regs, &e);
+        assert_eq!(
+            io::EVENTS.get(code as usize).copied(),
+            Some(tag(&e).as_str())
+        );
+    }
+}
+
+#[test]
+fn error_codes_are_listed_once_each() {
+    let codes: Vec<&str> = [
+        core::LeaseError::UnknownPool.code(),
+        core::LeaseError::UnknownLease.code(),
+        core::LeaseError::NotGranted.code(),
+        core::LeaseError::TooLarge { field: "x" }.code(),
+        core::RestoreError::UnsupportedVersion(9).code(),
+        core::RestoreError::Corrupt("x").code(),
+        ArgError::type_error(String::new()).code,
+        "internal",
+    ]
+    .into_iter()
+    .chain(core::Config::from_json("{").err().map(|e| e.code()))
+    .chain(
+        core::Config::from_json(r#"{"pools":[]}"#)
+            .err()
+            .map(|e| e.code()),
+    )
+    .chain(core::Coordinator::restore_json("{").err().map(|e| e.code()))
+    .collect();
+    for c in &codes {
+        assert!(ERROR_CODES.contains(c), "{c} is not in ERROR_CODES");
+    }
+    let mut sorted = ERROR_CODES.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ERROR_CODES.len(), "a code is listed twice");
+}

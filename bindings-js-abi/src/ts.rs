@@ -1,0 +1,69 @@
+//! The TypeScript mirror of this crate's tables: `driver/ts/abi.ts`, which the shared
+//! driver's register-file engine and error handling import instead of keeping copies.
+
+use crate::ERROR_CODES;
+use crate::io;
+
+/// A list of strings as a `readonly` TypeScript tuple.
+fn tuple(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| format!("'{s}'")).collect();
+    format!("[{}] as const", quoted.join(", "))
+}
+
+/// A core enum value's serde tag (`"input_tokens"`, `"worker"`).
+fn tag<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The text of `driver/ts/abi.ts`.
+#[must_use]
+pub fn typescript() -> String {
+    let roles: Vec<String> = io::ROLES.iter().map(tag).collect();
+    let axes: Vec<String> = io::AXES.iter().map(tag).collect();
+    let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
+    let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
+    format!(
+        "\
+// Generated from the Rust crate tokenwarden-js-abi (bindings-js-abi/src/lib.rs): do not edit.
+// `cargo test -p tokenwarden-js-abi` fails when this file is out of date; run it with
+// UPDATE_ABI=1 to rewrite it.
+
+/** Slots in a register file (a `Float64Array`). */
+export const IO_SLOTS = {slots}
+/** `requestLeaseIo`'s return codes; `WIDE`: the result needs `bigint`s, take it with `takeWide()`. */
+export const DECISION_GRANT = {grant}
+export const DECISION_QUEUED = {queued}
+export const DECISION_REJECT = {reject}
+export const WIDE = {wide}
+/** `requestLeaseIo`'s argument slots 1 to 8 (slot 0 is `now`), in slot order. */
+export const LEASE_REQUEST_FIELDS = {request}
+/** `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease), in slot order. */
+export const USAGE_FIELDS = {usage}
+/** Role codes: the index in this list. */
+export const ROLES = {roles}
+/** A rejected decision's reason code: the index in this list. */
+export const REJECT_REASONS = {reasons}
+/** Axis codes: the index in this list. */
+export const AXES = {axes}
+/** `pollEventIo`'s return codes: the index in this list (-1: no event). */
+export const EVENTS = {events}
+/** Every stable code an engine's errors carry. */
+export const ENGINE_ERROR_CODES = {errors}
+",
+        slots = io::IO_SLOTS,
+        grant = io::DECISION_GRANT,
+        queued = io::DECISION_QUEUED,
+        reject = io::DECISION_REJECT,
+        wide = io::WIDE,
+        request = tuple(&io::LEASE_REQUEST_FIELDS),
+        usage = tuple(&io::USAGE_FIELDS),
+        roles = tuple(&roles),
+        reasons = tuple(&io::REJECT_REASONS),
+        axes = tuple(&axes),
+        events = tuple(&io::EVENTS),
+        errors = tuple(&ERROR_CODES),
+    )
+}

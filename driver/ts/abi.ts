@@ -1,0 +1,25 @@
+// Generated from the Rust crate tokenwarden-js-abi (bindings-js-abi/src/lib.rs): do not edit.
+// `cargo test -p tokenwarden-js-abi` fails when this file is out of date; run it with
+// UPDATE_ABI=1 to rewrite it.
+
+/** Slots in a register file (a `Float64Array`). */
+export const IO_SLOTS = 16
+/** `requestLeaseIo`'s return codes; `WIDE`: the result needs `bigint`s, take it with `takeWide()`. */
+export const DECISION_GRANT = 0
+export const DECISION_QUEUED = 1
+export const DECISION_REJECT = 2
+export const WIDE = 9
+/** `requestLeaseIo`'s argument slots 1 to 8 (slot 0 is `now`), in slot order. */
+export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature'] as const
+/** `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease), in slot order. */
+export const USAGE_FIELDS = ['inputTokens', 'cacheCreationInputTokens', 'cacheReadInputTokens', 'outputTokens'] as const
+/** Role codes: the index in this list. */
+export const ROLES = ['worker', 'reviewer', 'planner'] as const
+/** A rejected decision's reason code: the index in this list. */
+export const REJECT_REASONS = ['exceeds_capacity', 'wait_too_long', 'queue_full', 'too_many_leases', 'too_many_agents'] as const
+/** Axis codes: the index in this list. */
+export const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests'] as const
+/** `pollEventIo`'s return codes: the index in this list (-1: no event). */
+export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert'] as const
+/** Every stable code an engine's errors carry. */
+export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'internal', 'corrupt'] as const

@@ -1,0 +1,448 @@
+/**
+ * The async driver: the API agents use. It owns the clock and one timer, turns the
+ * engine's decisions into promises (`acquire()` resolves when a lease is granted), and
+ * turns engine events into driver events. Written once against {@link Engine}: the addon,
+ * the wasm build and a remote coordinator all plug in here.
+ */
+import { type Clock, systemClock } from './clock.js'
+import { Emitter } from './emitter.js'
+import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
+import type {
+  BackoffResult,
+  BackoffState,
+  Decision,
+  Engine,
+  HeaderReport,
+  LeaseRequest,
+  Metrics,
+  RejectReason,
+  Settlement,
+  U64,
+  Usage,
+} from './types.js'
+
+/** What the driver reports. Listen with `driver.on(name, fn)`. */
+export interface DriverEvents {
+  /** A lease was granted (at once, or after queueing: `waitedMs` > 0). */
+  granted: { lease: number; agent: U64; pool: number; expiresAt: U64; waitedMs: number }
+  /** A request joined the queue; `etaMs` is the estimated wait from now. */
+  queued: { lease: number; agent: U64; pool: number; eta: U64; etaMs: number }
+  /** A request was refused (the promise rejects with `LeaseRejectedError`). */
+  rejected: { agent: U64; pool: number; reason: RejectReason; retryAt: U64 | null }
+  /**
+   * Someone is waiting before retrying: a visible "waiting on rate limit, retrying in N s"
+   * (the `fetch` wrapper emits this before each wait; `message` is ready to print).
+   */
+  waiting: {
+    agent: U64
+    pool: number
+    delayMs: number
+    attempt: number
+    cause: 'rate_limited' | 'rejected'
+    message: string
+  }
+  /** A provider answered 429 (reported through `report`). */
+  rate_limited: { pool: number; lease: number | null; status: number; retryAfterMs: number | null }
+  /** A lease was settled (`agent`/`pool` are null when settled by id). */
+  settled: { lease: number; agent: U64 | null; pool: number | null; settlement: Settlement }
+  /** A lease was not settled within its TTL and was reaped without refund. */
+  expired: { lease: number; agent: U64; pool: number }
+  /** A pool's safety margin moved (AIMD: cut on 429s, raised by clean minutes). */
+  margin_changed: { pool: number; fromPermille: number; toPermille: number }
+  /** A 429 paused new grants for the whole pool until `until`. */
+  paused: { pool: number; until: U64 }
+  /** An agent's input estimates keep missing by more than the alert threshold. */
+  estimate_alert: { agent: U64; errorPermille: number }
+  /** Remote drivers: the edge limiter could not be reached; leasing locally until it can. */
+  fail_open: { reason: string; message: string }
+  /** Remote drivers: the edge limiter answers again. */
+  remote_restored: { downMs: number }
+  /** Remote drivers: a background report or cancel to the limiter failed. */
+  remote_error: { operation: string; message: string }
+}
+
+/** Options for {@link Driver}. */
+export interface DriverOptions {
+  /** Time and timers (default: the system clock). */
+  clock?: Clock
+}
+
+/** Options for one `acquire`. */
+export interface AcquireOptions {
+  /** Withdraws the queued ticket and rejects with `AbortError` (code `aborted`). */
+  signal?: AbortSignal | null
+}
+
+interface Waiter {
+  agent: U64
+  pool: number
+  queuedAt: number
+  resolve: (lease: Lease) => void
+  reject: (err: unknown) => void
+  signal: AbortSignal | null
+  onAbort: (() => void) | null
+}
+
+/** A granted lease: send the call, then `settle` it with what the call used. */
+export class Lease {
+  readonly #driver: Driver
+  /** The lease id. */
+  readonly id: number
+  /** Its agent. */
+  readonly agent: U64
+  /** Its pool. */
+  readonly pool: number
+  /** When the coordinator reaps it if unsettled (driver clock, ms). */
+  readonly expiresAt: U64
+  /** How long it waited in the queue, ms. */
+  readonly waitedMs: number
+  #done = false
+
+  /** @internal */
+  constructor(driver: Driver, id: number, agent: U64, pool: number, expiresAt: U64, waitedMs: number) {
+    this.#driver = driver
+    this.id = id
+    this.agent = agent
+    this.pool = pool
+    this.expiresAt = expiresAt
+    this.waitedMs = waitedMs
+  }
+
+  /** Whether `settle` or `cancel` has been called. */
+  get done(): boolean {
+    return this.#done
+  }
+
+  /**
+   * Reports what the call used; refunds the rest (or records debt). Once per lease. (A lease
+   * from the edge limiter answers with a promise of the settlement: `await` works for both.)
+   */
+  settle(usage: Usage): Settlement {
+    const s = this.#driver.settleLease(this.id, usage, this.agent, this.pool)
+    this.#done = true
+    return s
+  }
+
+  /** Returns the lease unused (the call was not sent). */
+  cancel(): void {
+    this.#driver.cancel(this.id)
+    this.#done = true
+  }
+
+  /** Reports the provider's response (status and headers) for this lease's call. */
+  report(status: number, headers: HeadersLike): HeaderReport {
+    return this.#driver.report(this.pool, this.id, status, headers)
+  }
+}
+
+/** Response headers: a `Headers`, a plain object, or name/value pairs. */
+export type HeadersLike = Headers | Record<string, string | string[] | undefined> | Iterable<[string, string]>
+
+/** Headers as the name/value pairs engines take. */
+export function headerPairs(headers: HeadersLike): Array<[string, string]> {
+  const out: Array<[string, string]> = []
+  if (typeof (headers as Headers).forEach === 'function' && typeof (headers as Headers).get === 'function') {
+    ;(headers as Headers).forEach((value, name) => out.push([name, value]))
+    return out
+  }
+  if (Symbol.iterator in (headers as object)) {
+    for (const [name, value] of headers as Iterable<[string, string]>) out.push([String(name), String(value)])
+    return out
+  }
+  for (const [name, value] of Object.entries(headers as Record<string, string | string[] | undefined>)) {
+    if (value === undefined) continue
+    if (Array.isArray(value)) for (const v of value) out.push([name, v])
+    else out.push([name, String(value)])
+  }
+  return out
+}
+
+/**
+ * Leases capacity from an engine on behalf of agents.
+ *
+ * ```js
+ * const lease = await driver.acquire({ agent: 1, pool: 0, inputTokens: 1200, maxTokens: 512 })
+ * // ... call the model ...
+ * lease.settle({ inputTokens: 1180, outputTokens: 230 })
+ * ```
+ */
+export class Driver extends Emitter<DriverEvents> {
+  /** The engine this driver drives. */
+  readonly engine: Engine
+  /** The driver's clock. */
+  readonly clock: Clock
+  readonly #waiters = new Map<number, Waiter>()
+  #timer: unknown = null
+  #timerAt = Number.POSITIVE_INFINITY
+  #timerAlive = false
+  #closed = false
+
+  constructor(engine: Engine, options: DriverOptions = {}) {
+    super()
+    this.engine = engine
+    this.clock = options.clock ?? systemClock
+  }
+
+  /** The pool index for a name; throws `unknown_pool` naming the known pools. */
+  pool(name: string): number {
+    const id = this.engine.poolId(name)
+    if (id === null) {
+      throw new TokenwardenError(
+        'unknown_pool',
+        `no pool named ${JSON.stringify(name)}; the configuration has ${this.engine.pools.map((p) => JSON.stringify(p)).join(', ')}`,
+      )
+    }
+    return id
+  }
+
+  /** Tickets waiting in the queue for this driver. */
+  get waiting(): number {
+    return this.#waiters.size
+  }
+
+  /**
+   * Asks for capacity. Resolves with a {@link Lease} when granted (at once, or when the
+   * queue reaches it); rejects with {@link LeaseRejectedError} (carrying `retryAt`) when
+   * refused, with `AbortError` when `signal` aborts while queued, and with the engine's
+   * coded error for bad input.
+   */
+  acquire(request: LeaseRequest, options?: AcquireOptions): Promise<Lease> {
+    if (this.#closed) return Promise.reject(new TokenwardenError('closed', 'the driver is closed'))
+    const signal = options?.signal ?? null
+    if (signal?.aborted) return Promise.reject(new AbortedError(signal.reason))
+    const now = this.clock.now()
+    let d: Decision
+    try {
+      d = this.engine.requestLease(now, request)
+    } catch (e) {
+      return Promise.reject(e)
+    }
+    let result: Promise<Lease>
+    switch (d.kind) {
+      case 'grant': {
+        const lease = new Lease(this, d.lease, request.agent, request.pool, d.expiresAt, 0)
+        if (this.listening('granted')) {
+          this.emit('granted', { lease: d.lease, agent: request.agent, pool: request.pool, expiresAt: d.expiresAt, waitedMs: 0 })
+        }
+        result = Promise.resolve(lease)
+        break
+      }
+      case 'queued':
+        result = this.#enqueue(d.lease, request, now, Number(d.eta), signal)
+        break
+      case 'reject':
+        if (this.listening('rejected')) {
+          this.emit('rejected', { agent: request.agent, pool: request.pool, reason: d.reason, retryAt: d.retryAt })
+        }
+        result = Promise.reject(new LeaseRejectedError(d.reason, d.retryAt, now))
+        break
+    }
+    this.#afterCall()
+    return result
+  }
+
+  #enqueue(id: number, request: LeaseRequest, now: number, eta: number, signal: AbortSignal | null): Promise<Lease> {
+    return new Promise<Lease>((resolve, reject) => {
+      const waiter: Waiter = {
+        agent: request.agent,
+        pool: request.pool,
+        queuedAt: now,
+        resolve,
+        reject,
+        signal,
+        onAbort: null,
+      }
+      if (signal !== null) {
+        waiter.onAbort = () => {
+          if (!this.#waiters.has(id)) return
+          this.#waiters.delete(id)
+          try {
+            this.engine.cancel(this.clock.now(), id)
+          } catch {
+            // Granted in the same instant and already resolved: nothing to withdraw.
+          }
+          this.#afterCall()
+          reject(new AbortedError(signal.reason))
+        }
+        signal.addEventListener('abort', waiter.onAbort, { once: true })
+      }
+      this.#waiters.set(id, waiter)
+      if (this.listening('queued')) this.emit('queued', { lease: id, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - now) })
+    })
+  }
+
+  /** Settles a lease by id (see {@link Lease.settle}). */
+  settle(lease: number, usage: Usage): Settlement {
+    return this.settleLease(lease, usage, null, null)
+  }
+
+  /** @internal */
+  settleLease(lease: number, usage: Usage, agent: U64 | null, pool: number | null): Settlement {
+    const s = this.engine.settle(this.clock.now(), lease, usage)
+    if (this.listening('settled')) this.emit('settled', { lease, agent, pool, settlement: s })
+    this.#afterCall()
+    return s
+  }
+
+  /** Cancels a lease or queued ticket by id. */
+  cancel(lease: number): void {
+    this.engine.cancel(this.clock.now(), lease)
+    const w = this.#waiters.get(lease)
+    if (w !== undefined) {
+      this.#waiters.delete(lease)
+      this.#detach(w)
+      w.reject(new AbortedError('cancelled'))
+    }
+    this.#afterCall()
+  }
+
+  /**
+   * Reports a provider response: resyncs the pool from its rate-limit headers and, on a
+   * 429, pauses the pool and (once per lease) cuts the margin. Emits `rate_limited`.
+   */
+  report(pool: number, lease: number | null, status: number, headers: HeadersLike): HeaderReport {
+    const pairs = headerPairs(headers)
+    const report = this.engine.handleResponse(this.clock.now(), pool, lease, status, pairs, this.clock.unixNow())
+    if (status === 429) {
+      this.emit('rate_limited', {
+        pool,
+        lease,
+        status,
+        retryAfterMs: report.retryAfterMs === null ? null : Number(report.retryAfterMs),
+      })
+    }
+    this.#afterCall()
+    return report
+  }
+
+  /** The next backoff step for one call (seeded full jitter, or Retry-After plus jitter). */
+  backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult {
+    return this.engine.backoff(state, retryAfterMs)
+  }
+
+  /** Usage against each limit, the binding axis, queue, margin and each agent's state. */
+  metrics(): Metrics {
+    return this.engine.metrics(this.clock.now())
+  }
+
+  /**
+   * Wakes the engine now (`handleTimeout`), delivers what that produced, and re-arms the
+   * timer. The driver's own timer does this; hosts whose timers do not survive (a Durable
+   * Object's alarm after an eviction) call it from their own wake-up.
+   */
+  tick(): void {
+    if (this.#closed) return
+    this.engine.handleTimeout(this.clock.now())
+    this.#afterCall()
+  }
+
+  /** When the engine next needs waking (the driver's clock), or `null`. */
+  nextWake(): number | null {
+    const t = this.engine.pollTimeout()
+    return t === null ? null : Number(t)
+  }
+
+  /** Rejects every waiter with `closed` (their tickets are cancelled) and stops the timer. */
+  close(): void {
+    if (this.#closed) return
+    this.#closed = true
+    const now = this.clock.now()
+    for (const [id, w] of this.#waiters) {
+      try {
+        this.engine.cancel(now, id)
+      } catch {
+        // Already gone.
+      }
+      this.#detach(w)
+      w.reject(new TokenwardenError('closed', 'the driver was closed while this request was queued'))
+    }
+    this.#waiters.clear()
+    this.#disarm()
+  }
+
+  /** Drains engine events, then re-arms the single timer. */
+  #afterCall(): void {
+    this.#drain()
+    this.#arm()
+  }
+
+  #drain(): void {
+    for (let e = this.engine.pollEvent(); e !== null; e = this.engine.pollEvent()) {
+      switch (e.kind) {
+        case 'granted': {
+          const w = this.#waiters.get(e.lease)
+          const waited = Number(e.waitedMs)
+          if (w !== undefined) {
+            this.#waiters.delete(e.lease)
+            this.#detach(w)
+            w.resolve(new Lease(this, e.lease, w.agent, w.pool, e.expiresAt, waited))
+          }
+          if (this.listening('granted')) {
+            this.emit('granted', { lease: e.lease, agent: e.agent, pool: e.pool, expiresAt: e.expiresAt, waitedMs: waited })
+          }
+          break
+        }
+        case 'expired':
+          this.emit('expired', { lease: e.lease, agent: e.agent, pool: e.pool })
+          break
+        case 'margin_changed':
+          this.emit('margin_changed', { pool: e.pool, fromPermille: e.fromPermille, toPermille: e.toPermille })
+          break
+        case 'paused':
+          this.emit('paused', { pool: e.pool, until: e.until })
+          break
+        case 'estimate_alert':
+          this.emit('estimate_alert', { agent: e.agent, errorPermille: e.errorPermille })
+          break
+      }
+    }
+  }
+
+  #detach(w: Waiter): void {
+    if (w.signal !== null && w.onAbort !== null) w.signal.removeEventListener('abort', w.onAbort)
+  }
+
+  /**
+   * One timer for everything: armed for the engine's `pollTimeout()`. A timer that would
+   * fire too early is kept (firing early is harmless: `handleTimeout` does nothing yet and
+   * the timer is re-armed), so the hot path rarely touches the timer at all.
+   */
+  #arm(): void {
+    if (this.#closed) return
+    const next = this.engine.pollTimeout()
+    const alive = this.#waiters.size > 0
+    if (next === null) {
+      // Nothing to wake for: let a pending timer fire early and find nothing (cheaper than
+      // clearing and re-creating one around every lease), but never keep the process alive.
+      if (this.#timer !== null && alive !== this.#timerAlive) this.#keepAlive(alive)
+      return
+    }
+    const at = Number(next)
+    if (this.#timer !== null && this.#timerAt <= at) {
+      if (alive !== this.#timerAlive) this.#keepAlive(alive)
+      return
+    }
+    this.#disarm()
+    const delay = Math.max(0, Math.min(at - this.clock.now(), 2_147_483_647))
+    this.#timerAt = at
+    this.#timer = this.clock.setTimer(() => this.#fire(), delay)
+    this.#keepAlive(alive)
+  }
+
+  #keepAlive(alive: boolean): void {
+    this.#timerAlive = alive
+    this.clock.keepAlive?.(this.#timer, alive)
+  }
+
+  #disarm(): void {
+    if (this.#timer !== null) this.clock.clearTimer(this.#timer)
+    this.#timer = null
+    this.#timerAt = Number.POSITIVE_INFINITY
+  }
+
+  #fire(): void {
+    this.#timer = null
+    this.#timerAt = Number.POSITIVE_INFINITY
+    this.tick()
+  }
+}

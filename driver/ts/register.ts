@@ -1,0 +1,243 @@
+/**
+ * An {@link Engine} over a binding's coordinator with a register file: the hot calls
+ * (`requestLease`, `settle`, `cancel`, `handleTimeout`, `pollEvent`) pass their numbers
+ * through a private `Float64Array` (layouts and codes in `abi.ts`, generated from the Rust crate
+ * `tokenwarden-js-abi`) instead
+ * of objects, which cost ~100 ns a property to cross into native code or wasm. Values that
+ * do not fit a `number` exactly (bigints) take the binding's object methods. The addon and
+ * the wasm build both implement the binding side, so both engines share this code.
+ */
+import { AXES, DECISION_GRANT, DECISION_QUEUED, EVENTS, IO_SLOTS, LEASE_REQUEST_FIELDS, REJECT_REASONS, ROLES, USAGE_FIELDS, WIDE } from './abi.js'
+import { invalidArgument, normalizeEngineError } from './errors.js'
+import type {
+  Axis,
+  BackoffResult,
+  BackoffState,
+  Decision,
+  Engine,
+  EngineEvent,
+  HeaderReport,
+  LeaseRequest,
+  Metrics,
+  RejectReason,
+  Settlement,
+  U64,
+  Usage,
+} from './types.js'
+
+/** What a binding's coordinator class offers (the addon's and the wasm build's). */
+export interface RegisterBinding {
+  readonly pools: string[]
+  poolId(name: string): number | null | undefined
+  /** The register-file calls; the addon reads its attached buffer and ignores `io`. */
+  requestLeaseIo(io: Float64Array): number
+  settleIo(io: Float64Array): number
+  cancelIo(io: Float64Array): void
+  handleTimeoutIo(io: Float64Array): void
+  pollEventIo(io: Float64Array): number
+  takeWide(): unknown
+  requestLease(now: U64, request: unknown): unknown
+  settle(now: U64, lease: U64, usage: unknown): unknown
+  cancel(now: U64, lease: U64): void
+  handleResponse(now: U64, pool: number, lease: U64 | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): unknown
+  handleTimeout(now: U64): void
+  pollTimeout(): U64 | null
+  backoff(state: BackoffState, retryAfterMs: U64 | null): unknown
+  metrics(now: U64): unknown
+  snapshot(): string
+  check(): void
+}
+
+const ROLE_CODES: Readonly<Record<string, number>> = Object.fromEntries(ROLES.map((r, i) => [r, i]))
+const MAX = Number.MAX_SAFE_INTEGER
+// The event codes `pollEvent` decodes below, in the order `abi.ts` gives them.
+const [EV_GRANTED, EV_EXPIRED, EV_MARGIN, EV_PAUSED, EV_ALERT] = EVENTS.map((_, i) => i)
+
+/** A `number` argument the register file carries exactly (else: the object path). */
+function exact(v: unknown): v is number {
+  return typeof v === 'number' && v >= 0 && v <= MAX && Number.isInteger(v)
+}
+
+/** An optional numeric field: undefined/null is 0; `NaN` marks "not exact". */
+function field(v: U64 | undefined | null): number {
+  if (v === undefined || v === null) return 0
+  return exact(v) ? v : Number.NaN
+}
+
+const NUMERIC_REQUEST_FIELDS = LEASE_REQUEST_FIELDS.filter((f) => f !== 'role')
+
+/**
+ * napi-rs's own type checks say only `InvalidArg`; name the field as the wasm engine does.
+ * (Only on the slow path: the fast path has already seen numbers.)
+ */
+function checkNumeric(obj: object, fields: readonly string[]): void {
+  for (const f of fields) {
+    const v = (obj as Record<string, unknown>)[f]
+    if (v !== undefined && v !== null && typeof v !== 'number' && typeof v !== 'bigint') {
+      throw invalidArgument(`\`${f}\` must be a number or a bigint, got ${typeof v}`, f)
+    }
+  }
+}
+
+/** Big results cross as JSON text unless a number needs a bigint (then as an object). */
+function fromJson(v: unknown): unknown {
+  return typeof v === 'string' ? JSON.parse(v) : v
+}
+
+/** An {@link Engine} over a {@link RegisterBinding}. */
+export class RegisterEngine implements Engine {
+  readonly #c: RegisterBinding
+  readonly #io = new Float64Array(IO_SLOTS)
+  readonly pools: readonly string[]
+
+  /**
+   * Wraps a binding's coordinator; `attach` hands the register file to a binding that keeps
+   * it (the addon), once.
+   */
+  constructor(coordinator: RegisterBinding, attach?: (io: Float64Array) => void) {
+    this.#c = coordinator
+    attach?.(this.#io)
+    this.pools = Object.freeze([...coordinator.pools])
+  }
+
+  poolId(name: string): number | null {
+    return this.#c.poolId(name) ?? null
+  }
+
+  requestLease(now: U64, r: LeaseRequest): Decision {
+    if (r === null || typeof r !== 'object') throw invalidArgument(`requestLease needs a request object, got ${r === null ? 'null' : typeof r}`, 'request')
+    const io = this.#io
+    const role = r.role === undefined ? 0 : ROLE_CODES[r.role]
+    io[0] = exact(now) ? now : Number.NaN
+    io[1] = exact(r.agent) ? r.agent : Number.NaN
+    io[2] = r.pool
+    io[3] = field(r.inputTokens)
+    io[4] = field(r.cachedPrefixTokens)
+    io[5] = field(r.maxTokens)
+    io[6] = role ?? Number.NaN
+    io[7] = r.unblocks ?? 0
+    io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
+    if (io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || typeof r.pool !== 'number') {
+      // Bigints, out-of-range or mistyped values: the object path checks and reports them.
+      checkNumeric(r, NUMERIC_REQUEST_FIELDS)
+      return this.#slow(() => this.#c.requestLease(now, r) as Decision, 'requestLease')
+    }
+    let kind: number
+    try {
+      kind = this.#c.requestLeaseIo(io)
+    } catch (e) {
+      throw normalizeEngineError(e, 'requestLease')
+    }
+    if (kind === DECISION_GRANT) return { kind: 'grant', lease: io[0]!, expiresAt: io[1]! }
+    if (kind === DECISION_QUEUED) return { kind: 'queued', lease: io[0]!, eta: io[1]! }
+    if (kind === WIDE) return this.#c.takeWide() as Decision
+    const reason: RejectReason['kind'] = REJECT_REASONS[io[2]!]!
+    return {
+      kind: 'reject',
+      retryAt: io[1] === -1 ? null : io[1]!,
+      reason: reason === 'exceeds_capacity' ? { kind: reason, axis: AXES[io[3]!]! as Axis } : ({ kind: reason } as RejectReason),
+    }
+  }
+
+  settle(now: U64, lease: number, u: Usage): Settlement {
+    if (u === null || typeof u !== 'object') throw invalidArgument(`settle needs a usage object, got ${u === null ? 'null' : typeof u}`, 'usage')
+    // (`lease` is a number for real leases; a bigint can only be a forged id.)
+    const io = this.#io
+    io[0] = exact(now) ? now : Number.NaN
+    io[1] = exact(lease) ? lease : Number.NaN
+    io[2] = field(u.inputTokens)
+    io[3] = field(u.cacheCreationInputTokens)
+    io[4] = field(u.cacheReadInputTokens)
+    io[5] = field(u.outputTokens)
+    if (io[0] !== io[0] || io[1] !== io[1] || io[2] !== io[2] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5]) {
+      checkNumeric(u, USAGE_FIELDS)
+      return this.#slow(() => this.#c.settle(now, lease as U64, u) as Settlement, 'settle')
+    }
+    let code: number
+    try {
+      code = this.#c.settleIo(io)
+    } catch (e) {
+      throw normalizeEngineError(e, 'settle')
+    }
+    if (code === WIDE) return this.#c.takeWide() as Settlement
+    return { reserved: [io[0]!, io[1]!, io[2]!, io[3]!], used: [io[4]!, io[5]!, io[6]!, io[7]!] }
+  }
+
+  cancel(now: U64, lease: number): void {
+    if (!exact(now) || !exact(lease)) return this.#slow(() => this.#c.cancel(now, lease), 'cancel')
+    this.#io[0] = now
+    this.#io[1] = lease
+    try {
+      this.#c.cancelIo(this.#io)
+    } catch (e) {
+      throw normalizeEngineError(e, 'cancel')
+    }
+  }
+
+  handleResponse(
+    now: U64,
+    pool: number,
+    lease: number | null,
+    status: number,
+    headers: Array<[string, string]>,
+    unixNowMs: U64 | null,
+  ): HeaderReport {
+    return fromJson(this.#slow(() => this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs), 'handleResponse')) as HeaderReport
+  }
+
+  handleTimeout(now: U64): void {
+    if (!exact(now)) return this.#slow(() => this.#c.handleTimeout(now), 'handleTimeout')
+    this.#io[0] = now
+    this.#c.handleTimeoutIo(this.#io)
+  }
+
+  pollTimeout(): U64 | null {
+    return this.#c.pollTimeout()
+  }
+
+  pollEvent(): EngineEvent | null {
+    const io = this.#io
+    switch (this.#c.pollEventIo(io)) {
+      case -1:
+        return null
+      case EV_GRANTED:
+        return { kind: 'granted', lease: io[0]!, agent: io[1]!, pool: io[2]!, expiresAt: io[3]!, waitedMs: io[4]! }
+      case EV_EXPIRED:
+        return { kind: 'expired', lease: io[0]!, agent: io[1]!, pool: io[2]! }
+      case EV_MARGIN:
+        return { kind: 'margin_changed', pool: io[0]!, fromPermille: io[1]!, toPermille: io[2]! }
+      case EV_PAUSED:
+        return { kind: 'paused', pool: io[0]!, until: io[1]! }
+      case EV_ALERT:
+        return { kind: 'estimate_alert', agent: io[0]!, errorPermille: io[1]! }
+      default:
+        return this.#c.takeWide() as EngineEvent
+    }
+  }
+
+  backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult {
+    return this.#slow(() => this.#c.backoff(state, retryAfterMs) as BackoffResult, 'backoff')
+  }
+
+  metrics(now: U64): Metrics {
+    return fromJson(this.#slow(() => this.#c.metrics(now), 'metrics')) as Metrics
+  }
+
+  snapshot(): string {
+    return this.#c.snapshot()
+  }
+
+  /** Internal consistency check; throws naming the broken invariant. */
+  check(): void {
+    this.#c.check()
+  }
+
+  #slow<T>(f: () => T, what: string): T {
+    try {
+      return f()
+    } catch (e) {
+      throw normalizeEngineError(e, what)
+    }
+  }
+}
+

@@ -1,0 +1,234 @@
+import type { AXES, EVENTS, LEASE_REQUEST_FIELDS, REJECT_REASONS, ROLES, USAGE_FIELDS } from './abi.js'
+/**
+ * The types every engine shares: the addon (`NativeEngine`), the wasm build and a remote
+ * coordinator all implement {@link Engine}, and the driver and `fetch` wrapper are written
+ * once against it.
+ *
+ * Numbers: a `U64` is a `number` up to 2^53 - 1 and a `bigint` above. Arguments take
+ * either; results are numbers unless the value needs a bigint (instants near u64::MAX).
+ * Object keys are camelCase; enum tags keep the core's snake_case spelling
+ * (`'exceeds_capacity'`, `'input_tokens'`), the same strings as in the trace files.
+ */
+
+/** An unsigned 64-bit integer: `number` up to 2^53 - 1, `bigint` above. */
+export type U64 = number | bigint
+
+/** An agent's role in the task graph; it sets the base queue weight (3 / 2 / 1). */
+export type Role = 'planner' | 'reviewer' | 'worker'
+
+/** A rate-limited dimension of a pool. */
+export type Axis = 'input_tokens' | 'output_tokens' | 'tokens' | 'requests'
+
+/** A request for capacity before one model call. */
+export interface LeaseRequest {
+  /** Who asks: an id you choose per agent. */
+  agent: U64
+  /** Which pool (limit group), by index; `engine.poolId(name)` finds it by name. */
+  pool: number
+  /** Prompt tokens counted locally, excluding the cached prefix. */
+  inputTokens?: U64
+  /** Tokens of the prompt covered by the agent's prompt cache. */
+  cachedPrefixTokens?: U64
+  /** The call's `max_tokens`: the output reservation, refunded on settle. */
+  maxTokens?: U64
+  /** The agent's role (default `worker`). */
+  role?: Role
+  /** Downstream tasks waiting on this call (raises its weight). */
+  unblocks?: number
+  /** A hash of the agent's last failure; the same value twice in a row lowers its weight. */
+  failureSignature?: U64
+}
+
+/** What a call really used, as the provider reported it. Omitted fields are 0. */
+export interface Usage {
+  /** Uncached input tokens. */
+  inputTokens?: U64
+  /** Input tokens written to the prompt cache. */
+  cacheCreationInputTokens?: U64
+  /** Input tokens read from the prompt cache. */
+  cacheReadInputTokens?: U64
+  /** Output tokens. */
+  outputTokens?: U64
+}
+
+/** Why a request was rejected. */
+export type RejectReason =
+  | { kind: 'exceeds_capacity'; axis: Axis }
+  | { kind: 'wait_too_long' }
+  | { kind: 'queue_full' }
+  | { kind: 'too_many_leases' }
+  | { kind: 'too_many_agents' }
+
+/** The answer to `requestLease`. */
+export type Decision =
+  | { kind: 'grant'; lease: number; expiresAt: U64 }
+  | { kind: 'queued'; lease: number; eta: U64 }
+  | { kind: 'reject'; retryAt: U64 | null; reason: RejectReason }
+
+/** Reserved and used amounts per axis: input tokens, output tokens, tokens, requests. */
+export interface Settlement {
+  reserved: U64[]
+  used: U64[]
+}
+
+/** Something the engine reports; drain with `pollEvent()` after every call. */
+export type EngineEvent =
+  | { kind: 'granted'; lease: number; agent: U64; pool: number; expiresAt: U64; waitedMs: U64 }
+  | { kind: 'expired'; lease: number; agent: U64; pool: number }
+  | { kind: 'margin_changed'; pool: number; fromPermille: number; toPermille: number }
+  | { kind: 'paused'; pool: number; until: U64 }
+  | { kind: 'estimate_alert'; agent: U64; errorPermille: number }
+
+/** One call's backoff state. Start with `{ failed: 0, lastRetryAfterMs: null }`. */
+export interface BackoffState {
+  failed: number
+  lastRetryAfterMs: U64 | null
+}
+
+/** What to do after a failed attempt. */
+export type BackoffStep =
+  | { kind: 'retry'; delayMs: U64; attempt: number }
+  | { kind: 'give_up'; attempts: number; lastRetryAfterMs: U64 | null }
+
+/** `backoff()`'s answer: the state to pass back next time, and the step. */
+export interface BackoffResult {
+  state: BackoffState
+  step: BackoffStep
+}
+
+/** What one response said about one axis. */
+export interface AxisReport {
+  limit: U64 | null
+  remaining: U64 | null
+  resetAfterMs: U64 | null
+  granularity: U64
+}
+
+/** Everything rate-limit related in one response's headers. */
+export interface HeaderReport {
+  requests: AxisReport
+  tokens: AxisReport
+  inputTokens: AxisReport
+  outputTokens: AxisReport
+  concurrent: AxisReport
+  retryAfterMs: U64 | null
+  shouldRetry: boolean | null
+  exceeded: 'requests' | 'tokens' | 'input_tokens' | 'output_tokens' | 'concurrent' | null
+  resetAtMs: U64 | null
+  recognised: number
+  malformed: number
+}
+
+/** One axis of a pool in {@link Metrics}. */
+export interface AxisMetrics {
+  axis: Axis
+  limit: U64 | null
+  capacity: U64
+  available: U64
+  lastMinute: U64
+  lastMinutePermille: number
+}
+
+/** One minute of a pool's history. */
+export interface MinuteStats {
+  minute: U64
+  used: U64[]
+  granted: number
+  queued: number
+  rejected: number
+  rateLimited: number
+}
+
+/** A pool in {@link Metrics}. */
+export interface PoolMetrics {
+  name: string
+  axes: AxisMetrics[]
+  bindingAxis: Axis | null
+  marginPermille: number
+  pausedUntil: U64
+  queueDepth: number
+  inFlight: number
+  maxConcurrent: U64 | null
+  queueWaitP50Ms: U64 | null
+  queueWaitP95Ms: U64 | null
+  minutes: MinuteStats[]
+  counters: Record<string, U64>
+  /** How many agents of the measured kind fit at 75% of the binding limit. */
+  fleet: { axis: Axis; perAgentPerMinute: U64; agentsMeasured: number; agentsAt75Percent: U64 } | null
+}
+
+/** An agent in {@link Metrics}: what it is doing and how good its estimates are. */
+export interface AgentMetrics {
+  agent: U64
+  activity: { state: 'idle' | 'in_flight' } | { state: 'queued'; since: U64 }
+  inFlight: number
+  queued: number
+  settled: U64
+  lastSeen: U64
+  inputErrorPermille: number
+  outputErrorPermille: number
+  alerting: boolean
+  repeatFailures: number
+}
+
+/** The coordinator's metrics (the core's `Metrics`, camelCase keys). */
+export interface Metrics {
+  now: U64
+  liveLeases: number
+  pools: PoolMetrics[]
+  agents: AgentMetrics[]
+}
+
+/**
+ * The low-level engine: the core coordinator behind one interface. Every method takes
+ * `now` (integer milliseconds on the caller's clock) where the core does; none reads a
+ * clock. Errors are thrown as `Error`s with a stable `code` (see `TokenwardenError`).
+ */
+export interface Engine {
+  /** Pool names, by index. */
+  readonly pools: readonly string[]
+  /** The index of the pool with this name, or `null`. */
+  poolId(name: string): number | null
+  requestLease(now: U64, request: LeaseRequest): Decision
+  settle(now: U64, lease: number, usage: Usage): Settlement
+  cancel(now: U64, lease: number): void
+  /** Parses the headers (name/value pairs), resyncs the pool, pauses it on a 429. */
+  handleResponse(
+    now: U64,
+    pool: number,
+    lease: number | null,
+    status: number,
+    headers: Array<[string, string]>,
+    unixNowMs: U64 | null,
+  ): HeaderReport
+  handleTimeout(now: U64): void
+  pollTimeout(): U64 | null
+  pollEvent(): EngineEvent | null
+  backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult
+  metrics(now: U64): Metrics
+  /** The whole state as JSON, for `EngineFactory.restore`. */
+  snapshot(): string
+}
+
+/** Makes engines: one per runtime (addon, wasm, …). */
+export interface EngineFactory {
+  /** A coordinator for `config` (the core's JSON shape, as an object or a JSON string). */
+  create(config: object | string, seed: U64, now: U64): Engine
+  /** A coordinator restored from `snapshot()`. */
+  restore(snapshot: string): Engine
+}
+
+// Drift checks, at compile time: the hand-written shapes above say what the tables generated
+// from the Rust side (`abi.ts`) say. `tsc` fails here when a field, role, axis, reason or
+// event is added on one side only.
+/** `true` when `A` and `B` are the same union. */
+export type SameUnion<A, B> = [A] extends [B] ? ([B] extends [A] ? true : false) : false
+type Holds<T extends true> = T
+export type AbiDriftChecks = [
+  Holds<SameUnion<keyof LeaseRequest, (typeof LEASE_REQUEST_FIELDS)[number]>>,
+  Holds<SameUnion<keyof Usage, (typeof USAGE_FIELDS)[number]>>,
+  Holds<SameUnion<Role, (typeof ROLES)[number]>>,
+  Holds<SameUnion<Axis, (typeof AXES)[number]>>,
+  Holds<SameUnion<RejectReason['kind'], (typeof REJECT_REASONS)[number]>>,
+  Holds<SameUnion<EngineEvent['kind'], (typeof EVENTS)[number]>>,
+]

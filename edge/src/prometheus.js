@@ -1,0 +1,192 @@
+// A coordinator's metrics (the core's `Metrics`, camelCase keys, as `engine.metrics(now)`
+// returns them) in the Prometheus text exposition format, version 0.0.4, for one quota of
+// one fleet. Plain ECMAScript: runs in workerd, browsers and Node alike.
+//
+// Every sample carries `fleet` and `quota` labels; per-pool families add `pool`, per-axis
+// ones `axis`. Families are written in a fixed order, each as one group (HELP, TYPE, then
+// its samples); a family with no sample (say `tokenwarden_limit` before any limit is known)
+// is left out. No timestamps: the scraper stamps the samples.
+
+/** The `Content-Type` of {@link prometheusText}'s output. */
+export const PROMETHEUS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8'
+
+/** What each of the core's `PoolCounters` counts, by camelCase key. */
+const COUNTER_HELP = {
+  grantedNow: 'Leases granted without waiting.',
+  grantedFromQueue: 'Leases granted from the queue.',
+  queued: 'Requests that had to queue.',
+  rejected: 'Requests rejected (any reason).',
+  settled: 'Leases settled.',
+  cancelled: 'Leases and tickets cancelled.',
+  expired: 'Leases reaped unsettled (no refund).',
+  rateLimited: '429 responses reported.',
+  rateLimitedOnLease: '429 responses reported against a granted lease (each one cut the margin).',
+  resyncs: 'Times a provider header lowered a bucket.',
+  malformedHeaders: 'Provider headers that were recognised but malformed, and ignored.',
+}
+
+/**
+ * Renders `metrics` as Prometheus text (exposition format 0.0.4).
+ *
+ * @param {import('tokenwarden-wasm').Metrics} metrics the coordinator's
+ *   metrics, as `engine.metrics(now)` returns them (numbers; bigints are accepted too)
+ * @param {{ fleet: string, quota: string }} labels the fleet and quota every sample is
+ *   labelled with
+ * @returns {string} the exposition, one `\n`-terminated line each
+ */
+export function prometheusText(metrics, labels) {
+  const base = [
+    ['fleet', String(labels?.fleet ?? '')],
+    ['quota', String(labels?.quota ?? '')],
+  ]
+  const now = toNumber(metrics.now)
+  const pools = metrics.pools ?? []
+  const agents = metrics.agents ?? []
+  const out = new Exposition()
+
+  out.family('tokenwarden_live_leases', 'gauge', 'Leases and queued tickets alive.')
+  out.sample('tokenwarden_live_leases', base, metrics.liveLeases)
+
+  out.family('tokenwarden_agents', 'gauge', 'Agents known to the coordinator, by what they are doing now.')
+  const byState = new Map([['idle', 0], ['in_flight', 0], ['queued', 0]])
+  for (const a of agents) {
+    const state = String(a.activity?.state ?? 'unknown')
+    byState.set(state, (byState.get(state) ?? 0) + 1)
+  }
+  for (const [state, n] of byState) out.sample('tokenwarden_agents', [...base, ['state', state]], n)
+
+  out.family('tokenwarden_agents_alerting', 'gauge', 'Agents whose token estimates are off enough to raise the estimate-error alert.')
+  out.sample('tokenwarden_agents_alerting', base, agents.filter((a) => a.alerting === true).length)
+
+  out.family('tokenwarden_limit', 'gauge', "The provider's limit per rate window (tokens or requests, by axis), where known.")
+  out.family('tokenwarden_capacity', 'gauge', 'Effective capacity per rate window (limit x margin x ramp), for axes with a known limit.')
+  out.family('tokenwarden_available', 'gauge', 'Capacity available now, for axes with a known limit; negative is debt.')
+  out.family('tokenwarden_used_last_minute', 'gauge', 'Usage in the last complete minute.')
+  out.family('tokenwarden_used_last_minute_ratio', 'gauge', "Usage in the last complete minute against the provider's limit, for axes with a known limit.")
+  out.family('tokenwarden_margin_ratio', 'gauge', 'Share of the provider limit the coordinator currently grants (1 = all of it).')
+  out.family('tokenwarden_paused', 'gauge', '1 while grants are paused after a 429, else 0.')
+  out.family('tokenwarden_queue_depth', 'gauge', 'Tickets queued.')
+  out.family('tokenwarden_in_flight', 'gauge', 'Leases in flight.')
+  out.family('tokenwarden_max_concurrent', 'gauge', 'The concurrency limit, where known.')
+  out.family('tokenwarden_queue_wait_seconds', 'gauge', 'Wait of leases granted from the queue, by quantile (within 12.5 %).')
+
+  const counterKeys = []
+  for (const pool of pools) {
+    for (const key of Object.keys(pool.counters ?? {})) if (!counterKeys.includes(key)) counterKeys.push(key)
+  }
+  const counterName = (key) => `tokenwarden_${snakeCase(key)}_total`
+  for (const key of counterKeys) {
+    out.family(counterName(key), 'counter', COUNTER_HELP[key] ?? `The coordinator's ${key} counter.`)
+  }
+
+  out.family('tokenwarden_fleet_agents_at_75_percent', 'gauge', 'Agents like the measured ones that fit at 75 % of the binding limit.')
+  out.family('tokenwarden_fleet_agents_measured', 'gauge', 'Agents the fleet advice was measured on.')
+  out.family('tokenwarden_fleet_per_agent_per_minute', 'gauge', 'Average usage of one active agent per minute on the binding axis.')
+
+  for (const pool of pools) {
+    const p = [...base, ['pool', String(pool.name)]]
+    for (const axis of pool.axes ?? []) {
+      const a = [...p, ['axis', String(axis.axis)]]
+      const known = axis.limit !== null && axis.limit !== undefined
+      if (known) {
+        out.sample('tokenwarden_limit', a, axis.limit)
+        out.sample('tokenwarden_capacity', a, axis.capacity)
+        out.sample('tokenwarden_available', a, axis.available)
+      }
+      out.sample('tokenwarden_used_last_minute', a, axis.lastMinute)
+      if (known) out.sample('tokenwarden_used_last_minute_ratio', a, toNumber(axis.lastMinutePermille) / 1000)
+    }
+    out.sample('tokenwarden_margin_ratio', p, toNumber(pool.marginPermille) / 1000)
+    out.sample('tokenwarden_paused', p, toNumber(pool.pausedUntil) > now ? 1 : 0)
+    out.sample('tokenwarden_queue_depth', p, pool.queueDepth)
+    out.sample('tokenwarden_in_flight', p, pool.inFlight)
+    if (pool.maxConcurrent !== null && pool.maxConcurrent !== undefined) {
+      out.sample('tokenwarden_max_concurrent', p, pool.maxConcurrent)
+    }
+    for (const [quantile, ms] of [['0.5', pool.queueWaitP50Ms], ['0.95', pool.queueWaitP95Ms]]) {
+      if (ms !== null && ms !== undefined) {
+        out.sample('tokenwarden_queue_wait_seconds', [...p, ['quantile', quantile]], toNumber(ms) / 1000)
+      }
+    }
+    for (const [key, value] of Object.entries(pool.counters ?? {})) out.sample(counterName(key), p, value)
+    if (pool.fleet) {
+      const f = [...p, ['axis', String(pool.fleet.axis)]]
+      out.sample('tokenwarden_fleet_agents_at_75_percent', f, pool.fleet.agentsAt75Percent)
+      out.sample('tokenwarden_fleet_agents_measured', f, pool.fleet.agentsMeasured)
+      out.sample('tokenwarden_fleet_per_agent_per_minute', f, pool.fleet.perAgentPerMinute)
+    }
+  }
+  return out.toString()
+}
+
+/** Families in declaration order, each with its samples; written out as one group each. */
+class Exposition {
+  /** @type {Map<string, { type: string, help: string, lines: string[] }>} */
+  #families = new Map()
+
+  /**
+   * @param {string} name
+   * @param {'gauge' | 'counter'} type
+   * @param {string} help
+   */
+  family(name, type, help) {
+    if (!this.#families.has(name)) this.#families.set(name, { type, help, lines: [] })
+  }
+
+  /**
+   * @param {string} name a family declared with {@link family}
+   * @param {Array<[string, string]>} labels
+   * @param {number | bigint | null | undefined} value
+   */
+  sample(name, labels, value) {
+    const family = this.#families.get(name)
+    if (!family) throw new Error(`undeclared metric family ${name}`)
+    const rendered = labels.map(([k, v]) => `${k}="${escapeLabelValue(v)}"`).join(',')
+    family.lines.push(`${name}{${rendered}} ${formatValue(value)}`)
+  }
+
+  toString() {
+    let text = ''
+    for (const [name, f] of this.#families) {
+      if (f.lines.length === 0) continue
+      text += `# HELP ${name} ${escapeHelp(f.help)}\n# TYPE ${name} ${f.type}\n`
+      for (const line of f.lines) text += `${line}\n`
+    }
+    return text
+  }
+}
+
+/**
+ * A label value as the text format wants it: backslash, double quote and line feed escaped.
+ * @param {string} value
+ */
+export function escapeLabelValue(value) {
+  return String(value).replace(/[\\"\n]/g, (c) => (c === '\n' ? '\\n' : `\\${c}`))
+}
+
+/** HELP text: backslash and line feed escaped. @param {string} text */
+function escapeHelp(text) {
+  return text.replace(/[\\\n]/g, (c) => (c === '\n' ? '\\n' : '\\\\'))
+}
+
+/** `grantedFromQueue` → `granted_from_queue`, restricted to a metric name's characters. */
+function snakeCase(key) {
+  return String(key)
+    .replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)
+    .replace(/[^a-zA-Z0-9_]/g, '_')
+}
+
+/** @param {number | bigint | null | undefined} v */
+function toNumber(v) {
+  return typeof v === 'bigint' ? Number(v) : Number(v ?? 0)
+}
+
+/** A sample value: integers exactly (bigints included), NaN and ±Inf in the format's spelling. */
+function formatValue(v) {
+  if (typeof v === 'bigint') return v.toString()
+  const n = Number(v ?? 0)
+  if (Number.isNaN(n)) return 'NaN'
+  if (n === Infinity) return '+Inf'
+  if (n === -Infinity) return '-Inf'
+  return String(n)
+}

@@ -1,0 +1,289 @@
+// The Durable Object that owns one quota (one provider API key of one fleet): the wasm
+// engine driven by the shared `Tokenwarden` driver, its state persisted in Durable Object
+// storage, and an alarm for the engine's next wake-up.
+//
+// Persistence: after every change (an API call, or a driver event such as a grant from the
+// queue, an expiry or a streamed proxy call settling) the coordinator's snapshot and the
+// lease table are written under one key. Writes in the same turn are coalesced into one
+// `put`, and the reply to a mutating call waits for it, so an evicted or restarted object
+// loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
+// running it twice does nothing the second time (`handleTimeout` at a time already handled).
+import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, wasmEngines } from 'tokenwarden-wasm'
+import { HttpError, parseFleets } from './auth.js'
+
+const STATE_KEY = 'state'
+const MAX_WAIT_MS = 30_000
+/** How long changes gather before one storage write. */
+const FLUSH_MS = 10
+
+/**
+ * The clock of a Durable Object: Unix milliseconds, and no in-process timers. The object
+ * is woken only by its alarm (set after every change for the engine's next wake-up), which
+ * survives evictions and restarts and does not keep an idle object in memory.
+ */
+const clock = {
+  now: () => Date.now(),
+  unixNow: () => Date.now(),
+  setTimer: () => null,
+  clearTimer: () => {},
+}
+
+/** JSON text with bigints (instants near u64::MAX only) written as numbers. */
+export function toJson(value) {
+  return JSON.stringify(value, (_k, v) => (typeof v === 'bigint' ? Number(v) : v))
+}
+
+export function json(status, body, headers = {}) {
+  return new Response(toJson(body), { status, headers: { 'content-type': 'application/json', ...headers } })
+}
+
+// The fields a lease request and a usage may carry: the engine's own lists (generated from
+// the Rust side), so the HTTP API accepts exactly what the engine does.
+const FIELDS = new Set(LEASE_REQUEST_FIELDS)
+const USAGE = new Set(USAGE_FIELDS)
+
+function agentId(agent) {
+  if (typeof agent === 'number') return agent
+  // A name gets the same id the fetch wrapper gives it (FNV-1a).
+  if (typeof agent === 'string' && agent.length > 0 && agent.length <= 128) return agentIdFor(agent)
+  throw new HttpError(400, 'invalid_argument', '`agent` must be a number or a name (1 to 128 characters)')
+}
+
+export class QuotaObject {
+  constructor(ctx, env) {
+    this.ctx = ctx
+    this.env = env
+    /** @type {Tokenwarden | null} */
+    this.tw = null
+    /** lease id → { state: 'queued' | 'granted', agent, pool, eta?, expiresAt?, waitedMs? } */
+    this.leases = new Map()
+    /** lease id → callbacks waiting for its grant (long polls) */
+    this.waiters = new Map()
+    this.pending = null
+    /** The alarm time last set (Unix ms), or null. */
+    this.alarmAt = undefined
+    this.ctx.blockConcurrencyWhile(async () => {
+      const saved = await this.ctx.storage.get(STATE_KEY)
+      if (saved !== undefined) this.#start(wasmEngines.restore(saved.snapshot), saved.leases)
+    })
+  }
+
+  /** The driver, creating the coordinator from the fleet's configuration on first use. */
+  #driver(fleet, quota) {
+    if (this.tw !== null) return this.tw
+    const fleets = parseFleets(this.env.TOKENWARDEN_FLEETS)
+    const q = fleets[fleet]?.quotas?.[quota]
+    if (q === undefined) throw new HttpError(404, 'not_found', 'no such quota')
+    const seed = crypto.getRandomValues(new Uint32Array(1))[0]
+    this.#start(wasmEngines.create(q.config, seed, Date.now()), [])
+    return this.tw
+  }
+
+  #start(engine, leases) {
+    this.tw = new Tokenwarden({ engine, clock })
+    this.leases = new Map(leases)
+    this.tw.on('granted', (e) => {
+      const rec = this.leases.get(e.lease)
+      if (rec !== undefined) {
+        this.leases.set(e.lease, { ...rec, state: 'granted', expiresAt: e.expiresAt, waitedMs: e.waitedMs })
+        for (const wake of this.waiters.get(e.lease) ?? []) wake()
+        this.waiters.delete(e.lease)
+      }
+      this.#persistSoon()
+    })
+    this.tw.on('expired', (e) => {
+      this.leases.delete(e.lease)
+      this.#persistSoon()
+    })
+    for (const name of ['paused', 'margin_changed', 'estimate_alert', 'settled']) this.tw.on(name, () => this.#persistSoon())
+  }
+
+  /**
+   * Coalesced writes: changes within FLUSH_MS share one storage write (and the alarm moves
+   * only when the next wake-up changes). A mutating call awaits the write before it
+   * replies, so nothing acknowledged is lost if the object is evicted; concurrent calls
+   * interleave while they wait and share the write.
+   */
+  #persistSoon() {
+    if (this.pending !== null || this.tw === null) return this.pending
+    this.pending = new Promise((resolve) => setTimeout(resolve, FLUSH_MS)).then(() => {
+      this.pending = null
+      const state = { snapshot: this.tw.engine.snapshot(), leases: [...this.leases] }
+      const writes = [this.ctx.storage.put(STATE_KEY, state)]
+      const wake = this.tw.nextWake()
+      const at = wake === null ? null : Math.max(wake, Date.now() + 1)
+      if (at !== this.alarmAt) {
+        this.alarmAt = at
+        writes.push(at === null ? this.ctx.storage.deleteAlarm() : this.ctx.storage.setAlarm(at))
+      }
+      return Promise.all(writes)
+    })
+    return this.pending
+  }
+
+  async alarm() {
+    this.alarmAt = undefined
+    if (this.tw === null) return
+    this.tw.tick()
+    await this.#persistSoon()
+  }
+
+  async fetch(request) {
+    const url = new URL(request.url)
+    const fleet = request.headers.get('x-tw-fleet')
+    const quota = request.headers.get('x-tw-quota')
+    try {
+      const tw = this.#driver(fleet, quota)
+      const [, op, id] = url.pathname.split('/')
+      const lease = id === undefined ? null : Number(id)
+      let response
+      switch (`${request.method} ${op}`) {
+        case 'POST lease':
+          response = await this.#lease(tw, await body(request))
+          break
+        case 'GET wait':
+          response = await this.#wait(lease, Number(url.searchParams.get('timeout') ?? 0))
+          break
+        case 'POST settle':
+          response = this.#settle(tw, lease, await body(request))
+          break
+        case 'POST cancel':
+          this.#known(lease)
+          tw.cancel(lease)
+          this.leases.delete(lease)
+          response = json(200, { cancelled: true })
+          break
+        case 'POST response':
+          response = this.#response(tw, await body(request))
+          break
+        case 'GET metrics':
+          return json(200, tw.metrics())
+        case 'POST proxy':
+          return await this.#proxy(tw, request, url)
+        default:
+          throw new HttpError(404, 'not_found', 'no such route')
+      }
+      await this.#persistSoon()
+      return response
+    } catch (e) {
+      return errorResponse(e)
+    }
+  }
+
+  #known(lease) {
+    if (!Number.isSafeInteger(lease) || !this.leases.has(lease)) throw new HttpError(404, 'unknown_lease', 'no such lease: never issued, or already settled, cancelled or expired')
+    return this.leases.get(lease)
+  }
+
+  async #lease(tw, b) {
+    for (const k of Object.keys(b)) if (!FIELDS.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`)
+    const pool = typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool ?? 0
+    const request = { ...b, agent: agentId(b.agent), pool }
+    let queued = null
+    const off = tw.on('queued', (e) => {
+      queued = e
+    })
+    let promise
+    try {
+      promise = tw.acquire(request)
+    } finally {
+      off()
+    }
+    if (queued !== null) {
+      this.leases.set(queued.lease, { state: 'queued', agent: request.agent, pool, eta: queued.eta })
+      // The grant arrives as a `granted` event (handled in #start); nothing awaits this.
+      promise.catch(() => {})
+      return json(202, { kind: 'queued', lease: queued.lease, eta: queued.eta })
+    }
+    try {
+      const l = await promise
+      this.leases.set(l.id, { state: 'granted', agent: request.agent, pool, expiresAt: l.expiresAt, waitedMs: 0 })
+      return json(200, { kind: 'grant', lease: l.id, expiresAt: l.expiresAt })
+    } catch (e) {
+      if (e instanceof LeaseRejectedError) {
+        return json(200, { kind: 'reject', retryAt: e.retryAt, retryAfterMs: e.retryAfterMs, reason: e.reason, message: e.message })
+      }
+      throw e
+    }
+  }
+
+  async #wait(lease, timeout) {
+    const rec = this.#known(lease)
+    if (rec.state === 'queued' && timeout > 0) {
+      await new Promise((resolve) => {
+        const list = this.waiters.get(lease) ?? []
+        list.push(resolve)
+        this.waiters.set(lease, list)
+        setTimeout(resolve, Math.min(timeout, MAX_WAIT_MS))
+      })
+    }
+    const now = this.leases.get(lease)
+    if (now === undefined) throw new HttpError(404, 'unknown_lease', 'the ticket ended while waiting')
+    return now.state === 'granted'
+      ? json(200, { kind: 'grant', lease, expiresAt: now.expiresAt ?? null, waitedMs: now.waitedMs ?? 0 })
+      : json(202, { kind: 'queued', lease, eta: now.eta })
+  }
+
+  #settle(tw, lease, usage) {
+    this.#known(lease)
+    for (const k of Object.keys(usage)) if (!USAGE.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the usage`)
+    const s = tw.settle(lease, usage)
+    this.leases.delete(lease)
+    return json(200, s)
+  }
+
+  #response(tw, b) {
+    const pool = typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool ?? 0
+    if (!Array.isArray(b.headers)) throw new HttpError(400, 'invalid_argument', '`headers` must be an array of [name, value] pairs')
+    const lease = b.lease === undefined || b.lease === null ? null : b.lease
+    if (lease !== null) this.#known(lease)
+    const report = tw.report(pool, lease, b.status, b.headers)
+    return json(200, { report })
+  }
+
+  /**
+   * Proxy mode: lease, forward to the quota's upstream, stream the answer back, settle
+   * from its usage — the shared `fetch` wrapper does all of it. The agent's API key
+   * headers pass through untouched and are never stored or logged.
+   */
+  async #proxy(tw, request, url) {
+    const fleets = parseFleets(this.env.TOKENWARDEN_FLEETS)
+    const q = fleets[request.headers.get('x-tw-fleet')]?.quotas?.[request.headers.get('x-tw-quota')]
+    if (q?.upstream === undefined) throw new HttpError(404, 'not_found', 'this quota has no upstream configured for proxy mode')
+    const path = url.pathname.slice('/proxy'.length)
+    if (path !== '/v1/messages' && path !== '/v1/chat/completions') throw new HttpError(404, 'not_found', 'proxy mode serves /v1/messages and /v1/chat/completions')
+    const headers = new Headers(request.headers)
+    for (const h of ['x-tw-fleet', 'x-tw-quota', 'x-tokenwarden-token', 'host', 'content-length']) headers.delete(h)
+    const agent = request.headers.get('x-tokenwarden-agent') ?? 'proxy'
+    const role = request.headers.get('x-tokenwarden-role') ?? 'worker'
+    if (!['planner', 'reviewer', 'worker'].includes(role)) throw new HttpError(400, 'invalid_argument', '`x-tokenwarden-role` must be planner, reviewer or worker')
+    const upstream = new URL(path, q.upstream.endsWith('/') ? q.upstream : `${q.upstream}/`)
+    upstream.pathname = new URL(q.upstream).pathname.replace(/\/$/, '') + path
+    const f = tw.fetch({ agent, role })
+    const body = await request.text()
+    return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
+  }
+}
+
+async function body(request) {
+  let b
+  try {
+    b = await request.json()
+  } catch {
+    throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
+  }
+  if (b === null || typeof b !== 'object' || Array.isArray(b)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
+  return b
+}
+
+const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400 }
+
+/** Errors as JSON: `{ error: code, message, field? }` with the right status. */
+export function errorResponse(e) {
+  if (e instanceof HttpError) return json(e.status, { error: e.code, message: e.message })
+  const code = e?.code
+  if (typeof code === 'string' && Object.hasOwn(STATUS, code)) {
+    return json(STATUS[code], { error: code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) })
+  }
+  return json(500, { error: 'internal', message: 'internal error' })
+}

@@ -1,0 +1,103 @@
+// The edge limiter's dashboard in headless Chromium (Debian's /usr/bin/chromium driven by
+// playwright-core), against the Worker under workerd: the page asks for the fleet secret,
+// then shows the quota's live figures; the test reads them from the page and compares them
+// with the metrics API, and saves a screenshot (test/.build/edge-dashboard.png; with
+// UPDATE_SCREENSHOT=1, over the committed docs/edge-dashboard.png).
+import assert from 'node:assert/strict'
+import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, before, test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import { chromium } from 'playwright-core'
+import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
+
+const workerEntry = fileURLToPath(new URL('../src/worker.js', import.meta.url))
+
+const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium'
+const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}`
+const SECRET = 'dashboard-secret-0123456789'
+const outdir = fileURLToPath(new URL('../.build/dashboard/', import.meta.url))
+const screenshot = fileURLToPath(
+  new URL(process.env.UPDATE_SCREENSHOT ? '../../docs/edge-dashboard.png' : '../.build/edge-dashboard.png', import.meta.url),
+)
+const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 3 }
+
+let worker
+let persist
+let browser
+let profile
+
+before(async () => {
+  if (skip) return
+  rmSync(outdir, { recursive: true, force: true })
+  await buildWorker(outdir, { entry: workerEntry })
+  persist = mkdtempSync(join(tmpdir(), 'tokenwarden-dash-'))
+  worker = await startWorker({ outdir, persist, fleets: { ops: { secret: SECRET, quotas: { anthropic: { config: { pools: [POOL] } } } } } })
+  profile = mkdtempSync(join(tmpdir(), 'tokenwarden-chromium-'))
+  browser = await chromium.launchPersistentContext(profile, {
+    executablePath: CHROMIUM,
+    headless: true,
+    viewport: { width: 1200, height: 900 },
+    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync', '--disable-quic'],
+  })
+})
+
+after(async () => {
+  await browser?.close()
+  await worker?.mf.dispose()
+  for (const d of [persist, profile]) if (d) rmSync(d, { recursive: true, force: true })
+})
+
+test('the dashboard shows the live figures of the quota', { skip }, async () => {
+  const q = `${worker.base}/v1/fleets/ops/quotas/anthropic`
+  const call = (path, body) =>
+    fetch(`${q}${path}`, { method: body === undefined ? 'GET' : 'POST', headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) })
+  // Some traffic: settled calls, three in flight, two queued, and a 429.
+  for (let i = 0; i < 4; i++) {
+    const d = await (await call('/leases', { agent: `done-${i}`, pool: 0, inputTokens: 4000, maxTokens: 500 })).json()
+    await call(`/leases/${d.lease}/settle`, { inputTokens: 3800, outputTokens: 300 })
+  }
+  const live = []
+  for (let i = 0; i < 5; i++) live.push(await (await call('/leases', { agent: `agent-${i}`, pool: 0, inputTokens: 2000, maxTokens: 500, role: i === 0 ? 'planner' : 'worker' })).json())
+  assert.deepEqual(live.map((d) => d.kind), ['grant', 'grant', 'grant', 'queued', 'queued'])
+  await call('/responses', { pool: 0, lease: live[0].lease, status: 429, headers: [['retry-after', '30']] })
+  const metrics = await (await call('/metrics')).json()
+
+  const page = await browser.newPage()
+  const errors = []
+  page.on('pageerror', (e) => errors.push(String(e)))
+  await page.goto(`${q}/dashboard`)
+  assert.equal(await page.getAttribute('#app', 'data-state'), 'locked', 'no data before the secret')
+  await page.fill('#secret', SECRET)
+  await page.click('#connect')
+  await page.waitForSelector('#app[data-state="live"]', { timeout: 15_000 })
+  await page.waitForSelector('section.pool[data-pool]')
+
+  const pool = metrics.pools[0]
+  const shown = await page.$eval('section.pool', (el) => ({ ...el.dataset }))
+  assert.equal(Number(shown.queueDepth), pool.queueDepth)
+  assert.equal(Number(shown.queueDepth), 2)
+  assert.equal(Number(shown.inFlight), 3)
+  assert.equal(Number(shown.marginPermille), pool.marginPermille)
+  assert.equal(shown.paused, 'true')
+  assert.ok(shown.rateLimitedMinutes.split(',').length >= 1, 'the 429 is marked')
+  const input = await page.$eval('.axis[data-axis="input_tokens"]', (el) => ({ ...el.dataset }))
+  assert.equal(Number(input.limit), 100_000)
+  assert.equal(Number(await page.getAttribute('#agents', 'data-agents')), metrics.agents.length)
+  const states = await page.$$eval('tr.agent', (rows) => rows.map((r) => r.dataset.state))
+  assert.equal(states.filter((s) => s === 'queued').length, 2)
+  assert.equal(states.filter((s) => s === 'in_flight').length, 3)
+  assert.deepEqual(errors, [])
+  await page.screenshot({ path: screenshot, fullPage: true })
+
+  // A wrong secret is refused visibly.
+  const other = await browser.newPage()
+  await other.goto(`${q}/dashboard`)
+  await other.evaluate(() => sessionStorage.clear())
+  await other.fill('#secret', 'wrong-secret-wrong-secret')
+  await other.click('#connect')
+  await other.waitForSelector('#error[data-status="401"]', { timeout: 15_000 })
+  await other.close()
+  await page.close()
+})

@@ -1,0 +1,282 @@
+// The edge limiter under workerd (miniflare): the HTTP API, authentication and fleet
+// isolation, validation, persistence across a restart of the runtime in the middle of a
+// run, Prometheus metrics, and proxy mode against the mock provider (with the official
+// Anthropic SDK pointed at the Worker when Node >= 22).
+import assert from 'node:assert/strict'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, before, describe, test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
+import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+
+const workerEntry = fileURLToPath(new URL('../src/worker.js', import.meta.url))
+
+const here = (p) => fileURLToPath(new URL(p, import.meta.url))
+const outdir = here('../.build/edge/')
+const SECRET_A = 'fleet-a-secret-0123456789'
+const SECRET_B = 'fleet-b-secret-9876543210'
+const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 2 }
+
+let mock
+let persist
+let mf
+let base
+
+function fleets() {
+  return JSON.stringify({
+    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
+    'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
+  })
+}
+
+async function start() {
+  ;({ mf, base } = await startWorker({ outdir, persist, fleets: JSON.parse(fleets()) }))
+}
+
+before(async () => {
+  rmSync(outdir, { recursive: true, force: true })
+  await buildWorker(outdir, { entry: workerEntry })
+  mock = await startMockProvider({ inputTokensPerMinute: 100_000, outputTokensPerMinute: 20_000, concurrency: 4, replyTokens: 30, chunkDelayMs: 2 })
+  persist = mkdtempSync(join(tmpdir(), 'tokenwarden-edge-'))
+  await start()
+})
+
+after(async () => {
+  await mf?.dispose()
+  await mock?.close()
+  if (persist) rmSync(persist, { recursive: true, force: true })
+})
+
+const api = (path, { secret = SECRET_A, fleet = 'fleet-a', quota = 'main', ...init } = {}) =>
+  fetch(`${base}/v1/fleets/${fleet}/quotas/${quota}${path}`, {
+    ...init,
+    headers: { ...(secret === null ? {} : { authorization: `Bearer ${secret}` }), 'content-type': 'application/json', ...init.headers },
+  })
+const post = (path, body, opts = {}) => api(path, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), ...opts })
+const lease = (body, opts) => post('/leases', { agent: 'a1', pool: 'claude-sonnet-4-6', inputTokens: 1000, maxTokens: 100, ...body }, opts)
+
+describe('the HTTP API', () => {
+  test('grant, settle, and the handle is spent afterwards', async () => {
+    const r = await lease({})
+    assert.equal(r.status, 200)
+    const d = await r.json()
+    assert.equal(d.kind, 'grant')
+    assert.match(d.lease, /^tw1\.fleet-a\.main\.\d+\.[A-Za-z0-9_-]{27}$/)
+    assert.ok(d.expiresAt > Date.now() - 5000)
+    const s = await post(`/leases/${d.lease}/settle`, { inputTokens: 900, outputTokens: 40 })
+    assert.equal(s.status, 200)
+    assert.deepEqual((await s.json()).used, [900, 40, 940, 1])
+    const again = await post(`/leases/${d.lease}/settle`, { inputTokens: 900 })
+    assert.equal(again.status, 404)
+    assert.equal((await again.json()).error, 'unknown_lease')
+  })
+
+  test('a queued ticket is granted to a long poll when a slot frees', async () => {
+    const a = await (await lease({ agent: 'q1' })).json()
+    const b = await (await lease({ agent: 'q2' })).json()
+    const c = await lease({ agent: 'q3' })
+    assert.equal(c.status, 202)
+    const ticket = await c.json()
+    assert.equal(ticket.kind, 'queued')
+    const poll = api(`/leases/${ticket.lease}?wait=5000`)
+    await new Promise((r) => setTimeout(r, 100))
+    await post(`/leases/${a.lease}/settle`, { inputTokens: 1000, outputTokens: 10 })
+    const granted = await poll
+    assert.equal(granted.status, 200)
+    const g = await granted.json()
+    assert.equal(g.kind, 'grant')
+    assert.equal(g.lease, ticket.lease)
+    assert.ok(g.waitedMs >= 50, `waited ${g.waitedMs} ms`)
+    for (const l of [b.lease, g.lease]) assert.equal((await api(`/leases/${l}`, { method: 'DELETE' })).status, 200)
+  })
+
+  test('a request that can never fit is a rejection with no retry time', async () => {
+    const d = await (await lease({ inputTokens: 95_000 })).json()
+    assert.equal(d.kind, 'reject')
+    assert.equal(d.retryAt, null)
+    assert.deepEqual(d.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
+  })
+
+  test('provider headers and 429s are reported; metrics as JSON and Prometheus text', async () => {
+    // Its own quota: the 429 pauses the whole pool for two seconds.
+    const quota = 'limited'
+    const d = await (await lease({ agent: 'r1' }, { quota })).json()
+    const r = await post('/responses', { pool: 'claude-sonnet-4-6', lease: d.lease, status: 429, headers: [['retry-after', '2']] }, { quota })
+    assert.equal(r.status, 200)
+    assert.equal((await r.json()).report.retryAfterMs, 2000)
+    await post(`/leases/${d.lease}/settle`, {}, { quota })
+    const m = await (await api('/metrics', { quota })).json()
+    const pool = m.pools[0]
+    assert.equal(pool.name, 'claude-sonnet-4-6')
+    assert.ok(pool.pausedUntil > m.now, 'the pool is paused')
+    assert.ok(Number(pool.counters.rateLimited) >= 1)
+    const text = await (await api('/metrics?format=prometheus', { quota })).text()
+    assert.match(text, /^# TYPE tokenwarden_rate_limited_total counter$/m)
+    assert.match(text, /tokenwarden_rate_limited_total\{[^}]*fleet="fleet-a"[^}]*\} [1-9]/)
+  })
+})
+
+describe('security', () => {
+  test('401 without a secret or with a wrong one; the same for an unknown fleet', async () => {
+    assert.equal((await lease({}, { secret: null })).status, 401)
+    assert.equal((await lease({}, { secret: 'wrong-wrong-wrong-wrong' })).status, 401)
+    assert.equal((await lease({}, { fleet: 'fleet-z' })).status, 401)
+    assert.equal((await lease({}, { secret: SECRET_B })).status, 401, "fleet-b's secret does not open fleet-a")
+    assert.equal((await lease({}, { quota: 'nope' })).status, 404)
+  })
+
+  test("403 for another fleet's lease, 404 for forged or malformed handles", async () => {
+    const d = await (await lease({ agent: 's1' }, { fleet: 'fleet-b', secret: SECRET_B })).json()
+    assert.equal(d.kind, 'grant')
+    const theirs = await post(`/leases/${d.lease}/settle`, {})
+    assert.equal(theirs.status, 403, "fleet-a cannot settle fleet-b's lease")
+    const renamed = await post(`/leases/${d.lease.replace('fleet-b.main', 'fleet-a.main')}/settle`, {})
+    assert.equal(renamed.status, 404, "relabelling fleet-b's handle as fleet-a's breaks its MAC")
+    const mine = await (await lease({ agent: 's2' })).json()
+    const forged = mine.lease.replace(/\.(\d+)\./, (_m, id) => `.${Number(id) + 1}.`)
+    assert.equal((await post(`/leases/${forged}/settle`, {})).status, 404)
+    assert.equal((await post('/leases/not-a-handle/settle', {})).status, 404)
+    assert.equal((await post(`/leases/${mine.lease}/settle`, {}, { fleet: 'fleet-b', secret: SECRET_B })).status, 403)
+    assert.equal((await post(`/leases/${d.lease}/settle`, {}, { fleet: 'fleet-b', secret: SECRET_B })).status, 200)
+    assert.equal((await post(`/leases/${mine.lease}/settle`, {})).status, 200)
+  })
+
+  test('bad bodies are 400 with an error that names the problem', async () => {
+    const cases = [
+      [await post('/leases', '{nope'), 'invalid_json'],
+      [await lease({ colour: 'red' }), 'invalid_argument', /colour/],
+      [await lease({ inputTokens: -1 }), 'invalid_argument', /inputTokens/],
+      [await lease({ inputTokens: 2 ** 60 }), 'too_large'],
+      [await lease({ pool: 'gpt-9' }), 'unknown_pool', /claude-sonnet-4-6/],
+      [await lease({ role: 'boss' }), 'invalid_argument', /role/],
+      [await post('/responses', { pool: 0, status: 200, headers: 'x' }), 'invalid_argument', /headers/],
+    ]
+    for (const [res, code, message] of cases) {
+      assert.equal(res.status, 400, code)
+      const body = await res.json()
+      assert.equal(body.error, code)
+      if (message) assert.match(body.message, message)
+    }
+  })
+})
+
+describe('persistence', () => {
+  test('a restart of the runtime mid-run loses no lease, ticket or debt', async () => {
+    const quota = 'other'
+    const l1 = await (await lease({ agent: 'p1', inputTokens: 60_000 }, { quota })).json()
+    const l2 = await (await lease({ agent: 'p2', inputTokens: 1000 }, { quota })).json()
+    const t3 = await lease({ agent: 'p3', inputTokens: 1000 }, { quota })
+    assert.equal(t3.status, 202)
+    const ticket = await t3.json()
+    // Debt: l2 used far more than it reserved.
+    await post(`/leases/${l2.lease}/settle`, { inputTokens: 20_000, outputTokens: 10 }, { quota })
+    const before = await (await api('/metrics', { quota })).json()
+
+    await mf.dispose()
+    await start()
+
+    const after = await (await api('/metrics', { quota })).json()
+    assert.deepEqual(after.pools[0].counters, before.pools[0].counters, 'counters survive')
+    assert.equal(after.liveLeases, before.liveLeases, 'leases and tickets survive')
+    assert.ok(Number(after.pools[0].axes[0].available) <= Number(before.pools[0].axes[0].available) + 2000, 'the debt survives')
+    // The ticket is still queued and is granted when l1 settles after the restart.
+    const poll = api(`/leases/${ticket.lease}?wait=5000`, { quota })
+    await new Promise((r) => setTimeout(r, 100))
+    assert.equal((await post(`/leases/${l1.lease}/settle`, { inputTokens: 60_000, outputTokens: 10 }, { quota })).status, 200)
+    const g = await (await poll).json()
+    assert.equal(g.kind, 'grant')
+    assert.equal((await post(`/leases/${g.lease}/settle`, { inputTokens: 1000 }, { quota })).status, 200)
+  })
+})
+
+describe('the alarm', () => {
+  test('the alarm reaps expired leases and grants the queued ticket (the object keeps no timers)', async () => {
+    const quota = 'short'
+    const held = []
+    for (let i = 0; i < 2; i++) held.push(await (await lease({ agent: `h${i}` }, { quota })).json())
+    const ticket = await (await lease({ agent: 'h2' }, { quota })).json()
+    assert.equal(ticket.kind, 'queued')
+    const first = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(first.pools[0].counters.expired), 0, 'nothing reaped yet')
+    await new Promise((r) => setTimeout(r, 1600))
+    const m = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(m.pools[0].counters.expired), 2, 'both leases were reaped by the alarm')
+    assert.equal(Number(m.pools[0].counters.grantedFromQueue), 1, 'the ticket was granted by the alarm')
+    const settle = await post(`/leases/${held[0].lease}/settle`, {}, { quota })
+    assert.equal(settle.status, 404, 'an expired lease cannot be settled')
+  })
+})
+
+describe('proxy mode', () => {
+  const proxyBase = () => `${base}/v1/fleets/fleet-a/quotas/main/proxy`
+  const headers = { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }
+  const body = (extra = {}) => JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: 'hello '.repeat(200) }], ...extra })
+
+  test('a JSON call is leased, forwarded and settled from its usage', async () => {
+    const settledBefore = Number((await (await api('/metrics')).json()).pools[0].counters.settled)
+    const r = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers, body: body() })
+    assert.equal(r.status, 200)
+    const msg = await r.json()
+    assert.equal(msg.usage.output_tokens, 30)
+    assert.ok(r.headers.get('anthropic-ratelimit-input-tokens-limit'), 'provider headers pass through')
+    const m = await (await api('/metrics')).json()
+    assert.equal(Number(m.pools[0].counters.settled), settledBefore + 1)
+    assert.equal(mock.log.at(-1).status, 200)
+  })
+
+  test('a streamed call passes through and settles when the stream ends', async () => {
+    const r = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers, body: body({ stream: true }) })
+    assert.equal(r.status, 200)
+    assert.match(r.headers.get('content-type'), /event-stream/)
+    const text = await r.text()
+    assert.match(text, /event: message_stop/)
+    await new Promise((res) => setTimeout(res, 50))
+    const m = await (await api('/metrics')).json()
+    assert.equal(m.liveLeases, 0, 'settled at the end of the stream')
+  })
+
+  test('OpenAI chat completions, streamed with include_usage and not, through the official SDK', { skip: Number(process.versions.node.split('.')[0]) < 22 ? 'run with Node >= 22' : false }, async () => {
+    const { default: OpenAI } = await import('openai')
+    const client = new OpenAI({ apiKey: 'sk-test-openai', baseURL: `${base}/v1/fleets/fleet-a/quotas/openai/proxy/v1`, defaultHeaders: { 'x-tokenwarden-token': SECRET_A }, maxRetries: 0 })
+    const params = { model: 'gpt-5', max_completion_tokens: 100, messages: [{ role: 'user', content: 'hello' }] }
+    const results = await Promise.all(
+      Array.from({ length: 5 }, async (_, i) => {
+        if (i % 2 === 0) return (await client.chat.completions.create(params)).usage.completion_tokens
+        const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } })
+        let usage = null
+        for await (const chunk of stream) if (chunk.usage) usage = chunk.usage
+        return usage.completion_tokens
+      }),
+    )
+    assert.deepEqual(results, [30, 30, 30, 30, 30])
+    await new Promise((r) => setTimeout(r, 50))
+    const m = await (await api('/metrics', { quota: 'openai' })).json()
+    assert.equal(Number(m.pools[0].counters.settled), 5)
+    assert.equal(m.liveLeases, 0)
+  })
+
+  test('401 without the fleet token, even with an API key', async () => {
+    const { 'x-tokenwarden-token': _, ...noToken } = headers
+    const r = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers: noToken, body: body() })
+    assert.equal(r.status, 401)
+  })
+
+  test('the official Anthropic SDK works with its base URL pointed at the Worker', { skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false }, async () => {
+    const { default: Anthropic } = await import('@anthropic-ai/sdk')
+    const client = new Anthropic({ apiKey: 'sk-ant-test-key', baseURL: proxyBase(), defaultHeaders: { 'x-tokenwarden-token': SECRET_A, 'x-tokenwarden-agent': 'sdk-agent' }, maxRetries: 0 })
+    const calls = await Promise.all(
+      Array.from({ length: 6 }, (_, i) =>
+        i % 2 === 0
+          ? client.messages.create({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: `hi ${i}` }] })
+          : client.messages.stream({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: `hi ${i}` }] }).finalMessage(),
+      ),
+    )
+    assert.equal(calls.length, 6)
+    for (const c of calls) assert.equal(c.usage.output_tokens, 30)
+    const m = await (await api('/metrics')).json()
+    assert.equal(m.liveLeases, 0)
+    assert.equal(mock.stats().overLimit, false)
+  })
+})

@@ -1,0 +1,47 @@
+// Development tooling for Workers built on tokenwarden-wasm: bundle a Worker with esbuild
+// and run it under workerd (miniflare) on 127.0.0.1. Used by the wasm package's workerd
+// suite, the edge limiter's tests and load run, and examples/edge-worker's local run.
+import { build } from 'esbuild'
+import { Miniflare } from 'miniflare'
+
+/**
+ * Bundles the Worker at `entry` (a file path) into `outdir/<name>.js`; the .wasm stays a
+ * separate module next to it, as Workers load it.
+ */
+export async function buildWorker(outdir, { entry, name = 'worker' }) {
+  if (typeof entry !== 'string') throw new TypeError('buildWorker needs `entry`, the path of the Worker module')
+  await build({
+    entryPoints: { [name]: entry },
+    bundle: true,
+    format: 'esm',
+    platform: 'neutral',
+    conditions: ['workerd', 'worker', 'browser'],
+    outdir,
+    loader: { '.wasm': 'copy' },
+    assetNames: '[name]-[hash]',
+    logLevel: 'error',
+  })
+}
+
+/**
+ * Starts a bundled Worker on 127.0.0.1; resolves to `{ mf, base }`. With `fleets` it is the
+ * edge limiter (its Durable Object class bound as QUOTAS, storage persisted in `persist`).
+ */
+export async function startWorker({ outdir, name = 'worker', persist, fleets, port }) {
+  const edge =
+    fleets === undefined
+      ? {}
+      : { durableObjects: { QUOTAS: 'QuotaObject' }, durableObjectsPersist: persist, bindings: { TOKENWARDEN_FLEETS: JSON.stringify(fleets) } }
+  const mf = new Miniflare({
+    modules: true,
+    scriptPath: `${outdir}${name}.js`,
+    modulesRoot: outdir,
+    modulesRules: [{ type: 'CompiledWasm', include: ['**/*.wasm'] }],
+    compatibilityDate: '2025-12-01',
+    host: '127.0.0.1',
+    ...edge,
+    ...(port === undefined ? {} : { port }),
+  })
+  const base = (await mf.ready).href.replace(/\/$/, '')
+  return { mf, base }
+}

@@ -1,0 +1,256 @@
+// The async driver with a hand-moved clock, on the native engine (or the wasm build with
+// TOKENWARDEN_ENGINE=wasm: the same suite must pass on both).
+import assert from 'node:assert/strict'
+import { describe, test } from 'node:test'
+import { Driver, LeaseRejectedError, ManualClock, TokenwardenError } from 'tokenwarden-driver'
+import { engines as nativeEngines } from '../support/engine.mjs'
+
+const POOL = { name: 'sonnet', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1000, max_concurrent: 4 }
+
+function setup(pool = POOL, extra = {}) {
+  const clock = new ManualClock(0)
+  const engine = nativeEngines.create({ pools: [pool], ...extra }, 7, 0)
+  const driver = new Driver(engine, { clock })
+  const events = []
+  for (const name of ['granted', 'queued', 'rejected', 'rate_limited', 'settled', 'expired', 'margin_changed', 'paused', 'estimate_alert']) {
+    driver.on(name, (e) => events.push({ name, ...e }))
+  }
+  return { clock, engine, driver, events }
+}
+
+const req = (agent, inputTokens, extra = {}) => ({ agent, pool: 0, inputTokens, maxTokens: 100, ...extra })
+const settled = (p) => p.then((v) => ({ ok: v }), (e) => ({ err: e }))
+
+describe('acquire', () => {
+  test('a request within the margin is granted at once', async () => {
+    const { driver, events } = setup()
+    const lease = await driver.acquire(req(1, 1000))
+    assert.equal(lease.agent, 1)
+    assert.equal(lease.pool, 0)
+    assert.equal(lease.waitedMs, 0)
+    assert.equal(lease.expiresAt, 120_000)
+    const s = lease.settle({ inputTokens: 900, outputTokens: 40 })
+    assert.deepEqual(s, { reserved: [1000, 100, 1100, 1], used: [900, 40, 940, 1] })
+    assert.ok(lease.done)
+    assert.deepEqual(events.map((e) => e.name), ['granted', 'settled'])
+  })
+
+  test('a queued request resolves when the one timer reaches its ETA', async () => {
+    const { clock, driver, events } = setup()
+    await driver.acquire(req(1, 85_000))
+    const p = driver.acquire(req(2, 10_000))
+    const queued = events.find((e) => e.name === 'queued')
+    assert.ok(queued, 'a queued event')
+    assert.equal(queued.agent, 2)
+    assert.ok(queued.etaMs > 0 && queued.etaMs <= 60_000, `eta ${queued.etaMs}`)
+    assert.equal(clock.pending, 1, 'one timer')
+    let done = false
+    p.then(() => (done = true))
+    await clock.advance(queued.etaMs - 1)
+    assert.equal(done, false, `not granted at ${clock.now()}`)
+    await clock.advance(1)
+    const lease = await p
+    assert.equal(lease.waitedMs, queued.etaMs)
+    assert.equal(driver.waiting, 0)
+  })
+
+  test('many waiters share one timer', async () => {
+    const { clock, driver } = setup({ ...POOL, max_concurrent: null })
+    await driver.acquire(req(1, 85_000))
+    const waits = []
+    for (let a = 2; a < 30; a++) waits.push(driver.acquire(req(a, 2000)))
+    assert.equal(driver.waiting, 28)
+    assert.equal(clock.pending, 1)
+    await clock.advance(60_000)
+    const leases = await Promise.all(waits)
+    assert.equal(leases.length, 28)
+    assert.ok(clock.pending <= 1)
+  })
+
+  test('settling below the reservation grants a queued ticket in the same call', async () => {
+    const { driver } = setup()
+    const big = await driver.acquire(req(1, 85_000))
+    const p = driver.acquire(req(2, 10_000))
+    big.settle({ inputTokens: 1000, outputTokens: 10 })
+    const lease = await p
+    assert.equal(lease.waitedMs, 0)
+  })
+
+  test('a request that can never fit rejects with retryAt null', async () => {
+    const { driver, events } = setup()
+    const r = await settled(driver.acquire(req(1, 90_000)))
+    assert.ok(r.err instanceof LeaseRejectedError)
+    assert.equal(r.err.code, 'rejected')
+    assert.equal(r.err.retryAt, null)
+    assert.equal(r.err.retryAfterMs, null)
+    assert.deepEqual(r.err.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
+    assert.match(r.err.message, /never be served/)
+    assert.equal(events.at(-1).name, 'rejected')
+  })
+
+  test('a wait longer than max_queue_wait_ms rejects with the retry time', async () => {
+    const { driver } = setup(POOL, { max_queue_wait_ms: 1000 })
+    await driver.acquire(req(1, 85_000))
+    const r = await settled(driver.acquire(req(2, 50_000)))
+    assert.ok(r.err instanceof LeaseRejectedError)
+    assert.equal(r.err.reason.kind, 'wait_too_long')
+    assert.ok(typeof r.err.retryAt === 'number' && r.err.retryAt > 0)
+    assert.equal(r.err.retryAfterMs, r.err.retryAt)
+  })
+
+  test('aborting while queued withdraws the ticket', async () => {
+    const { clock, driver, engine } = setup()
+    await driver.acquire(req(1, 85_000))
+    const ac = new AbortController()
+    const p = settled(driver.acquire(req(2, 10_000), { signal: ac.signal }))
+    assert.equal(engine.metrics(0).pools[0].queueDepth, 1)
+    ac.abort(new Error('user gave up'))
+    const r = await p
+    assert.equal(r.err.name, 'AbortError')
+    assert.equal(r.err.code, 'aborted')
+    assert.equal(engine.metrics(clock.now()).pools[0].queueDepth, 0)
+    assert.equal(driver.waiting, 0)
+    assert.equal(clock.pending <= 1, true)
+  })
+
+  test('an already aborted signal rejects without asking the engine', async () => {
+    const { driver, engine } = setup()
+    const r = await settled(driver.acquire(req(1, 10), { signal: AbortSignal.abort() }))
+    assert.equal(r.err.code, 'aborted')
+    assert.equal(engine.metrics(0).pools[0].counters.grantedNow, 0)
+  })
+
+  test('an unsettled lease expires with an event and cannot be settled later', async () => {
+    const { clock, driver, events } = setup()
+    const lease = await driver.acquire(req(1, 1000))
+    await clock.advance(120_000)
+    assert.ok(events.some((e) => e.name === 'expired' && e.lease === lease.id))
+    assert.throws(() => lease.settle({ inputTokens: 1 }), { code: 'unknown_lease' })
+  })
+
+  test('close rejects waiters with `closed` and later acquires too', async () => {
+    const { clock, driver } = setup()
+    await driver.acquire(req(1, 85_000))
+    const p = settled(driver.acquire(req(2, 10_000)))
+    driver.close()
+    assert.equal((await p).err.code, 'closed')
+    assert.equal((await settled(driver.acquire(req(3, 1)))).err.code, 'closed')
+    assert.equal(clock.pending, 0)
+  })
+})
+
+describe('responses and events', () => {
+  test('a 429 pauses the pool, cuts the margin once, and emits rate_limited', async () => {
+    const { driver, events } = setup()
+    const lease = await driver.acquire(req(1, 1000))
+    lease.report(200, { 'anthropic-ratelimit-input-tokens-limit': '100000', 'anthropic-ratelimit-input-tokens-remaining': '99000' })
+    const report = lease.report(429, new Headers({ 'retry-after': '12' }))
+    assert.equal(report.retryAfterMs, 12_000)
+    const names = events.map((e) => e.name)
+    assert.ok(names.includes('rate_limited'))
+    assert.ok(names.includes('paused'))
+    const cut = events.find((e) => e.name === 'margin_changed')
+    assert.deepEqual([cut.fromPermille, cut.toPermille], [850, 800])
+  })
+
+  test('header pairs, objects and Headers are all accepted', () => {
+    const { driver } = setup()
+    for (const h of [[['retry-after', '3']], { 'retry-after': '3' }, new Headers({ 'retry-after': '3' })]) {
+      assert.equal(driver.report(0, null, 200, h).retryAfterMs, 3000)
+    }
+  })
+
+  test('estimates that keep missing raise estimate_alert', async () => {
+    const { driver, events } = setup()
+    for (let i = 0; i < 6; i++) {
+      const lease = await driver.acquire(req(5, 3000))
+      lease.settle({ inputTokens: 2000, outputTokens: 100 })
+    }
+    const alert = events.find((e) => e.name === 'estimate_alert')
+    assert.ok(alert, 'an alert')
+    assert.equal(alert.agent, 5)
+  })
+
+  test('backoff follows the core: Retry-After plus jitter, then full jitter', () => {
+    const { driver } = setup()
+    const first = driver.backoff({ failed: 0, lastRetryAfterMs: null }, 2000)
+    assert.equal(first.step.kind, 'retry')
+    assert.ok(first.step.delayMs >= 2000 && first.step.delayMs <= 3000)
+    const second = driver.backoff(first.state, null)
+    assert.equal(second.state.failed, 2)
+  })
+
+  test('metrics show usage, queue and each agent', async () => {
+    const { driver } = setup()
+    const lease = await driver.acquire(req(1, 1000))
+    lease.settle({ inputTokens: 800, outputTokens: 20 })
+    const m = driver.metrics()
+    assert.equal(m.pools[0].name, 'sonnet')
+    assert.equal(m.pools[0].marginPermille, 850)
+    assert.deepEqual(m.pools[0].axes.map((a) => a.axis), ['input_tokens', 'output_tokens', 'tokens', 'requests'])
+    assert.equal(m.agents[0].agent, 1)
+    assert.equal(m.agents[0].activity.state, 'idle')
+  })
+})
+
+describe('bad input is a coded error and changes nothing', () => {
+  const cases = [
+    ['negative tokens', req(1, -5), RangeError, 'invalid_argument', 'inputTokens'],
+    ['fractional tokens', req(1, 1.5), RangeError, 'invalid_argument', 'inputTokens'],
+    ['tokens above 2^53 - 1', req(1, 2n ** 60n), RangeError, 'too_large', 'inputTokens'],
+    ['unknown pool', { ...req(1, 10), pool: 9 }, Error, 'unknown_pool', undefined],
+    ['unknown role', req(1, 10, { role: 'boss' }), RangeError, 'invalid_argument', 'role'],
+    ['agent of the wrong type', { ...req(1, 10), agent: 'a' }, TypeError, 'invalid_argument', 'agent'],
+    ['a missing request', undefined, TypeError, 'invalid_argument', 'request'],
+  ]
+  for (const [name, request, cls, code, field] of cases) {
+    test(name, async () => {
+      const { driver, engine } = setup()
+      const before = engine.snapshot()
+      const r = await settled(driver.acquire(request))
+      assert.ok(r.err instanceof cls, `${r.err?.constructor?.name}: ${r.err?.message}`)
+      assert.equal(r.err.code, code)
+      assert.equal(r.err.field, field)
+      assert.ok(r.err.message.length > 10)
+      assert.equal(engine.snapshot(), before, 'state unchanged')
+    })
+  }
+
+  test('settling twice, or a forged id, is unknown_lease', async () => {
+    const { driver } = setup()
+    const lease = await driver.acquire(req(1, 10))
+    lease.settle({ inputTokens: 10 })
+    assert.throws(() => lease.settle({ inputTokens: 10 }), { code: 'unknown_lease' })
+    assert.throws(() => driver.settle(123456789, {}), { code: 'unknown_lease' })
+    assert.throws(() => driver.settle(2 ** 60, {}), { code: 'unknown_lease' })
+    assert.throws(() => driver.cancel(-1), { code: 'invalid_argument' })
+  })
+
+  test('an invalid configuration names the field', () => {
+    assert.throws(() => nativeEngines.create({ pools: [{ name: 'a', requests_per_minute: 0 }] }, 1, 0), (e) => {
+      assert.equal(e.code, 'invalid_config')
+      assert.equal(e.field, 'pools[0].requests_per_minute')
+      assert.match(e.message, /must be at least 1/)
+      return true
+    })
+    assert.throws(() => nativeEngines.create('{"pools": [', 1, 0), { code: 'config_parse' })
+    assert.throws(() => nativeEngines.create({ pools: [], bogus: 1 }, 1, 0), { code: 'config_parse' })
+    assert.throws(() => nativeEngines.restore('{}'), (e) => e.code.startsWith('snapshot_'))
+  })
+
+  test('the driver names the pools it has', () => {
+    const { driver } = setup()
+    assert.equal(driver.pool('sonnet'), 0)
+    assert.throws(() => driver.pool('opus'), (e) => e instanceof TokenwardenError && e.code === 'unknown_pool' && /"sonnet"/.test(e.message))
+  })
+})
+
+test('a snapshot restores an engine that makes the same decisions', async () => {
+  const { driver, engine } = setup()
+  await driver.acquire(req(1, 85_000))
+  const twin = nativeEngines.restore(engine.snapshot())
+  const a = engine.requestLease(10, req(2, 5000))
+  const b = twin.requestLease(10, req(2, 5000))
+  assert.deepEqual(a, b)
+  assert.equal(a.kind, 'queued')
+})

@@ -1,0 +1,180 @@
+// The fetch wrapper's decisions, against a scripted `fetch` (no SDK, no network): what it
+// leases, when it retries, how it settles, and its parsers.
+import assert from 'node:assert/strict'
+import { describe, test } from 'node:test'
+import { BytesPerTokenEstimator, SseUsage, promptBytes, usageFromBody } from 'tokenwarden-driver'
+import { createTokenwarden } from '../support/engine.mjs'
+
+const encoder = new TextEncoder()
+const anthropicOk = (usage = { input_tokens: 100, output_tokens: 20 }) =>
+  new Response(JSON.stringify({ id: 'm', type: 'message', role: 'assistant', content: [], usage }), {
+    status: 200,
+    headers: { 'content-type': 'application/json' },
+  })
+const body = (extra = {}) => JSON.stringify({ model: 'm1', max_tokens: 100, messages: [{ role: 'user', content: 'x'.repeat(400) }], ...extra })
+
+function harness(responses, pools = [{ name: 'm1', input_tokens_per_minute: 1_000_000, output_tokens_per_minute: 100_000, max_concurrent: 10 }]) {
+  const tw = createTokenwarden({ config: { pools, backoff: { base_ms: 1, cap_ms: 5, max_attempts: 3, retry_after_jitter_ms: 1 } } })
+  const sent = []
+  const events = []
+  for (const name of ['waiting', 'rate_limited', 'settled', 'granted']) tw.on(name, (e) => events.push({ name, ...e }))
+  const fetch = tw.fetch({
+    agent: 'tester',
+    fetch: async (url, init) => {
+      sent.push({ url: String(url), init })
+      const next = responses.shift()
+      if (next === undefined) throw new Error('no scripted response left')
+      return typeof next === 'function' ? next() : next
+    },
+  })
+  return { tw, fetch, sent, events }
+}
+
+const post = (fetch, path = 'https://api.example/v1/messages', b = body(), extra = {}) =>
+  fetch(path, { method: 'POST', headers: { 'x-api-key': 'k', 'content-type': 'application/json' }, body: b, ...extra })
+
+describe('fetch wrapper', () => {
+  test('leases, forwards the body unchanged, settles from the JSON usage', async () => {
+    const { tw, fetch, sent, events } = harness([anthropicOk({ input_tokens: 90, cache_read_input_tokens: 10, output_tokens: 7 })])
+    const res = await post(fetch)
+    assert.equal(res.status, 200)
+    assert.equal((await res.json()).usage.output_tokens, 7)
+    assert.equal(sent.length, 1)
+    assert.equal(sent[0].init.body, body())
+    const s = events.find((e) => e.name === 'settled').settlement
+    assert.deepEqual(s.used.slice(0, 2), [90, 7])
+    assert.equal(tw.metrics().liveLeases, 0)
+    tw.close()
+  })
+
+  test('requests that are not model calls pass through unleased', async () => {
+    const { tw, fetch, events } = harness([new Response('{}'), new Response('{}')])
+    await fetch('https://api.example/v1/models')
+    await post(fetch, 'https://api.example/v1/messages/count_tokens')
+    assert.equal(events.length, 0)
+    tw.close()
+  })
+
+  test('a 429 is retried with backoff; x-should-retry: false is returned as is', async () => {
+    const limited = (h = {}) => new Response('{"type":"error"}', { status: 429, headers: { 'retry-after': '0', ...h } })
+    const first = harness([limited(), anthropicOk()])
+    assert.equal((await post(first.fetch)).status, 200)
+    assert.equal(first.events.filter((e) => e.name === 'waiting').length, 1)
+    assert.match(first.events.find((e) => e.name === 'waiting').message, /^waiting on rate limit, retrying in/)
+    first.tw.close()
+
+    const second = harness([limited({ 'x-should-retry': 'false' })])
+    const res = await post(second.fetch)
+    assert.equal(res.status, 429)
+    assert.equal(await res.text(), '{"type":"error"}')
+    assert.equal(second.tw.metrics().liveLeases, 0)
+    second.tw.close()
+  })
+
+  test('x-should-retry: true retries a 5xx; give-up hands the last 429 to the caller', async () => {
+    const overloaded = () => new Response('{}', { status: 529, headers: { 'x-should-retry': 'true' } })
+    const a = harness([overloaded, anthropicOk()])
+    assert.equal((await post(a.fetch)).status, 200)
+    a.tw.close()
+    const limited = () => new Response('{"e":1}', { status: 429 })
+    const b = harness([limited, limited, limited, limited])
+    const res = await post(b.fetch)
+    assert.equal(res.status, 429, 'after max_attempts the 429 reaches the caller')
+    assert.equal(b.sent.length, 3)
+    assert.equal(b.tw.metrics().liveLeases, 0)
+    b.tw.close()
+  })
+
+  test('other errors are returned as they are and settle nothing', async () => {
+    const { tw, fetch, events } = harness([new Response('{"error":"bad"}', { status: 400 })])
+    const res = await post(fetch)
+    assert.equal(res.status, 400)
+    assert.deepEqual(events.find((e) => e.name === 'settled').settlement.used.slice(0, 2), [0, 0])
+    tw.close()
+  })
+
+  test('an OpenAI stream without usage settles from the text it carried', async () => {
+    const chunks = [
+      `data: ${JSON.stringify({ choices: [{ delta: { content: 'hello world, '.repeat(10) } }] })}\n\n`,
+      'data: [DONE]\n\n',
+    ]
+    const stream = () =>
+      new Response(
+        new ReadableStream({
+          start(c) {
+            for (const k of chunks) c.enqueue(encoder.encode(k))
+            c.close()
+          },
+        }),
+        { headers: { 'content-type': 'text/event-stream' } },
+      )
+    const { tw, fetch, events } = harness([stream], [{ name: 'gpt', counting: 'openai', tokens_per_minute: 1_000_000 }])
+    const res = await post(fetch, 'https://api.example/v1/chat/completions', JSON.stringify({ model: 'gpt', stream: true, max_tokens: 500, messages: [{ role: 'user', content: 'hi' }] }))
+    assert.equal(events.filter((e) => e.name === 'settled').length, 0, 'not settled before the stream is read')
+    const text = await res.text()
+    assert.ok(text.includes('[DONE]'))
+    const used = events.find((e) => e.name === 'settled').settlement.used
+    assert.ok(used[1] >= 60 && used[1] < 500, `output from 130 bytes of text: ${used[1]}`)
+    tw.close()
+  })
+
+  test('a network error settles the whole reservation and rethrows', async () => {
+    const { tw, fetch, events } = harness([() => Promise.reject(new TypeError('fetch failed'))])
+    await assert.rejects(post(fetch), /fetch failed/)
+    assert.equal(events.find((e) => e.name === 'settled').settlement.used[1], 100)
+    tw.close()
+  })
+
+  test('a model with no pool is a clear error when there are several pools', async () => {
+    const pools = [{ name: 'a', requests_per_minute: 10 }, { name: 'b', requests_per_minute: 10 }]
+    const { tw, fetch } = harness([], pools)
+    await assert.rejects(post(fetch), (e) => e.code === 'unknown_pool' && /"m1"/.test(e.message) && /a, b/.test(e.message))
+    tw.close()
+  })
+})
+
+describe('parsers and the estimator', () => {
+  test('SSE usage: Anthropic message_start then message_delta, across chunk boundaries', () => {
+    const t = new SseUsage('anthropic')
+    const text =
+      'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"cache_read_input_tokens":30,"output_tokens":1}}}\n\n' +
+      'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"abcd"}}\n\n' +
+      'event: message_delta\r\ndata: {"type":"message_delta","usage":{"output_tokens":42}}\r\n\r\n' +
+      'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    const bytes = encoder.encode(text)
+    for (let i = 0; i < bytes.length; i += 7) t.push(bytes.subarray(i, i + 7))
+    t.end()
+    assert.deepEqual(t.usage, { inputTokens: 12, cacheCreationInputTokens: 0, cacheReadInputTokens: 30, outputTokens: 42 })
+    assert.equal(t.textBytes, 4)
+    assert.equal(t.finished, true)
+  })
+
+  test('OpenAI usage separates cached prompt tokens', () => {
+    assert.deepEqual(usageFromBody('openai', { usage: { prompt_tokens: 100, completion_tokens: 5, prompt_tokens_details: { cached_tokens: 60 } } }), {
+      inputTokens: 40,
+      cacheReadInputTokens: 60,
+      outputTokens: 5,
+    })
+    assert.equal(usageFromBody('openai', { nothing: 1 }), null)
+  })
+
+  test('the cached prefix ends at the last cache_control block (Anthropic only)', () => {
+    const b = {
+      system: [{ type: 'text', text: 'S'.repeat(1000), cache_control: { type: 'ephemeral' } }],
+      messages: [{ role: 'user', content: 'q'.repeat(200) }],
+    }
+    assert.deepEqual(promptBytes('anthropic', b), { prefix: 1000, rest: 208 })
+    assert.deepEqual(promptBytes('openai', b), { prefix: 0, rest: 1208 })
+  })
+
+  test('the estimator starts high and learns bytes per token from settled usage', () => {
+    const e = new BytesPerTokenEstimator()
+    const b = { messages: [{ role: 'user', content: 'w'.repeat(3992) }] }
+    const first = e.estimate({ provider: 'anthropic', model: 'm', body: b })
+    assert.ok(first.inputTokens > 1000, `over-estimate before learning: ${first.inputTokens}`)
+    for (let i = 0; i < 20; i++) e.observe({ provider: 'anthropic', model: 'm', body: b, estimate: first, actualInputTokens: 1000 })
+    const later = e.estimate({ provider: 'anthropic', model: 'm', body: b })
+    assert.ok(later.inputTokens >= 1000 && later.inputTokens <= 1060, `learned: ${later.inputTokens}`)
+    assert.throws(() => new BytesPerTokenEstimator({ initialBytesPerToken: 0 }), RangeError)
+  })
+})
