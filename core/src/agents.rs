@@ -69,6 +69,7 @@ impl Agent {
 
     /// Notes a request at `now`: the agent was seen, and a failure signature equal to the
     /// previous one counts as a repeat (which lowers its weight); any other resets it.
+    #[inline]
     pub(crate) fn note_request(&mut self, now: Millis, failure_signature: Option<u64>) {
         self.last_seen = now;
         match failure_signature {
@@ -85,6 +86,7 @@ impl Agent {
     /// Notes a settled lease: the slot is free, the prompt cache is warm until
     /// `cache_warm_until` when the call used it, and the estimate errors move. Returns the
     /// agent's moving-average input error when it has just started alerting.
+    #[inline]
     pub(crate) fn record_settle(
         &mut self,
         now: Millis,
@@ -194,6 +196,7 @@ impl Agents {
     /// The agent with this id, added (with `pools` pools) if it is new; when the table holds
     /// `max` agents, the idle one least recently seen makes room. `None` when every agent
     /// is busy.
+    #[inline]
     pub(crate) fn find_or_add(
         &mut self,
         id: AgentId,

@@ -344,6 +344,7 @@ impl Coordinator {
     /// Adds a granted lease or a queued ticket to the lease table and counts it on its
     /// agent, whose latest virtual finish in the pool it becomes.
     #[allow(clippy::too_many_arguments)] // one call's fields, read at both call sites
+    #[inline]
     fn insert_lease(
         &mut self,
         agent: AgentId,

@@ -282,6 +282,7 @@ impl Pool {
 
     /// Whether a grant may be made at `now` at all: not paused, a concurrency slot free, and
     /// a lease of `ttl` not born expired at the end of time.
+    #[inline]
     pub(crate) fn can_admit(&self, now: Millis, ttl: u64) -> bool {
         now >= self.paused_until && now.plus(ttl) > now && self.concurrency_free()
     }
@@ -289,6 +290,7 @@ impl Pool {
     /// The first axis on which `worst` (the cold-cache reservation) exceeds what the pool
     /// hands out in a whole window at this margin, with when the margin will have recovered
     /// enough for it to fit (`None`: never, not even at the margin's ceiling).
+    #[inline]
     pub(crate) fn exceeds_capacity(
         &self,
         worst: &Demand,
@@ -321,6 +323,7 @@ impl Pool {
     /// When a ticket with `need` (its own demand plus all queued ahead of it) in line would
     /// be granted, if estimates hold: refill until the total fits, not before the pause
     /// ends, not before `now`.
+    #[inline]
     pub(crate) fn eta(&self, now: Millis, need: &Demand, window: u64) -> Millis {
         self.updated
             .plus(self.ms_until_total(need, window))

@@ -73,6 +73,7 @@ impl LeaseRequest {
     }
 
     /// `TooLarge` naming the first figure above [`MAX_TOKENS`].
+    #[inline]
     pub(crate) fn check_sizes(&self) -> Result<(), LeaseError> {
         check_sizes(&self.sizes())
     }
@@ -102,11 +103,14 @@ impl Usage {
     }
 }
 
+#[inline]
 fn check_sizes(sizes: &[(&'static str, u64)]) -> Result<(), LeaseError> {
-    match sizes.iter().find(|(_, v)| *v > MAX_TOKENS) {
-        Some(&(field, _)) => Err(LeaseError::TooLarge { field }),
-        None => Ok(()),
+    for &(field, v) in sizes {
+        if v > MAX_TOKENS {
+            return Err(LeaseError::TooLarge { field });
+        }
     }
+    Ok(())
 }
 
 /// Reservation for an ask under a pool's counting rules, given whether the cache is cold.

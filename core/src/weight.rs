@@ -8,6 +8,7 @@ use crate::time::Millis;
 /// A request's weight in the fair queue, in thousandths: role × (1 + bonus × unblocks),
 /// decayed per repeated identical failure down to the floor, bumped when the agent's warm
 /// prompt cache is about to expire; at least 1.
+#[inline]
 pub(crate) fn weight(w: &WeightConfig, req: &LeaseRequest, agent: &Agent, now: Millis) -> u128 {
     let base = match req.role {
         Role::Planner => w.planner,
