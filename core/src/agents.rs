@@ -20,6 +20,28 @@ use crate::time::Millis;
 pub(crate) struct AgentPool {
     pub(crate) last_vfinish: u128,
     pub(crate) cache_warm_until: Option<Millis>,
+    /// The place in the fair order kept for a refused request: its next request starts at
+    /// this virtual time instead of at the back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) held: Option<Held>,
+}
+
+/// A place in the fair order kept across a refusal (`wait_too_long`, `queue_full`,
+/// `too_many_leases`), so the request that comes back at its `retry_at` is not overtaken
+/// by everything that arrived meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Held {
+    /// The virtual start the refused request had.
+    pub(crate) vstart: u128,
+    /// The place is kept until then (the refusal's retry time plus one rate window).
+    pub(crate) until: Millis,
+}
+
+impl AgentPool {
+    /// The virtual start kept for this agent's next request, if it comes back in time.
+    pub(crate) fn held_vstart(&self, now: Millis) -> Option<u128> {
+        self.held.filter(|h| now <= h.until).map(|h| h.vstart)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::agents::Agents;
+use crate::agents::{Agents, Held};
 use crate::backoff::{Backoff, BackoffStep};
 use crate::bucket::{Axis, Demand};
 use crate::config::{Config, Counting};
@@ -244,6 +244,29 @@ impl Coordinator {
         Decision::Reject { retry_at, reason }
     }
 
+    /// A transient refusal of a request that fits the pool: the agent keeps the request's
+    /// place in the fair order (`vstart`) until a rate window after `retry_at`, so coming
+    /// back then it is not at the back of the line (see [`Coordinator::request_lease`]).
+    fn refuse(
+        &mut self,
+        p: u32,
+        agent_slot: u32,
+        vstart: u128,
+        now: Millis,
+        retry_at: Option<Millis>,
+        reason: RejectReason,
+    ) -> Decision {
+        let until = retry_at.unwrap_or(now).plus(self.config.window_ms);
+        if let Some(ap) = self
+            .agents
+            .get_mut(agent_slot)
+            .and_then(|a| a.pools.get_mut(p as usize))
+        {
+            ap.held = Some(Held { vstart, until });
+        }
+        self.reject(p, now, retry_at, reason)
+    }
+
     /// Asks for capacity before a model call. Returns a [`Decision`]; errors only for a
     /// pool that does not exist or figures above 2^53 − 1 (state unchanged then).
     ///
@@ -251,6 +274,34 @@ impl Coordinator {
     /// is rejected, as is one past the lease table's bound; a request at the head of the
     /// fair order that fits is granted; otherwise it joins the queue, unless the queue is
     /// full or the wait would pass `max_queue_wait_ms`.
+    ///
+    /// # No starvation
+    ///
+    /// A transient refusal (`wait_too_long`, `queue_full`, `too_many_leases`) keeps the
+    /// request's place in the fair order: the agent's next request in that pool, if it
+    /// comes within a rate window after `retry_at`, starts at the virtual time the refused
+    /// one had instead of at the back. So a request that fits the pool and is asked again
+    /// at each `retry_at` is granted within
+    ///
+    /// ```text
+    /// wait ≤ (S + Σᵢ (S·wᵢ/w + sᵢ)) / R
+    /// ```
+    ///
+    /// where `S` is its reservation on the combined-token axis (input + `max_tokens`, +1),
+    /// `w` its weight, the sum runs over the other agents asking meanwhile (weight `wᵢ`,
+    /// largest request `sᵢ`), and `R` is the binding axis's refill rate (limit × margin /
+    /// window), under these assumptions: settled usage equals the reservation (no debt),
+    /// the limits and margin do not change, no 429 pauses the pool, and weights are as at
+    /// the first ask. (Weighted fair queueing by virtual finish: each other agent can be
+    /// served at most its weight's share of the same span of virtual time, plus one request
+    /// it had started.) `core/tests/starvation.rs` checks the bound over arbitrary mixes of
+    /// other agents; a big request among forty looping small ones, which a refusal used to
+    /// send to the back every time, is now granted within it.
+    ///
+    /// A queued decision's `eta` is the time the demand queued ahead of it (and its own)
+    /// fits, if estimates hold; it is not yet an upper bound: later arrivals with an
+    /// earlier virtual finish, and refused requests coming back to their kept place, can
+    /// still be served first.
     pub fn request_lease(
         &mut self,
         now: Millis,
@@ -271,7 +322,10 @@ impl Coordinator {
         let ask = req.ask();
         let demand = charge(counting, &ask, agent.cache_cold(p, now));
         let weight = weight(&self.config.weights, req, agent, now);
-        let last_vfinish = agent.pools.get(p as usize).map_or(0, |a| a.last_vfinish);
+        let (last_vfinish, held) = agent
+            .pools
+            .get(p as usize)
+            .map_or((0, None), |a| (a.last_vfinish, a.held_vstart(now)));
 
         // Capacity is checked against the cold-cache reservation: a ticket that waits may
         // see its cache expire and be charged the whole prefix when it is granted.
@@ -280,12 +334,21 @@ impl Coordinator {
         if let Some((axis, retry_at)) = pool.exceeds_capacity(&worst, &self.config.margin) {
             return Ok(self.reject(p, now, retry_at, RejectReason::ExceedsCapacity { axis }));
         }
+
+        // A request refused earlier comes back to the place it had; any other starts where
+        // the pool's virtual time is, or after the agent's previous request.
+        let vstart = held.unwrap_or_else(|| pool.vtime.max(last_vfinish));
         if self.leases.live() >= self.config.max_leases {
             let retry_at = self.leases.next_expiry();
-            return Ok(self.reject(p, now, retry_at, RejectReason::TooManyLeases));
+            return Ok(self.refuse(
+                p,
+                agent_slot,
+                vstart,
+                now,
+                retry_at,
+                RejectReason::TooManyLeases,
+            ));
         }
-
-        let vstart = pool.vtime.max(last_vfinish);
         let vfinish = vstart.saturating_add(virtual_cost(demand.get(Axis::Tokens), weight));
         let key = Key {
             vfinish,
@@ -313,7 +376,14 @@ impl Coordinator {
 
         if pool.queue.len() >= self.config.max_queue_depth {
             let retry_at = self.pool_wake(p);
-            return Ok(self.reject(p, now, retry_at, RejectReason::QueueFull));
+            return Ok(self.refuse(
+                p,
+                agent_slot,
+                vstart,
+                now,
+                retry_at,
+                RejectReason::QueueFull,
+            ));
         }
         // Insert first: the same walk gives the demand queued ahead, which sets the ETA. A
         // ticket that would wait too long is taken back out.
@@ -324,7 +394,8 @@ impl Coordinator {
         if eta.since(now) > max_wait {
             pool.queue.undo_insert(key, inserted);
             let retry_at = Millis(eta.0.saturating_sub(max_wait)).max(now.plus(1));
-            return Ok(self.reject(p, now, Some(retry_at), RejectReason::WaitTooLong));
+            let reason = RejectReason::WaitTooLong;
+            return Ok(self.refuse(p, agent_slot, vstart, now, Some(retry_at), reason));
         }
         let phase = Phase::Queued {
             key,
@@ -376,6 +447,7 @@ impl Coordinator {
             }
             if let Some(ap) = a.pools.get_mut(p as usize) {
                 ap.last_vfinish = vfinish;
+                ap.held = None;
             }
         }
         id

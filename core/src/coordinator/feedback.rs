@@ -122,8 +122,10 @@ impl Pool {
         }
     }
 
-    /// A 429: counted; the pool paused until its retry time (except for a parallel-request
-    /// 429, which teaches an unknown concurrency limit instead); the margin cut when `cut`.
+    /// A 429: counted; the pool paused until its retry time — the earlier of `retry-after`
+    /// and the gateway's `reset_at` when both are given — except for a parallel-request 429,
+    /// which pauses nothing and teaches an unknown concurrency limit instead; the margin cut
+    /// when `cut`.
     /// Returns the events that follow (at most a pause and a margin change).
     fn rate_limited(
         &mut self,
@@ -147,12 +149,15 @@ impl Pool {
                 Some(RateAxis::OutputTokens) => report.output_tokens.reset_after_ms,
                 _ => None,
             };
-            let wait = report
-                .retry_after_ms
-                .or(report.reset_at_ms)
-                .or(exceeded_reset)
-                .unwrap_or(config.backoff.base_ms)
-                .min(crate::headers::MAX_WAIT_MS);
+            // A gateway's retry-after is the length of its window, an upper bound (seed
+            // 000): with a reset time too, the earlier of the two is when the limit clears.
+            let wait = match (report.retry_after_ms, report.reset_at_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+            .or(exceeded_reset)
+            .unwrap_or(config.backoff.base_ms)
+            .min(crate::headers::MAX_WAIT_MS);
             let until = now.plus(wait);
             if until > self.paused_until {
                 self.paused_until = until;
