@@ -17,15 +17,17 @@ const MAX_WAIT_MS = 30_000
 const FLUSH_MS = 10
 
 /**
- * The clock of a Durable Object: Unix milliseconds, and no in-process timers. The object
- * is woken only by its alarm (set after every change for the engine's next wake-up), which
- * survives evictions and restarts and does not keep an idle object in memory.
+ * The clock of a Durable Object: Unix milliseconds and the runtime's timers. A waiting call
+ * (a proxied call queued for refill, or waiting out a 429, or a long poll) holds its request
+ * open, which keeps the object in memory, so its timer fires when its time comes. When no
+ * request is open the object may be evicted with its timers; the alarm (set after every
+ * change for the engine's next wake-up) survives that and reaps and grants then.
  */
 const clock = {
   now: () => Date.now(),
   unixNow: () => Date.now(),
-  setTimer: () => null,
-  clearTimer: () => {},
+  setTimer: (fn, ms) => setTimeout(fn, ms),
+  clearTimer: (h) => clearTimeout(h),
 }
 
 /** JSON text with bigints (instants near u64::MAX only) written as numbers. */
@@ -261,6 +263,9 @@ export class QuotaObject {
     upstream.pathname = new URL(q.upstream).pathname.replace(/\/$/, '') + path
     const f = tw.fetch({ agent, role })
     const body = await request.text()
+    // The request's signal aborts when the client goes away (Cloudflare, with the
+    // `enable_request_signal` flag): the wrapper then withdraws a queued ticket, ends a
+    // wait and forwards nothing.
     return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
   }
 }

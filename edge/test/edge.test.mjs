@@ -18,6 +18,8 @@ const outdir = here('../.build/edge/')
 const SECRET_A = 'fleet-a-secret-0123456789'
 const SECRET_B = 'fleet-b-secret-9876543210'
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 2 }
+// 6,000 input tokens a minute (5,100 handed out at the 85 % margin): 85 a second.
+const SLOW = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 6_000, output_tokens_per_minute: 100_000, requests_per_minute: 1_000 }
 
 let mock
 let persist
@@ -26,7 +28,7 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
+    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -255,6 +257,36 @@ describe('proxy mode', () => {
     const m = await (await api('/metrics', { quota: 'openai' })).json()
     assert.equal(Number(m.pools[0].counters.settled), 5)
     assert.equal(m.liveLeases, 0)
+  })
+
+  test('a proxied call that meets a 429 with retry-after: 2 is answered (200) once it clears, in about 2-3 s', { timeout: 30_000 }, async () => {
+    const url = `${base}/v1/fleets/fleet-a/quotas/retry/proxy/v1/messages`
+    const before = mock.log.length
+    mock.fail429(1, { retryAfterSeconds: 2 })
+    const t0 = performance.now()
+    const r = await fetch(url, { method: 'POST', headers, body: body() })
+    const elapsed = performance.now() - t0
+    assert.equal(r.status, 200, 'the 429 is waited out, not returned')
+    assert.equal((await r.json()).usage.output_tokens, 30)
+    assert.ok(elapsed >= 1_900 && elapsed < 4_500, `answered after ${Math.round(elapsed)} ms`)
+    assert.deepEqual(mock.log.slice(before).map((e) => e.status), [429, 200])
+    const m = await (await api('/metrics', { quota: 'retry' })).json()
+    assert.equal(m.liveLeases, 0)
+  })
+
+  test('a proxied call that must wait for refill is answered when the refill allows', { timeout: 30_000 }, async () => {
+    const quota = 'slow'
+    // Take almost all of the 5,100 tokens, so the proxied call (~300 input tokens) queues.
+    const held = await (await lease({ inputTokens: 5_000, maxTokens: 1 }, { quota })).json()
+    assert.equal(held.kind, 'grant')
+    const t0 = performance.now()
+    const r = await fetch(`${base}/v1/fleets/fleet-a/quotas/${quota}/proxy/v1/messages`, { method: 'POST', headers, body: body() })
+    const elapsed = performance.now() - t0
+    assert.equal(r.status, 200)
+    await r.json()
+    assert.ok(elapsed >= 1_500 && elapsed < 15_000, `answered after ${Math.round(elapsed)} ms of refill`)
+    const m = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(m.pools[0].counters.grantedFromQueue), 1, 'it was queued, then granted')
   })
 
   test('401 without the fleet token, even with an API key', async () => {
