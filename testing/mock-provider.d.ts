@@ -44,6 +44,8 @@ export type MockLimitName =
 export interface MockLogEntry {
   /** URL path without the query string. */
   path: string;
+  /** The request's headers as received (lowercase names), to check what a proxy forwards. */
+  headers: Record<string, string | string[] | undefined>;
   /** The body's `model`, or null. */
   model: string | null;
   /** Whether the request asked for a stream. */

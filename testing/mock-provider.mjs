@@ -464,7 +464,7 @@ export async function startMockProvider(options = {}) {
     const route = req.method === 'POST' ? ROUTES.get(path) : undefined;
     const flavour = route?.flavour ?? (path.includes('chat/completions') ? 'openai' : 'anthropic');
     /** @type {import('./provider.d.ts').MockLogEntry} */
-    const entry = { path, model: null, stream: false, inputTokens: 0, outputTokens: 0, status: 0 };
+    const entry = { path, model: null, stream: false, inputTokens: 0, outputTokens: 0, status: 0, headers: { ...req.headers } };
 
     /**
      * @param {number} status

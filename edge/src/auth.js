@@ -81,10 +81,15 @@ export async function sameSecret(given, expected) {
   return diff === 0
 }
 
-/** The caller's secret: `Authorization: Bearer …` or `x-tokenwarden-token` (proxy mode). */
-export function presentedSecret(request) {
+/**
+ * The caller's secret: `x-tokenwarden-token`, or `Authorization: Bearer …` — except in proxy
+ * mode, where `Authorization` belongs to the provider (OpenAI's key, Anthropic's OAuth
+ * tokens) and the fleet secret comes only in `x-tokenwarden-token`.
+ */
+export function presentedSecret(request, { proxy = false } = {}) {
   const token = request.headers.get('x-tokenwarden-token')
   if (token) return token
+  if (proxy) return null
   const auth = request.headers.get('authorization') ?? ''
   const m = /^Bearer\s+(.+)$/i.exec(auth)
   return m ? m[1].trim() : null
@@ -94,9 +99,17 @@ export function presentedSecret(request) {
  * Authenticates a request for `fleet`: 401 without a secret or with a wrong one (the same
  * answer for an unknown fleet, so fleet names cannot be probed).
  */
-export async function authenticate(fleets, fleet, request) {
-  const secret = presentedSecret(request)
-  if (secret === null) throw new HttpError(401, 'unauthorized', 'missing bearer secret: send Authorization: Bearer <fleet secret>')
+export async function authenticate(fleets, fleet, request, { proxy = false } = {}) {
+  const secret = presentedSecret(request, { proxy })
+  if (secret === null) {
+    throw new HttpError(
+      401,
+      'unauthorized',
+      proxy
+        ? 'missing fleet secret: in proxy mode send it in x-tokenwarden-token (Authorization carries the provider key and is forwarded)'
+        : 'missing bearer secret: send Authorization: Bearer <fleet secret>',
+    )
+  }
   const f = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
   const ok = await sameSecret(secret, f?.secret ?? `no fleet ${fleet} ${secret}x`)
   if (!ok || f === null) throw new HttpError(401, 'unauthorized', 'wrong bearer secret for this fleet')

@@ -254,8 +254,8 @@ export class QuotaObject {
     if (q?.upstream === undefined) throw new HttpError(404, 'not_found', 'this quota has no upstream configured for proxy mode')
     const path = url.pathname.slice('/proxy'.length)
     if (path !== '/v1/messages' && path !== '/v1/chat/completions') throw new HttpError(404, 'not_found', 'proxy mode serves /v1/messages and /v1/chat/completions')
-    const headers = new Headers(request.headers)
-    for (const h of ['x-tw-fleet', 'x-tw-quota', 'x-tokenwarden-token', 'host', 'content-length']) headers.delete(h)
+    const secret = fleets[request.headers.get('x-tw-fleet')]?.secret
+    const headers = forwardedHeaders(request.headers, secret)
     const agent = request.headers.get('x-tokenwarden-agent') ?? 'proxy'
     const role = request.headers.get('x-tokenwarden-role') ?? 'worker'
     if (!['planner', 'reviewer', 'worker'].includes(role)) throw new HttpError(400, 'invalid_argument', '`x-tokenwarden-role` must be planner, reviewer or worker')
@@ -268,6 +268,23 @@ export class QuotaObject {
     // wait and forwards nothing.
     return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
   }
+}
+
+/**
+ * What proxy mode forwards to the provider: the provider's own headers (its key in
+ * `x-api-key` or `Authorization`, `anthropic-*`, `openai-*`) and the content headers —
+ * nothing else (no cookies, no client addresses, none of ours) — and never a header that
+ * holds the fleet secret.
+ */
+const FORWARDED = /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+)$/
+export function forwardedHeaders(incoming, secret) {
+  const out = new Headers()
+  for (const [name, value] of incoming) {
+    if (!FORWARDED.test(name)) continue
+    if (typeof secret === 'string' && value.includes(secret)) continue
+    out.set(name, value)
+  }
+  return out
 }
 
 async function body(request) {

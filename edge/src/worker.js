@@ -44,11 +44,12 @@ async function handle(request, env) {
     })
   }
 
+  const parts = rest.split('/').filter(Boolean)
+  const proxy = request.method === 'POST' && parts[0] === 'proxy'
   const fleets = parseFleets(env.TOKENWARDEN_FLEETS)
-  const f = await authenticate(fleets, fleet, request)
+  const f = await authenticate(fleets, fleet, request, { proxy })
   if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
   const secret = f.secret
-  const parts = rest.split('/').filter(Boolean)
 
   if (request.method === 'POST' && rest === '/leases') {
     const res = await toObject(env, fleet, quota, '/lease', { method: 'POST', body: await request.text() })
@@ -85,7 +86,7 @@ async function handle(request, env) {
     if (!wantsText || res.status !== 200) return res
     return new Response(prometheusText(await res.json(), { fleet, quota }), { headers: { 'content-type': PROMETHEUS_CONTENT_TYPE } })
   }
-  if (request.method === 'POST' && parts[0] === 'proxy') {
+  if (proxy) {
     return toObject(env, fleet, quota, rest, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
   }
   throw new HttpError(404, 'not_found', 'no such route; see API.md')

@@ -289,6 +289,29 @@ describe('proxy mode', () => {
     assert.equal(Number(m.pools[0].counters.grantedFromQueue), 1, 'it was queued, then granted')
   })
 
+  test('the fleet secret never reaches the provider: proxy mode takes it only in x-tokenwarden-token and forwards an allow-list of headers', async () => {
+    // The secret in Authorization (where OpenAI's key goes) is refused, not forwarded.
+    const before = mock.log.length
+    const viaAuth = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers: { authorization: `Bearer ${SECRET_A}`, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }, body: body() })
+    assert.equal(viaAuth.status, 401)
+    assert.match((await viaAuth.json()).message, /x-tokenwarden-token/)
+    assert.equal(mock.log.length, before, 'nothing was forwarded')
+    // With the token header, only the provider's headers go through.
+    const r = await fetch(`${proxyBase()}/v1/messages`, {
+      method: 'POST',
+      headers: { ...headers, 'anthropic-beta': 'prompt-caching-2024-07-31', cookie: 'session=agent-cookie', 'user-agent': 'agent/1.0', 'x-forwarded-for': '10.1.2.3', 'x-echo': SECRET_A },
+      body: body(),
+    })
+    assert.equal(r.status, 200)
+    await r.json()
+    const sent = mock.log.at(-1).headers
+    assert.equal(sent['x-api-key'], 'sk-ant-test-key', 'the provider key passes through')
+    assert.equal(sent['anthropic-version'], '2023-06-01')
+    assert.equal(sent['anthropic-beta'], 'prompt-caching-2024-07-31')
+    for (const name of ['x-tokenwarden-token', 'cookie', 'x-forwarded-for', 'x-echo', 'x-tokenwarden-agent']) assert.equal(sent[name], undefined, `${name} is not forwarded`)
+    for (const [name, value] of Object.entries(sent)) assert.ok(!String(value).includes(SECRET_A), `the secret is not in ${name}`)
+  })
+
   test('401 without the fleet token, even with an API key', async () => {
     const { 'x-tokenwarden-token': _, ...noToken } = headers
     const r = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers: noToken, body: body() })
