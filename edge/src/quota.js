@@ -236,7 +236,7 @@ export class QuotaObject {
 
   #response(tw, b) {
     const pool = typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool ?? 0
-    if (!Array.isArray(b.headers)) throw new HttpError(400, 'invalid_argument', '`headers` must be an array of [name, value] pairs')
+    checkHeaderPairs(b.headers)
     const lease = b.lease === undefined || b.lease === null ? null : b.lease
     if (lease !== null) this.#known(lease)
     const report = tw.report(pool, lease, b.status, b.headers)
@@ -268,6 +268,23 @@ export class QuotaObject {
     // wait and forwards nothing.
     return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
   }
+}
+
+/** At most this many header pairs in a report, each name and value at most 8 KiB. */
+const MAX_HEADER_PAIRS = 256
+const MAX_HEADER_BYTES = 8192
+
+/** `headers` of a report: an array of [name, value] string pairs, bounded; 400 naming the bad entry. */
+function checkHeaderPairs(headers) {
+  const bad = (field, why) => Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` ${why}`), { field })
+  if (!Array.isArray(headers)) throw bad('headers', 'must be an array of [name, value] pairs')
+  if (headers.length > MAX_HEADER_PAIRS) throw bad('headers', `must hold at most ${MAX_HEADER_PAIRS} pairs`)
+  headers.forEach((pair, i) => {
+    if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== 'string' || typeof pair[1] !== 'string') {
+      throw bad(`headers[${i}]`, 'must be a [name, value] pair of strings')
+    }
+    if (pair[0].length > MAX_HEADER_BYTES || pair[1].length > MAX_HEADER_BYTES) throw bad(`headers[${i}]`, `must have a name and value of at most ${MAX_HEADER_BYTES} characters`)
+  })
 }
 
 /**
@@ -302,7 +319,14 @@ const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_la
 
 /** Errors as JSON: `{ error: code, message, field? }` with the right status. */
 export function errorResponse(e) {
-  if (e instanceof HttpError) return json(e.status, { error: e.code, message: e.message })
+  if (e instanceof HttpError) return json(e.status, { error: e.code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) })
+  if (e instanceof LeaseRejectedError) {
+    // A refusal in proxy mode: 429 with when to come back, or 400 for a call that can
+    // never be served as asked (more than the pool allows in a window).
+    const body = { error: 'rejected', reason: e.reason, retryAt: e.retryAt, retryAfterMs: e.retryAfterMs, message: e.message }
+    if (e.retryAfterMs === null) return json(400, body)
+    return json(429, body, { 'retry-after': String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))) })
+  }
   const code = e?.code
   if (typeof code === 'string' && Object.hasOwn(STATUS, code)) {
     return json(STATUS[code], { error: code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) })

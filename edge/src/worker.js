@@ -26,13 +26,22 @@ async function withHandle(res, secret, fleet, quota) {
   return json(res.status, body)
 }
 
+/** A path segment, percent-decoded; a malformed escape is a 404, like any unknown name. */
+function decoded(segment) {
+  try {
+    return decodeURIComponent(segment)
+  } catch {
+    throw new HttpError(404, 'not_found', 'no such route: malformed percent-encoding in the path')
+  }
+}
+
 async function handle(request, env) {
   const url = new URL(request.url)
   if (url.pathname === '/' || url.pathname === '/healthz') return json(200, { ok: true, service: 'tokenwarden edge limiter' })
   const m = ROUTE.exec(url.pathname)
   if (m === null) throw new HttpError(404, 'not_found', 'no such route; see API.md')
-  const fleet = checkName('fleet', decodeURIComponent(m[1]))
-  const quota = checkName('quota', decodeURIComponent(m[2]))
+  const fleet = checkName('fleet', decoded(m[1]))
+  const quota = checkName('quota', decoded(m[2]))
   const rest = m[3] ?? '/'
   const base = `/v1/fleets/${fleet}/quotas/${quota}`
 

@@ -211,6 +211,82 @@ describe('the alarm', () => {
   })
 })
 
+describe('no client input gets a 500', () => {
+  test('a bounded randomized walk over methods, paths, bodies and headers finds no 500', { timeout: 120_000 }, async () => {
+    // A small seeded PRNG, so a failure names a reproducible case.
+    let state = 0x2545f491
+    const rnd = (n) => {
+      state ^= state << 13
+      state ^= state >>> 17
+      state ^= state << 5
+      return (state >>> 0) % n
+    }
+    const pick = (xs) => xs[rnd(xs.length)]
+    const deep = (d) => (d === 0 ? 1 : [deep(d - 1)])
+    const values = () => [null, 0, -1, 1.5, 2 ** 64, 'x', '', true, [], {}, [null], [[1, 2]], [['a', null]], { a: 1 }, deep(200), 'a'.repeat(5000), Number.MAX_SAFE_INTEGER]
+    const segments = ['leases', 'proxy', 'metrics', 'dashboard', 'responses', 'settle', 'cancel', 'v1', 'messages', '%E0%A4%A', '%', '%zz', '..', '.', '', 'tw1.fleet-a.main.1.abc', 'a'.repeat(300), '%00', '%2F']
+    const fields = ['agent', 'pool', 'inputTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'status', 'headers', 'lease', 'model', 'messages', 'max_tokens', 'stream', 'cachedPrefixTokens', 'outputTokens']
+    const failures = []
+    for (let i = 0; i < 400; i++) {
+      const method = pick(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD'])
+      const depth = 1 + rnd(4)
+      const tail = Array.from({ length: depth }, () => pick(segments)).join('/')
+      const path = pick([`/v1/fleets/fleet-a/quotas/main/${tail}`, `/v1/fleets/${pick(segments)}/quotas/${pick(segments)}/${tail}`, `/${tail}`, `/v1/fleets/fleet-a/quotas/main/proxy/v1/messages`, '/v1/fleets/fleet-a/quotas/main/leases', '/v1/fleets/fleet-a/quotas/main/responses'])
+      const body = {}
+      for (let k = rnd(5); k > 0; k--) body[pick(fields)] = pick(values())
+      const text = pick([JSON.stringify(body), JSON.stringify(pick(values())), '{', 'not json', ''])
+      const headers = { 'content-type': pick(['application/json', 'text/plain', '']) }
+      if (rnd(4) !== 0) headers['x-tokenwarden-token'] = SECRET_A
+      if (rnd(3) === 0) headers.authorization = pick([`Bearer ${SECRET_A}`, 'Bearer wrong', 'Basic x', ''])
+      if (rnd(4) === 0) headers['x-tokenwarden-role'] = pick(['admiral', 'planner', ''])
+      const init = { method, headers }
+      if (method !== 'GET' && method !== 'HEAD') init.body = text
+      let status
+      try {
+        const r = await fetch(`${base}${path}`, init)
+        status = r.status
+        await r.arrayBuffer()
+      } catch (e) {
+        status = `fetch failed: ${e.message}`
+      }
+      if (typeof status !== 'number' || status >= 500) failures.push(`${method} ${path} ${text.slice(0, 80)} -> ${status}`)
+    }
+    assert.deepEqual(failures, [], 'every client mistake gets a 4xx')
+  })
+})
+
+describe('client mistakes are 4xx naming what was wrong', () => {
+  test('a malformed percent-encoding in the path is a 404, before auth', async () => {
+    const r = await fetch(`${base}/v1/fleets/%E0%A4%A/quotas/main/leases`, { method: 'POST', body: '{}' })
+    assert.equal(r.status, 404)
+    assert.equal((await r.json()).error, 'not_found')
+  })
+
+  test('POST /responses with headers that are not string pairs is a 400 naming the entry', async () => {
+    const deep = JSON.parse('['.repeat(500) + ']'.repeat(500))
+    for (const [headers, field] of [[[null], 'headers[0]'], [[['a', null]], 'headers[0]'], [[['ok', 'v'], [deep]], 'headers[1]'], [[[1, 2]], 'headers[0]'], ['x', 'headers'], [Array.from({ length: 300 }, () => ['a', 'b']), 'headers']]) {
+      const r = await post('/responses', { pool: 0, status: 200, headers })
+      assert.equal(r.status, 400, JSON.stringify(headers).slice(0, 40))
+      const b = await r.json()
+      assert.equal(b.error, 'invalid_argument')
+      assert.equal(b.field, field)
+    }
+  })
+
+  test('a proxied call that can never fit is a 400 `rejected`, not a 500', async () => {
+    const r = await fetch(`${base}/v1/fleets/fleet-a/quotas/main/proxy/v1/messages`, {
+      method: 'POST',
+      headers: { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 1_000_000, messages: [{ role: 'user', content: 'hi' }] }),
+    })
+    assert.equal(r.status, 400)
+    const b = await r.json()
+    assert.equal(b.error, 'rejected')
+    assert.deepEqual(b.reason, { kind: 'exceeds_capacity', axis: 'output_tokens' })
+    assert.equal(b.retryAt, null)
+  })
+})
+
 describe('proxy mode', () => {
   const proxyBase = () => `${base}/v1/fleets/fleet-a/quotas/main/proxy`
   const headers = { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }
