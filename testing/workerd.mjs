@@ -25,13 +25,14 @@ export async function buildWorker(outdir, { entry, name = 'worker' }) {
 
 /**
  * Starts a bundled Worker on 127.0.0.1; resolves to `{ mf, base }`. With `fleets` it is the
- * edge limiter (its Durable Object class bound as QUOTAS, storage persisted in `persist`).
+ * edge limiter (its Durable Object class bound as QUOTAS, storage persisted in `persist`,
+ * `bindings` as further environment variables).
  */
-export async function startWorker({ outdir, name = 'worker', persist, fleets, port }) {
+export async function startWorker({ outdir, name = 'worker', persist, fleets, port, bindings = {} }) {
   const edge =
     fleets === undefined
       ? {}
-      : { durableObjects: { QUOTAS: 'QuotaObject' }, durableObjectsPersist: persist, bindings: { TOKENWARDEN_FLEETS: JSON.stringify(fleets) } }
+      : { durableObjects: { QUOTAS: 'QuotaObject' }, durableObjectsPersist: persist, bindings: { ...bindings, TOKENWARDEN_FLEETS: JSON.stringify(fleets) } }
   const mf = new Miniflare({
     modules: true,
     scriptPath: `${outdir}${name}.js`,

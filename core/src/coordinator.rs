@@ -244,6 +244,15 @@ impl Coordinator {
         Decision::Reject { retry_at, reason }
     }
 
+    /// When to come back after a transient refusal: `hint` (the head's grant, a lease's
+    /// expiry) if known and ahead, else one backoff base from now (a concurrency slot or
+    /// an agent slot frees when some call settles, which the core cannot foresee). Never
+    /// `None`: that means "never" to callers.
+    fn transient_retry(&self, now: Millis, hint: Option<Millis>) -> Millis {
+        hint.filter(|t| *t > now)
+            .unwrap_or_else(|| now.plus(self.config.backoff.base_ms))
+    }
+
     /// A transient refusal of a request that fits the pool: the agent keeps the request's
     /// place in the fair order (`vstart`) until a rate window after `retry_at`, so coming
     /// back then it is not at the back of the line (see [`Coordinator::request_lease`]).
@@ -316,7 +325,9 @@ impl Coordinator {
             self.agents
                 .find_or_add(req.agent, now, pools, self.config.max_agents)
         else {
-            return Ok(self.reject(p, now, None, RejectReason::TooManyAgents));
+            // An agent becomes idle, and can make room, when a lease of its ends.
+            let retry_at = self.transient_retry(now, self.leases.next_expiry());
+            return Ok(self.reject(p, now, Some(retry_at), RejectReason::TooManyAgents));
         };
         agent.note_request(now, req.failure_signature);
         let ask = req.ask();
@@ -339,13 +350,13 @@ impl Coordinator {
         // the pool's virtual time is, or after the agent's previous request.
         let vstart = held.unwrap_or_else(|| pool.vtime.max(last_vfinish));
         if self.leases.live() >= self.config.max_leases {
-            let retry_at = self.leases.next_expiry();
+            let retry_at = self.transient_retry(now, self.leases.next_expiry());
             return Ok(self.refuse(
                 p,
                 agent_slot,
                 vstart,
                 now,
-                retry_at,
+                Some(retry_at),
                 RejectReason::TooManyLeases,
             ));
         }
@@ -375,13 +386,13 @@ impl Coordinator {
         }
 
         if pool.queue.len() >= self.config.max_queue_depth {
-            let retry_at = self.pool_wake(p);
+            let retry_at = self.transient_retry(now, self.pool_wake(p));
             return Ok(self.refuse(
                 p,
                 agent_slot,
                 vstart,
                 now,
-                retry_at,
+                Some(retry_at),
                 RejectReason::QueueFull,
             ));
         }

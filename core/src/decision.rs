@@ -47,7 +47,8 @@ pub enum Decision {
         /// Estimated grant time (assumes estimates hold and no higher-priority arrivals).
         eta: Millis,
     },
-    /// Not now. Come back at `retry_at` (`None`: this request can never be served as asked).
+    /// Not now. Come back at `retry_at` (`None` only for `exceeds_capacity` when the request
+    /// can never be served as asked; every transient refusal carries a time).
     Reject {
         /// When a new request has a fair chance.
         retry_at: Option<Millis>,

@@ -867,3 +867,33 @@ fn a_parallel_request_429_teaches_an_unknown_concurrency_limit_without_a_cut() {
     c.settle(Millis(20), leases[4], &used(0, 0)).unwrap();
     queued(c.request_lease(Millis(20), &ask(9, 10, 10)).unwrap());
 }
+
+#[test]
+fn transient_refusals_always_name_a_retry_time() {
+    // One slot, one queue place: the head waits for the slot, whose release nobody can
+    // foresee; a third request is refused as queue_full, with a time to come back all the
+    // same (`None` would read as "never"). (The queued agent asks again.)
+    let config = Config::from_json(
+        r#"{"pools":[{"name":"p","input_tokens_per_minute":100000,"max_concurrent":1}],
+            "max_queue_depth":1,"max_agents":2}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Coordinator::new(config, 1, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
+    let _ = grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    let _ = queued(c.request_lease(Millis(0), &ask(2, 10, 10)).unwrap());
+    match c.request_lease(Millis(5), &ask(2, 10, 10)).unwrap() {
+        Decision::Reject {
+            retry_at: Some(t),
+            reason: RejectReason::QueueFull,
+        } => assert_eq!(t, Millis(1_005), "one backoff base after now (5 ms)"),
+        other => panic!("at 5 ms: {other:?}"),
+    }
+    // A full table of busy agents: back when a lease ends (the first expires at 120 s).
+    match c.request_lease(Millis(5), &ask(3, 10, 10)).unwrap() {
+        Decision::Reject {
+            retry_at: Some(t),
+            reason: RejectReason::TooManyAgents,
+        } => assert_eq!(t, Millis(120_000)),
+        other => panic!("at 5 ms: {other:?}"),
+    }
+}

@@ -10,6 +10,7 @@
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
 import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
+import { DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 
 const STATE_KEY = 'state'
 const MAX_WAIT_MS = 30_000
@@ -153,6 +154,9 @@ export class QuotaObject {
           this.#known(lease)
           tw.cancel(lease)
           this.leases.delete(lease)
+          // A long poll on the ticket ends now (its lease is gone: 404), not at its timeout.
+          for (const wake of this.waiters.get(lease) ?? []) wake()
+          this.waiters.delete(lease)
           response = json(200, { cancelled: true })
           break
         case 'POST response':
@@ -262,7 +266,7 @@ export class QuotaObject {
     const upstream = new URL(path, q.upstream.endsWith('/') ? q.upstream : `${q.upstream}/`)
     upstream.pathname = new URL(q.upstream).pathname.replace(/\/$/, '') + path
     const f = tw.fetch({ agent, role })
-    const body = await request.text()
+    const body = await readText(request, limitFrom(this.env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES))
     // The request's signal aborts when the client goes away (Cloudflare, with the
     // `enable_request_signal` flag): the wrapper then withdraws a queued ticket, ends a
     // wait and forwards nothing.

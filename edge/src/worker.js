@@ -2,6 +2,7 @@
 // and routes each request to the Durable Object that owns the quota — one object per
 // (fleet, quota), never one global object. See ../API.md for the HTTP API.
 import { HttpError, authenticate, checkName, openHandle, parseFleets, signHandle } from './auth.js'
+import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
 import { QuotaObject, errorResponse, json } from './quota.js'
@@ -59,9 +60,11 @@ async function handle(request, env) {
   const f = await authenticate(fleets, fleet, request, { proxy })
   if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
   const secret = f.secret
+  const maxBody = limitFrom(env, 'TOKENWARDEN_MAX_BODY_BYTES', DEFAULT_MAX_BODY_BYTES)
+  const text = () => readText(request, maxBody)
 
   if (request.method === 'POST' && rest === '/leases') {
-    const res = await toObject(env, fleet, quota, '/lease', { method: 'POST', body: await request.text() })
+    const res = await toObject(env, fleet, quota, '/lease', { method: 'POST', body: await text() })
     return withHandle(res, secret, fleet, quota)
   }
   if (parts[0] === 'leases' && parts.length >= 2) {
@@ -76,13 +79,14 @@ async function handle(request, env) {
       return toObject(env, fleet, quota, `/cancel/${lease}`, { method: 'POST' })
     }
     if (request.method === 'POST' && parts.length === 3 && parts[2] === 'settle') {
-      return toObject(env, fleet, quota, `/settle/${lease}`, { method: 'POST', body: await request.text() })
+      return toObject(env, fleet, quota, `/settle/${lease}`, { method: 'POST', body: await text() })
     }
   }
   if (request.method === 'POST' && rest === '/responses') {
+    const raw = await text()
     let body
     try {
-      body = await request.json()
+      body = JSON.parse(raw)
     } catch {
       throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
     }
@@ -96,6 +100,9 @@ async function handle(request, env) {
     return new Response(prometheusText(await res.json(), { fleet, quota }), { headers: { 'content-type': PROMETHEUS_CONTENT_TYPE } })
   }
   if (proxy) {
+    const max = limitFrom(env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES)
+    const declared = request.headers.get('content-length')
+    if (declared !== null && Number(declared) > max) throw new HttpError(413, 'body_too_large', `the request body is larger than ${max} bytes`)
     return toObject(env, fleet, quota, rest, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
   }
   throw new HttpError(404, 'not_found', 'no such route; see API.md')

@@ -16,6 +16,8 @@ const workerEntry = fileURLToPath(new URL('../src/worker.js', import.meta.url))
 const here = (p) => fileURLToPath(new URL(p, import.meta.url))
 const outdir = here('../.build/edge/')
 const SECRET_A = 'fleet-a-secret-0123456789'
+/** The proxy body limit these tests configure (the default is 32 MiB). */
+const PROXY_LIMIT = 1024 * 1024
 const SECRET_B = 'fleet-b-secret-9876543210'
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 2 }
 // 6,000 input tokens a minute (5,100 handed out at the 85 % margin): 85 a second.
@@ -34,7 +36,7 @@ function fleets() {
 }
 
 async function start() {
-  ;({ mf, base } = await startWorker({ outdir, persist, fleets: JSON.parse(fleets()) }))
+  ;({ mf, base } = await startWorker({ outdir, persist, fleets: JSON.parse(fleets()), bindings: { TOKENWARDEN_MAX_PROXY_BODY_BYTES: String(PROXY_LIMIT) } }))
 }
 
 before(async () => {
@@ -92,6 +94,21 @@ describe('the HTTP API', () => {
     assert.equal(g.lease, ticket.lease)
     assert.ok(g.waitedMs >= 50, `waited ${g.waitedMs} ms`)
     for (const l of [b.lease, g.lease]) assert.equal((await api(`/leases/${l}`, { method: 'DELETE' })).status, 200)
+  })
+
+  test('cancelling a queued ticket ends its long poll at once (404), not at its timeout', async () => {
+    const a = await (await lease({ agent: 'c1' })).json()
+    const b = await (await lease({ agent: 'c2' })).json()
+    const ticket = await (await lease({ agent: 'c3' })).json()
+    assert.equal(ticket.kind, 'queued')
+    const t0 = performance.now()
+    const poll = api(`/leases/${ticket.lease}?wait=20000`)
+    await new Promise((r) => setTimeout(r, 100))
+    assert.equal((await api(`/leases/${ticket.lease}`, { method: 'DELETE' })).status, 200)
+    const ended = await poll
+    assert.equal(ended.status, 404)
+    assert.ok(performance.now() - t0 < 5_000, `the poll ended after ${Math.round(performance.now() - t0)} ms`)
+    for (const l of [a.lease, b.lease]) assert.equal((await api(`/leases/${l}`, { method: 'DELETE' })).status, 200)
   })
 
   test('a request that can never fit is a rejection with no retry time', async () => {
@@ -271,6 +288,28 @@ describe('client mistakes are 4xx naming what was wrong', () => {
       assert.equal(b.error, 'invalid_argument')
       assert.equal(b.field, field)
     }
+  })
+
+  test('bodies are bounded: 413 above 64 KiB for the API and above the configured limit in proxy mode', async () => {
+    const big = await post('/leases', JSON.stringify({ agent: 'a1', pool: 0, pad: 'x'.repeat(100 * 1024) }))
+    assert.equal(big.status, 413)
+    assert.equal((await big.json()).error, 'body_too_large')
+    const report = await post('/responses', JSON.stringify({ pool: 0, status: 200, headers: [['x', 'y'.repeat(70 * 1024)]] }))
+    assert.equal(report.status, 413)
+    const proxied = (content) =>
+      fetch(`${base}/v1/fleets/fleet-a/quotas/main/proxy/v1/messages`, {
+        method: 'POST',
+        headers: { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 10, messages: [{ role: 'user', content }] }),
+      })
+    const before = mock.log.length
+    const huge = await proxied('x'.repeat(PROXY_LIMIT + 1))
+    assert.equal(huge.status, 413)
+    assert.equal(mock.log.length, before, 'nothing was forwarded')
+    // A large prompt under the proxy's own limit (well above the API's) goes through.
+    const large = await proxied('word '.repeat(40_000))
+    assert.equal(large.status, 200)
+    await large.json()
   })
 
   test('a proxied call that can never fit is a 400 `rejected`, not a 500', async () => {
