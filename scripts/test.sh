@@ -8,7 +8,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZ_SECONDS="${FUZZ_SECONDS:-10}"
 started=$(date +%s)
-step() { printf '\n=== %s (%ss)\n' "$*" "$(( $(date +%s) - started ))"; }
+step() { printf '\n=== %s (%ss)\n' "$*" "$(( $(date +%s) - started ))"; steps=$((steps + 1)); }
+steps=0
+
+# A Node test run: a dot per test and every failure in full on stdout, then one line with
+# the counts (from a TAP copy of the same run).
+#   node_suite LABEL NODE_BINARY FILES...   (run in the suite's directory)
+node_suite() {
+  local label=$1 bin=$2 tap rc=0
+  shift 2
+  tap=$(mktemp)
+  "$bin" --test --test-reporter=dot --test-reporter-destination=stdout --test-reporter=tap --test-reporter-destination="$tap" "$@" || rc=$?
+  printf '%s: %s passed, %s failed\n' "$label" "$(awk '/^# pass /{ print $3 }' "$tap")" "$(awk '/^# fail /{ print $3 }' "$tap")"
+  rm -f "$tap"
+  if [ "$rc" -ne 0 ]; then echo "FAILED: $label" >&2; return "$rc"; fi
+}
 
 step "toolchain: rustfmt, clippy, wasm32 target, nightly + cargo-fuzz; Node.js + npm"
 command -v node >/dev/null && command -v npm >/dev/null || { echo "Node.js >= 20.19 with npm is required (Node 24 is installed from npm by this script)" >&2; exit 1; }
@@ -21,20 +35,20 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 
 step "cargo clippy --all-targets -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "cargo test (unit, behaviour, model-based proptests, 1,000-seed simulation, doctests)"
-cargo test --workspace
+cargo test --workspace --quiet
 
 step "conformance traces through the native core"
 cargo run --quiet -p tokenwarden-conformance
 
 step "wasmtime plugin: guest lint, traces through the component, example host"
 cargo fmt --manifest-path host-wasmtime/guest/Cargo.toml -- --check
-cargo clippy --manifest-path host-wasmtime/guest/Cargo.toml --release --target wasm32-unknown-unknown --target-dir target/tokenwarden-guest -- -D warnings
+cargo clippy --quiet --manifest-path host-wasmtime/guest/Cargo.toml --release --target wasm32-unknown-unknown --target-dir target/tokenwarden-guest -- -D warnings
 cargo run --quiet -p tokenwarden-wasmtime --example host
 
 step "core built for wasm32-unknown-unknown imports nothing"
@@ -58,6 +72,8 @@ npm_ci testing
 WASM_BINDGEN_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
 step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), npm ci, build web/nodejs/bundler"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$WASM_BINDGEN_VERSION" ]; then
+  # Not --locked: the lock file published with wasm-bindgen-cli 0.2.130 pins webpki-roots
+  # 1.0.11, which the registry no longer serves, so a locked install fails to resolve.
   cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
 fi
 npm_ci bindings-wasm && (cd bindings-wasm && ./build.sh)
@@ -68,20 +84,20 @@ SUITES="test/driver.test.mjs test/fetch.test.mjs test/traces.test.mjs test/abi.t
 step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, official SDKs, package contents — native engine, then wasm; CommonJS; mock provider"
 (
   cd tests/js
-  "$NODE24" --test $SUITES test/sdk.test.mjs
-  TOKENWARDEN_ENGINE=wasm "$NODE24" --test $SUITES test/sdk.test.mjs
+  node_suite "tests/js, native engine, Node 24" "$NODE24" $SUITES test/sdk.test.mjs
+  TOKENWARDEN_ENGINE=wasm node_suite "tests/js, wasm engine, Node 24" "$NODE24" $SUITES test/sdk.test.mjs
 )
-(cd bindings-node && "$NODE24" --test test/*.test.cjs)
-(cd testing && "$NODE24" --test test/*.test.mjs)
+(cd bindings-node && node_suite "bindings-node CommonJS, Node 24" "$NODE24" test/*.test.cjs)
+(cd testing && node_suite "mock provider, Node 24" "$NODE24" test/*.test.mjs)
 
 step "JS suites on the machine's Node $(node --version) (the SDK suite needs Node >= 22 and is skipped here)"
 (
   cd tests/js
-  node --test $SUITES
-  TOKENWARDEN_ENGINE=wasm node --test $SUITES
+  node_suite "tests/js, native engine, Node $(node --version)" node $SUITES
+  TOKENWARDEN_ENGINE=wasm node_suite "tests/js, wasm engine, Node $(node --version)" node $SUITES
 )
-(cd bindings-node && node --test test/*.test.cjs)
-(cd testing && node --test test/*.test.mjs)
+(cd bindings-node && node_suite "bindings-node CommonJS, Node $(node --version)" node test/*.test.cjs)
+(cd testing && node_suite "mock provider, Node $(node --version)" node test/*.test.mjs)
 
 step "examples/node-fleet: 20 agents on the official Anthropic SDK against the mock provider (Node 24)"
 (cd examples/node-fleet && npm ci --no-audit --no-fund --loglevel=error && "$NODE24" index.mjs --quiet)
@@ -91,23 +107,28 @@ if ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null
   else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi
 fi
-(cd bindings-wasm && node --test test/browser.test.mjs test/workerd.test.mjs)
+(cd bindings-wasm && node_suite "wasm in Chromium and workerd" node test/browser.test.mjs test/workerd.test.mjs)
 
 step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the official SDKs (Node 24), dashboard in Chromium, formats, the remote driver failing open"
 npm_ci edge
-(cd edge && "$NODE24" --test test/*.test.mjs)
+(cd edge && node_suite "edge limiter" "$NODE24" test/*.test.mjs)
 
-step "benchmarks build"
+step "benchmarks build (criterion, governor and wasmtime in the bench profile: several minutes on 2 cores)"
 # Only the crates with benchmarks: building every crate in the bench profile costs minutes.
-cargo bench -p tokenwarden-core -p tokenwarden-wasmtime --no-run --quiet
+# Progress: one line per workspace crate compiled, then the benchmark executables.
+cargo bench -p tokenwarden-core -p tokenwarden-wasmtime --no-run --color never 2>&1 \
+  | grep --line-buffered -E '^ *(Compiling tokenwarden|Finished|Executable|error|warning)' || true
+test "${PIPESTATUS[0]}" -eq 0 || { echo "FAILED: benchmarks build (rerun: cargo bench -p tokenwarden-core -p tokenwarden-wasmtime --no-run)" >&2; exit 1; }
 
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"
 (
   cd core/fuzz
   cargo +nightly fuzz build
   for target in $(cargo +nightly fuzz list); do
-    cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" 2>&1 | tail -n 1
+    last=$(cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" 2>&1 | tail -n 1)
+    printf 'fuzz %s: %s\n' "$target" "$last"
   done
 )
 
 step "all suites passed"
+echo "steps: $steps passed, 0 failed"
