@@ -54,6 +54,19 @@ pub struct PoolConfig {
     pub max_concurrent: Option<u64>,
 }
 
+impl PoolConfig {
+    /// The configured limit of `axis`, if any.
+    pub(crate) fn limit(&self, axis: crate::bucket::Axis) -> Option<u64> {
+        use crate::bucket::Axis;
+        match axis {
+            Axis::InputTokens => self.input_tokens_per_minute,
+            Axis::OutputTokens => self.output_tokens_per_minute,
+            Axis::Tokens => self.tokens_per_minute,
+            Axis::Requests => self.requests_per_minute,
+        }
+    }
+}
+
 /// The AIMD safety margin: the share of each real limit the coordinator hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -180,6 +193,44 @@ impl Default for AlertConfig {
     }
 }
 
+/// How far provider feedback (response headers, 429s) may move a pool: bounds that keep a
+/// wrong or hostile report from locking a quota (a reported limit of 1, a day-long pause).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FeedbackConfig {
+    /// A reported limit for an axis whose limit is configured is kept at or above this share
+    /// of the configured limit, thousandths (default 250: a quarter).
+    pub min_limit_permille: u32,
+    /// … and at or below this multiple of it, thousandths (default 4000: four times).
+    pub max_limit_permille: u32,
+    /// The longest a 429 may pause the pool, ms (default one day, the longest any parsed
+    /// header may ask for).
+    pub max_pause_ms: u64,
+}
+
+impl Default for FeedbackConfig {
+    fn default() -> Self {
+        FeedbackConfig {
+            min_limit_permille: 250,
+            max_limit_permille: 4000,
+            max_pause_ms: crate::headers::MAX_WAIT_MS,
+        }
+    }
+}
+
+impl FeedbackConfig {
+    /// A reported limit, kept within the bounds around `configured` (when there is one).
+    pub(crate) fn bound_limit(&self, reported: u64, configured: Option<u64>) -> u64 {
+        let Some(c) = configured else {
+            return reported;
+        };
+        let lo = u128::from(c) * u128::from(self.min_limit_permille) / 1000;
+        let hi = u128::from(c) * u128::from(self.max_limit_permille) / 1000;
+        let bounded = u128::from(reported).clamp(lo.max(1), hi.max(1));
+        u64::try_from(bounded).unwrap_or(MAX_TOKENS).min(MAX_TOKENS)
+    }
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -222,6 +273,9 @@ pub struct Config {
     /// Estimate-error alerting.
     #[serde(default)]
     pub estimate_alert: AlertConfig,
+    /// Bounds on what provider feedback may do to a pool.
+    #[serde(default)]
+    pub feedback: FeedbackConfig,
     /// Minutes of per-minute metrics kept per pool.
     #[serde(default = "defaults::metrics_minutes")]
     pub metrics_minutes: u32,
@@ -275,6 +329,7 @@ impl Config {
             slow_start: None,
             backoff: BackoffConfig::default(),
             estimate_alert: AlertConfig::default(),
+            feedback: FeedbackConfig::default(),
             metrics_minutes: defaults::metrics_minutes(),
         }
     }
@@ -429,6 +484,20 @@ impl Config {
                 "must be between 1 and 1000000",
             ));
         }
+        let f = &self.feedback;
+        if f.min_limit_permille == 0 || f.min_limit_permille > 1000 {
+            return Err(top(
+                "feedback.min_limit_permille",
+                "must be between 1 and 1000 (thousandths)",
+            ));
+        }
+        if f.max_limit_permille < 1000 || f.max_limit_permille > 1_000_000 {
+            return Err(top(
+                "feedback.max_limit_permille",
+                "must be between 1000 and 1000000 (thousandths)",
+            ));
+        }
+        duration("feedback.max_pause_ms", f.max_pause_ms, 1)?;
         if self.max_queue_depth == 0 || self.max_queue_depth > 1_000_000 {
             return Err(top("max_queue_depth", "must be between 1 and 1000000"));
         }

@@ -500,8 +500,11 @@ impl Coordinator {
         };
         let p = entry.pool;
         let counting = self.counting(p).unwrap_or_default();
-        let actual = used(counting, usage);
         let window = self.config.window_ms;
+        // A call cannot use more of an axis than its limit allows in a window (a provider
+        // refuses such a request): a larger figure is a wrong or hostile report, clamped so
+        // it cannot put the pool in debt for ages.
+        let actual = self.pools[p as usize].bounded_usage(used(counting, usage));
         if let Some(pool) = self.pools.get_mut(p as usize) {
             pool.reconcile(
                 &charged,

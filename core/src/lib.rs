@@ -118,8 +118,8 @@ mod weight;
 pub use backoff::{Backoff, BackoffStep};
 pub use bucket::{Axis, Demand, Denied, TokenBucket};
 pub use config::{
-    AlertConfig, BackoffConfig, Config, Counting, MAX_DURATION_MS, MAX_TOKENS, MarginConfig,
-    PoolConfig, SlowStartConfig, WeightConfig,
+    AlertConfig, BackoffConfig, Config, Counting, FeedbackConfig, MAX_DURATION_MS, MAX_TOKENS,
+    MarginConfig, PoolConfig, SlowStartConfig, WeightConfig,
 };
 pub use coordinator::{Coordinator, Snapshot};
 pub use decision::{Decision, Event, RejectReason, Settlement};

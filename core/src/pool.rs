@@ -280,6 +280,17 @@ impl Pool {
         }
     }
 
+    /// `usage` (as `request::used` computes it: tokens = input + output) with input and
+    /// output each at most their limit where it is known, and tokens their sum, at most its
+    /// own limit.
+    pub(crate) fn bounded_usage(&self, usage: Demand) -> Demand {
+        let bound = |axis: Axis, v: u64| self.bucket(axis).limit.map_or(v, |l| v.min(l));
+        let input = bound(Axis::InputTokens, usage.get(Axis::InputTokens));
+        let output = bound(Axis::OutputTokens, usage.get(Axis::OutputTokens));
+        let tokens = bound(Axis::Tokens, input.saturating_add(output));
+        Demand([input, output, tokens, usage.get(Axis::Requests)])
+    }
+
     /// Whether a grant may be made at `now` at all: not paused, a concurrency slot free, and
     /// a lease of `ttl` not born expired at the end of time.
     #[inline]

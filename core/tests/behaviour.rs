@@ -113,15 +113,28 @@ fn settle_refunds_unused_reservation_at_once() {
 fn settle_charges_underestimate_as_debt() {
     let mut c = coord("");
     let l = grant(c.request_lease(Millis(0), &ask(1, 80_000, 10)).unwrap());
-    c.settle(Millis(0), l, &used(120_000, 10)).unwrap();
+    c.settle(Millis(0), l, &used(100_000, 10)).unwrap();
     assert_eq!(
         available(&c, Axis::InputTokens),
-        5_000 - 40_000,
-        "debt of 35k at now=0"
+        5_000 - 20_000,
+        "debt of 15k at now=0"
     );
     let (_, eta) = queued(c.request_lease(Millis(0), &ask(2, 1_000, 10)).unwrap());
-    // 36k tokens to refill at 85k/min.
-    assert_eq!(eta, Millis((36_000 * W).div_ceil(85_000)));
+    // 16k tokens to refill at 85k/min.
+    assert_eq!(eta, Millis((16_000 * W).div_ceil(85_000)));
+}
+
+#[test]
+fn settle_above_the_limit_is_clamped_to_one_window() {
+    let mut c = coord("");
+    let l = grant(c.request_lease(Millis(0), &ask(1, 1_000, 10)).unwrap());
+    let s = c.settle(Millis(0), l, &used(MAX_TOKENS, 10)).unwrap();
+    assert_eq!(
+        s.used.get(Axis::InputTokens),
+        100_000,
+        "clamped to the 100k limit"
+    );
+    assert_eq!(available(&c, Axis::InputTokens), 85_000 - 100_000);
 }
 
 #[test]
@@ -679,9 +692,10 @@ fn idle_agents_are_forgotten_when_the_table_is_full() {
     assert_eq!(
         d,
         Decision::Reject {
-            retry_at: None,
+            retry_at: Some(Millis(120_000)),
             reason: RejectReason::TooManyAgents
-        }
+        },
+        "back when the first lease ends"
     );
     c.settle(Millis(3), a, &used(10, 10)).unwrap();
     grant(c.request_lease(Millis(4), &ask(3, 10, 10)).unwrap());

@@ -1035,9 +1035,12 @@ impl Harness {
                 "settle of {id}: reserved input, coordinator vs model"
             );
             let used = s.used.get(Axis::InputTokens);
+            // A figure above the axis's limit is clamped to it (one window at most).
+            let limit = self.coord.metrics(now).pools[req.pool.0 as usize].axes[0].limit;
+            let reported = u.input_tokens + u.cache_creation_input_tokens;
             assert_eq!(
                 used,
-                u.input_tokens + u.cache_creation_input_tokens,
+                limit.map_or(reported, |l| reported.min(l)),
                 "used input"
             );
             if r > used {

@@ -44,6 +44,9 @@ function parseFleetsUncached(text) {
   for (const [name, fleet] of Object.entries(fleets)) {
     if (!NAME.test(name)) throw new Error(`fleet name ${JSON.stringify(name)} must match ${NAME}`)
     if (typeof fleet?.secret !== 'string' || fleet.secret.length < 16) throw new Error(`fleets.${name}.secret must be a string of at least 16 characters`)
+    if (fleet.admin_secret !== undefined && (typeof fleet.admin_secret !== 'string' || fleet.admin_secret.length < 16 || fleet.admin_secret === fleet.secret)) {
+      throw new Error(`fleets.${name}.admin_secret must be a string of at least 16 characters, other than the fleet's secret`)
+    }
     if (fleet.quotas === null || typeof fleet.quotas !== 'object') throw new Error(`fleets.${name}.quotas must be an object`)
     for (const [q, quota] of Object.entries(fleet.quotas)) {
       if (!NAME.test(q)) throw new Error(`quota name ${JSON.stringify(q)} in fleet ${name} must match ${NAME}`)
@@ -113,6 +116,21 @@ export async function authenticate(fleets, fleet, request, { proxy = false } = {
   const f = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
   const ok = await sameSecret(secret, f?.secret ?? `no fleet ${fleet} ${secret}x`)
   if (!ok || f === null) throw new HttpError(401, 'unauthorized', 'wrong bearer secret for this fleet')
+  return f
+}
+
+/**
+ * Authenticates an operator for `fleet`'s admin routes: its `admin_secret` as
+ * `Authorization: Bearer …`. 401 for anything else — the fleet's own secret included — and
+ * for a fleet with no admin secret configured.
+ */
+export async function authenticateAdmin(fleets, fleet, request) {
+  const m = /^Bearer\s+(.+)$/i.exec(request.headers.get('authorization') ?? '')
+  const given = m ? m[1].trim() : ''
+  const f = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
+  const expected = typeof f?.admin_secret === 'string' ? f.admin_secret : null
+  const ok = await sameSecret(given, expected ?? `no admin secret for ${fleet} ${given}x`)
+  if (!ok || expected === null) throw new HttpError(401, 'unauthorized', 'admin routes need the fleet\'s admin secret: Authorization: Bearer <admin_secret>')
   return f
 }
 

@@ -31,6 +31,14 @@ const clock = {
   clearTimer: (h) => clearTimeout(h),
 }
 
+/**
+ * The core configuration of a quota, with the edge's own default: a 429 pauses the quota
+ * for at most 5 minutes (any member can report a 429; `feedback.max_pause_ms` overrides).
+ */
+function coreConfig(config) {
+  return { ...config, feedback: { max_pause_ms: 300_000, ...config.feedback } }
+}
+
 /** JSON text with bigints (instants near u64::MAX only) written as numbers. */
 export function toJson(value) {
   return JSON.stringify(value, (_k, v) => (typeof v === 'bigint' ? Number(v) : v))
@@ -78,7 +86,7 @@ export class QuotaObject {
     const q = fleets[fleet]?.quotas?.[quota]
     if (q === undefined) throw new HttpError(404, 'not_found', 'no such quota')
     const seed = crypto.getRandomValues(new Uint32Array(1))[0]
-    this.#start(wasmEngines.create(q.config, seed, Date.now()), [])
+    this.#start(wasmEngines.create(coreConfig(q.config), seed, Date.now()), [])
     return this.tw
   }
 
@@ -111,6 +119,8 @@ export class QuotaObject {
     if (this.pending !== null || this.tw === null) return this.pending
     this.pending = new Promise((resolve) => setTimeout(resolve, FLUSH_MS)).then(() => {
       this.pending = null
+      // Reset in the meantime: nothing to write (the next change persists the new state).
+      if (this.tw === null) return undefined
       const state = { snapshot: this.tw.engine.snapshot(), leases: [...this.leases] }
       const writes = [this.ctx.storage.put(STATE_KEY, state)]
       const wake = this.tw.nextWake()
@@ -164,6 +174,9 @@ export class QuotaObject {
           break
         case 'GET metrics':
           return json(200, tw.metrics())
+        case 'POST reset':
+          response = await this.#reset()
+          break
         case 'POST proxy':
           return await this.#proxy(tw, request, url)
         default:
@@ -211,6 +224,24 @@ export class QuotaObject {
       }
       throw e
     }
+  }
+
+  /**
+   * The operator's reset: the quota starts afresh from its configuration — every lease and
+   * ticket ends (long polls answer 404), debt, pauses and learned limits are gone — and the
+   * stored state is replaced.
+   */
+  async #reset() {
+    const ended = this.leases.size
+    this.tw?.close()
+    this.tw = null
+    this.leases = new Map()
+    for (const wakes of this.waiters.values()) for (const wake of wakes) wake()
+    this.waiters.clear()
+    await this.ctx.storage.deleteAlarm()
+    await this.ctx.storage.deleteAll()
+    this.alarmAt = undefined
+    return json(200, { reset: true, ended })
   }
 
   async #wait(lease, timeout) {
@@ -319,7 +350,7 @@ async function body(request) {
   return b
 }
 
-const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400 }
+const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400, closed: 503 }
 
 /** Errors as JSON: `{ error: code, message, field? }` with the right status. */
 export function errorResponse(e) {

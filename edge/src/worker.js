@@ -1,7 +1,7 @@
 // The edge limiter's Worker: authenticates callers, turns lease handles into ids (and back),
 // and routes each request to the Durable Object that owns the quota — one object per
 // (fleet, quota), never one global object. See ../API.md for the HTTP API.
-import { HttpError, authenticate, checkName, openHandle, parseFleets, signHandle } from './auth.js'
+import { HttpError, authenticate, authenticateAdmin, checkName, openHandle, parseFleets, signHandle } from './auth.js'
 import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
@@ -57,6 +57,12 @@ async function handle(request, env) {
   const parts = rest.split('/').filter(Boolean)
   const proxy = request.method === 'POST' && parts[0] === 'proxy'
   const fleets = parseFleets(env.TOKENWARDEN_FLEETS)
+  if (parts[0] === 'admin') {
+    const f = await authenticateAdmin(fleets, fleet, request)
+    if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
+    if (request.method === 'POST' && rest === '/admin/reset') return toObject(env, fleet, quota, '/reset', { method: 'POST' })
+    throw new HttpError(404, 'not_found', 'no such admin route; see API.md')
+  }
   const f = await authenticate(fleets, fleet, request, { proxy })
   if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
   const secret = f.secret

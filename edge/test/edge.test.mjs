@@ -19,6 +19,7 @@ const SECRET_A = 'fleet-a-secret-0123456789'
 /** The proxy body limit these tests configure (the default is 32 MiB). */
 const PROXY_LIMIT = 1024 * 1024
 const SECRET_B = 'fleet-b-secret-9876543210'
+const ADMIN_A = 'fleet-a-admin-secret-000000'
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 2 }
 // 6,000 input tokens a minute (5,100 handed out at the 85 % margin): 85 a second.
 const SLOW = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 6_000, output_tokens_per_minute: 100_000, requests_per_minute: 1_000 }
@@ -30,7 +31,7 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
+    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -323,6 +324,35 @@ describe('client mistakes are 4xx naming what was wrong', () => {
     assert.equal(b.error, 'rejected')
     assert.deepEqual(b.reason, { kind: 'exceeds_capacity', axis: 'output_tokens' })
     assert.equal(b.retryAt, null)
+  })
+})
+
+describe('no member can lock a quota for good', () => {
+  const quota = 'locked'
+  test('hostile reports and settles are bounded, and the operator resets the quota with the admin secret', async () => {
+    const l = await (await lease({ inputTokens: 1_000 }, { quota })).json()
+    assert.equal(l.kind, 'grant')
+    // A limit of 1 with nothing remaining and a reset far away: the limit moves only to a
+    // quarter of the configured 100,000.
+    await post('/responses', { pool: 0, status: 200, headers: [['anthropic-ratelimit-input-tokens-limit', '1'], ['anthropic-ratelimit-input-tokens-remaining', '0'], ['anthropic-ratelimit-input-tokens-reset', '2999-01-01T00:00:00Z']] }, { quota })
+    let m = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(m.pools[0].axes[0].limit), 25_000)
+    // A 429 with a day-long retry-after pauses the quota for at most the edge's 5 minutes.
+    const at = Date.now()
+    await post('/responses', { pool: 0, lease: l.lease, status: 429, headers: [['retry-after', '86400']] }, { quota })
+    m = await (await api('/metrics', { quota })).json()
+    const paused = Number(m.pools[0].pausedUntil) - at
+    assert.ok(paused > 200_000 && paused <= 301_000, `paused for ${paused} ms`)
+    // A settle of 2^53 - 1 input tokens is clamped to one window of the limit.
+    const s = await (await post(`/leases/${l.lease}/settle`, { inputTokens: 9007199254740991, outputTokens: 1 }, { quota })).json()
+    assert.equal(Number(s.used[0]), 25_000)
+    // A member cannot reset; the operator can, and the quota starts afresh from its config.
+    assert.equal((await post('/admin/reset', {}, { quota })).status, 401, 'the fleet secret is not the admin secret')
+    assert.equal((await post('/admin/reset', {}, { quota, secret: ADMIN_A })).status, 200)
+    m = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(m.pools[0].axes[0].limit), 100_000)
+    assert.equal(Number(m.pools[0].pausedUntil) <= Date.now(), true, 'no pause')
+    assert.equal((await (await lease({ inputTokens: 50_000 }, { quota })).json()).kind, 'grant')
   })
 })
 

@@ -2,7 +2,7 @@
 
 use super::Coordinator;
 use crate::bucket::Axis;
-use crate::config::{Config, Counting, MAX_TOKENS};
+use crate::config::{Config, Counting, MAX_TOKENS, PoolConfig};
 use crate::decision::Event;
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, RateAxis};
@@ -40,7 +40,12 @@ impl Coordinator {
             return Err(LeaseError::UnknownPool);
         };
         let concurrency_known = pl.max_concurrent.is_some();
-        pl.learn(report, counting, &self.config);
+        pl.learn(
+            report,
+            counting,
+            &self.config,
+            &self.config.pools[p as usize],
+        );
         if status == 429 {
             // The coordinator was wrong only if it granted the lease knowing every limit it
             // knows now; a lease granted blind (limits not yet learned) cuts nothing.
@@ -78,7 +83,14 @@ impl Coordinator {
 
 impl Pool {
     /// Takes in what the headers say of limits and remaining capacity.
-    fn learn(&mut self, report: &HeaderReport, counting: Counting, config: &Config) {
+    /// Limits move only within `config.feedback`'s bounds around the configured ones.
+    fn learn(
+        &mut self,
+        report: &HeaderReport,
+        counting: Counting,
+        config: &Config,
+        pool: &PoolConfig,
+    ) {
         self.counters.malformed_headers = self
             .counters
             .malformed_headers
@@ -96,6 +108,7 @@ impl Pool {
         for (axis, r) in mapped {
             let Some(axis) = axis else { continue };
             if let Some(limit) = r.limit.filter(|l| (1..=MAX_TOKENS).contains(l)) {
+                let limit = config.feedback.bound_limit(limit, pool.limit(axis));
                 let b = self.bucket(axis);
                 if b.limit != Some(limit) {
                     let was_known = b.limit.is_some();
@@ -118,7 +131,7 @@ impl Pool {
             .limit
             .filter(|l| (1..=MAX_TOKENS).contains(l))
         {
-            self.max_concurrent = Some(limit);
+            self.max_concurrent = Some(config.feedback.bound_limit(limit, pool.max_concurrent));
         }
     }
 
@@ -157,7 +170,7 @@ impl Pool {
             }
             .or(exceeded_reset)
             .unwrap_or(config.backoff.base_ms)
-            .min(crate::headers::MAX_WAIT_MS);
+            .min(config.feedback.max_pause_ms);
             let until = now.plus(wait);
             if until > self.paused_until {
                 self.paused_until = until;
