@@ -29,6 +29,8 @@ export interface MockProviderOptions {
   now?: () => number;
   /** Called once per request when its outcome is final (never sees API keys). */
   onRequest?: (entry: MockLogEntry) => void;
+  /** Keep each request's headers in its log entry (API keys included); default false. */
+  recordHeaders?: boolean;
 }
 
 /** What `x-mock-limit` says on a 429. */
@@ -44,8 +46,11 @@ export type MockLimitName =
 export interface MockLogEntry {
   /** URL path without the query string. */
   path: string;
-  /** The request's headers as received (lowercase names), to check what a proxy forwards. */
-  headers: Record<string, string | string[] | undefined>;
+  /**
+   * The request's headers as received (lowercase names), only with `recordHeaders: true`:
+   * to check what a proxy forwards. (Otherwise no header, API keys included, is kept.)
+   */
+  headers?: Record<string, string | string[] | undefined>;
   /** The body's `model`, or null. */
   model: string | null;
   /** Whether the request asked for a stream. */

@@ -298,6 +298,7 @@ export async function startMockProvider(options = {}) {
   const now = options.now ?? (() => performance.now());
   if (typeof now !== 'function') throw new TypeError('startMockProvider: now must be a function');
   const onRequest = options.onRequest;
+  const recordHeaders = options.recordHeaders === true;
 
   /** @type {Record<string, number | undefined>} */
   const limits = {
@@ -464,7 +465,9 @@ export async function startMockProvider(options = {}) {
     const route = req.method === 'POST' ? ROUTES.get(path) : undefined;
     const flavour = route?.flavour ?? (path.includes('chat/completions') ? 'openai' : 'anthropic');
     /** @type {import('./provider.d.ts').MockLogEntry} */
-    const entry = { path, model: null, stream: false, inputTokens: 0, outputTokens: 0, status: 0, headers: { ...req.headers } };
+    const entry = { path, model: null, stream: false, inputTokens: 0, outputTokens: 0, status: 0 };
+    // Only on request (a proxy's tests check what it forwards): headers hold API keys.
+    if (recordHeaders) entry.headers = { ...req.headers };
 
     /**
      * @param {number} status

@@ -43,7 +43,7 @@ async function start() {
 before(async () => {
   rmSync(outdir, { recursive: true, force: true })
   await buildWorker(outdir, { entry: workerEntry })
-  mock = await startMockProvider({ inputTokensPerMinute: 100_000, outputTokensPerMinute: 20_000, concurrency: 4, replyTokens: 30, chunkDelayMs: 2 })
+  mock = await startMockProvider({ inputTokensPerMinute: 100_000, outputTokensPerMinute: 20_000, concurrency: 4, replyTokens: 30, chunkDelayMs: 2, recordHeaders: true })
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-edge-'))
   await start()
 })
