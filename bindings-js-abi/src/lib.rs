@@ -348,6 +348,27 @@ pub mod io {
         "estimate_alert",
     ];
 
+    /// The roles' names, in [`ROLES`] order (the core's serde tags, as objects spell them).
+    pub const ROLE_NAMES: [&str; 3] = ["worker", "reviewer", "planner"];
+
+    /// The role an object names (`"planner"`, …), or the error both bindings throw.
+    pub fn role_named(name: Option<&str>) -> Result<core::Role, ArgError> {
+        ROLE_NAMES
+            .iter()
+            .position(|n| Some(*n) == name)
+            .and_then(|i| ROLES.get(i).copied())
+            .ok_or_else(bad_role)
+    }
+
+    /// An unknown role: a `RangeError` naming the field.
+    fn bad_role() -> ArgError {
+        ArgError::range(
+            "invalid_argument",
+            "`role` must be planner, reviewer or worker".into(),
+        )
+        .with_field("role")
+    }
+
     /// Keeps `result` for `takeWide()` when the register file could not hold it; returns
     /// `code`. Both bindings hold a `wide` slot and call this after every writer.
     pub fn narrow(wide: &mut Option<WideResult>, code: i32, result: WideResult) -> i32 {
@@ -406,19 +427,10 @@ pub mod io {
             input_tokens: slot(io, 3, "inputTokens")?,
             cached_prefix_tokens: slot(io, 4, "cachedPrefixTokens")?,
             max_tokens: slot(io, 5, "maxTokens")?,
-            role: match u32_from_f64(io[6], "role")
+            role: u32_from_f64(io[6], "role")
                 .ok()
-                .and_then(|i| ROLES.get(i as usize))
-            {
-                Some(role) => *role,
-                None => {
-                    return Err(ArgError::range(
-                        "invalid_argument",
-                        "`role` must be planner, reviewer or worker".into(),
-                    )
-                    .with_field("role"));
-                }
-            },
+                .and_then(|i| ROLES.get(i as usize).copied())
+                .ok_or_else(bad_role)?,
             unblocks: u32_from_f64(io[7], "unblocks")?,
             failure_signature: opt_slot(io, 8, "failureSignature")?,
         })

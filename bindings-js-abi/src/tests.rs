@@ -180,6 +180,14 @@ fn every_role_has_its_code() {
         regs[6] = code.unwrap_or_else(|| panic!("{role:?} has no code")) as f64;
         assert_eq!(io::io_lease_request(&regs).map(|r| r.role), Ok(role));
     }
+    for (name, role) in io::ROLE_NAMES.iter().zip(io::ROLES) {
+        assert_eq!(tag(&role), *name, "ROLE_NAMES follows the core's tags");
+        assert_eq!(io::role_named(Some(name)), Ok(role));
+    }
+    assert_eq!(
+        io::role_named(Some("admiral")).map_err(|e| e.field),
+        Err(Some("role".to_owned()))
+    );
     let mut regs = [0.0; io::IO_SLOTS];
     regs[6] = f64::NAN;
     let e = io::io_lease_request(&regs).unwrap_err();

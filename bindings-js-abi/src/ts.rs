@@ -21,9 +21,8 @@ fn tag<T: serde::Serialize>(v: &T) -> String {
 /// The text of `driver/ts/abi.ts`.
 #[must_use]
 pub fn typescript() -> String {
-    let roles: Vec<String> = io::ROLES.iter().map(tag).collect();
     let axes: Vec<String> = io::AXES.iter().map(tag).collect();
-    let roles: Vec<&str> = roles.iter().map(String::as_str).collect();
+    let roles = io::ROLE_NAMES;
     let axes: Vec<&str> = axes.iter().map(String::as_str).collect();
     format!(
         "\

@@ -86,15 +86,6 @@ pub fn u64_arg(v: &JsValue, what: &str) -> Result<u64, ArgError> {
     .with_field(what))
 }
 
-/// A role's name, as in the core's serde tags and `abi.ts`'s `ROLES`.
-fn role_name(r: core::Role) -> &'static str {
-    match r {
-        core::Role::Worker => "worker",
-        core::Role::Reviewer => "reviewer",
-        core::Role::Planner => "planner",
-    }
-}
-
 /// Reads a `u32` argument (pool ids, unblocks, status).
 pub fn u32_arg(v: &JsValue, what: &str) -> Result<u32, ArgError> {
     let n = u64_arg(v, what)?;
@@ -138,20 +129,7 @@ pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, ArgError> {
     let role = if role.is_undefined() || role.is_null() {
         core::Role::Worker
     } else {
-        let name = role.as_string();
-        match io::ROLES
-            .iter()
-            .find(|r| name.as_deref() == Some(role_name(**r)))
-        {
-            Some(role) => *role,
-            None => {
-                return Err(ArgError::range(
-                    "invalid_argument",
-                    "`role` must be planner, reviewer or worker".into(),
-                )
-                .with_field("role"));
-            }
-        }
+        io::role_named(role.as_string().as_deref())?
     };
     let signature = get(o, "failureSignature");
     let unblocks = get(o, "unblocks");
