@@ -50,6 +50,24 @@ export declare class Coordinator {
    */
   handleResponse(now: U64, pool: number, lease: U64 | undefined | null, status: number, headers: Array<[string, string]>, unixNowMs?: U64 | undefined | null): string | Record<string, any>
   /**
+   * One call's next step after asking for capacity (the core's `call_lease`): `{ call,
+   * step }` as JSON text (or an object with `bigint`s), `step` one of `send` (with the
+   * lease), `wait` (until, reason, ticket, refusal, attempt, checkpoint) or `give_up`.
+   * Pass `call` back to the call's next step.
+   */
+  callLease(now: U64, call: CallState, request: LeaseRequest): string | Record<string, any>
+  /**
+   * One call's next step after a provider response (the core's `call_response`, headers
+   * parsed as by `handleResponse`): `{ call, step, settled, report }`, `step` one of `deliver`,
+   * `wait` or `give_up`. A response that is not a success is settled here as nothing used.
+   */
+  callResponse(now: U64, call: CallState, pool: number, lease: U64 | undefined | null, status: number, headers: Array<[string, string]>, unixNowMs?: U64 | undefined | null): string | Record<string, any>
+  /**
+   * Settles conservatively a lease whose call ended without a usage report (the core's
+   * `call_interrupted`): `seen` is the usage seen before the end, or `null`.
+   */
+  callInterrupted(now: U64, lease: U64, seen?: Usage | undefined | null): Settlement
+  /**
    * Advances time: reaps expired leases, grants queued tickets whose time has come,
    * steps the margin.
    */
@@ -128,6 +146,20 @@ export type BackoffStep =
   | { kind: 'give_up', /** Attempts made. */
     attempts: number, /** The last `Retry-After` seen, ms. */
   lastRetryAfterMs: U64 | null }
+
+/**
+ * One model call's state between its steps: failed sends, refusals waited out, and the
+ * last `Retry-After` seen. Start with `{ failed: 0, refusals: 0, lastRetryAfterMs: null }`
+ * and pass back what each step returns.
+ */
+export interface CallState {
+  /** Sends that failed in a way worth retrying. */
+  failed: number
+  /** Refusals waited out. */
+  refusals: number
+  /** The last `Retry-After`, ms. */
+  lastRetryAfterMs: U64 | null
+}
 
 /** The answer to `requestLease`. */
 export type Decision =

@@ -435,6 +435,34 @@ impl BackoffState {
     }
 }
 
+/// One model call's state between its steps: failed sends, refusals waited out, and the
+/// last `Retry-After` seen. Start with `{ failed: 0, refusals: 0, lastRetryAfterMs: null }`
+/// and pass back what each step returns.
+#[napi(object, use_nullable = true)]
+pub struct CallState {
+    /// Sends that failed in a way worth retrying.
+    pub failed: u32,
+    /// Refusals waited out.
+    pub refusals: u32,
+    /// The last `Retry-After`, ms.
+    pub last_retry_after_ms: Option<U64>,
+}
+
+impl CallState {
+    /// The core state.
+    pub fn to_core(&self) -> Result<core::Call, Thrown> {
+        Ok(core::Call {
+            failed: self.failed,
+            refusals: self.refusals,
+            last_retry_after_ms: self
+                .last_retry_after_ms
+                .as_ref()
+                .map(|v| u64_arg(v, "lastRetryAfterMs"))
+                .transpose()?,
+        })
+    }
+}
+
 /// What to do after a failed attempt.
 #[napi(
     discriminant = "kind",

@@ -19,14 +19,52 @@
 pub mod convert;
 
 use convert::{
-    BackoffResult, BackoffState, Decision, Event, LeaseRequest, Settlement, Thrown, U64, Usage,
-    WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg, u64_to_js,
+    BackoffResult, BackoffState, CallState, Decision, Event, LeaseRequest, Settlement, Thrown, U64,
+    Usage, WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg, u64_to_js,
 };
 use napi::Env;
 use napi::bindgen_prelude::{Either, Either3, Float64Array};
 use napi_derive::napi;
 use serde_json::Value;
 use tokenwarden_core as core;
+
+/// A response's arguments, checked, with its headers parsed.
+struct ResponseArgs {
+    now: core::Millis,
+    pool: core::PoolId,
+    lease: Option<core::LeaseId>,
+    status: u16,
+    report: core::HeaderReport,
+}
+
+fn response_args(
+    now: &U64,
+    pool: f64,
+    lease: Option<&U64>,
+    status: u32,
+    headers: &[(String, String)],
+    unix_now_ms: Option<&U64>,
+) -> Result<ResponseArgs, Thrown> {
+    let now = core::Millis(u64_arg(now, "now")?);
+    let pool = core::PoolId(u32_arg(pool, "pool")?);
+    let lease = lease.map(lease_arg).transpose()?;
+    let status = u16::try_from(status).map_err(|_| {
+        Thrown::range(
+            "invalid_argument",
+            format!("`status` must be below 65536, got {status}"),
+        )
+        .with_field("status")
+    })?;
+    let unix = unix_now_ms.map(|v| u64_arg(v, "unixNowMs")).transpose()?;
+    let report = core::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
+    Ok(ResponseArgs {
+        now,
+        pool,
+        lease,
+        status,
+        report,
+    })
+}
 
 /// Runs `f`, throwing its error (if any) into JavaScript.
 fn js<T>(env: &Env, f: impl FnOnce() -> Result<T, Thrown>) -> napi::Result<T> {
@@ -149,26 +187,99 @@ impl Coordinator {
         unix_now_ms: Option<U64>,
     ) -> napi::Result<Either<String, Value>> {
         js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let pool = core::PoolId(u32_arg(pool, "pool")?);
-            let lease = lease.as_ref().map(lease_arg).transpose()?;
-            let status = u16::try_from(status).map_err(|_| {
-                Thrown::range(
-                    "invalid_argument",
-                    format!("`status` must be below 65536, got {status}"),
-                )
-                .with_field("status")
-            })?;
-            let unix = unix_now_ms
-                .as_ref()
-                .map(|v| u64_arg(v, "unixNowMs"))
-                .transpose()?;
-            let report =
-                core::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
+            let r = response_args(
+                &now,
+                pool,
+                lease.as_ref(),
+                status,
+                &headers,
+                unix_now_ms.as_ref(),
+            )?;
             self.inner
-                .handle_response(now, pool, lease, status, &report)
+                .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
                 .map_err(Thrown::from)?;
-            to_js_json(&report)
+            to_js_json(&r.report)
+        })
+    }
+
+    /// One call's next step after asking for capacity (the core's `call_lease`): `{ call,
+    /// step }` as JSON text (or an object with `bigint`s), `step` one of `send` (with the
+    /// lease), `wait` (until, reason, ticket, refusal, attempt, checkpoint) or `give_up`.
+    /// Pass `call` back to the call's next step.
+    #[napi(ts_return_type = "string | Record<string, any>")]
+    pub fn call_lease(
+        &mut self,
+        env: Env,
+        now: U64,
+        call: CallState,
+        request: LeaseRequest,
+    ) -> napi::Result<Either<String, Value>> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let mut call = call.to_core()?;
+            let req = request.to_core()?;
+            let step = self
+                .inner
+                .call_lease(now, &mut call, &req)
+                .map_err(Thrown::from)?;
+            to_js_json(&serde_json::json!({ "call": call, "step": step }))
+        })
+    }
+
+    /// One call's next step after a provider response (the core's `call_response`, headers
+    /// parsed as by `handleResponse`): `{ call, step, settled, report }`, `step` one of `deliver`,
+    /// `wait` or `give_up`. A response that is not a success is settled here as nothing used.
+    #[napi(ts_return_type = "string | Record<string, any>")]
+    #[allow(clippy::too_many_arguments)] // the core call's arguments, the headers and `env`
+    pub fn call_response(
+        &mut self,
+        env: Env,
+        now: U64,
+        call: CallState,
+        pool: f64,
+        lease: Option<U64>,
+        status: u32,
+        headers: Vec<(String, String)>,
+        unix_now_ms: Option<U64>,
+    ) -> napi::Result<Either<String, Value>> {
+        js(&env, || {
+            let mut call = call.to_core()?;
+            let r = response_args(
+                &now,
+                pool,
+                lease.as_ref(),
+                status,
+                &headers,
+                unix_now_ms.as_ref(),
+            )?;
+            let a = self
+                .inner
+                .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
+                .map_err(Thrown::from)?;
+            to_js_json(&serde_json::json!({
+                "call": call, "step": a.step, "settled": a.settled, "report": r.report
+            }))
+        })
+    }
+
+    /// Settles conservatively a lease whose call ended without a usage report (the core's
+    /// `call_interrupted`): `seen` is the usage seen before the end, or `null`.
+    #[napi]
+    pub fn call_interrupted(
+        &mut self,
+        env: Env,
+        now: U64,
+        lease: U64,
+        seen: Option<Usage>,
+    ) -> napi::Result<Settlement> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let lease = lease_arg(&lease)?;
+            let seen = seen.as_ref().map(Usage::to_core).transpose()?;
+            self.inner
+                .call_interrupted(now, lease, seen.as_ref())
+                .map(Settlement::from)
+                .map_err(Thrown::from)
         })
     }
 

@@ -164,6 +164,21 @@ pub fn usage(v: &JsValue) -> Result<core::Usage, ArgError> {
     })
 }
 
+/// `Call` from `{ failed, refusals, lastRetryAfterMs }`.
+pub fn call_state(v: &JsValue) -> Result<core::Call, ArgError> {
+    let o = object(v, "call")?;
+    let last = get(o, "lastRetryAfterMs");
+    Ok(core::Call {
+        failed: u32_arg(&get(o, "failed"), "failed")?,
+        refusals: u32_arg(&get(o, "refusals"), "refusals")?,
+        last_retry_after_ms: if last.is_undefined() || last.is_null() {
+            None
+        } else {
+            Some(u64_arg(&last, "lastRetryAfterMs")?)
+        },
+    })
+}
+
 /// `Backoff` from `{ failed, lastRetryAfterMs }`.
 pub fn backoff_state(v: &JsValue) -> Result<core::Backoff, ArgError> {
     let o = object(v, "state")?;

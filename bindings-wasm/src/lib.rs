@@ -12,8 +12,8 @@
 pub mod convert;
 
 use convert::{
-    ArgError, Thrown, backoff_state, headers, lease_request, to_js, u32_arg, u64_arg, u64_to_js,
-    usage,
+    ArgError, Thrown, backoff_state, call_state, headers, lease_request, to_js, u32_arg, u64_arg,
+    u64_to_js, usage,
 };
 use tokenwarden_core as core;
 use tokenwarden_js_abi::io::{self, WideResult};
@@ -35,6 +35,50 @@ fn now_arg(now: &JsValue) -> Result<core::Millis, ArgError> {
 
 fn lease_arg(lease: &JsValue) -> Result<core::LeaseId, ArgError> {
     u64_arg(lease, "lease").map(core::LeaseId)
+}
+
+/// A response's arguments, checked, with its headers parsed.
+struct ResponseArgs {
+    now: core::Millis,
+    pool: core::PoolId,
+    lease: Option<core::LeaseId>,
+    status: u16,
+    report: core::HeaderReport,
+}
+
+fn response_args(
+    now: &JsValue,
+    pool: &JsValue,
+    lease: &JsValue,
+    status: &JsValue,
+    header_pairs: &JsValue,
+    unix_now_ms: &JsValue,
+) -> Result<ResponseArgs, ArgError> {
+    let now = now_arg(now)?;
+    let pool = core::PoolId(u32_arg(pool, "pool")?);
+    let lease = if lease.is_null() || lease.is_undefined() {
+        None
+    } else {
+        Some(lease_arg(lease)?)
+    };
+    let status = u16::try_from(u32_arg(status, "status")?).map_err(|_| {
+        ArgError::range("invalid_argument", "`status` must be below 65536".into())
+            .with_field("status")
+    })?;
+    let unix = if unix_now_ms.is_null() || unix_now_ms.is_undefined() {
+        None
+    } else {
+        Some(u64_arg(unix_now_ms, "unixNowMs")?)
+    };
+    let pairs = headers(header_pairs)?;
+    let report = core::parse_headers(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
+    Ok(ResponseArgs {
+        now,
+        pool,
+        lease,
+        status,
+        report,
+    })
 }
 
 #[wasm_bindgen]
@@ -119,28 +163,79 @@ impl Coordinator {
         #[wasm_bindgen(unchecked_param_type = "Array<[string, string]>")] header_pairs: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] unix_now_ms: JsValue,
     ) -> Result<JsValue, Thrown> {
-        let now = now_arg(&now)?;
-        let pool = core::PoolId(u32_arg(&pool, "pool")?);
-        let lease = if lease.is_null() || lease.is_undefined() {
-            None
-        } else {
-            Some(lease_arg(&lease)?)
-        };
-        let status = u16::try_from(u32_arg(&status, "status")?).map_err(|_| {
-            ArgError::range("invalid_argument", "`status` must be below 65536".into())
-                .with_field("status")
-        })?;
-        let unix = if unix_now_ms.is_null() || unix_now_ms.is_undefined() {
-            None
-        } else {
-            Some(u64_arg(&unix_now_ms, "unixNowMs")?)
-        };
-        let pairs = headers(&header_pairs)?;
-        let report = core::parse_headers(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
+        let r = response_args(&now, &pool, &lease, &status, &header_pairs, &unix_now_ms)?;
         self.inner
-            .handle_response(now, pool, lease, status, &report)
+            .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
             .map_err(ArgError::from)?;
-        Ok(to_js(&report)?)
+        Ok(to_js(&r.report)?)
+    }
+
+    /// One call's next step after asking for capacity (the core's `call_lease`):
+    /// `{ call, step }`; pass `call` back to the call's next step.
+    #[wasm_bindgen(js_name = callLease, unchecked_return_type = "CallLeaseResult")]
+    pub fn call_lease(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "CallState")] call: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "LeaseRequest")] request: JsValue,
+    ) -> Result<JsValue, Thrown> {
+        let now = now_arg(&now)?;
+        let mut call = call_state(&call)?;
+        let req = lease_request(&request)?;
+        let step = self
+            .inner
+            .call_lease(now, &mut call, &req)
+            .map_err(ArgError::from)?;
+        Ok(to_js(&serde_json::json!({ "call": call, "step": step }))?)
+    }
+
+    /// One call's next step after a provider response (the core's `call_response`, the
+    /// headers parsed as by `handleResponse`): `{ call, step, settled, report }` (`settled`:
+    /// the settlement when the core settled the lease, a response that is not a success).
+    #[wasm_bindgen(js_name = callResponse, unchecked_return_type = "CallResponseResult")]
+    #[allow(clippy::too_many_arguments)] // the core call's arguments and the raw headers
+    pub fn call_response(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "CallState")] call: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] pool: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] lease: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] status: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Array<[string, string]>")] header_pairs: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] unix_now_ms: JsValue,
+    ) -> Result<JsValue, Thrown> {
+        let mut call = call_state(&call)?;
+        let r = response_args(&now, &pool, &lease, &status, &header_pairs, &unix_now_ms)?;
+        let a = self
+            .inner
+            .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
+            .map_err(ArgError::from)?;
+        Ok(to_js(&serde_json::json!({
+            "call": call, "step": a.step, "settled": a.settled, "report": r.report
+        }))?)
+    }
+
+    /// Settles conservatively a lease whose call ended without a usage report (the core's
+    /// `call_interrupted`); `seen` is the usage seen before the end, or `null`.
+    #[wasm_bindgen(js_name = callInterrupted, unchecked_return_type = "Settlement")]
+    pub fn call_interrupted(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Usage | null")] seen: JsValue,
+    ) -> Result<JsValue, Thrown> {
+        let now = now_arg(&now)?;
+        let lease = lease_arg(&lease)?;
+        let seen = if seen.is_null() || seen.is_undefined() {
+            None
+        } else {
+            Some(usage(&seen)?)
+        };
+        let s = self
+            .inner
+            .call_interrupted(now, lease, seen.as_ref())
+            .map_err(ArgError::from)?;
+        Ok(to_js(&s)?)
     }
 
     /// Advances time: reaps expired leases, grants queued tickets whose time has come,

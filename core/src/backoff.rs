@@ -66,21 +66,21 @@ impl Backoff {
         }
         let delay_ms = match retry_after_ms {
             Some(ra) => ra.saturating_add(rng.below_or_eq(config.retry_after_jitter_ms)),
-            None => {
-                let exp = self.failed.saturating_sub(1).min(63);
-                let ceiling = config
-                    .base_ms
-                    .checked_shl(exp)
-                    .filter(|c| c >> exp == config.base_ms);
-                let ceiling = ceiling.map_or(config.cap_ms, |c| c.min(config.cap_ms));
-                rng.below_or_eq(ceiling)
-            }
+            None => rng.below_or_eq(ceiling(config.base_ms, self.failed, config.cap_ms)),
         };
         BackoffStep::Retry {
             delay_ms,
             attempt: self.failed,
         }
     }
+}
+
+/// `min(cap, base × 2^(failed − 1))`, without overflow.
+pub(crate) fn ceiling(base: u64, failed: u32, cap: u64) -> u64 {
+    let exp = failed.saturating_sub(1).min(63);
+    base.checked_shl(exp)
+        .filter(|c| c >> exp == base)
+        .map_or(cap, |c| c.min(cap))
 }
 
 #[cfg(test)]

@@ -231,6 +231,37 @@ impl FeedbackConfig {
     }
 }
 
+/// The policy for one model call from first ask to final answer (see
+/// [`Coordinator::call_lease`](crate::Coordinator::call_lease) and
+/// [`Coordinator::call_response`](crate::Coordinator::call_response)). The number of failed
+/// sends before giving up and the delays between them are [`BackoffConfig`]'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CallConfig {
+    /// Refusals with a retry time waited out before the call gives up (default 20). A
+    /// refused request keeps its place in the fair order, so this bounds only calls that
+    /// keep meeting a full queue or lease table.
+    pub max_refusals: u32,
+    /// A wait at least this long tells the agent to checkpoint its turn before waiting
+    /// (default 30 s). A wait at least as long as `prompt_cache_ttl_ms` does too: the
+    /// prompt cache will be cold when it resumes.
+    pub checkpoint_after_ms: u64,
+    /// First delay ceiling after a parallel-request (concurrency) 429, which clears when
+    /// other calls finish: it doubles per attempt, capped by the response's `retry-after`
+    /// and `backoff.cap_ms` (default 1 s).
+    pub concurrency_base_ms: u64,
+}
+
+impl Default for CallConfig {
+    fn default() -> Self {
+        CallConfig {
+            max_refusals: 20,
+            checkpoint_after_ms: 30_000,
+            concurrency_base_ms: 1000,
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -276,6 +307,9 @@ pub struct Config {
     /// Bounds on what provider feedback may do to a pool.
     #[serde(default)]
     pub feedback: FeedbackConfig,
+    /// The call lifecycle: refusals before giving up, when to checkpoint.
+    #[serde(default)]
+    pub call: CallConfig,
     /// Minutes of per-minute metrics kept per pool.
     #[serde(default = "defaults::metrics_minutes")]
     pub metrics_minutes: u32,
@@ -330,6 +364,7 @@ impl Config {
             backoff: BackoffConfig::default(),
             estimate_alert: AlertConfig::default(),
             feedback: FeedbackConfig::default(),
+            call: CallConfig::default(),
             metrics_minutes: defaults::metrics_minutes(),
         }
     }
@@ -399,6 +434,8 @@ impl Config {
             0,
         )?;
         duration("backoff.base_ms", self.backoff.base_ms, 1)?;
+        duration("call.checkpoint_after_ms", self.call.checkpoint_after_ms, 0)?;
+        duration("call.concurrency_base_ms", self.call.concurrency_base_ms, 1)?;
         duration("backoff.cap_ms", self.backoff.cap_ms, 1)?;
         duration(
             "backoff.retry_after_jitter_ms",

@@ -24,6 +24,7 @@ use crate::rng::Rng;
 use crate::time::Millis;
 use crate::weight::{virtual_cost, weight};
 
+mod call;
 mod check;
 mod feedback;
 mod snapshot;
@@ -289,8 +290,10 @@ impl Coordinator {
     /// A transient refusal (`wait_too_long`, `queue_full`, `too_many_leases`) keeps the
     /// request's place in the fair order: the agent's next request in that pool, if it
     /// comes within a rate window after `retry_at`, starts at the virtual time the refused
-    /// one had instead of at the back. So a request that fits the pool and is asked again
-    /// at each `retry_at` is granted within
+    /// one had instead of at the back, and it is not refused as a wait too long again: it
+    /// is queued whatever its wait (only a full queue or lease table can still refuse it).
+    /// So a request that fits the pool and is asked again at each `retry_at` is granted
+    /// within
     ///
     /// ```text
     /// wait ≤ (S + Σᵢ (S·wᵢ/w + sᵢ)) / R
@@ -402,7 +405,9 @@ impl Coordinator {
         let pool = &mut self.pools[p as usize];
         let inserted = pool.queue.insert(key, demand, u32::MAX);
         let eta = pool.eta(now, &inserted.before.saturating_add(demand), window);
-        if eta.since(now) > max_wait {
+        // A request back at its kept place is queued whatever its wait: it was already sent
+        // away once, and coming back at `retry_at` is served.
+        if eta.since(now) > max_wait && held.is_none() {
             pool.queue.undo_insert(key, inserted);
             let retry_at = Millis(eta.0.saturating_sub(max_wait)).max(now.plus(1));
             let reason = RejectReason::WaitTooLong;

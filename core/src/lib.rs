@@ -100,6 +100,7 @@ extern crate std;
 mod agents;
 mod backoff;
 mod bucket;
+mod call;
 mod config;
 mod coordinator;
 mod decision;
@@ -117,9 +118,10 @@ mod weight;
 
 pub use backoff::{Backoff, BackoffStep};
 pub use bucket::{Axis, Demand, Denied, TokenBucket};
+pub use call::{Call, CallResponse, CallStep, GiveUpReason, WaitReason};
 pub use config::{
-    AlertConfig, BackoffConfig, Config, Counting, FeedbackConfig, MAX_DURATION_MS, MAX_TOKENS,
-    MarginConfig, PoolConfig, SlowStartConfig, WeightConfig,
+    AlertConfig, BackoffConfig, CallConfig, Config, Counting, FeedbackConfig, MAX_DURATION_MS,
+    MAX_TOKENS, MarginConfig, PoolConfig, SlowStartConfig, WeightConfig,
 };
 pub use coordinator::{Coordinator, Snapshot};
 pub use decision::{Decision, Event, RejectReason, Settlement};

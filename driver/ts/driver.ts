@@ -10,6 +10,9 @@ import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import type {
   BackoffResult,
   BackoffState,
+  CallResponseResult,
+  CallState,
+  CallStep,
   Decision,
   Engine,
   HeaderReport,
@@ -25,8 +28,11 @@ import type {
 export interface DriverEvents {
   /** A lease was granted (at once, or after queueing: `waitedMs` > 0). */
   granted: { lease: number; agent: U64; pool: number; expiresAt: U64; waitedMs: number }
-  /** A request joined the queue; `etaMs` is the estimated wait from now. */
-  queued: { lease: number; agent: U64; pool: number; eta: U64; etaMs: number }
+  /**
+   * A request joined the queue; `etaMs` is the estimated wait from now. `checkpoint` (calls
+   * only) says the wait is long enough that the agent should write its turn down first.
+   */
+  queued: { lease: number; agent: U64; pool: number; eta: U64; etaMs: number; checkpoint?: boolean }
   /** A request was refused (the promise rejects with `LeaseRejectedError`). */
   rejected: { agent: U64; pool: number; reason: RejectReason; retryAt: U64 | null }
   /**
@@ -38,7 +44,9 @@ export interface DriverEvents {
     pool: number
     delayMs: number
     attempt: number
-    cause: 'rate_limited' | 'rejected'
+    cause: 'rate_limited' | 'rejected' | 'overloaded'
+    /** The wait is long: checkpoint the turn before it (the core's `checkpoint`). */
+    checkpoint: boolean
     message: string
   }
   /** A provider answered 429 (reported through `report`). */
@@ -133,6 +141,40 @@ export class Lease {
   report(status: number, headers: HeadersLike): HeaderReport {
     return this.#driver.report(this.pool, this.id, status, headers)
   }
+
+  /**
+   * The call lifecycle: reports the response for this lease's call and returns the core's
+   * next step for it (`deliver`, `wait` then ask again, or `give_up`) with the call's new
+   * state. A response that is not a success is settled by the core as nothing used.
+   */
+  respond(call: CallState, status: number, headers: HeadersLike): CallResponseResult | Promise<CallResponseResult> {
+    const r = this.#driver.callResponse(call, this.pool, this.id, status, headers)
+    if (status < 200 || status > 299) this.#done = true
+    return r
+  }
+
+  /**
+   * The call ended without a usage report (the connection dropped, the agent aborted, a
+   * stream broke): settles conservatively, by the core's rule, from what was `seen`.
+   */
+  interrupted(seen: Usage | null): Settlement | Promise<Settlement> {
+    const s = this.#driver.callInterrupted(this.id, seen, this.agent, this.pool)
+    this.#done = true
+    return s
+  }
+}
+
+/**
+ * What {@link Driver.callLease} hands back: the call's new state, the core's step, and, for
+ * `send` and a queued `wait`, the lease (a queued one resolves when it is granted).
+ */
+export interface CallAsk {
+  call: CallState
+  step: CallStep
+  /** The lease to send under: at once for `send`, on its grant for a queued `wait`. */
+  lease: Promise<Lease> | null
+  /** For a `wait` without a ticket: when to ask again, on the driver's clock. */
+  retryAt: number | null
 }
 
 /** Response headers: a `Headers`, a plain object, or name/value pairs. */
@@ -241,7 +283,84 @@ export class Driver extends Emitter<DriverEvents> {
     return result
   }
 
-  #enqueue(id: number, request: LeaseRequest, now: number, eta: number, signal: AbortSignal | null): Promise<Lease> {
+  /**
+   * Asks for capacity for one model call, by the core's call lifecycle: `send` (the lease
+   * is ready), `wait` in the queue (the lease resolves on its grant; `AbortError` if
+   * `signal` aborts first), `wait` until `retryAt` and ask again (a refusal; the call keeps
+   * its place in the fair order), or `give_up`. Pass `call` back to the call's next step.
+   * Throws the engine's coded error for bad input.
+   */
+  callLease(call: CallState, request: LeaseRequest, options?: AcquireOptions): CallAsk | Promise<CallAsk> {
+    if (this.#closed) throw new TokenwardenError('closed', 'the driver is closed')
+    const signal = options?.signal ?? null
+    if (signal?.aborted) throw new AbortedError(signal.reason)
+    const now = this.clock.now()
+    const r = this.engine.callLease(now, call, request)
+    const step = r.step
+    let lease: Promise<Lease> | null = null
+    let retryAt: number | null = null
+    switch (step.kind) {
+      case 'send': {
+        lease = Promise.resolve(new Lease(this, step.lease, request.agent, request.pool, step.expiresAt, 0))
+        if (this.listening('granted')) {
+          this.emit('granted', { lease: step.lease, agent: request.agent, pool: request.pool, expiresAt: step.expiresAt, waitedMs: 0 })
+        }
+        break
+      }
+      case 'wait':
+        if (step.ticket !== null) {
+          lease = this.#enqueue(step.ticket, request, now, Number(step.until), signal, step.checkpoint)
+        } else {
+          retryAt = Number(step.until)
+          if (this.listening('rejected') && step.refusal !== null) {
+            this.emit('rejected', { agent: request.agent, pool: request.pool, reason: step.refusal, retryAt: step.until })
+          }
+        }
+        break
+      case 'give_up':
+        if (this.listening('rejected') && step.refusal !== null) {
+          this.emit('rejected', { agent: request.agent, pool: request.pool, reason: step.refusal, retryAt: null })
+        }
+        break
+      case 'deliver':
+        break
+    }
+    this.#afterCall()
+    return { call: r.call, step, lease, retryAt }
+  }
+
+  /** @internal The call lifecycle's response step (see {@link Lease.respond}). */
+  callResponse(call: CallState, pool: number, lease: number | null, status: number, headers: HeadersLike): CallResponseResult | Promise<CallResponseResult> {
+    const pairs = headerPairs(headers)
+    const r = this.engine.callResponse(this.clock.now(), call, pool, lease, status, pairs, this.clock.unixNow())
+    this.#rateLimited(pool, lease, status, r.report)
+    if (r.settled !== null && lease !== null && this.listening('settled')) {
+      this.emit('settled', { lease, agent: null, pool, settlement: r.settled })
+    }
+    this.#afterCall()
+    return r
+  }
+
+  /** @internal See {@link Lease.interrupted}. */
+  callInterrupted(lease: number, seen: Usage | null, agent: U64 | null, pool: number | null): Settlement | Promise<Settlement> {
+    const s = this.engine.callInterrupted(this.clock.now(), lease, seen)
+    if (this.listening('settled')) this.emit('settled', { lease, agent, pool, settlement: s })
+    this.#afterCall()
+    return s
+  }
+
+  #rateLimited(pool: number, lease: number | null, status: number, report: HeaderReport): void {
+    if (status === 429 && this.listening('rate_limited')) {
+      this.emit('rate_limited', {
+        pool,
+        lease,
+        status,
+        retryAfterMs: report.retryAfterMs === null ? null : Number(report.retryAfterMs),
+      })
+    }
+  }
+
+  #enqueue(id: number, request: LeaseRequest, now: number, eta: number, signal: AbortSignal | null, checkpoint?: boolean): Promise<Lease> {
     return new Promise<Lease>((resolve, reject) => {
       const waiter: Waiter = {
         agent: request.agent,
@@ -267,7 +386,10 @@ export class Driver extends Emitter<DriverEvents> {
         signal.addEventListener('abort', waiter.onAbort, { once: true })
       }
       this.#waiters.set(id, waiter)
-      if (this.listening('queued')) this.emit('queued', { lease: id, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - now) })
+      if (this.listening('queued')) {
+        const e = { lease: id, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - now) }
+        this.emit('queued', checkpoint === undefined ? e : { ...e, checkpoint })
+      }
     })
   }
 
@@ -303,14 +425,7 @@ export class Driver extends Emitter<DriverEvents> {
   report(pool: number, lease: number | null, status: number, headers: HeadersLike): HeaderReport {
     const pairs = headerPairs(headers)
     const report = this.engine.handleResponse(this.clock.now(), pool, lease, status, pairs, this.clock.unixNow())
-    if (status === 429) {
-      this.emit('rate_limited', {
-        pool,
-        lease,
-        status,
-        retryAfterMs: report.retryAfterMs === null ? null : Number(report.retryAfterMs),
-      })
-    }
+    this.#rateLimited(pool, lease, status, report)
     this.#afterCall()
     return report
   }

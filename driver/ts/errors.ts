@@ -1,5 +1,5 @@
 import { ENGINE_ERROR_CODES } from './abi.js'
-import type { RejectReason, U64 } from './types.js'
+import type { GiveUpReason, RejectReason, U64 } from './types.js'
 
 /** The codes engines throw with (the list is generated from the Rust side, in `abi.ts`). */
 export type EngineErrorCode = (typeof ENGINE_ERROR_CODES)[number]
@@ -34,7 +34,9 @@ export class LeaseRejectedError extends TokenwardenError {
   /** How long from now that is, ms, or `null`. */
   readonly retryAfterMs: number | null
   readonly reason: RejectReason
-  constructor(reason: RejectReason, retryAt: U64 | null, now: number) {
+  /** Set when a call gave up (the core's call lifecycle): after too many refusals, or never fits. */
+  readonly gaveUp: GiveUpReason | null
+  constructor(reason: RejectReason, retryAt: U64 | null, now: number, gaveUp: GiveUpReason | null = null) {
     const retryAfterMs = retryAt === null ? null : Math.max(0, Number(retryAt) - now)
     const why =
       reason.kind === 'exceeds_capacity'
@@ -42,14 +44,17 @@ export class LeaseRejectedError extends TokenwardenError {
         : reason.kind.replace(/_/g, ' ')
     super(
       'rejected',
-      retryAfterMs === null
-        ? `lease rejected: ${why}; it can never be served as asked`
-        : `lease rejected: ${why}; retry in ${(retryAfterMs / 1000).toFixed(1)} s`,
+      gaveUp === 'refusals'
+        ? `lease rejected: ${why}; the call gave up after the configured number of refusals (call.max_refusals)`
+        : retryAfterMs === null
+          ? `lease rejected: ${why}; it can never be served as asked`
+          : `lease rejected: ${why}; retry in ${(retryAfterMs / 1000).toFixed(1)} s`,
     )
     this.name = 'LeaseRejectedError'
     this.retryAt = retryAt
     this.retryAfterMs = retryAfterMs
     this.reason = reason
+    this.gaveUp = gaveUp
   }
 }
 

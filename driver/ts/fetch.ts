@@ -6,9 +6,11 @@
  * input tokens, reserves `max_tokens` of output, leases (waiting in the fair queue if need
  * be), forwards, resyncs from the response headers, and settles from the usage in the JSON
  * body or the SSE stream, when the stream ends (the lease holds its concurrency slot until
- * then). A 429 is reported and only that call is retried, after the core's backoff, with a
- * `waiting` event ("waiting on rate limit, retrying in N s"). Other requests (token
- * counting, model lists) pass through untouched. API keys are never read, logged or put in
+ * then). It is a loop over the core's call lifecycle: the core says when to send, how long
+ * to wait (with a `waiting` event: "waiting on rate limit, retrying in N s"), which
+ * responses to retry and when to give up; a call that ends without usage is charged by the
+ * core's conservative rule. Other requests (token counting, model lists) pass through
+ * untouched. API keys are never read, logged or put in
  * events or errors.
  */
 import { sleep } from './clock.js'
@@ -23,7 +25,7 @@ import {
   promptTokens,
   usageFromBody,
 } from './providers.js'
-import type { BackoffState, Role, U64, Usage } from './types.js'
+import { type CallStep, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
 export interface FetchOptions {
@@ -40,8 +42,6 @@ export interface FetchOptions {
   pool?: string | Record<string, string> | ((model: string, provider: Provider) => string)
   /** The `fetch` that really sends (default `globalThis.fetch`). */
   fetch?: typeof fetch
-  /** Most refusals (`LeaseRejectedError` with a retry time) to wait out per call (default 20). */
-  maxRejections?: number
 }
 
 /** What the wrapper needs from its owner. */
@@ -103,7 +103,6 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       : typeof options.agent === 'string'
         ? agentIdFor(options.agent)
         : options.agent
-  const maxRejections = options.maxRejections ?? 20
 
   const wrapped = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
     const send = options.fetch ?? globalThis.fetch
@@ -128,77 +127,65 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       forward.headers = init?.headers ?? input.headers
       forward.signal = signal
     }
-    let backoff: BackoffState = { failed: 0, lastRetryAfterMs: null }
-    let rejections = 0
+    let call = newCall()
 
+    // A loop that does what the core says: every retry, wait and give-up is its decision.
     for (;;) {
       const estimate = estimator.estimate({ provider, model: shape.model, body })
-      let lease: Lease
-      try {
-        lease = await driver.acquire(
-          {
-            agent,
-            pool,
-            inputTokens: estimate.inputTokens,
-            cachedPrefixTokens: estimate.cachedPrefixTokens,
-            maxTokens: shape.maxTokens,
-            role: options.role ?? 'worker',
-            unblocks: typeof options.unblocks === 'function' ? options.unblocks() : (options.unblocks ?? 0),
-          },
-          { signal },
-        )
-      } catch (e) {
-        if (e instanceof LeaseRejectedError && e.retryAfterMs !== null && rejections < maxRejections) {
-          rejections++
-          const delay = Math.max(1, e.retryAfterMs)
-          waiting(driver, agent, pool, delay, rejections, 'rejected')
-          await sleep(driver.clock, delay, signal)
-          continue
-        }
-        throw e
+      const request = {
+        agent,
+        pool,
+        inputTokens: estimate.inputTokens,
+        cachedPrefixTokens: estimate.cachedPrefixTokens,
+        maxTokens: shape.maxTokens,
+        role: options.role ?? 'worker',
+        unblocks: typeof options.unblocks === 'function' ? options.unblocks() : (options.unblocks ?? 0),
       }
+      const ask = await driver.callLease(call, request, { signal })
+      call = ask.call
+      const step = ask.step
+      if (step.kind === 'give_up') {
+        if (step.refusal === null) throw new TokenwardenError('rejected', `the call gave up (${step.reason})`)
+        throw new LeaseRejectedError(step.refusal, null, driver.clock.now(), step.reason)
+      }
+      if (ask.lease === null) {
+        // Refused for now; the call keeps its place in the fair order until it asks again.
+        if (step.kind === 'wait') await waitUntil(driver, agent, pool, step, 'rejected', ask.retryAt ?? Number(step.until), signal)
+        continue
+      }
+      const lease = await ask.lease
 
       let res: Response
       try {
         res = await send(url.href, forward)
       } catch (err) {
         // Nothing came back: the provider may have processed all of it.
-        settleQuietly(lease, conservative(estimate, null, shape.maxTokens), driver)
+        interruptedQuietly(lease, null, driver)
         throw err
       }
 
-      const report = lease.report(res.status, res.headers)
-      const retryable =
-        (res.status === 429 && report.shouldRetry !== false) || (report.shouldRetry === true && res.status >= 500)
-      if (retryable) {
-        const errorText = await res.text().catch(() => '')
-        // Refused before any generation: the request cost no tokens.
-        settleQuietly(lease, {}, driver)
-        const step = driver.backoff(backoff, report.retryAfterMs)
-        backoff = step.state
-        if (step.step.kind === 'give_up') {
-          return new Response(errorText, { status: res.status, statusText: res.statusText, headers: res.headers })
-        }
-        const delay = Number(step.step.delayMs)
-        waiting(driver, agent, pool, delay, step.step.attempt, 'rate_limited')
-        await sleep(driver.clock, delay, signal)
+      const answer = await lease.respond(call, res.status, res.headers)
+      call = answer.call
+      const next = answer.step
+      if (next.kind === 'wait') {
+        await res.body?.cancel().catch(() => {})
+        const cause = next.reason === 'overloaded' ? 'overloaded' : 'rate_limited'
+        await waitUntil(driver, agent, pool, next, cause, Number(next.until), signal)
         continue
       }
-      if (!res.ok) {
-        // A refusal (400, 401, 404, …) or a failure the provider says not to retry.
-        settleQuietly(lease, {}, driver)
+      if (next.kind === 'give_up' || !res.ok) {
+        // Handed over as the provider sent it (the SDK raises its own error, with the last
+        // Retry-After in the headers); the core settled the lease as nothing used.
         return res
       }
       if (isEventStream(res) && res.body !== null) {
-        return streamed(res, lease, driver, provider, estimate, shape.maxTokens, (usage) =>
-          learn(estimator, provider, shape.model, body, estimate, usage),
-        )
+        return streamed(res, lease, driver, provider, (usage) => learn(estimator, provider, shape.model, body, estimate, usage))
       }
       let responseText: string
       try {
         responseText = await res.text()
       } catch (err) {
-        settleQuietly(lease, conservative(estimate, null, shape.maxTokens), driver)
+        interruptedQuietly(lease, null, driver)
         throw err
       }
       let usage: Usage | null = null
@@ -208,7 +195,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         usage = null
       }
       if (usage === null) {
-        settleQuietly(lease, conservative(estimate, null, shape.maxTokens), driver)
+        interruptedQuietly(lease, null, driver)
       } else {
         settleQuietly(lease, usage, driver)
         learn(estimator, provider, shape.model, body, estimate, usage)
@@ -219,20 +206,26 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
   return wrapped as typeof fetch
 }
 
-function waiting(
+/** Says the call is waiting (a visible "waiting on rate limit, retrying in N s"), then waits. */
+async function waitUntil(
   driver: Driver,
   agent: U64,
   pool: number,
-  delayMs: number,
-  attempt: number,
-  cause: 'rate_limited' | 'rejected',
-): void {
+  step: Extract<CallStep, { kind: 'wait' }>,
+  cause: 'rate_limited' | 'rejected' | 'overloaded',
+  until: number,
+  signal: AbortSignal | null,
+): Promise<void> {
+  const delayMs = Math.max(0, until - driver.clock.now())
   const seconds = delayMs < 10_000 ? (delayMs / 1000).toFixed(1) : String(Math.round(delayMs / 1000))
   const message =
-    cause === 'rate_limited'
-      ? `waiting on rate limit, retrying in ${seconds} s (attempt ${attempt})`
-      : `waiting on rate limit, retrying in ${seconds} s (the queue is full or the wait too long)`
-  driver.emit('waiting', { agent, pool, delayMs, attempt, cause, message })
+    cause === 'rejected'
+      ? `waiting on rate limit, retrying in ${seconds} s (the queue is full or the wait too long; the call keeps its place)`
+      : cause === 'overloaded'
+        ? `waiting on an overloaded provider, retrying in ${seconds} s (attempt ${step.attempt})`
+        : `waiting on rate limit, retrying in ${seconds} s (attempt ${step.attempt})`
+  driver.emit('waiting', { agent, pool, delayMs, attempt: step.attempt, cause, checkpoint: step.checkpoint, message })
+  await sleep(driver.clock, delayMs, signal)
 }
 
 function learn(
@@ -244,22 +237,6 @@ function learn(
   usage: Usage,
 ): void {
   estimator.observe?.({ provider, model, body, estimate, actualInputTokens: promptTokens(usage) })
-}
-
-/**
- * What to settle when the real usage is unknown: the input as estimated (counted as
- * uncached) or as reported, and the output seen so far in generous tokens, or the whole
- * `max_tokens` when nothing was seen.
- */
-function conservative(estimate: Estimate, partial: SseUsage | null, maxTokens: number): Usage {
-  const reported = partial?.usage ?? null
-  const input = reported !== null ? promptTokens(reported) : estimate.inputTokens + estimate.cachedPrefixTokens
-  let output = maxTokens
-  if (partial !== null) {
-    const seen = Math.max(Number(reported?.outputTokens ?? 0), Math.ceil(partial.textBytes / 2))
-    output = Math.min(maxTokens, seen + 16)
-  }
-  return { inputTokens: input, outputTokens: output }
 }
 
 /**
@@ -280,16 +257,33 @@ function settleQuietly(lease: Lease, usage: Usage, driver?: Driver): void {
   }
 }
 
+/**
+ * Ends a lease whose usage is unknown by the core's conservative rule (`seen`: what the
+ * stream had shown), ignoring a lease that already ended, as {@link settleQuietly} does.
+ */
+function interruptedQuietly(lease: Lease, seen: Usage | null, driver: Driver): void {
+  if (lease.done) return
+  try {
+    const s: unknown = lease.interrupted(seen)
+    if (s instanceof Promise) {
+      s.catch((e: Error & { code?: string }) => {
+        if (e.code !== 'unknown_lease') driver.emit('remote_error', { operation: 'settle', message: e.message })
+      })
+    }
+  } catch (e) {
+    if ((e as { code?: string }).code !== 'unknown_lease') throw e
+  }
+}
+
+/** What a stream showed before it broke: its reported usage, output counted from the text seen. */
+function seenSoFar(tracker: SseUsage): Usage {
+  const reported = tracker.usage
+  const output = Math.max(Number(reported?.outputTokens ?? 0), Math.ceil(tracker.textBytes / 2))
+  return { ...(reported ?? {}), outputTokens: output }
+}
+
 /** Passes the stream through, reading usage on the way; settles when it ends. */
-function streamed(
-  res: Response,
-  lease: Lease,
-  driver: Driver,
-  provider: Provider,
-  estimate: Estimate,
-  maxTokens: number,
-  onUsage: (usage: Usage) => void,
-): Response {
+function streamed(res: Response, lease: Lease, driver: Driver, provider: Provider, onUsage: (usage: Usage) => void): Response {
   const tracker = new SseUsage(provider)
   const reader = (res.body as ReadableStream<Uint8Array>).getReader()
   let finished = false
@@ -302,7 +296,7 @@ function streamed(
       settleQuietly(lease, usage, driver)
       onUsage(usage)
     } else {
-      settleQuietly(lease, conservative(estimate, tracker, maxTokens), driver)
+      interruptedQuietly(lease, seenSoFar(tracker), driver)
     }
   }
   const body = new ReadableStream<Uint8Array>({

@@ -13,6 +13,9 @@ import type {
   Axis,
   BackoffResult,
   BackoffState,
+  CallLeaseResult,
+  CallResponseResult,
+  CallState,
   Decision,
   Engine,
   EngineEvent,
@@ -43,6 +46,9 @@ export interface RegisterBinding {
   handleTimeout(now: U64): void
   pollTimeout(): U64 | null
   backoff(state: BackoffState, retryAfterMs: U64 | null): unknown
+  callLease(now: U64, call: CallState, request: unknown): unknown
+  callResponse(now: U64, call: CallState, pool: number, lease: U64 | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): unknown
+  callInterrupted(now: U64, lease: U64, seen: unknown): unknown
   metrics(now: U64): unknown
   snapshot(): string
   check(): void
@@ -217,6 +223,28 @@ export class RegisterEngine implements Engine {
 
   backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult {
     return this.#slow(() => this.#c.backoff(state, retryAfterMs) as BackoffResult, 'backoff')
+  }
+
+  callLease(now: U64, call: CallState, request: LeaseRequest): CallLeaseResult {
+    return fromJson(this.#slow(() => this.#c.callLease(now, call, request), 'callLease')) as CallLeaseResult
+  }
+
+  callResponse(
+    now: U64,
+    call: CallState,
+    pool: number,
+    lease: number | null,
+    status: number,
+    headers: Array<[string, string]>,
+    unixNowMs: U64 | null,
+  ): CallResponseResult {
+    return fromJson(
+      this.#slow(() => this.#c.callResponse(now, call, pool, lease, status, headers, unixNowMs), 'callResponse'),
+    ) as CallResponseResult
+  }
+
+  callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement {
+    return this.#slow(() => this.#c.callInterrupted(now, lease, seen), 'callInterrupted') as Settlement
   }
 
   metrics(now: U64): Metrics {

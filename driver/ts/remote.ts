@@ -6,13 +6,13 @@
  * with the core's backoff on 429s) and says so with a `fail_open` event; it goes back to the
  * limiter, with a `remote_restored` event, once a request to it succeeds again.
  */
-import { type HeadersLike, Lease, headerPairs } from './driver.js'
+import { type CallAsk, type HeadersLike, Lease, headerPairs } from './driver.js'
 import type { Estimator } from './estimator.js'
 import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import { Tokenwarden } from './tokenwarden.js'
 import type { Clock } from './clock.js'
 import type { AcquireOptions } from './driver.js'
-import type { Engine, HeaderReport, LeaseRequest, RejectReason, Settlement, U64, Usage } from './types.js'
+import type { CallResponseResult, CallState, CallStep, Engine, HeaderReport, LeaseRequest, RejectReason, Settlement, U64, Usage } from './types.js'
 
 
 /** Options for {@link RemoteTokenwarden}. */
@@ -74,6 +74,22 @@ export class RemoteLease extends Lease {
 
   override report(status: number, headers: HeadersLike): HeaderReport {
     return this.#remote.remoteReport(this, status, headers)
+  }
+
+  /**
+   * The core's step for the response, decided by the local engine (the same core and
+   * configuration) so the answer waits for no round trip; the report goes to the limiter,
+   * whose core settles the lease there when the response is not a success.
+   */
+  override respond(call: CallState, status: number, headers: HeadersLike): CallResponseResult {
+    if (status < 200 || status > 299) this.#ended = true
+    return this.#remote.remoteRespond(this, call, status, headers)
+  }
+
+  /** Settles at the limiter by the core's conservative rule; resolves with its settlement. */
+  override interrupted(seen: Usage | null): Promise<Settlement> {
+    this.#ended = true
+    return this.#remote.remoteInterrupted(this, seen)
   }
 }
 
@@ -168,50 +184,116 @@ export class RemoteTokenwarden extends Tokenwarden {
     })
   }
 
-  async #remoteAcquire(request: LeaseRequest, options?: AcquireOptions): Promise<Lease> {
+  /**
+   * The call lifecycle at the limiter: its core decides (`call` goes with the ask, so its
+   * give-up and checkpoint rules apply across asks); falls open to the local engine when
+   * the limiter cannot be reached.
+   */
+  override callLease(call: CallState, request: LeaseRequest, options?: AcquireOptions): CallAsk | Promise<CallAsk> {
+    if (!this.#remoteUsable()) return super.callLease(call, request, options)
+    return this.#remoteCallLease(call, request, options).catch((e: unknown) => {
+      if (e instanceof Unreachable) {
+        this.#failOpen(e)
+        return super.callLease(call, request, options)
+      }
+      throw e
+    })
+  }
+
+  /** A limiter instant (Unix ms) on this driver's clock. */
+  #local(at: U64 | null | undefined): number {
+    return this.clock.now() + Math.max(0, Number(at ?? 0) - Date.now())
+  }
+
+  async #remoteCallLease(call: CallState, request: LeaseRequest, options?: AcquireOptions): Promise<CallAsk> {
     const signal = options?.signal ?? null
-    const poolName = this.engine.pools[request.pool]
-    if (poolName === undefined) throw new TokenwardenError('unknown_pool', `no pool ${request.pool}; pools: ${this.engine.pools.join(', ')}`)
-    const body = { ...request, pool: poolName, agent: typeof request.agent === 'bigint' ? request.agent.toString() : request.agent }
-    let r = await this.#call('POST', '/leases', body)
+    if (signal?.aborted) throw new AbortedError(signal.reason)
+    const r = await this.#call('POST', '/leases', { ...this.#wireRequest(request), call })
     if (r.status === 400) throw new TokenwardenError((r.body.error as 'invalid_argument') ?? 'invalid_argument', String(r.body.message))
-    const start = this.clock.now()
-    if (r.body.kind === 'reject') {
-      throw new LeaseRejectedError(r.body.reason as RejectReason, (r.body.retryAt as number | null) ?? null, Date.now())
+    const shown = r.body.step as Record<string, unknown> | undefined
+    const next = r.body.call as CallState | undefined
+    if (shown === undefined || next === undefined) throw new Unreachable(`unexpected answer from the edge limiter: ${JSON.stringify(r.body)}`)
+    if (r.body.kind === 'grant') {
+      const expiresAt = Number(r.body.expiresAt)
+      const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, expiresAt, 0)
+      if (this.listening('granted')) this.emit('granted', { lease: -1, agent: request.agent, pool: request.pool, expiresAt, waitedMs: 0 })
+      return { call: next, step: { kind: 'send', lease: -1, expiresAt }, lease: Promise.resolve(lease), retryAt: null }
     }
     if (r.status === 202) {
-      const handle = String(r.body.lease)
-      const eta = Number(r.body.eta)
+      const until = this.#local(r.body.eta as number)
+      const step = { ...shown, until, ticket: -1 } as CallStep
+      const checkpoint = step.kind === 'wait' && step.checkpoint
       if (this.listening('queued')) {
-        this.emit('queued', { lease: -1, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - Date.now()) })
+        this.emit('queued', { lease: -1, agent: request.agent, pool: request.pool, eta: until, etaMs: Math.max(0, until - this.clock.now()), checkpoint })
       }
-      while (r.status === 202) {
-        if (signal?.aborted) {
-          await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
-          throw new AbortedError(signal.reason)
-        }
-        const wait = this.#call('GET', `/leases/${handle}?wait=${this.#o.pollMs}`, undefined, this.#o.pollMs + this.#o.timeoutMs)
-        if (signal === null) r = await wait
-        else {
-          try {
-            r = await Promise.race([wait, abortable(signal)])
-          } catch (e) {
-            if (signal.aborted) {
-              wait.catch(() => {})
-              await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
-              throw new AbortedError(signal.reason)
-            }
-            throw e
+      const lease = this.#awaitTicket(String(r.body.lease), request, signal, this.clock.now())
+      return { call: next, step, lease, retryAt: null }
+    }
+    const step = (shown.kind === 'wait' ? { ...shown, until: this.#local(shown.until as number), ticket: null } : shown) as CallStep
+    if (this.listening('rejected')) {
+      this.emit('rejected', { agent: request.agent, pool: request.pool, reason: r.body.reason as RejectReason, retryAt: step.kind === 'wait' ? step.until : null })
+    }
+    return { call: next, step, lease: null, retryAt: step.kind === 'wait' ? Number(step.until) : null }
+  }
+
+  #wireRequest(request: LeaseRequest): Record<string, unknown> {
+    const poolName = this.engine.pools[request.pool]
+    if (poolName === undefined) throw new TokenwardenError('unknown_pool', `no pool ${request.pool}; pools: ${this.engine.pools.join(', ')}`)
+    return { ...request, pool: poolName, agent: typeof request.agent === 'bigint' ? request.agent.toString() : request.agent }
+  }
+
+  /** Long-polls a queued ticket at the limiter until it is granted; withdraws it on abort. */
+  async #awaitTicket(handle: string, request: LeaseRequest, signal: AbortSignal | null, start: number): Promise<Lease> {
+    let r: { status: number; body: Record<string, unknown> } = { status: 202, body: {} }
+    while (r.status === 202) {
+      if (signal?.aborted) {
+        await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
+        throw new AbortedError(signal.reason)
+      }
+      const wait = this.#call('GET', `/leases/${handle}?wait=${this.#o.pollMs}`, undefined, this.#o.pollMs + this.#o.timeoutMs)
+      if (signal === null) r = await wait
+      else {
+        try {
+          r = await Promise.race([wait, abortable(signal)])
+        } catch (e) {
+          if (signal.aborted) {
+            wait.catch(() => {})
+            await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
+            throw new AbortedError(signal.reason)
           }
+          throw e
         }
-        if (r.status === 404) throw new TokenwardenError('unknown_lease', 'the queued ticket ended at the edge limiter')
       }
+      if (r.status === 404) throw new TokenwardenError('unknown_lease', 'the queued ticket ended at the edge limiter')
     }
     if (r.body.kind !== 'grant') throw new Unreachable(`unexpected answer from the edge limiter: ${JSON.stringify(r.body)}`)
     const waited = this.clock.now() - start
     const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, Number(r.body.expiresAt), waited)
     if (this.listening('granted')) {
       this.emit('granted', { lease: -1, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: waited })
+    }
+    return lease
+  }
+
+  async #remoteAcquire(request: LeaseRequest, options?: AcquireOptions): Promise<Lease> {
+    const signal = options?.signal ?? null
+    const r = await this.#call('POST', '/leases', this.#wireRequest(request))
+    if (r.status === 400) throw new TokenwardenError((r.body.error as 'invalid_argument') ?? 'invalid_argument', String(r.body.message))
+    const start = this.clock.now()
+    if (r.body.kind === 'reject') {
+      throw new LeaseRejectedError(r.body.reason as RejectReason, (r.body.retryAt as number | null) ?? null, Date.now())
+    }
+    if (r.status === 202) {
+      const eta = Number(r.body.eta)
+      if (this.listening('queued')) {
+        this.emit('queued', { lease: -1, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - Date.now()) })
+      }
+      return this.#awaitTicket(String(r.body.lease), request, signal, start)
+    }
+    if (r.body.kind !== 'grant') throw new Unreachable(`unexpected answer from the edge limiter: ${JSON.stringify(r.body)}`)
+    const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, Number(r.body.expiresAt), 0)
+    if (this.listening('granted')) {
+      this.emit('granted', { lease: -1, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: 0 })
     }
     return lease
   }
@@ -232,6 +314,26 @@ export class RemoteTokenwarden extends Tokenwarden {
     } catch (e) {
       this.emit('remote_error', { operation: 'cancel', message: (e as Error).message })
     }
+  }
+
+  /** @internal See {@link RemoteLease.respond}. */
+  remoteRespond(lease: RemoteLease, call: CallState, status: number, headers: HeadersLike): CallResponseResult {
+    const pairs = headerPairs(headers)
+    const r = this.callResponse(call, lease.pool, null, status, pairs) as CallResponseResult
+    const poolName = this.engine.pools[lease.pool]
+    void this.#call('POST', '/responses', { pool: poolName, lease: lease.handle, status, headers: pairs }).catch((e: Error) => {
+      this.emit('remote_error', { operation: 'report', message: e.message })
+    })
+    return r
+  }
+
+  /** @internal See {@link RemoteLease.interrupted}. */
+  async remoteInterrupted(lease: RemoteLease, seen: Usage | null): Promise<Settlement> {
+    const r = await this.#call('POST', `/leases/${lease.handle}/interrupted`, { seen })
+    if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_lease') ?? 'unknown_lease', String(r.body.message))
+    const s = r.body as unknown as Settlement
+    if (this.listening('settled')) this.emit('settled', { lease: -1, agent: lease.agent, pool: lease.pool, settlement: s })
+    return s
   }
 
   /** @internal Parses the headers locally (for the retry decision) and forwards them. */

@@ -96,6 +96,64 @@ export interface BackoffResult {
   step: BackoffStep
 }
 
+/**
+ * One model call's state between its steps (the core's `Call`). Start with
+ * {@link newCall}`()` and pass back the `call` each step returns.
+ */
+export interface CallState {
+  /** Sends that failed in a way worth retrying (429, overloaded). */
+  failed: number
+  /** Refusals waited out. */
+  refusals: number
+  /** The last `Retry-After` the provider sent, ms. */
+  lastRetryAfterMs: U64 | null
+}
+
+/** A call that has not been asked yet. */
+export function newCall(): CallState {
+  return { failed: 0, refusals: 0, lastRetryAfterMs: null }
+}
+
+/** Why a call waits: in the queue, refused for now, after a 429, after an overload. */
+export type WaitReason = 'queued' | 'refused' | 'rate_limited' | 'overloaded'
+
+/** Why a call gives up. */
+export type GiveUpReason = 'never_fits' | 'refusals' | 'attempts'
+
+/**
+ * What the host does next for a call (the core's `CallStep`): send under the lease; wait
+ * until `until` (for the ticket's grant, or to ask again), checkpointing the turn first when
+ * `checkpoint` says the wait is long; hand the response over; or give up.
+ */
+export type CallStep =
+  | { kind: 'send'; lease: number; expiresAt: U64 }
+  | {
+      kind: 'wait'
+      until: U64
+      reason: WaitReason
+      ticket: number | null
+      refusal: RejectReason | null
+      attempt: number
+      checkpoint: boolean
+    }
+  | { kind: 'deliver' }
+  | { kind: 'give_up'; reason: GiveUpReason; refusal: RejectReason | null; attempts: number; lastRetryAfterMs: U64 | null }
+
+/** `callLease()`'s answer. */
+export interface CallLeaseResult {
+  call: CallState
+  step: CallStep
+}
+
+/** `callResponse()`'s answer, with what the headers said. */
+export interface CallResponseResult {
+  call: CallState
+  step: CallStep
+  /** The lease's settlement when the core settled it (a response that is not a success: nothing used). */
+  settled: Settlement | null
+  report: HeaderReport
+}
+
 /** What one response said about one axis. */
 export interface AxisReport {
   limit: U64 | null
@@ -205,6 +263,26 @@ export interface Engine {
   pollTimeout(): U64 | null
   pollEvent(): EngineEvent | null
   backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult
+  /** The call lifecycle: asks for capacity for `call` and says what to do next. */
+  callLease(now: U64, call: CallState, request: LeaseRequest): CallLeaseResult
+  /**
+   * The call lifecycle: feeds a response back (as `handleResponse`) and says what to do
+   * with it. A response that is not a success is settled here as nothing used.
+   */
+  callResponse(
+    now: U64,
+    call: CallState,
+    pool: number,
+    lease: number | null,
+    status: number,
+    headers: Array<[string, string]>,
+    unixNowMs: U64 | null,
+  ): CallResponseResult
+  /**
+   * Settles conservatively a lease whose call ended without a usage report (network
+   * error, abort, broken stream); `seen` is the usage seen before the end, or `null`.
+   */
+  callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement
   metrics(now: U64): Metrics
   /** The whole state as JSON, for `EngineFactory.restore`. */
   snapshot(): string

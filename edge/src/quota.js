@@ -8,7 +8,7 @@
 // `put`, and the reply to a mutating call waits for it, so an evicted or restarted object
 // loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, wasmEngines } from 'tokenwarden-wasm'
+import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, newCall, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 
@@ -169,6 +169,9 @@ export class QuotaObject {
           this.waiters.delete(lease)
           response = json(200, { cancelled: true })
           break
+        case 'POST interrupted':
+          response = this.#interrupted(tw, lease, await body(request))
+          break
         case 'POST response':
           response = this.#response(tw, await body(request))
           break
@@ -194,36 +197,37 @@ export class QuotaObject {
     return this.leases.get(lease)
   }
 
+  /**
+   * A lease request, through the core's call lifecycle. A client that keeps `call` (the
+   * state each answer returns) and sends it back with its next ask for the same model call
+   * gets the core's whole policy (give-up after `call.max_refusals`, `checkpoint`); one
+   * that does not is treated as a fresh call every time.
+   */
   async #lease(tw, b) {
-    for (const k of Object.keys(b)) if (!FIELDS.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`)
-    const pool = typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool ?? 0
-    const request = { ...b, agent: agentId(b.agent), pool }
-    let queued = null
-    const off = tw.on('queued', (e) => {
-      queued = e
-    })
-    let promise
-    try {
-      promise = tw.acquire(request)
-    } finally {
-      off()
-    }
-    if (queued !== null) {
-      this.leases.set(queued.lease, { state: 'queued', agent: request.agent, pool, eta: queued.eta })
-      // The grant arrives as a `granted` event (handled in #start); nothing awaits this.
-      promise.catch(() => {})
-      return json(202, { kind: 'queued', lease: queued.lease, eta: queued.eta })
-    }
-    try {
-      const l = await promise
+    for (const k of Object.keys(b)) if (k !== 'call' && !FIELDS.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`)
+    const { call: given, ...fields } = b
+    const call = given === undefined ? newCall() : callState(given)
+    const pool = typeof fields.pool === 'string' ? tw.pool(fields.pool) : fields.pool ?? 0
+    const request = { ...fields, agent: agentId(fields.agent), pool }
+    const ask = tw.callLease(call, request)
+    const step = ask.step
+    // Lease ids travel only as signed handles (`lease`), never raw in `step`.
+    const { lease: _l, ticket: _t, ...shown } = step
+    const out = { call: ask.call, step: shown }
+    if (step.kind === 'send') {
+      const l = await ask.lease
       this.leases.set(l.id, { state: 'granted', agent: request.agent, pool, expiresAt: l.expiresAt, waitedMs: 0 })
-      return json(200, { kind: 'grant', lease: l.id, expiresAt: l.expiresAt })
-    } catch (e) {
-      if (e instanceof LeaseRejectedError) {
-        return json(200, { kind: 'reject', retryAt: e.retryAt, retryAfterMs: e.retryAfterMs, reason: e.reason, message: e.message })
-      }
-      throw e
+      return json(200, { kind: 'grant', lease: l.id, expiresAt: l.expiresAt, ...out })
     }
+    if (step.kind === 'wait' && step.ticket !== null) {
+      this.leases.set(step.ticket, { state: 'queued', agent: request.agent, pool, eta: step.until })
+      // The grant arrives as a `granted` event (handled in #start); nothing awaits this.
+      ask.lease?.catch(() => {})
+      return json(202, { kind: 'queued', lease: step.ticket, eta: step.until, ...out })
+    }
+    const retryAt = step.kind === 'wait' ? step.until : null
+    const refused = new LeaseRejectedError(step.refusal, retryAt, Date.now(), step.kind === 'give_up' ? step.reason : null)
+    return json(200, { kind: 'reject', retryAt, retryAfterMs: refused.retryAfterMs, reason: step.refusal, message: refused.message, ...out })
   }
 
   /**
@@ -269,13 +273,35 @@ export class QuotaObject {
     return json(200, s)
   }
 
+  /**
+   * A provider response, through the core's call lifecycle: the report, and the core's
+   * step for the call (`call` as in `#lease`). A response that is not a success settles
+   * its lease as nothing used: the lease ends here.
+   */
   #response(tw, b) {
     const pool = typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool ?? 0
     checkHeaderPairs(b.headers)
+    if (!Number.isInteger(b.status) || b.status < 100 || b.status > 599) throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
     const lease = b.lease === undefined || b.lease === null ? null : b.lease
     if (lease !== null) this.#known(lease)
-    const report = tw.report(pool, lease, b.status, b.headers)
-    return json(200, { report })
+    const call = b.call === undefined ? newCall() : callState(b.call)
+    const r = tw.callResponse(call, pool, lease, b.status, b.headers)
+    if (lease !== null && (b.status < 200 || b.status > 299)) this.leases.delete(lease)
+    return json(200, r)
+  }
+
+  /** A call that ended without a usage report: the core's conservative charge. */
+  #interrupted(tw, lease, b) {
+    this.#known(lease)
+    for (const k of Object.keys(b)) if (k !== 'seen') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body`)
+    const seen = b.seen ?? null
+    if (seen !== null) {
+      if (typeof seen !== 'object' || Array.isArray(seen)) throw new HttpError(400, 'invalid_argument', '`seen` must be a usage object or null')
+      for (const k of Object.keys(seen)) if (!USAGE.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in \`seen\``)
+    }
+    const s = tw.callInterrupted(lease, seen, null, null)
+    this.leases.delete(lease)
+    return json(200, s)
   }
 
   /**
@@ -303,6 +329,21 @@ export class QuotaObject {
     // wait and forwards nothing.
     return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
   }
+}
+
+/** A call's state as a client sent it back: `{ failed, refusals, lastRetryAfterMs }`, checked. */
+function callState(c) {
+  const bad = (field, why) => Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` ${why}`), { field })
+  if (c === null || typeof c !== 'object' || Array.isArray(c)) throw bad('call', 'must be the `call` object an earlier answer returned')
+  for (const k of Object.keys(c)) if (!['failed', 'refusals', 'lastRetryAfterMs'].includes(k)) throw bad(`call.${k}`, 'is not a field of a call')
+  const count = (k) => {
+    const v = c[k] ?? 0
+    if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) throw bad(`call.${k}`, 'must be an integer from 0 to 4294967295')
+    return v
+  }
+  const last = c.lastRetryAfterMs ?? null
+  if (last !== null && (!Number.isSafeInteger(last) || last < 0)) throw bad('call.lastRetryAfterMs', 'must be null or milliseconds')
+  return { failed: count('failed'), refusals: count('refusals'), lastRetryAfterMs: last }
 }
 
 /** At most this many header pairs in a report, each name and value at most 8 KiB. */

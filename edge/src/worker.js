@@ -87,6 +87,9 @@ async function handle(request, env) {
     if (request.method === 'POST' && parts.length === 3 && parts[2] === 'settle') {
       return toObject(env, fleet, quota, `/settle/${lease}`, { method: 'POST', body: await text() })
     }
+    if (request.method === 'POST' && parts.length === 3 && parts[2] === 'interrupted') {
+      return toObject(env, fleet, quota, `/interrupted/${lease}`, { method: 'POST', body: await text() })
+    }
   }
   if (request.method === 'POST' && rest === '/responses') {
     const raw = await text()

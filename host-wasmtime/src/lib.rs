@@ -41,9 +41,9 @@
 use core::fmt;
 
 use tokenwarden_core::{
-    AgentId, Axis, Backoff, BackoffStep, Decision, Demand, Event, HeaderReport, LeaseError,
-    LeaseId, LeaseRequest, Metrics, Millis, PoolId, RejectReason, Role, Settlement, Snapshot,
-    Usage,
+    AgentId, Axis, Backoff, BackoffStep, Call, CallResponse, CallStep, Decision, Demand, Event,
+    GiveUpReason, HeaderReport, LeaseError, LeaseId, LeaseRequest, Metrics, Millis, PoolId,
+    RejectReason, Role, Settlement, Snapshot, Usage, WaitReason,
     headers::{AxisReport, RateAxis},
 };
 pub use wasmtime;
@@ -641,6 +641,83 @@ impl PluginCoordinator {
         })
     }
 
+    /// See [`Coordinator::call_lease`](tokenwarden_core::Coordinator::call_lease).
+    pub fn call_lease(
+        &mut self,
+        now: Millis,
+        call: &mut Call,
+        req: &LeaseRequest,
+    ) -> Result<CallStep, Error> {
+        let (st, req) = (call_state(call), lease_request(req));
+        let (st, step) = guest!(self, |c, s, h| c.call_call_lease(s, h, now.0, st, req))?
+            .map_err(lease_error)?;
+        *call = call_back(st);
+        call_step(step)
+    }
+
+    /// See [`Coordinator::call_response`](tokenwarden_core::Coordinator::call_response);
+    /// the headers are parsed inside the plugin, as for [`Self::handle_response`], and
+    /// the report comes back with the answer.
+    #[allow(clippy::too_many_arguments)] // the core call's arguments, plus the raw headers
+    pub fn call_response<'a, I>(
+        &mut self,
+        now: Millis,
+        call: &mut Call,
+        pool: PoolId,
+        lease: Option<LeaseId>,
+        status: u16,
+        headers: I,
+        unix_now_ms: Option<u64>,
+    ) -> Result<(CallResponse, HeaderReport), Error>
+    where
+        I: IntoIterator<Item = (&'a str, &'a str)>,
+    {
+        let headers: Vec<(String, String)> = headers
+            .into_iter()
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
+            .collect();
+        let st = call_state(call);
+        let answer = guest!(self, |c, s, h| c.call_call_response(
+            s,
+            h,
+            now.0,
+            st,
+            pool.0,
+            lease.map(|l| l.0),
+            status,
+            &headers,
+            unix_now_ms
+        ))?
+        .map_err(lease_error)?;
+        *call = call_back(answer.call);
+        let settled = answer.settled.map(|s| Settlement {
+            reserved: demand(s.reserved),
+            used: demand(s.used),
+        });
+        let response = CallResponse {
+            step: call_step(answer.step)?,
+            settled,
+        };
+        Ok((response, header_report(&answer.report)))
+    }
+
+    /// See [`Coordinator::call_interrupted`](tokenwarden_core::Coordinator::call_interrupted).
+    pub fn call_interrupted(
+        &mut self,
+        now: Millis,
+        lease: LeaseId,
+        seen: Option<&Usage>,
+    ) -> Result<Settlement, Error> {
+        let seen = seen.map(usage_out);
+        let r = guest!(self, |c, s, h| c
+            .call_call_interrupted(s, h, now.0, lease.0, seen))?;
+        r.map(|s| Settlement {
+            reserved: demand(s.reserved),
+            used: demand(s.used),
+        })
+        .map_err(lease_error)
+    }
+
     /// See [`Coordinator::metrics`](tokenwarden_core::Coordinator::metrics).
     pub fn metrics(&mut self, now: Millis) -> Result<Metrics, Error> {
         let json = guest!(self, |c, s, h| c.call_metrics(s, h, now.0))?;
@@ -752,6 +829,74 @@ fn demand(d: w::Demand) -> Demand {
     Demand([d.input_tokens, d.output_tokens, d.tokens, d.requests])
 }
 
+fn usage_out(u: &Usage) -> w::Usage {
+    w::Usage {
+        input_tokens: u.input_tokens,
+        cache_creation_input_tokens: u.cache_creation_input_tokens,
+        cache_read_input_tokens: u.cache_read_input_tokens,
+        output_tokens: u.output_tokens,
+    }
+}
+
+fn call_state(c: &Call) -> w::CallState {
+    w::CallState {
+        failed: c.failed,
+        refusals: c.refusals,
+        last_retry_after_ms: c.last_retry_after_ms,
+    }
+}
+
+fn call_back(c: w::CallState) -> Call {
+    Call {
+        failed: c.failed,
+        refusals: c.refusals,
+        last_retry_after_ms: c.last_retry_after_ms,
+    }
+}
+
+fn reject_reason(r: w::RejectReason) -> RejectReason {
+    match r {
+        w::RejectReason::ExceedsCapacity(a) => RejectReason::ExceedsCapacity { axis: axis(a) },
+        w::RejectReason::WaitTooLong => RejectReason::WaitTooLong,
+        w::RejectReason::QueueFull => RejectReason::QueueFull,
+        w::RejectReason::TooManyLeases => RejectReason::TooManyLeases,
+        w::RejectReason::TooManyAgents => RejectReason::TooManyAgents,
+    }
+}
+
+fn call_step(s: w::CallStep) -> Result<CallStep, Error> {
+    Ok(match s {
+        w::CallStep::Send(g) => CallStep::Send {
+            lease: LeaseId(g.lease),
+            expires_at: Millis(g.expires_at),
+        },
+        w::CallStep::Wait(wt) => CallStep::Wait {
+            until: Millis(wt.until),
+            reason: match wt.reason {
+                w::WaitReason::Queued => WaitReason::Queued,
+                w::WaitReason::Refused => WaitReason::Refused,
+                w::WaitReason::RateLimited => WaitReason::RateLimited,
+                w::WaitReason::Overloaded => WaitReason::Overloaded,
+            },
+            ticket: wt.ticket.map(LeaseId),
+            refusal: wt.refusal.map(reject_reason),
+            attempt: wt.attempt,
+            checkpoint: wt.checkpoint,
+        },
+        w::CallStep::Deliver => CallStep::Deliver,
+        w::CallStep::GiveUp(g) => CallStep::GiveUp {
+            reason: match g.reason {
+                w::GiveUpReason::NeverFits => GiveUpReason::NeverFits,
+                w::GiveUpReason::Refusals => GiveUpReason::Refusals,
+                w::GiveUpReason::Attempts => GiveUpReason::Attempts,
+            },
+            refusal: g.refusal.map(reject_reason),
+            attempts: g.attempts,
+            last_retry_after_ms: g.last_retry_after_ms,
+        },
+    })
+}
+
 fn decision(d: w::Decision) -> Decision {
     match d {
         w::Decision::Grant(g) => Decision::Grant {
@@ -764,15 +909,7 @@ fn decision(d: w::Decision) -> Decision {
         },
         w::Decision::Reject(r) => Decision::Reject {
             retry_at: r.retry_at.map(Millis),
-            reason: match r.reason {
-                w::RejectReason::ExceedsCapacity(a) => {
-                    RejectReason::ExceedsCapacity { axis: axis(a) }
-                }
-                w::RejectReason::WaitTooLong => RejectReason::WaitTooLong,
-                w::RejectReason::QueueFull => RejectReason::QueueFull,
-                w::RejectReason::TooManyLeases => RejectReason::TooManyLeases,
-                w::RejectReason::TooManyAgents => RejectReason::TooManyAgents,
-            },
+            reason: reject_reason(r.reason),
         },
     }
 }

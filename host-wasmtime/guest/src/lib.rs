@@ -69,15 +69,104 @@ fn decision(d: tw::Decision) -> w::Decision {
         }),
         tw::Decision::Reject { retry_at, reason } => w::Decision::Reject(w::Reject {
             retry_at: retry_at.map(|t| t.0),
+            reason: reject_reason(reason),
+        }),
+    }
+}
+
+fn lease_request(request: w::LeaseRequest) -> tw::LeaseRequest {
+    tw::LeaseRequest {
+        agent: tw::AgentId(request.agent),
+        pool: tw::PoolId(request.pool),
+        input_tokens: request.input_tokens,
+        cached_prefix_tokens: request.cached_prefix_tokens,
+        max_tokens: request.max_tokens,
+        role: match request.role {
+            w::Role::Planner => tw::Role::Planner,
+            w::Role::Reviewer => tw::Role::Reviewer,
+            w::Role::Worker => tw::Role::Worker,
+        },
+        unblocks: request.unblocks,
+        failure_signature: request.failure_signature,
+    }
+}
+
+fn reject_reason(reason: tw::RejectReason) -> w::RejectReason {
+    match reason {
+        tw::RejectReason::ExceedsCapacity { axis: a } => w::RejectReason::ExceedsCapacity(axis(a)),
+        tw::RejectReason::WaitTooLong => w::RejectReason::WaitTooLong,
+        tw::RejectReason::QueueFull => w::RejectReason::QueueFull,
+        tw::RejectReason::TooManyLeases => w::RejectReason::TooManyLeases,
+        tw::RejectReason::TooManyAgents => w::RejectReason::TooManyAgents,
+    }
+}
+
+fn call_in(c: w::CallState) -> tw::Call {
+    tw::Call {
+        failed: c.failed,
+        refusals: c.refusals,
+        last_retry_after_ms: c.last_retry_after_ms,
+    }
+}
+
+fn call_out(c: tw::Call) -> w::CallState {
+    w::CallState {
+        failed: c.failed,
+        refusals: c.refusals,
+        last_retry_after_ms: c.last_retry_after_ms,
+    }
+}
+
+fn usage_in(u: w::Usage) -> tw::Usage {
+    tw::Usage {
+        input_tokens: u.input_tokens,
+        cache_creation_input_tokens: u.cache_creation_input_tokens,
+        cache_read_input_tokens: u.cache_read_input_tokens,
+        output_tokens: u.output_tokens,
+    }
+}
+
+fn call_step(s: tw::CallStep) -> w::CallStep {
+    match s {
+        tw::CallStep::Send { lease, expires_at } => w::CallStep::Send(w::Grant {
+            lease: lease.0,
+            expires_at: expires_at.0,
+        }),
+        tw::CallStep::Wait {
+            until,
+            reason,
+            ticket,
+            refusal,
+            attempt,
+            checkpoint,
+        } => w::CallStep::Wait(w::CallWait {
+            until: until.0,
             reason: match reason {
-                tw::RejectReason::ExceedsCapacity { axis: a } => {
-                    w::RejectReason::ExceedsCapacity(axis(a))
-                }
-                tw::RejectReason::WaitTooLong => w::RejectReason::WaitTooLong,
-                tw::RejectReason::QueueFull => w::RejectReason::QueueFull,
-                tw::RejectReason::TooManyLeases => w::RejectReason::TooManyLeases,
-                tw::RejectReason::TooManyAgents => w::RejectReason::TooManyAgents,
+                tw::WaitReason::Queued => w::WaitReason::Queued,
+                tw::WaitReason::Refused => w::WaitReason::Refused,
+                tw::WaitReason::RateLimited => w::WaitReason::RateLimited,
+                tw::WaitReason::Overloaded => w::WaitReason::Overloaded,
             },
+            ticket: ticket.map(|t| t.0),
+            refusal: refusal.map(reject_reason),
+            attempt,
+            checkpoint,
+        }),
+        tw::CallStep::Deliver => w::CallStep::Deliver,
+        tw::CallStep::GiveUp {
+            reason,
+            refusal,
+            attempts,
+            last_retry_after_ms,
+        } => w::CallStep::GiveUp(w::CallGiveUp {
+            reason: match reason {
+                tw::GiveUpReason::NeverFits => w::GiveUpReason::NeverFits,
+                tw::GiveUpReason::Refusals => w::GiveUpReason::Refusals,
+                tw::GiveUpReason::Attempts => w::GiveUpReason::Attempts,
+            },
+            refusal: refusal.map(reject_reason),
+            attempts,
+            last_retry_after_ms,
         }),
     }
 }
@@ -219,20 +308,7 @@ impl w::GuestCoordinator for Coord {
         now: u64,
         request: w::LeaseRequest,
     ) -> Result<w::Decision, w::LeaseError> {
-        let req = tw::LeaseRequest {
-            agent: tw::AgentId(request.agent),
-            pool: tw::PoolId(request.pool),
-            input_tokens: request.input_tokens,
-            cached_prefix_tokens: request.cached_prefix_tokens,
-            max_tokens: request.max_tokens,
-            role: match request.role {
-                w::Role::Planner => tw::Role::Planner,
-                w::Role::Reviewer => tw::Role::Reviewer,
-                w::Role::Worker => tw::Role::Worker,
-            },
-            unblocks: request.unblocks,
-            failure_signature: request.failure_signature,
-        };
+        let req = lease_request(request);
         self.0
             .borrow_mut()
             .request_lease(tw::Millis(now), &req)
@@ -246,12 +322,7 @@ impl w::GuestCoordinator for Coord {
         lease: u64,
         usage: w::Usage,
     ) -> Result<w::Settlement, w::LeaseError> {
-        let usage = tw::Usage {
-            input_tokens: usage.input_tokens,
-            cache_creation_input_tokens: usage.cache_creation_input_tokens,
-            cache_read_input_tokens: usage.cache_read_input_tokens,
-            output_tokens: usage.output_tokens,
-        };
+        let usage = usage_in(usage);
         self.0
             .borrow_mut()
             .settle(tw::Millis(now), tw::LeaseId(lease), &usage)
@@ -324,6 +395,76 @@ impl w::GuestCoordinator for Coord {
             },
             backoff_step(step),
         )
+    }
+
+    fn call_lease(
+        &self,
+        now: u64,
+        call: w::CallState,
+        request: w::LeaseRequest,
+    ) -> Result<(w::CallState, w::CallStep), w::LeaseError> {
+        let mut c = call_in(call);
+        let step = self
+            .0
+            .borrow_mut()
+            .call_lease(tw::Millis(now), &mut c, &lease_request(request))
+            .map_err(lease_error)?;
+        Ok((call_out(c), call_step(step)))
+    }
+
+    fn call_response(
+        &self,
+        now: u64,
+        call: w::CallState,
+        pool: u32,
+        lease: Option<u64>,
+        status: u16,
+        headers: Vec<(String, String)>,
+        unix_now_ms: Option<u64>,
+    ) -> Result<w::CallAnswer, w::LeaseError> {
+        let report = tw::parse_headers(
+            headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+            unix_now_ms,
+        );
+        let mut c = call_in(call);
+        let answer = self
+            .0
+            .borrow_mut()
+            .call_response(
+                tw::Millis(now),
+                &mut c,
+                tw::PoolId(pool),
+                lease.map(tw::LeaseId),
+                status,
+                &report,
+            )
+            .map_err(lease_error)?;
+        Ok(w::CallAnswer {
+            call: call_out(c),
+            step: call_step(answer.step),
+            settled: answer.settled.map(|s| w::Settlement {
+                reserved: demand(s.reserved),
+                used: demand(s.used),
+            }),
+            report: header_report(&report),
+        })
+    }
+
+    fn call_interrupted(
+        &self,
+        now: u64,
+        lease: u64,
+        seen: Option<w::Usage>,
+    ) -> Result<w::Settlement, w::LeaseError> {
+        let seen = seen.map(usage_in);
+        self.0
+            .borrow_mut()
+            .call_interrupted(tw::Millis(now), tw::LeaseId(lease), seen.as_ref())
+            .map(|s| w::Settlement {
+                reserved: demand(s.reserved),
+                used: demand(s.used),
+            })
+            .map_err(lease_error)
     }
 
     fn metrics(&self, now: u64) -> String {

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 use tokenwarden_conformance::{Engine, Response, lease_error, to_value};
-use tokenwarden_core::{Backoff, LeaseId, LeaseRequest, Millis, PoolId, Usage};
+use tokenwarden_core::{Backoff, Call, LeaseId, LeaseRequest, Millis, PoolId, Usage};
 use tokenwarden_wasmtime::{COMPONENT, Error, Plugin, PluginCoordinator};
 
 /// One compiled plugin per test binary (compiling is the slow part).
@@ -123,6 +123,47 @@ impl<const RELOAD: bool> Engine for PluginEngine<RELOAD> {
         retry_after_ms: Option<u64>,
     ) -> Result<Value, String> {
         result(self.0.backoff(&mut state, retry_after_ms))
+    }
+    fn call_lease(
+        &mut self,
+        now: u64,
+        mut call: Call,
+        req: &LeaseRequest,
+    ) -> Result<Value, String> {
+        match self.0.call_lease(Millis(now), &mut call, req) {
+            Ok(step) => Ok(json!({ "call": to_value(&call), "step": to_value(&step) })),
+            Err(Error::Lease(l)) => Ok(lease_error(l)),
+            Err(other) => Err(plugin_err(other)),
+        }
+    }
+    fn call_response(&mut self, now: u64, mut call: Call, r: &Response) -> Result<Value, String> {
+        let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        match self.0.call_response(
+            Millis(now),
+            &mut call,
+            PoolId(r.pool),
+            r.lease.map(LeaseId),
+            r.status,
+            pairs,
+            r.unix_now_ms,
+        ) {
+            Ok((answer, report)) => Ok(json!({
+                "call": to_value(&call),
+                "step": to_value(&answer.step),
+                "settled": to_value(&answer.settled),
+                "report": to_value(&report),
+            })),
+            Err(Error::Lease(l)) => Ok(lease_error(l)),
+            Err(other) => Err(plugin_err(other)),
+        }
+    }
+    fn call_interrupted(
+        &mut self,
+        now: u64,
+        lease: u64,
+        seen: Option<&Usage>,
+    ) -> Result<Value, String> {
+        result(self.0.call_interrupted(Millis(now), LeaseId(lease), seen))
     }
     fn metrics(&mut self, now: u64) -> Result<Value, String> {
         result(self.0.metrics(Millis(now)))

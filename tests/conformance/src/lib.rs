@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value, json};
 use tokenwarden_core::{
-    Backoff, Config, Coordinator, HeaderReport, LeaseId, LeaseRequest, Millis, PoolId, Usage,
+    Backoff, Call, Config, Coordinator, HeaderReport, LeaseId, LeaseRequest, Millis, PoolId, Usage,
     parse_headers,
 };
 
@@ -69,6 +69,18 @@ pub trait Engine: Sized {
     fn poll_event(&mut self) -> Result<Option<Value>, String>;
     /// `backoff` from the given state.
     fn backoff(&mut self, state: Backoff, retry_after_ms: Option<u64>) -> Result<Value, String>;
+    /// `call_lease` from the given state; the value is `{"call": state, "step": step}`.
+    fn call_lease(&mut self, now: u64, call: Call, req: &LeaseRequest) -> Result<Value, String>;
+    /// `parse_headers` then `call_response` from the given state; the value is
+    /// `{"call": state, "step": step, "settled": settlement or null, "report": report}`.
+    fn call_response(&mut self, now: u64, call: Call, r: &Response) -> Result<Value, String>;
+    /// `call_interrupted`; the value is the settlement.
+    fn call_interrupted(
+        &mut self,
+        now: u64,
+        lease: u64,
+        seen: Option<&Usage>,
+    ) -> Result<Value, String>;
     /// `metrics`, serialized.
     fn metrics(&mut self, now: u64) -> Result<Value, String>;
     /// Replaces the coordinator by one restored from its own snapshot.
@@ -163,6 +175,52 @@ impl Engine for Native {
     ) -> Result<Value, String> {
         Ok(to_value(&self.0.backoff(&mut state, retry_after_ms)))
     }
+    fn call_lease(
+        &mut self,
+        now: u64,
+        mut call: Call,
+        req: &LeaseRequest,
+    ) -> Result<Value, String> {
+        Ok(match self.0.call_lease(Millis(now), &mut call, req) {
+            Ok(step) => json!({ "call": to_value(&call), "step": to_value(&step) }),
+            Err(e) => lease_error(e),
+        })
+    }
+    fn call_response(&mut self, now: u64, mut call: Call, r: &Response) -> Result<Value, String> {
+        let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+        let report: HeaderReport = parse_headers(pairs, r.unix_now_ms);
+        let lease = r.lease.map(LeaseId);
+        Ok(
+            match self.0.call_response(
+                Millis(now),
+                &mut call,
+                PoolId(r.pool),
+                lease,
+                r.status,
+                &report,
+            ) {
+                Ok(answer) => json!({
+                    "call": to_value(&call),
+                    "step": to_value(&answer.step),
+                    "settled": to_value(&answer.settled),
+                    "report": to_value(&report),
+                }),
+                Err(e) => lease_error(e),
+            },
+        )
+    }
+    fn call_interrupted(
+        &mut self,
+        now: u64,
+        lease: u64,
+        seen: Option<&Usage>,
+    ) -> Result<Value, String> {
+        Ok(native_result(self.0.call_interrupted(
+            Millis(now),
+            LeaseId(lease),
+            seen,
+        )))
+    }
     fn metrics(&mut self, now: u64) -> Result<Value, String> {
         Ok(to_value(&self.0.metrics(Millis(now))))
     }
@@ -173,6 +231,31 @@ impl Engine for Native {
     }
     fn check(&mut self) -> Result<(), String> {
         self.0.check().map_err(str::to_string)
+    }
+}
+
+/// The arguments of a `response` or `call_response` input.
+fn response_input(input: &Value) -> Result<Response, String> {
+    Ok(Response {
+        pool: u32::try_from(u64_field(input, "pool")?).map_err(|e| e.to_string())?,
+        lease: input.get("lease").and_then(Value::as_u64),
+        status: u16::try_from(u64_field(input, "status")?).map_err(|e| e.to_string())?,
+        headers: parse(field(input, "headers")?, "headers")?,
+        unix_now_ms: input.get("unix_now_ms").and_then(Value::as_u64),
+    })
+}
+
+/// The state of the trace's call `name`: what its last step returned, or a new call.
+fn call_state(calls: &std::collections::BTreeMap<u64, Value>, name: u64) -> Result<Call, String> {
+    calls
+        .get(&name)
+        .map_or(Ok(Call::new()), |v| parse(v, "call state"))
+}
+
+/// Keeps the state a call step returned (an error leaves it as it was).
+fn keep_call(calls: &mut std::collections::BTreeMap<u64, Value>, name: u64, result: &Value) {
+    if let Some(state) = result.get("call") {
+        calls.insert(name, state.clone());
     }
 }
 
@@ -208,6 +291,7 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
     let inputs = field(trace, "inputs")?
         .as_array()
         .ok_or("`inputs` must be an array")?;
+    let mut calls = std::collections::BTreeMap::new();
     for input in inputs {
         let at = u64_field(input, "at")?;
         let op = field(input, "op")?
@@ -239,17 +323,7 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
                 c.settle(at, u64_field(input, "lease")?, &usage)?
             }
             "cancel" => c.cancel(at, u64_field(input, "lease")?)?,
-            "response" => {
-                let r = Response {
-                    pool: u32::try_from(u64_field(input, "pool")?).map_err(|e| e.to_string())?,
-                    lease: input.get("lease").and_then(Value::as_u64),
-                    status: u16::try_from(u64_field(input, "status")?)
-                        .map_err(|e| e.to_string())?,
-                    headers: parse(field(input, "headers")?, "headers")?,
-                    unix_now_ms: input.get("unix_now_ms").and_then(Value::as_u64),
-                };
-                c.response(at, &r)?
-            }
+            "response" => c.response(at, &response_input(input)?)?,
             "timeout" => {
                 c.handle_timeout(at)?;
                 Value::Null
@@ -261,6 +335,27 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
                     last_retry_after_ms: input.get("last_retry_after_ms").and_then(Value::as_u64),
                 };
                 c.backoff(state, input.get("retry_after_ms").and_then(Value::as_u64))?
+            }
+            "call_lease" => {
+                let name = u64_field(input, "call")?;
+                let req = parse(field(input, "request")?, "request")?;
+                let result = c.call_lease(at, call_state(&calls, name)?, &req)?;
+                keep_call(&mut calls, name, &result);
+                result
+            }
+            "call_response" => {
+                let name = u64_field(input, "call")?;
+                let r = response_input(input)?;
+                let result = c.call_response(at, call_state(&calls, name)?, &r)?;
+                keep_call(&mut calls, name, &result);
+                result
+            }
+            "call_interrupted" => {
+                let seen: Option<Usage> = match input.get("seen") {
+                    None | Some(Value::Null) => None,
+                    Some(v) => Some(parse(v, "seen")?),
+                };
+                c.call_interrupted(at, u64_field(input, "lease")?, seen.as_ref())?
             }
             "metrics" => c.metrics(at)?,
             "snapshot_restore" => {

@@ -62,6 +62,9 @@ export function replay(trace, factory) {
     }
     return events
   }
+  // Each named call's state: what its last step returned (SCHEMA.md).
+  const calls = new Map()
+  const callState = (name) => recase(calls.get(name) ?? { failed: 0, refusals: 0, last_retry_after_ms: null }, camel)
   for (const input of trace.inputs) {
     const at = input.at
     let steps = 0
@@ -101,6 +104,24 @@ export function replay(trace, factory) {
         r = recase(engine.backoff(state, input.retry_after_ms ?? null).step, snake)
         break
       }
+      case 'call_lease': {
+        const req = { agent: 0, pool: 0, ...recase(input.request, camel) }
+        r = result(() => recase(engine.callLease(at, callState(input.call), req), snake))
+        if (r?.call !== undefined) calls.set(input.call, r.call)
+        break
+      }
+      case 'call_response':
+        r = result(() =>
+          recase(
+            engine.callResponse(at, callState(input.call), input.pool, input.lease ?? null, input.status, input.headers, input.unix_now_ms ?? null),
+            snake,
+          ),
+        )
+        if (r?.call !== undefined) calls.set(input.call, r.call)
+        break
+      case 'call_interrupted':
+        r = result(() => recase(engine.callInterrupted(at, input.lease, input.seen == null ? null : recase(input.seen, camel)), snake))
+        break
       case 'metrics':
         r = recase(engine.metrics(at), snake)
         break

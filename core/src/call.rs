@@ -1,0 +1,143 @@
+//! One model call, from the first ask to the answer the agent receives, as values the core
+//! decides and a host acts on.
+//!
+//! A host's whole loop for one call:
+//!
+//! ```text
+//! let mut call = Call::new();
+//! loop {
+//!     match coordinator.call_lease(now, &mut call, &request)? {
+//!         CallStep::Send { lease, .. } => {
+//!             let response = send(…);                    // network error: call_interrupted
+//!             match coordinator.call_response(now, &mut call, pool, Some(lease), status, &report)?.step {
+//!                 CallStep::Deliver => { /* settle from the body's usage; hand it over */ }
+//!                 CallStep::Wait { until, .. } => sleep_until(until),   // then ask again
+//!                 CallStep::GiveUp { .. } => { /* hand the error over, with last_retry_after_ms */ }
+//!                 CallStep::Send { .. } => unreachable!(),
+//!             }
+//!         }
+//!         CallStep::Wait { until, ticket: Some(t), .. } => wait_for_grant(t),  // Event::Granted
+//!         CallStep::Wait { until, .. } => sleep_until(until),                  // then ask again
+//!         CallStep::GiveUp { .. } => fail,
+//!         CallStep::Deliver => unreachable!(),
+//!     }
+//! }
+//! ```
+//!
+//! Which statuses are retried, how long to wait (`retry-after`, `reset_at`, backoff), when
+//! to give up and what a failed call is charged are all decided here, so every host (the
+//! fetch wrapper, the edge limiter, the simulator, a Rust host) behaves the same and the
+//! conformance traces cover it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::decision::{RejectReason, Settlement};
+use crate::lease::LeaseId;
+use crate::time::Millis;
+
+/// What the core remembers about one call between its steps. The host keeps it (it is
+/// small and `Copy`) and passes it to every step; start with [`Call::new`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Call {
+    /// Sends that failed in a way worth retrying (429, overloaded).
+    pub failed: u32,
+    /// Refusals (a lease answered with a retry time) waited out.
+    pub refusals: u32,
+    /// The most recent `Retry-After` the provider sent, ms.
+    pub last_retry_after_ms: Option<u64>,
+}
+
+impl Call {
+    /// A call that has not been asked yet.
+    #[must_use]
+    pub fn new() -> Call {
+        Call::default()
+    }
+}
+
+/// What the host does next for a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+#[must_use]
+pub enum CallStep {
+    /// Send the request now, under this lease.
+    Send {
+        /// The lease to settle (or report on).
+        lease: LeaseId,
+        /// When it is reaped.
+        expires_at: Millis,
+    },
+    /// Wait until `until`. With a `ticket` the call is in the queue: wait for its
+    /// [`Event::Granted`](crate::Event::Granted) (due by `until` if estimates hold), then
+    /// send under it. Without one, ask again ([`Coordinator::call_lease`](crate::Coordinator::call_lease))
+    /// at `until`.
+    Wait {
+        /// When to ask again, or when the ticket is expected to be granted.
+        until: Millis,
+        /// Why.
+        reason: WaitReason,
+        /// The queued ticket, which becomes the lease.
+        ticket: Option<LeaseId>,
+        /// The refusal, when `reason` is `refused`.
+        refusal: Option<RejectReason>,
+        /// Failed sends so far (0 while only queueing or refused).
+        attempt: u32,
+        /// The wait is long (at least `call.checkpoint_after_ms`, or the prompt cache's
+        /// lifetime): the agent should write its turn down before waiting, so that it
+        /// resumes without re-planning.
+        checkpoint: bool,
+    },
+    /// The response is the answer: hand it to the agent. A success is settled by the host
+    /// from the usage it reports; any other status (a refusal, or a failure not worth
+    /// retrying) was settled by the core as nothing used.
+    Deliver,
+    /// Stop and surface the failure.
+    GiveUp {
+        /// Why.
+        reason: GiveUpReason,
+        /// The refusal that ended it, for `never_fits` and `refusals`.
+        refusal: Option<RejectReason>,
+        /// Sends made that failed.
+        attempts: u32,
+        /// The last `Retry-After` the provider sent, ms: whether the fix is patience or a
+        /// higher tier.
+        last_retry_after_ms: Option<u64>,
+    },
+}
+
+/// What [`Coordinator::call_response`](crate::Coordinator::call_response) answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[must_use]
+pub struct CallResponse {
+    /// What to do next.
+    pub step: CallStep,
+    /// The lease's settlement, when the core settled it (a response that is not a success
+    /// is settled as nothing used); `None` for a success, which the host settles.
+    pub settled: Option<Settlement>,
+}
+
+/// Why a call waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitReason {
+    /// In the fair queue.
+    Queued,
+    /// Refused for now (queue full, wait too long, tables full); its place is kept.
+    Refused,
+    /// The provider answered 429.
+    RateLimited,
+    /// The provider answered a server error it says to retry (overloaded).
+    Overloaded,
+}
+
+/// Why a call gives up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GiveUpReason {
+    /// The request can never be served as asked (larger than the pool's capacity).
+    NeverFits,
+    /// `call.max_refusals` refusals in a row.
+    Refusals,
+    /// `backoff.max_attempts` failed sends.
+    Attempts,
+}

@@ -1,0 +1,222 @@
+//! The call lifecycle's decisions (see [`crate::call`]).
+
+use super::Coordinator;
+use crate::backoff::ceiling;
+use crate::call::{Call, CallResponse, CallStep, GiveUpReason, WaitReason};
+use crate::decision::Decision;
+use crate::error::LeaseError;
+use crate::headers::{HeaderReport, RateAxis};
+use crate::ids::PoolId;
+use crate::lease::{LeaseId, Phase};
+use crate::request::{LeaseRequest, Usage};
+use crate::time::Millis;
+
+impl Coordinator {
+    /// Asks for capacity for `call` ([`Coordinator::request_lease`]) and says what to do:
+    /// send, wait in the queue, wait out a refusal (the request keeps its place in the fair
+    /// order, so asking again at `until` is served), or give up (a request that can never
+    /// fit, or `call.max_refusals` refusals).
+    pub fn call_lease(
+        &mut self,
+        now: Millis,
+        call: &mut Call,
+        req: &LeaseRequest,
+    ) -> Result<CallStep, LeaseError> {
+        let decision = self.request_lease(now, req)?;
+        let now = self.now;
+        Ok(match decision {
+            Decision::Grant { lease, expires_at } => CallStep::Send { lease, expires_at },
+            Decision::Queued { lease, eta } => {
+                self.wait(now, call, eta, WaitReason::Queued, Some(lease), None)
+            }
+            Decision::Reject {
+                retry_at: Some(at),
+                reason,
+            } => {
+                call.refusals = call.refusals.saturating_add(1);
+                if call.refusals > self.config.call.max_refusals {
+                    self.give_up(call, GiveUpReason::Refusals, Some(reason))
+                } else {
+                    self.wait(now, call, at, WaitReason::Refused, None, Some(reason))
+                }
+            }
+            Decision::Reject {
+                retry_at: None,
+                reason,
+            } => self.give_up(call, GiveUpReason::NeverFits, Some(reason)),
+        })
+    }
+
+    /// Feeds a provider response back ([`Coordinator::handle_response`]) and says what to
+    /// do with it: deliver it, wait and ask again, or give up.
+    ///
+    /// Retried: a 429 unless the provider sends `x-should-retry: false`, and a status of
+    /// 500 or above when it sends `x-should-retry: true`. Everything else is delivered. A
+    /// response that is not a success (a status outside 200–299) is settled here, as
+    /// nothing used: the provider refused it before generating. The wait after a 429:
+    ///
+    /// - a parallel-request (concurrency) 429 clears when other calls finish: full jitter
+    ///   below `call.concurrency_base_ms × 2^(n−1)`, capped by `retry-after` and
+    ///   `backoff.cap_ms`;
+    /// - any other 429 with `retry-after`: until the earlier of `retry-after` and the
+    ///   gateway's `reset_at`, plus up to `backoff.retry_after_jitter_ms`;
+    /// - without `retry-after` (and for a retried server error): full jitter below
+    ///   `backoff.base_ms × 2^(n−1)`, capped at `backoff.cap_ms`.
+    ///
+    /// After `backoff.max_attempts` failed sends the call gives up with the last
+    /// `Retry-After`. The answer carries the step and, when the core settled the lease, the
+    /// settlement. Errors (state unchanged) as for `handle_response`.
+    pub fn call_response(
+        &mut self,
+        now: Millis,
+        call: &mut Call,
+        pool: PoolId,
+        lease: Option<LeaseId>,
+        status: u16,
+        report: &HeaderReport,
+    ) -> Result<CallResponse, LeaseError> {
+        self.handle_response(now, pool, lease, status, report)?;
+        let now = self.now;
+        // Refused before any generation: the call cost no tokens. (`handle_response` checked
+        // the lease is live; settling it cannot fail but for a queued ticket.)
+        let settled = match lease {
+            Some(id) if !(200..300).contains(&status) => {
+                self.settle(now, id, &Usage::default()).ok()
+            }
+            _ => None,
+        };
+        let step = self.response_step(now, call, status, report);
+        Ok(CallResponse { step, settled })
+    }
+
+    fn response_step(
+        &mut self,
+        now: Millis,
+        call: &mut Call,
+        status: u16,
+        report: &HeaderReport,
+    ) -> CallStep {
+        let retryable = match report.should_retry {
+            Some(false) => false,
+            Some(true) => status == 429 || status >= 500,
+            None => status == 429,
+        };
+        if !retryable {
+            return CallStep::Deliver;
+        }
+        call.failed = call.failed.saturating_add(1);
+        if report.retry_after_ms.is_some() {
+            call.last_retry_after_ms = report.retry_after_ms;
+        }
+        let b = self.config.backoff;
+        if call.failed >= b.max_attempts {
+            return self.give_up(call, GiveUpReason::Attempts, None);
+        }
+        let concurrent = status == 429 && report.exceeded == Some(RateAxis::Concurrent);
+        let delay = match report.retry_after_ms {
+            _ if concurrent => {
+                let cap = report.retry_after_ms.unwrap_or(b.cap_ms).min(b.cap_ms);
+                let top = ceiling(self.config.call.concurrency_base_ms, call.failed, cap);
+                self.rng.below_or_eq(top).max(1)
+            }
+            Some(ra) if status == 429 => {
+                let ra = report.reset_at_ms.map_or(ra, |reset| reset.min(ra));
+                ra.saturating_add(self.rng.below_or_eq(b.retry_after_jitter_ms))
+                    .max(1)
+            }
+            _ => self
+                .rng
+                .below_or_eq(ceiling(b.base_ms, call.failed, b.cap_ms))
+                .max(1),
+        };
+        let reason = if status == 429 {
+            WaitReason::RateLimited
+        } else {
+            WaitReason::Overloaded
+        };
+        self.wait(now, call, now.plus(delay), reason, None, None)
+    }
+
+    /// Settles a lease whose call ended without a usage report (the connection dropped,
+    /// the agent aborted, the stream broke): the provider may have processed all of it, so
+    /// it is charged conservatively. `seen` is what the host saw before the end (the usage
+    /// the stream had reported so far, with output tokens counted from the text received),
+    /// or `None` when nothing came back: the input is charged as reported, else as
+    /// reserved (cached prefix included, as uncached); the output as seen plus 16, up to
+    /// `max_tokens`, or the whole `max_tokens` when nothing was seen.
+    pub fn call_interrupted(
+        &mut self,
+        now: Millis,
+        lease: LeaseId,
+        seen: Option<&Usage>,
+    ) -> Result<crate::Settlement, LeaseError> {
+        let ask = match self.live(lease, now) {
+            None => return Err(LeaseError::UnknownLease),
+            Some(e) if matches!(e.phase, Phase::Queued { .. }) => {
+                return Err(LeaseError::NotGranted);
+            }
+            Some(e) => e.ask,
+        };
+        let reserved_input = ask.input_tokens.saturating_add(ask.cached_prefix_tokens);
+        let usage = match seen {
+            None => Usage {
+                input_tokens: reserved_input,
+                output_tokens: ask.max_tokens,
+                ..Usage::default()
+            },
+            Some(u) => {
+                let reported = u
+                    .input_tokens
+                    .saturating_add(u.cache_creation_input_tokens)
+                    .saturating_add(u.cache_read_input_tokens);
+                let mut usage = if reported > 0 {
+                    *u
+                } else {
+                    Usage {
+                        input_tokens: reserved_input,
+                        ..Usage::default()
+                    }
+                };
+                usage.output_tokens = u.output_tokens.saturating_add(16).min(ask.max_tokens);
+                usage
+            }
+        };
+        self.settle(now, lease, &usage)
+    }
+
+    fn wait(
+        &self,
+        now: Millis,
+        call: &Call,
+        until: Millis,
+        reason: WaitReason,
+        ticket: Option<LeaseId>,
+        refusal: Option<crate::RejectReason>,
+    ) -> CallStep {
+        let until = until.max(now);
+        let long = until.since(now);
+        CallStep::Wait {
+            until,
+            reason,
+            ticket,
+            refusal,
+            attempt: call.failed,
+            checkpoint: long >= self.config.call.checkpoint_after_ms
+                || (self.config.prompt_cache_ttl_ms > 0 && long >= self.config.prompt_cache_ttl_ms),
+        }
+    }
+
+    fn give_up(
+        &self,
+        call: &Call,
+        reason: GiveUpReason,
+        refusal: Option<crate::RejectReason>,
+    ) -> CallStep {
+        CallStep::GiveUp {
+            reason,
+            refusal,
+            attempts: call.failed,
+            last_retry_after_ms: call.last_retry_after_ms,
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! The call lifecycle: each step the core hands a host, one test per rule.
+
+use tokenwarden_core::*;
+
+fn coord(extra: &str) -> Coordinator {
+    let json = format!(
+        r#"{{"pools":[{{"name":"p","input_tokens_per_minute":100000,"output_tokens_per_minute":20000,
+            "requests_per_minute":1000,"max_concurrent":4}}]{extra}}}"#
+    );
+    Coordinator::new(Config::from_json(&json).unwrap(), 7, Millis(0)).unwrap()
+}
+
+fn ask(agent: u64, input: u64, max_tokens: u64) -> LeaseRequest {
+    LeaseRequest {
+        agent: AgentId(agent),
+        input_tokens: input,
+        max_tokens,
+        ..Default::default()
+    }
+}
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderReport {
+    parse_headers(pairs.iter().copied(), None)
+}
+
+fn sent(step: CallStep) -> LeaseId {
+    match step {
+        CallStep::Send { lease, .. } => lease,
+        other => panic!("expected send, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_grant_is_sent_and_a_success_delivered() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let step = c
+        .call_response(
+            Millis(10),
+            &mut call,
+            PoolId(0),
+            Some(lease),
+            200,
+            &headers(&[]),
+        )
+        .unwrap()
+        .step;
+    assert_eq!(step, CallStep::Deliver);
+    // A success is the host's to settle, with the usage it read.
+    assert!(c.settle(Millis(20), lease, &Usage::default()).is_ok());
+}
+
+#[test]
+fn a_client_error_is_delivered_and_settled_as_nothing_used() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let step = c
+        .call_response(
+            Millis(10),
+            &mut call,
+            PoolId(0),
+            Some(lease),
+            400,
+            &headers(&[]),
+        )
+        .unwrap()
+        .step;
+    assert_eq!(step, CallStep::Deliver);
+    assert_eq!(
+        c.settle(Millis(20), lease, &Usage::default()),
+        Err(LeaseError::UnknownLease)
+    );
+    assert_eq!(c.metrics(Millis(20)).live_leases, 0);
+}
+
+#[test]
+fn a_429_waits_for_retry_after_and_the_next_ask_is_sent() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let step = c
+        .call_response(
+            Millis(10),
+            &mut call,
+            PoolId(0),
+            Some(lease),
+            429,
+            &headers(&[("retry-after", "2")]),
+        )
+        .unwrap()
+        .step;
+    let CallStep::Wait {
+        until,
+        reason: WaitReason::RateLimited,
+        ticket: None,
+        attempt: 1,
+        checkpoint: false,
+        ..
+    } = step
+    else {
+        panic!("expected a rate-limited wait, got {step:?}")
+    };
+    assert!((2010..=3010).contains(&until.0), "{until:?}");
+    assert_eq!(call.last_retry_after_ms, Some(2000));
+    // The lease was given back; asking again at `until` is served (the pause is over).
+    assert_eq!(c.metrics(until).live_leases, 0);
+    sent(c.call_lease(until, &mut call, &ask(1, 1000, 100)).unwrap());
+}
+
+#[test]
+fn x_should_retry_false_delivers_the_429() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let r = headers(&[("retry-after", "2"), ("x-should-retry", "false")]);
+    let step = c
+        .call_response(Millis(10), &mut call, PoolId(0), Some(lease), 429, &r)
+        .unwrap()
+        .step;
+    assert_eq!(step, CallStep::Deliver);
+}
+
+#[test]
+fn a_server_error_is_retried_only_when_the_provider_says_so() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let step = c
+        .call_response(
+            Millis(10),
+            &mut call,
+            PoolId(0),
+            Some(lease),
+            503,
+            &headers(&[]),
+        )
+        .unwrap()
+        .step;
+    assert_eq!(step, CallStep::Deliver);
+    let lease = sent(
+        c.call_lease(Millis(20), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let r = headers(&[("x-should-retry", "true")]);
+    let step = c
+        .call_response(Millis(30), &mut call, PoolId(0), Some(lease), 529, &r)
+        .unwrap()
+        .step;
+    assert!(
+        matches!(
+            step,
+            CallStep::Wait {
+                reason: WaitReason::Overloaded,
+                attempt: 1,
+                ..
+            }
+        ),
+        "{step:?}"
+    );
+}
+
+#[test]
+fn gives_up_after_max_attempts_with_the_last_retry_after() {
+    let mut c = coord(r#","backoff":{"max_attempts":3}"#);
+    let mut call = Call::new();
+    let mut now = 0;
+    let mut steps = Vec::new();
+    for i in 0..3 {
+        let lease = sent(
+            c.call_lease(Millis(now), &mut call, &ask(1, 1000, 100))
+                .unwrap(),
+        );
+        let ra = if i == 0 { "7" } else { "1" };
+        let step = c
+            .call_response(
+                Millis(now),
+                &mut call,
+                PoolId(0),
+                Some(lease),
+                429,
+                &headers(&[("retry-after", ra)]),
+            )
+            .unwrap()
+            .step;
+        if let CallStep::Wait { until, .. } = step {
+            now = until.0;
+        }
+        steps.push(step);
+    }
+    assert_eq!(
+        steps[2],
+        CallStep::GiveUp {
+            reason: GiveUpReason::Attempts,
+            refusal: None,
+            attempts: 3,
+            last_retry_after_ms: Some(1000),
+        }
+    );
+    assert_eq!(c.metrics(Millis(now)).live_leases, 0);
+}
+
+#[test]
+fn a_concurrency_429_backs_off_from_one_second_capped_by_retry_after() {
+    let mut c = coord("");
+    let r = headers(&[("retry-after", "60"), ("rate_limit_type", "concurrent")]);
+    assert_eq!(r.exceeded, Some(headers::RateAxis::Concurrent));
+    for _ in 0..50 {
+        let mut call = Call::new();
+        let mut ceiling = 1000;
+        for _ in 0..5 {
+            let now = c.now();
+            let lease = sent(c.call_lease(now, &mut call, &ask(1, 10, 10)).unwrap());
+            let step = c
+                .call_response(now, &mut call, PoolId(0), Some(lease), 429, &r)
+                .unwrap()
+                .step;
+            let CallStep::Wait { until, .. } = step else {
+                panic!("{step:?}")
+            };
+            let waited = until.since(now);
+            assert!((1..=ceiling).contains(&waited), "{waited} > {ceiling}");
+            ceiling = (ceiling * 2).min(30_000);
+        }
+    }
+    // Capped by a short retry-after.
+    let short = headers(&[("retry-after", "1"), ("rate_limit_type", "concurrent")]);
+    let mut call = Call {
+        failed: 4,
+        ..Call::new()
+    };
+    let now = c.now();
+    let lease = sent(c.call_lease(now, &mut call, &ask(1, 10, 10)).unwrap());
+    let CallStep::Wait { until, .. } = c
+        .call_response(now, &mut call, PoolId(0), Some(lease), 429, &short)
+        .unwrap()
+        .step
+    else {
+        panic!("expected a wait")
+    };
+    assert!(until.since(now) <= 1000);
+}
+
+#[test]
+fn an_rpm_429_waits_until_the_earlier_of_retry_after_and_reset_at() {
+    let mut c = coord(r#","backoff":{"retry_after_jitter_ms":0}"#);
+    let mut call = Call::new();
+    let lease = sent(c.call_lease(Millis(0), &mut call, &ask(1, 10, 10)).unwrap());
+    // reset_at is an instant in Unix seconds: 15 s from the unix clock passed in.
+    let r = parse_headers(
+        [
+            ("retry-after", "60"),
+            ("rate_limit_type", "rpm"),
+            ("reset_at", "1700000015"),
+        ],
+        Some(1_700_000_000_000),
+    );
+    assert_eq!(r.reset_at_ms, Some(15_000), "{r:?}");
+    let step = c
+        .call_response(Millis(0), &mut call, PoolId(0), Some(lease), 429, &r)
+        .unwrap()
+        .step;
+    assert!(
+        matches!(
+            step,
+            CallStep::Wait {
+                until: Millis(15_000),
+                ..
+            }
+        ),
+        "{step:?}"
+    );
+}
+
+#[test]
+fn a_refusal_waits_until_retry_at_and_gives_up_after_max_refusals() {
+    // A queue of one: the second waiter is refused queue_full with a retry time.
+    let mut c = coord(r#","max_queue_depth":1,"call":{"max_refusals":2}"#);
+    let mut holder = Call::new();
+    let big = ask(1, 80_000, 100);
+    sent(c.call_lease(Millis(0), &mut holder, &big).unwrap());
+    let step = c
+        .call_lease(Millis(0), &mut holder, &ask(2, 80_000, 100))
+        .unwrap();
+    assert!(
+        matches!(
+            step,
+            CallStep::Wait {
+                reason: WaitReason::Queued,
+                ticket: Some(_),
+                checkpoint: true,
+                ..
+            }
+        ),
+        "{step:?}"
+    );
+    let mut call = Call::new();
+    for n in 1..=3 {
+        let step = c
+            .call_lease(Millis(0), &mut call, &ask(3, 80_000, 100))
+            .unwrap();
+        if n <= 2 {
+            assert!(
+                matches!(
+                    step,
+                    CallStep::Wait {
+                        reason: WaitReason::Refused,
+                        refusal: Some(RejectReason::QueueFull),
+                        ticket: None,
+                        ..
+                    }
+                ),
+                "{step:?}"
+            );
+        } else {
+            assert_eq!(
+                step,
+                CallStep::GiveUp {
+                    reason: GiveUpReason::Refusals,
+                    refusal: Some(RejectReason::QueueFull),
+                    attempts: 0,
+                    last_retry_after_ms: None
+                }
+            );
+        }
+    }
+}
+
+#[test]
+fn a_request_that_never_fits_gives_up_at_once() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    let step = c
+        .call_lease(Millis(0), &mut call, &ask(1, 10_000_000, 100))
+        .unwrap();
+    assert!(
+        matches!(
+            step,
+            CallStep::GiveUp {
+                reason: GiveUpReason::NeverFits,
+                refusal: Some(RejectReason::ExceedsCapacity { .. }),
+                ..
+            }
+        ),
+        "{step:?}"
+    );
+}
+
+#[test]
+fn an_interrupted_call_is_charged_conservatively() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    let req = LeaseRequest {
+        cached_prefix_tokens: 500,
+        ..ask(1, 1000, 800)
+    };
+    // Nothing came back: input as reserved, all of max_tokens.
+    let lease = sent(c.call_lease(Millis(0), &mut call, &req).unwrap());
+    let s = c.call_interrupted(Millis(5), lease, None).unwrap();
+    assert_eq!(s.used.get(Axis::InputTokens), 1500);
+    assert_eq!(s.used.get(Axis::OutputTokens), 800);
+    // A stream broke after 100 output tokens, its input reported: that plus 16.
+    let lease = sent(c.call_lease(Millis(5), &mut call, &req).unwrap());
+    let seen = Usage {
+        input_tokens: 1200,
+        output_tokens: 100,
+        ..Usage::default()
+    };
+    let s = c.call_interrupted(Millis(9), lease, Some(&seen)).unwrap();
+    assert_eq!(s.used.get(Axis::InputTokens), 1200);
+    assert_eq!(s.used.get(Axis::OutputTokens), 116);
+    // Ended leases are an error, as for settle.
+    assert_eq!(
+        c.call_interrupted(Millis(9), lease, None),
+        Err(LeaseError::UnknownLease)
+    );
+}
