@@ -25,7 +25,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use tokenwarden_core::{
-    AgentId, Backoff, BackoffStep, Config, Coordinator, Decision, Event, LeaseId, LeaseRequest,
+    AgentId, Call as CallState, CallStep, Config, Coordinator, Event, LeaseId, LeaseRequest,
     Millis, PoolId, Rng, Role, Usage, parse_headers,
 };
 
@@ -128,6 +128,9 @@ pub struct AgentSpec {
     pub tenant: usize,
     /// Tasks in the agent's backlog; `None` keeps it working until the run ends.
     pub tasks: Option<u32>,
+    /// Each call draws its size instead of following `shape`: every fourth call sends
+    /// 15–20k fresh tokens with `max_tokens` 2000, the others 1–2k with 500 (`mixed`).
+    pub mixed_sizes: bool,
 }
 
 /// A simulated situation.
@@ -226,6 +229,23 @@ pub struct RunResult {
     pub max_in_flight: u64,
     /// The provider's limits.
     pub limits: Limits,
+    /// Every call admitted by the provider: who, its size, and how long it waited.
+    pub calls: Vec<CallRecord>,
+    /// Per agent: tokens charged (uncached input + output).
+    pub agent_tokens: Vec<u64>,
+}
+
+/// One call the provider admitted.
+#[derive(Clone, Copy, Debug)]
+pub struct CallRecord {
+    /// The agent.
+    pub agent: usize,
+    /// Prompt tokens (fresh + cached prefix).
+    pub input: u64,
+    /// Its `max_tokens`.
+    pub max_tokens: u64,
+    /// From its first attempt to its admission, ms.
+    pub waited_ms: u64,
 }
 
 impl RunResult {
@@ -343,7 +363,8 @@ struct Agent {
     tag: u64,
     attempts: u32,
     first_try: u64,
-    backoff: Backoff,
+    call_state: CallState,
+    calls_made: u64,
     lease: Option<LeaseId>,
     wait_since: u64,
     replan_left: u32,
@@ -407,7 +428,8 @@ impl<'a> Sim<'a> {
                     tag: 0,
                     attempts: 0,
                     first_try: 0,
-                    backoff: Backoff::new(),
+                    call_state: CallState::new(),
+                    calls_made: 0,
                     lease: None,
                     wait_since: 0,
                     replan_left: 0,
@@ -441,6 +463,8 @@ impl<'a> Sim<'a> {
                 margin_floor: 600,
                 max_in_flight: 0,
                 limits: sc.limits,
+                calls: Vec::new(),
+                agent_tokens: vec![0; n],
             },
         }
     }
@@ -628,7 +652,22 @@ impl<'a> Sim<'a> {
             let new = spec.shape.new_tokens.max(1).min(a.context);
             (new, a.context - new)
         };
-        let max_tokens = spec.shape.max_tokens;
+        let mut max_tokens = spec.shape.max_tokens;
+        let (new_tokens, prefix) = if spec.mixed_sizes {
+            // Every fourth call is big, so each agent asks for the same mix: what differs
+            // between agents is what the scheduler did, not the luck of the draw.
+            let big = (self.agents[i].calls_made + i as u64) % 4 == 0;
+            self.agents[i].calls_made += 1;
+            let (lo, hi, max) = if big {
+                (15_000, 20_000, 2_000)
+            } else {
+                (1_000, 2_000, 500)
+            };
+            max_tokens = max;
+            (self.uniform(lo, hi), 0)
+        } else {
+            (new_tokens, prefix)
+        };
         let (lo, hi) = self.sc.output_permille;
         let output = max_tokens * self.uniform(lo, hi) / 1000;
         let noise = self.sc.estimate_noise_permille;
@@ -654,7 +693,7 @@ impl<'a> Sim<'a> {
         let a = &mut self.agents[i];
         a.attempts = 0;
         a.first_try = self.now;
-        a.backoff = Backoff::new();
+        a.call_state = CallState::new();
         a.state = State::Waiting;
         a.wait_since = self.now;
         self.attempt(i);
@@ -696,19 +735,29 @@ impl<'a> Sim<'a> {
         };
         let now = self.now;
         let Some(c) = self.coord.as_mut() else { return };
-        match c
-            .request_lease(Millis(now), &req)
-            .expect("valid lease request")
-        {
-            Decision::Grant { lease, .. } => {
+        // The shipped call lifecycle decides: send, wait in the queue, come back at `until`
+        // (the call keeps its place), or give up (the harness then breaks the turn).
+        let mut state = self.agents[i].call_state;
+        let step = c
+            .call_lease(Millis(now), &mut state, &req)
+            .expect("valid lease request");
+        self.agents[i].call_state = state;
+        match step {
+            CallStep::Send { lease, .. } => {
                 self.agents[i].lease = Some(lease);
                 self.send(i);
             }
-            Decision::Queued { lease, .. } => self.agents[i].lease = Some(lease),
-            Decision::Reject { retry_at, .. } => {
+            CallStep::Wait {
+                ticket: Some(ticket),
+                ..
+            } => self.agents[i].lease = Some(ticket),
+            CallStep::Wait { until, .. } => {
                 self.agents[i].lease = None;
-                let t = retry_at.map_or(now + 60_000, |t| t.0.max(now + 1));
-                self.at(t, Ev::Retry(i));
+                self.at(until.0.max(now + 1), Ev::Retry(i));
+            }
+            CallStep::GiveUp { .. } | CallStep::Deliver => {
+                self.agents[i].lease = None;
+                self.break_turn(i);
             }
         }
     }
@@ -763,6 +812,13 @@ impl<'a> Sim<'a> {
                     output_tokens: call.output,
                 });
                 let charged = adm.input_tokens;
+                self.r.calls.push(CallRecord {
+                    agent: i,
+                    input: call.new_tokens + call.prefix,
+                    max_tokens: call.max_tokens,
+                    waited_ms: waited,
+                });
+                self.r.agent_tokens[i] += charged;
                 self.r.fleet_tokens += charged;
                 self.r.tenant_tokens[self.sc.agents[i].tenant] += charged;
                 if let Some(m) = self.minute_mut() {
@@ -787,25 +843,21 @@ impl<'a> Sim<'a> {
                         .collect();
                     let report = parse_headers(headers, Some(self.provider.epoch_unix_ms + now));
                     let c = self.coord.as_mut().expect("coordinator strategy");
-                    c.handle_response(Millis(now), PoolId(0), lease, 429, &report)
+                    // The core decides: it gives the reservation back (nothing was processed;
+                    // the request still counts) and says when to retry, or to give up.
+                    let mut state = self.agents[i].call_state;
+                    let answer = c
+                        .call_response(Millis(now), &mut state, PoolId(0), lease, 429, &report)
                         .expect("known pool and lease");
-                    if let Some(l) = lease {
-                        // Nothing was processed: give the reservation back (the request still counts).
-                        c.settle(Millis(now), l, &Usage::default())
-                            .expect("lease is live");
+                    self.agents[i].call_state = state;
+                    match answer.step {
+                        CallStep::Wait { until, .. } => {
+                            self.at(until.0.max(now + 1), Ev::Retry(i));
+                        }
+                        CallStep::Send { .. } | CallStep::Deliver | CallStep::GiveUp { .. } => {
+                            self.break_turn(i);
+                        }
                     }
-                    let mut b = self.agents[i].backoff;
-                    let step = c.backoff(&mut b, Some(retry_after_ms));
-                    self.agents[i].backoff = b;
-                    // Checkpointed: the agent waits and retries this call, however long it takes.
-                    let delay = match step {
-                        BackoffStep::Retry { delay_ms, .. } => delay_ms,
-                        BackoffStep::GiveUp {
-                            last_retry_after_ms,
-                            ..
-                        } => last_retry_after_ms.unwrap_or(30_000),
-                    };
-                    self.at(now + delay.max(1), Ev::Retry(i));
                 } else {
                     self.backoff_or_break(i, retry_after_ms);
                 }
@@ -882,6 +934,7 @@ impl<'a> Sim<'a> {
         self.provider.complete(now, i, call.prefix, call.output);
         self.r.fleet_tokens += call.output;
         self.r.tenant_tokens[self.sc.agents[i].tenant] += call.output;
+        self.r.agent_tokens[i] += call.output;
         if let Some(m) = self.minute_mut() {
             m.output += call.output;
         }
@@ -893,8 +946,11 @@ impl<'a> Sim<'a> {
                 .collect();
             let report = parse_headers(pairs, Some(self.provider.epoch_unix_ms + now));
             let c = self.coord.as_mut().expect("coordinator strategy");
-            c.handle_response(Millis(now), PoolId(0), None, 200, &report)
+            let mut state = self.agents[i].call_state;
+            let answer = c
+                .call_response(Millis(now), &mut state, PoolId(0), None, 200, &report)
                 .expect("known pool");
+            debug_assert_eq!(answer.step, CallStep::Deliver);
             let delay = self.sc.settle_delay_ms;
             if delay == 0 {
                 self.settle(i, tag);

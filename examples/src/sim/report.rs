@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::Path;
 
+use tokenwarden_core::Role;
+
 use super::{RunResult, Scenario, Strategy};
 
 /// One goal, checked.
@@ -181,6 +183,55 @@ pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
                 second >= 0.9,
             );
         }
+        "mixed" => {
+            let Some(e) = e else { return g };
+            let calls = call_waits(sc, e);
+            let over = calls.iter().filter(|c| c.waited_ms > c.bound_ms).count();
+            let worst = calls
+                .iter()
+                .map(|c| c.waited_ms as f64 / c.bound_ms.max(1) as f64)
+                .fold(0.0, f64::max);
+            push(
+                "no call waits past its bound (e)",
+                format!(
+                    "{over} of {} calls over; longest wait {:.0}% of its bound",
+                    calls.len(),
+                    worst * 100.0
+                ),
+                over == 0,
+            );
+            let per_token = |big: bool| {
+                let mut v: Vec<f64> = calls
+                    .iter()
+                    .filter(|c| c.big == big)
+                    .map(|c| c.waited_ms as f64 / c.size as f64)
+                    .collect();
+                percentile(&mut v, 950)
+            };
+            let (big, small) = (per_token(true), per_token(false));
+            push(
+                "big-call p95 wait per token <= 2x a small call's (e)",
+                format!(
+                    "{:.2} vs {:.2} ms per token ({:.2}x)",
+                    big,
+                    small,
+                    big / small.max(f64::MIN_POSITIVE)
+                ),
+                big <= 2.0 * small,
+            );
+            let jains = role_jain(sc, e);
+            let lowest = jains.iter().map(|(_, j)| *j).fold(1.0, f64::min);
+            push(
+                "Jain within each role >= 0.95 (e), over tokens served",
+                jains
+                    .iter()
+                    .map(|(role, j)| format!("{role} {j:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                lowest >= 0.95,
+            );
+            push("0 429s (e)", rate_limited(e), e.rate_limited == 0);
+        }
         "fairness" => {
             let Some(e) = e else { return g };
             push(
@@ -212,6 +263,153 @@ pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
         _ => {}
     }
     g
+}
+
+/// One admitted call with the wait bound the core documents for it.
+struct CallWait {
+    role: Role,
+    big: bool,
+    /// Input + `max_tokens`.
+    size: u64,
+    waited_ms: u64,
+    bound_ms: u64,
+}
+
+/// The weight the coordinator gives an agent under the run's strategy, thousandths.
+fn weight_of(sc: &Scenario, strategy: Strategy, agent: usize) -> u64 {
+    let (planner, reviewer, worker) = sc.weights;
+    let role = if strategy == Strategy::Coordinator {
+        sc.agents[agent].role
+    } else {
+        Role::Worker
+    };
+    u64::from(match role {
+        Role::Planner => planner,
+        Role::Reviewer => reviewer,
+        Role::Worker => worker,
+    })
+}
+
+/// Every admitted call with its bound (`Coordinator::request_lease`'s doc): `(S + Σᵢ (S·wᵢ/w
+/// + sᵢ)) / R`, S its reservation (+1), w its weight, the sum over every other agent
+/// (weight wᵢ, largest call sᵢ of the run), R the input limit × the margin ceiling per ms.
+fn call_waits(sc: &Scenario, r: &RunResult) -> Vec<CallWait> {
+    let n = sc.agents.len();
+    let mut largest = vec![0u64; n];
+    for c in &r.calls {
+        largest[c.agent] = largest[c.agent].max(c.input + c.max_tokens);
+    }
+    let rate_per_s = sc.limits.input_tpm * u64::from(sc.margin_ceiling) / 1000 / 60;
+    r.calls
+        .iter()
+        .map(|c| {
+            let size = c.input + c.max_tokens + 1;
+            let w = weight_of(sc, r.strategy, c.agent).max(1);
+            let others: u64 = (0..n)
+                .filter(|j| *j != c.agent)
+                .map(|j| size * weight_of(sc, r.strategy, j) / w + largest[j])
+                .sum();
+            CallWait {
+                role: sc.agents[c.agent].role,
+                big: c.input >= 10_000,
+                size,
+                waited_ms: c.waited_ms,
+                bound_ms: (size + others) * 1000 / rate_per_s.max(1),
+            }
+        })
+        .collect()
+}
+
+/// A percentile (thousandths) of `v`, sorted in place; 0 when empty.
+fn percentile(v: &mut [f64], permille: usize) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() * permille).div_ceil(1000)).clamp(1, v.len()) - 1]
+}
+
+fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Planner => "planner",
+        Role::Reviewer => "reviewer",
+        Role::Worker => "worker",
+    }
+}
+
+/// Jain's index over the tokens each agent was served, within each role present.
+fn role_jain(sc: &Scenario, r: &RunResult) -> Vec<(&'static str, f64)> {
+    [Role::Planner, Role::Reviewer, Role::Worker]
+        .into_iter()
+        .filter_map(|role| {
+            let x: Vec<f64> = (0..sc.agents.len())
+                .filter(|&i| sc.agents[i].role == role)
+                .map(|i| r.agent_tokens[i] as f64)
+                .collect();
+            if x.is_empty() {
+                return None;
+            }
+            let sum: f64 = x.iter().sum();
+            let sq: f64 = x.iter().map(|v| v * v).sum();
+            Some((
+                role_name(role),
+                if sq == 0.0 {
+                    1.0
+                } else {
+                    sum * sum / (x.len() as f64 * sq)
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Waits per size class and role, against the bound: the `mixed` scenario's table.
+pub fn waits_table(sc: &Scenario, r: &RunResult) -> String {
+    let calls = call_waits(sc, r);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Waits under {}, from a call's first ask to its admission, against the bound the core documents for it (`Coordinator::request_lease`):\n",
+        r.strategy.label()
+    );
+    let _ = writeln!(
+        s,
+        "| calls | role | n | p50 wait | p95 wait | max wait | p95 wait per token | longest wait / its bound |"
+    );
+    let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|");
+    for big in [false, true] {
+        for role in [Role::Planner, Role::Reviewer, Role::Worker] {
+            let class: Vec<&CallWait> = calls
+                .iter()
+                .filter(|c| c.big == big && c.role == role)
+                .collect();
+            if class.is_empty() {
+                continue;
+            }
+            let mut w: Vec<f64> = class.iter().map(|c| c.waited_ms as f64 / 1000.0).collect();
+            let mut per: Vec<f64> = class
+                .iter()
+                .map(|c| c.waited_ms as f64 / c.size as f64)
+                .collect();
+            let worst = class
+                .iter()
+                .map(|c| c.waited_ms as f64 / c.bound_ms.max(1) as f64)
+                .fold(0.0, f64::max);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.1} s | {:.1} s | {:.1} s | {:.2} ms | {:.0}% |",
+                if big { "big (15-20k)" } else { "small (1-2k)" },
+                role_name(role),
+                class.len(),
+                percentile(&mut w, 500),
+                percentile(&mut w, 950),
+                percentile(&mut w, 1000),
+                percentile(&mut per, 950),
+                worst * 100.0
+            );
+        }
+    }
+    s
 }
 
 /// The markdown table of one scenario.
@@ -500,6 +698,12 @@ pub fn write(
             let file = format!("{}-usage-{}.svg", sc.name, r.strategy.id());
             std::fs::write(dir.join(&file), usage_svg(r))?;
             let _ = writeln!(md, "![{} usage]({file})", r.strategy.label());
+        }
+        if sc.name == "mixed" {
+            for r in results.iter().filter(|r| r.strategy.uses_coordinator()) {
+                md.push('\n');
+                md.push_str(&waits_table(sc, r));
+            }
         }
         if sc.name == "seed003" {
             let names: Vec<String> = sc.agents.iter().map(|a| a.name.clone()).collect();

@@ -24,6 +24,7 @@ fn agent(name: &str, role: Role, shape: TurnShape, tool_ms: u64) -> AgentSpec {
         looping: false,
         tenant: 0,
         tasks: None,
+        mixed_sizes: false,
     }
 }
 
@@ -69,6 +70,11 @@ const REVIEW: TurnShape = TurnShape {
     max_tokens: 2_048,
     turns: 3,
 };
+
+/// Mean think time in `mixed`: 40 agents × 5.5k tokens a call on average (a quarter
+/// 17.5k, the rest 1.5k) offering 1.5 × 120k a minute is one call per agent every ~73 s,
+/// of which ~9 s is the call itself.
+const MIXED_TOOL_MS: u64 = 64_000;
 
 /// The write-up's fleet: 20 agents from one push, in lock step on a ~90 s loop.
 fn seed003_fleet() -> Vec<AgentSpec> {
@@ -283,6 +289,37 @@ pub fn scenarios() -> Vec<Scenario> {
     s.weights = (4000, 2000, 1000);
     s.limits.rpm = 2_000;
     s.strategies = vec![Strategy::CoordinatorEqual, Strategy::Coordinator];
+    out.push(s);
+
+    // 40 agents, a quarter of whose calls are big: roles 4 planners, 8 reviewers, 28
+    // workers; Poisson think time sized so the fleet offers 1.5x the input limit.
+    let agents = (0..40)
+        .map(|i| {
+            let role = match i {
+                0..4 => Role::Planner,
+                4..12 => Role::Reviewer,
+                _ => Role::Worker,
+            };
+            let mut a = agent(&format!("mixed-{i}"), role, LINT, MIXED_TOOL_MS);
+            a.mixed_sizes = true;
+            a.exponential_tool = true;
+            a.tenant = i;
+            a
+        })
+        .collect();
+    let mut s = base(
+        "mixed",
+        "40 agents (4 planners, 8 reviewers, 28 workers) offering 1.5x the input limit: every fourth call of each agent 15-20k tokens with max_tokens 2000, the others 1-2k with 500; Poisson think times; the SDK fleet's limits (120k input / 12k output tokens, 90 requests a minute, 10 parallel).",
+        "no call waits past its bound; big-call p95 wait per token within 2x a small call's; Jain within a role >= 0.95; 0 429s",
+        agents,
+    );
+    s.limits = Limits {
+        input_tpm: 120_000,
+        output_tpm: 12_000,
+        rpm: 90,
+        concurrent: 10,
+    };
+    s.minutes = 30;
     out.push(s);
 
     let mut s = base(
