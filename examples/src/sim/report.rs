@@ -290,9 +290,10 @@ fn weight_of(sc: &Scenario, strategy: Strategy, agent: usize) -> u64 {
     })
 }
 
-/// Every admitted call with its bound (`Coordinator::request_lease`'s doc): `(S + Σᵢ (S·wᵢ/w
-/// + sᵢ)) / R`, S its reservation (+1), w its weight, the sum over every other agent
-/// (weight wᵢ, largest call sᵢ of the run), R the input limit × the margin ceiling per ms.
+/// Every admitted call with its bound (`Coordinator::request_lease`'s doc):
+/// `(S + Σᵢ (S·wᵢ/w + sᵢ)) / R`, S its reservation (+1), w its weight, the sum over every
+/// other agent (weight wᵢ, largest call sᵢ of the run), R the input limit × the margin
+/// ceiling per ms.
 fn call_waits(sc: &Scenario, r: &RunResult) -> Vec<CallWait> {
     let n = sc.agents.len();
     let mut largest = vec![0u64; n];
