@@ -12,8 +12,8 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_main};
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use tokenwarden_core::{
-    AgentId, Config, Coordinator, Decision, Event, LeaseId, LeaseRequest, Millis, PoolId, Role,
-    TokenBucket, Usage, parse_headers,
+    AgentId, Call, CallStep, Config, Coordinator, Decision, Event, HeaderReport, LeaseId,
+    LeaseRequest, Millis, PoolId, Role, TokenBucket, Usage, parse_headers,
 };
 
 /// Limits far above what one request per millisecond uses, so every request is granted.
@@ -145,6 +145,88 @@ fn grant_settle(c: &mut Criterion) {
             }
         });
     });
+}
+
+/// The call lifecycle on the same pool as `grant_settle`: `call_lease` (granted: send),
+/// `call_response` (200, no rate-limit headers: deliver), `settle`, drain; and the same
+/// with a 429 on every attempt's first send (`call_response` settles it and answers wait;
+/// the second ask is sent and delivered): the per-step cost of a call's decisions.
+fn call_steps(c: &mut Criterion) {
+    let mut g = c.benchmark_group("call");
+    for with_429 in [false, true] {
+        let name = if with_429 {
+            "send_429_retry_deliver"
+        } else {
+            "send_deliver"
+        };
+        g.bench_function(name, |b| {
+            let mut coord = coordinator(&format!(
+                r#"{{"pools":[{{"name":"p",{ROOMY_POOL},"max_concurrent":1000}}],
+                    "feedback":{{"max_pause_ms":1}},"backoff":{{"retry_after_jitter_ms":0}}}}"#
+            ));
+            let reqs: Vec<LeaseRequest> = (0..8)
+                .map(|i| LeaseRequest {
+                    agent: AgentId(i),
+                    input_tokens: 2_000 + 500 * i,
+                    max_tokens: 1_000,
+                    role: role(i),
+                    ..Default::default()
+                })
+                .collect();
+            let ok = HeaderReport::default();
+            let limited = parse_headers([("retry-after-ms", "1")], None);
+            let mut now = 0u64;
+            let mut i = 0usize;
+            b.iter(|| {
+                now += 2;
+                i = (i + 1) % reqs.len();
+                let req = &reqs[i];
+                let mut call = Call::new();
+                if with_429 {
+                    let CallStep::Send { lease, .. } = coord
+                        .call_lease(Millis(now), &mut call, black_box(req))
+                        .unwrap()
+                    else {
+                        panic!("expected send")
+                    };
+                    let a = coord
+                        .call_response(
+                            Millis(now),
+                            &mut call,
+                            PoolId(0),
+                            Some(lease),
+                            429,
+                            &limited,
+                        )
+                        .unwrap();
+                    let CallStep::Wait { until, .. } = a.step else {
+                        panic!("expected wait")
+                    };
+                    now = until.0;
+                }
+                let CallStep::Send { lease, .. } = coord
+                    .call_lease(Millis(now), &mut call, black_box(req))
+                    .unwrap()
+                else {
+                    panic!("expected send")
+                };
+                let a = coord
+                    .call_response(Millis(now), &mut call, PoolId(0), Some(lease), 200, &ok)
+                    .unwrap();
+                let _ = black_box(a.step);
+                let usage = Usage {
+                    input_tokens: req.input_tokens,
+                    output_tokens: 300,
+                    ..Default::default()
+                };
+                black_box(coord.settle(Millis(now), lease, black_box(&usage)).unwrap());
+                while let Some(e) = coord.poll_event() {
+                    black_box(e);
+                }
+            });
+        });
+    }
+    g.finish();
 }
 
 /// The weighted fair queue at depth N. The pool allows one call in flight and a held lease
@@ -366,6 +448,7 @@ fn benches() {
         .configure_from_args();
     single_bucket(&mut c);
     grant_settle(&mut c);
+    call_steps(&mut c);
     wfq(&mut c);
     reap(&mut c);
     headers(&mut c);

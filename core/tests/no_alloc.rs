@@ -9,7 +9,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use tokenwarden_core::{AgentId, Config, Coordinator, Decision, LeaseRequest, Millis, Role, Usage};
+use tokenwarden_core::{
+    AgentId, Call, CallStep, Config, Coordinator, Decision, HeaderReport, LeaseRequest, Millis,
+    PoolId, Role, Usage,
+};
 
 struct Counting;
 
@@ -144,6 +147,80 @@ fn steady_state_grant_settle_does_not_allocate() {
     assert_eq!(
         allocated, 0,
         "steady-state grant + settle allocated {allocated} times in 20000 iterations"
+    );
+    c.check().unwrap();
+}
+
+/// The call lifecycle's steps on the same steady state allocate nothing either: a call
+/// asks, is sent, meets a 429 every fourth time (retried after the core's wait) and is
+/// delivered and settled otherwise.
+#[test]
+fn steady_state_call_steps_do_not_allocate() {
+    let config = Config::from_json(
+        r#"{"pools":[{"name":"p","input_tokens_per_minute":100000000,
+            "output_tokens_per_minute":100000000,"requests_per_minute":1000000,
+            "max_concurrent":8}],
+            "max_leases":4,"lease_ttl_ms":500,"metrics_minutes":3,
+            "prompt_cache_ttl_ms":2000,"feedback":{"max_pause_ms":1}}"#,
+    )
+    .unwrap();
+    let mut c = Coordinator::new(config, 7, Millis(0)).unwrap();
+    let ok = HeaderReport::default();
+    let limited = tokenwarden_core::parse_headers([("retry-after-ms", "1")], None);
+    let step = |c: &mut Coordinator, now: &mut u64, i: u64| {
+        let req = request(i);
+        let mut call = Call::new();
+        loop {
+            *now += 3;
+            let lease = match c.call_lease(Millis(*now), &mut call, &req).unwrap() {
+                CallStep::Send { lease, .. } => lease,
+                other => panic!("expected send at {now}, got {other:?}"),
+            };
+            let (status, report) = if i % 4 == 0 && call.failed == 0 {
+                (429, &limited)
+            } else {
+                (200, &ok)
+            };
+            let answer = c
+                .call_response(
+                    Millis(*now),
+                    &mut call,
+                    PoolId(0),
+                    Some(lease),
+                    status,
+                    report,
+                )
+                .unwrap();
+            match answer.step {
+                CallStep::Deliver => {
+                    let usage = Usage {
+                        input_tokens: req.input_tokens,
+                        output_tokens: 100 + i % 900,
+                        ..Default::default()
+                    };
+                    c.settle(Millis(*now), lease, &usage).unwrap();
+                    break;
+                }
+                CallStep::Wait { until, .. } => *now = (*now).max(until.0),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        while c.poll_event().is_some() {}
+    };
+    let (mut now, mut i) = (0, 0);
+    for _ in 0..2_000 {
+        i += 1;
+        step(&mut c, &mut now, i);
+    }
+    let before = allocations();
+    for _ in 0..20_000 {
+        i += 1;
+        step(&mut c, &mut now, i);
+    }
+    let allocated = allocations() - before;
+    assert_eq!(
+        allocated, 0,
+        "steady-state call steps allocated {allocated} times in 20000 calls"
     );
     c.check().unwrap();
 }
