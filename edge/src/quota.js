@@ -4,16 +4,19 @@
 //
 // Persistence: after every change (an API call, or a driver event such as a grant from the
 // queue, an expiry or a streamed proxy call settling) the coordinator's snapshot and the
-// lease table are written under one key. Writes in the same turn are coalesced into one
-// `put`, and the reply to a mutating call waits for it, so an evicted or restarted object
-// loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
+// lease table are written, as many small values (store.js: long tables in chunks of 64
+// entries, only the chunks that changed rewritten, none near the 128 KiB per-value limit).
+// Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
+// so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
 import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, newCall, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
+import { parseExact, readState, writeChanged } from './store.js'
 
-const STATE_KEY = 'state'
 const MAX_WAIT_MS = 30_000
+/** A snapshot up to this size is stored whole, as text in the head value. */
+const INLINE_SNAPSHOT_BYTES = 32 * 1024
 /** How long changes gather before one storage write. */
 const FLUSH_MS = 10
 
@@ -73,9 +76,16 @@ export class QuotaObject {
     this.pending = null
     /** The alarm time last set (Unix ms), or null. */
     this.alarmAt = undefined
+    /** What storage holds: key → text as last written (see store.js). */
+    this.written = new Map()
+    /** The last write's figures (pieces put, bytes), for tests and the load run. */
+    this.lastWrite = null
     this.ctx.blockConcurrencyWhile(async () => {
-      const saved = await this.ctx.storage.get(STATE_KEY)
-      if (saved !== undefined) this.#start(wasmEngines.restore(saved.snapshot), saved.leases)
+      const saved = await readState(this.ctx.storage)
+      if (saved === null) return
+      this.written = saved.written
+      const { snapshot, leases } = saved.value
+      this.#start(wasmEngines.restore(typeof snapshot === 'string' ? snapshot : JSON.stringify(snapshot)), leases)
     })
   }
 
@@ -121,8 +131,13 @@ export class QuotaObject {
       this.pending = null
       // Reset in the meantime: nothing to write (the next change persists the new state).
       if (this.tw === null) return undefined
-      const state = { snapshot: this.tw.engine.snapshot(), leases: [...this.leases] }
-      const writes = [this.ctx.storage.put(STATE_KEY, state)]
+      // A small snapshot is stored as its text in the head; a large one is taken apart so
+      // that its tables are chunked (parsing costs about 15 % of the throughput of small ones).
+      const text = this.tw.engine.snapshot()
+      const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases] }
+      const w = writeChanged(this.ctx.storage, this.written, state)
+      this.lastWrite = { put: w.put, deleted: w.deleted, bytes: w.bytes, pieces: this.written.size }
+      const writes = [w.done]
       const wake = this.tw.nextWake()
       const at = wake === null ? null : Math.max(wake, Date.now() + 1)
       if (at !== this.alarmAt) {
@@ -244,6 +259,7 @@ export class QuotaObject {
     this.waiters.clear()
     await this.ctx.storage.deleteAlarm()
     await this.ctx.storage.deleteAll()
+    this.written = new Map()
     this.alarmAt = undefined
     return json(200, { reset: true, ended })
   }

@@ -31,7 +31,7 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
+    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, big: { config: { pools: [{ ...POOL, input_tokens_per_minute: 100_000_000, output_tokens_per_minute: 100_000_000, requests_per_minute: 1_000_000, max_concurrent: null }] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -208,6 +208,34 @@ describe('persistence', () => {
     const g = await (await poll).json()
     assert.equal(g.kind, 'grant')
     assert.equal((await post(`/leases/${g.lease}/settle`, { inputTokens: 1000 }, { quota })).status, 200)
+  })
+})
+
+describe('persistence of a large state', () => {
+  test('400 leases of 400 agents (a snapshot stored in chunks) survive a restart, and each settles once', async () => {
+    const quota = 'big'
+    const handles = []
+    for (let b = 0; b < 8; b++) {
+      const batch = await Promise.all(Array.from({ length: 50 }, (_, i) => lease({ agent: `bulk-${b * 50 + i}`, inputTokens: 500 }, { quota }).then((r) => r.json())))
+      for (const d of batch) {
+        assert.equal(d.kind, 'grant', JSON.stringify(d))
+        handles.push(d.lease)
+      }
+    }
+    const before = await (await api('/metrics', { quota })).json()
+    assert.equal(before.liveLeases, 400)
+
+    await mf.dispose()
+    await start()
+
+    const after = await (await api('/metrics', { quota })).json()
+    assert.equal(after.liveLeases, 400, 'every lease survives')
+    assert.deepEqual(after.pools[0].counters, before.pools[0].counters)
+    assert.equal(after.agents.length, before.agents.length)
+    const settled = await Promise.all(handles.map((h) => post(`/leases/${h}/settle`, { inputTokens: 400, outputTokens: 10 }, { quota }).then((r) => r.status)))
+    assert.deepEqual([...new Set(settled)], [200])
+    assert.equal((await post(`/leases/${handles[0]}/settle`, {}, { quota })).status, 404, 'and only once')
+    assert.equal((await (await api('/metrics', { quota })).json()).liveLeases, 0)
   })
 })
 
