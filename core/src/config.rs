@@ -110,6 +110,9 @@ pub struct WeightConfig {
     pub worker: u32,
     /// Bonus per downstream task waiting on this one: weight × (1 + bonus × unblocks).
     pub unblock_bonus: u32,
+    /// Most downstream tasks a request's `unblocks` counts for (default 32): a caller
+    /// claiming a billion cannot take the whole queue.
+    pub max_unblocks: u32,
     /// Factor per repeated identical failure: weight × decay^repeats.
     pub repeat_failure_decay: u32,
     /// Lowest weight after decay.
@@ -129,6 +132,7 @@ impl Default for WeightConfig {
             reviewer: 2000,
             worker: 1000,
             unblock_bonus: 500,
+            max_unblocks: 32,
             repeat_failure_decay: 500,
             floor: 100,
             cache_bump: 500,

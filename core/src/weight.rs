@@ -5,7 +5,8 @@ use crate::config::WeightConfig;
 use crate::request::{LeaseRequest, Role};
 use crate::time::Millis;
 
-/// A request's weight in the fair queue, in thousandths: role × (1 + bonus × unblocks),
+/// A request's weight in the fair queue, in thousandths: role × (1 + bonus × unblocks, the
+/// latter at most `max_unblocks`),
 /// decayed per repeated identical failure down to the floor, bumped when the agent's warm
 /// prompt cache is about to expire; at least 1.
 #[inline]
@@ -15,7 +16,7 @@ pub(crate) fn weight(w: &WeightConfig, req: &LeaseRequest, agent: &Agent, now: M
         Role::Reviewer => w.reviewer,
         Role::Worker => w.worker,
     };
-    let unblocks = u128::from(req.unblocks.min(1_000_000));
+    let unblocks = u128::from(req.unblocks.min(w.max_unblocks));
     let mut weight = mul_permille(
         u128::from(base),
         1000 + u128::from(w.unblock_bonus) * unblocks,

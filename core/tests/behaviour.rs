@@ -911,3 +911,39 @@ fn transient_refusals_always_name_a_retry_time() {
         other => panic!("at 5 ms: {other:?}"),
     }
 }
+
+#[test]
+fn unblocks_count_only_up_to_max_unblocks() {
+    // One slot, held; two planners queue, the second claiming a billion unblocked tasks.
+    // Counted as `weights.max_unblocks` (default 32) like the first, it does not jump ahead.
+    let config = Config::from_json(
+        r#"{"pools":[{"name":"p","input_tokens_per_minute":100000,"max_concurrent":1}]}"#,
+    )
+    .unwrap();
+    let mut c = Coordinator::new(config, 1, Millis(0)).unwrap();
+    let held = grant(c.request_lease(Millis(0), &ask(1, 100, 10)).unwrap());
+    let claim = |agent, unblocks| LeaseRequest {
+        role: Role::Planner,
+        unblocks,
+        ..ask(agent, 1000, 10)
+    };
+    let (honest, _) = queued(c.request_lease(Millis(0), &claim(2, 32)).unwrap());
+    let (greedy, _) = queued(
+        c.request_lease(Millis(1), &claim(3, 1_000_000_000))
+            .unwrap(),
+    );
+    c.settle(Millis(2), held, &Usage::default()).unwrap();
+    let granted: Vec<LeaseId> = drive(&mut c, Millis(2))
+        .into_iter()
+        .filter_map(|(_, e)| match e {
+            Event::Granted { lease, .. } => Some(lease),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        granted,
+        vec![honest],
+        "the earlier of two equal weights goes first"
+    );
+    assert_ne!(granted.first(), Some(&greedy));
+}

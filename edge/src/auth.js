@@ -100,10 +100,26 @@ export function presentedSecret(request, { proxy = false } = {}) {
 
 /**
  * Authenticates a request for `fleet`: 401 without a secret or with a wrong one (the same
- * answer for an unknown fleet, so fleet names cannot be probed).
+ * answer for an unknown fleet, so fleet names cannot be probed). The secret is the fleet's
+ * own, or an agent credential derived from it (`agentCredential`): `{ fleet, agent }`,
+ * `agent` the credential's agent name, or null for the fleet secret.
  */
 export async function authenticate(fleets, fleet, request, { proxy = false } = {}) {
   const secret = presentedSecret(request, { proxy })
+  const f0 = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
+  if (secret !== null && secret.startsWith(`${CREDENTIAL}.`)) {
+    const parts = secret.split('.')
+    const agent = parts.length === 4 && parts[1] === fleet && NAME.test(parts[2]) ? parts[2] : null
+    const expected = await credentialMac(f0?.secret ?? `no fleet ${fleet}`, `${CREDENTIAL}.${fleet}.${agent ?? ''}`)
+    let diff = (agent === null || f0 === null ? 1 : 0) | (expected.length ^ (parts[3] ?? '').length)
+    for (let i = 0; i < expected.length; i++) diff |= expected.charCodeAt(i) ^ ((parts[3] ?? '').charCodeAt(i) | 0)
+    if (diff !== 0) throw new HttpError(401, 'unauthorized', 'wrong agent credential for this fleet')
+    return { fleet: f0, agent }
+  }
+  return { fleet: await authenticateFleet(f0, secret, proxy), agent: null }
+}
+
+async function authenticateFleet(f0, secret, proxy) {
   if (secret === null) {
     throw new HttpError(
       401,
@@ -113,10 +129,33 @@ export async function authenticate(fleets, fleet, request, { proxy = false } = {
         : 'missing bearer secret: send Authorization: Bearer <fleet secret>',
     )
   }
-  const f = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
-  const ok = await sameSecret(secret, f?.secret ?? `no fleet ${fleet} ${secret}x`)
-  if (!ok || f === null) throw new HttpError(401, 'unauthorized', 'wrong bearer secret for this fleet')
-  return f
+  const ok = await sameSecret(secret, f0?.secret ?? `no fleet ${secret}x`)
+  if (!ok || f0 === null) throw new HttpError(401, 'unauthorized', 'wrong bearer secret for this fleet')
+  return f0
+}
+
+/** The agent credentials' prefix and version. */
+const CREDENTIAL = 'twa1'
+const credentialKeys = new Map()
+
+async function credentialMac(secret, message) {
+  let key = credentialKeys.get(secret)
+  if (key === undefined) {
+    key = await crypto.subtle.importKey('raw', encoder.encode(`tokenwarden agent credentials\u0000${secret}`), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign'])
+    credentialKeys.set(secret, key)
+  }
+  return b64url(new Uint8Array(await crypto.subtle.sign('HMAC', key, encoder.encode(message))))
+}
+
+/**
+ * An agent credential: `twa1.<fleet>.<agent>.<HMAC>`, derived from the fleet secret (so
+ * nothing is stored, and changing the fleet secret revokes them all). Presented instead of
+ * the fleet secret, it leases only for that agent and ends only that agent's leases.
+ */
+export async function agentCredential(secret, fleet, agent) {
+  if (!NAME.test(agent)) throw new HttpError(400, 'invalid_argument', `an agent name for a credential must match ${NAME}`)
+  const body = `${CREDENTIAL}.${fleet}.${agent}`
+  return `${body}.${await credentialMac(secret, body)}`
 }
 
 /**

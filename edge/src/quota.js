@@ -160,6 +160,10 @@ export class QuotaObject {
     const url = new URL(request.url)
     const fleet = request.headers.get('x-tw-fleet')
     const quota = request.headers.get('x-tw-quota')
+    // Set by the Worker for an agent credential: the one agent this caller may act for.
+    // Per request, never on `this`: calls interleave while they await.
+    const name = request.headers.get('x-tw-agent')
+    const who = name === null ? null : { id: agentIdFor(name), name }
     try {
       const tw = this.#driver(fleet, quota)
       const [, op, id] = url.pathname.split('/')
@@ -167,16 +171,16 @@ export class QuotaObject {
       let response
       switch (`${request.method} ${op}`) {
         case 'POST lease':
-          response = await this.#lease(tw, await body(request))
+          response = await this.#lease(tw, await body(request), who)
           break
         case 'GET wait':
-          response = await this.#wait(lease, Number(url.searchParams.get('timeout') ?? 0))
+          response = await this.#wait(lease, Number(url.searchParams.get('timeout') ?? 0), who)
           break
         case 'POST settle':
-          response = this.#settle(tw, lease, await body(request))
+          response = this.#settle(tw, lease, await body(request), who)
           break
         case 'POST cancel':
-          this.#known(lease)
+          this.#known(lease, who)
           tw.cancel(lease)
           this.leases.delete(lease)
           // A long poll on the ticket ends now (its lease is gone: 404), not at its timeout.
@@ -185,10 +189,10 @@ export class QuotaObject {
           response = json(200, { cancelled: true })
           break
         case 'POST interrupted':
-          response = this.#interrupted(tw, lease, await body(request))
+          response = this.#interrupted(tw, lease, await body(request), who)
           break
         case 'POST response':
-          response = this.#response(tw, await body(request))
+          response = this.#response(tw, await body(request), who)
           break
         case 'GET metrics':
           return json(200, tw.metrics())
@@ -196,7 +200,7 @@ export class QuotaObject {
           response = await this.#reset()
           break
         case 'POST proxy':
-          return await this.#proxy(tw, request, url)
+          return await this.#proxy(tw, request, url, who)
         default:
           throw new HttpError(404, 'not_found', 'no such route')
       }
@@ -207,9 +211,23 @@ export class QuotaObject {
     }
   }
 
-  #known(lease) {
+  /** A live lease's record; 404 if there is none, 403 if `who` (an agent credential) is not its agent. */
+  #known(lease, who = null) {
     if (!Number.isSafeInteger(lease) || !this.leases.has(lease)) throw new HttpError(404, 'unknown_lease', 'no such lease: never issued, or already settled, cancelled or expired')
-    return this.leases.get(lease)
+    const rec = this.leases.get(lease)
+    if (who !== null && rec.agent !== who.id) {
+      throw new HttpError(403, 'forbidden', `this lease is another agent's: the credential of ${who.name} ends only its own leases`)
+    }
+    return rec
+  }
+
+  /** The agent a request acts for: an agent credential's own, which the body may only repeat. */
+  #agentFor(given, who) {
+    if (who === null) return agentId(given)
+    if (given !== undefined && given !== null && agentId(given) !== who.id) {
+      throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: it leases only for that agent`)
+    }
+    return who.id
   }
 
   /**
@@ -218,12 +236,12 @@ export class QuotaObject {
    * gets the core's whole policy (give-up after `call.max_refusals`, `checkpoint`); one
    * that does not is treated as a fresh call every time.
    */
-  async #lease(tw, b) {
+  async #lease(tw, b, who) {
     for (const k of Object.keys(b)) if (k !== 'call' && !FIELDS.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`)
     const { call: given, ...fields } = b
     const call = given === undefined ? newCall() : callState(given)
     const pool = typeof fields.pool === 'string' ? tw.pool(fields.pool) : fields.pool ?? 0
-    const request = { ...fields, agent: agentId(fields.agent), pool }
+    const request = { ...fields, agent: this.#agentFor(fields.agent, who), pool }
     const ask = tw.callLease(call, request)
     const step = ask.step
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
@@ -264,8 +282,8 @@ export class QuotaObject {
     return json(200, { reset: true, ended })
   }
 
-  async #wait(lease, timeout) {
-    const rec = this.#known(lease)
+  async #wait(lease, timeout, who) {
+    const rec = this.#known(lease, who)
     if (rec.state === 'queued' && timeout > 0) {
       await new Promise((resolve) => {
         const list = this.waiters.get(lease) ?? []
@@ -281,8 +299,8 @@ export class QuotaObject {
       : json(202, { kind: 'queued', lease, eta: now.eta })
   }
 
-  #settle(tw, lease, usage) {
-    this.#known(lease)
+  #settle(tw, lease, usage, who) {
+    this.#known(lease, who)
     for (const k of Object.keys(usage)) if (!USAGE.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the usage`)
     const s = tw.settle(lease, usage)
     this.leases.delete(lease)
@@ -294,12 +312,12 @@ export class QuotaObject {
    * step for the call (`call` as in `#lease`). A response that is not a success settles
    * its lease as nothing used: the lease ends here.
    */
-  #response(tw, b) {
+  #response(tw, b, who) {
     const pool = typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool ?? 0
     checkHeaderPairs(b.headers)
     if (!Number.isInteger(b.status) || b.status < 100 || b.status > 599) throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
     const lease = b.lease === undefined || b.lease === null ? null : b.lease
-    if (lease !== null) this.#known(lease)
+    if (lease !== null) this.#known(lease, who)
     const call = b.call === undefined ? newCall() : callState(b.call)
     const r = tw.callResponse(call, pool, lease, b.status, b.headers)
     if (lease !== null && (b.status < 200 || b.status > 299)) this.leases.delete(lease)
@@ -307,8 +325,8 @@ export class QuotaObject {
   }
 
   /** A call that ended without a usage report: the core's conservative charge. */
-  #interrupted(tw, lease, b) {
-    this.#known(lease)
+  #interrupted(tw, lease, b, who) {
+    this.#known(lease, who)
     for (const k of Object.keys(b)) if (k !== 'seen') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body`)
     const seen = b.seen ?? null
     if (seen !== null) {
@@ -325,7 +343,7 @@ export class QuotaObject {
    * from its usage — the shared `fetch` wrapper does all of it. The agent's API key
    * headers pass through untouched and are never stored or logged.
    */
-  async #proxy(tw, request, url) {
+  async #proxy(tw, request, url, who) {
     const fleets = parseFleets(this.env.TOKENWARDEN_FLEETS)
     const q = fleets[request.headers.get('x-tw-fleet')]?.quotas?.[request.headers.get('x-tw-quota')]
     if (q?.upstream === undefined) throw new HttpError(404, 'not_found', 'this quota has no upstream configured for proxy mode')
@@ -333,7 +351,11 @@ export class QuotaObject {
     if (path !== '/v1/messages' && path !== '/v1/chat/completions') throw new HttpError(404, 'not_found', 'proxy mode serves /v1/messages and /v1/chat/completions')
     const secret = fleets[request.headers.get('x-tw-fleet')]?.secret
     const headers = forwardedHeaders(request.headers, secret)
-    const agent = request.headers.get('x-tokenwarden-agent') ?? 'proxy'
+    const named = request.headers.get('x-tokenwarden-agent')
+    if (who !== null && named !== null && agentIdFor(named) !== who.id) {
+      throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: x-tokenwarden-agent may only name that agent`)
+    }
+    const agent = who?.name ?? named ?? 'proxy'
     const role = request.headers.get('x-tokenwarden-role') ?? 'worker'
     if (!['planner', 'reviewer', 'worker'].includes(role)) throw new HttpError(400, 'invalid_argument', '`x-tokenwarden-role` must be planner, reviewer or worker')
     const upstream = new URL(path, q.upstream.endsWith('/') ? q.upstream : `${q.upstream}/`)

@@ -1,7 +1,7 @@
 // The edge limiter's Worker: authenticates callers, turns lease handles into ids (and back),
 // and routes each request to the Durable Object that owns the quota — one object per
 // (fleet, quota), never one global object. See ../API.md for the HTTP API.
-import { HttpError, authenticate, authenticateAdmin, checkName, openHandle, parseFleets, signHandle } from './auth.js'
+import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName, openHandle, parseFleets, signHandle } from './auth.js'
 import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
@@ -10,13 +10,20 @@ import { QuotaObject, errorResponse, json } from './quota.js'
 export { QuotaObject }
 
 const ROUTE = /^\/v1\/fleets\/([^/]+)\/quotas\/([^/]+)(\/.*)?$/
+const CREDENTIAL_ROUTE = /^\/v1\/fleets\/([^/]+)\/agents\/([^/]+)\/credential$/
 
-/** Forwards an internal request to the quota's Durable Object. */
-async function toObject(env, fleet, quota, path, init = {}) {
+/**
+ * Forwards an internal request to the quota's Durable Object. The `x-tw-*` headers are set
+ * here only (a client's own are dropped): the fleet, the quota and, for an agent
+ * credential, the one agent the caller may act for.
+ */
+async function toObject(env, fleet, quota, path, init = {}, agent = null) {
   const id = env.QUOTAS.idFromName(`${fleet}/${quota}`)
   const headers = new Headers(init.headers)
+  for (const name of [...headers.keys()]) if (name.startsWith('x-tw-')) headers.delete(name)
   headers.set('x-tw-fleet', fleet)
   headers.set('x-tw-quota', quota)
+  if (agent !== null) headers.set('x-tw-agent', agent)
   return env.QUOTAS.get(id).fetch(`https://quota${path}`, { ...init, headers })
 }
 
@@ -39,6 +46,15 @@ function decoded(segment) {
 async function handle(request, env) {
   const url = new URL(request.url)
   if (url.pathname === '/' || url.pathname === '/healthz') return json(200, { ok: true, service: 'tokenwarden edge limiter' })
+  const c = CREDENTIAL_ROUTE.exec(url.pathname)
+  if (c !== null && request.method === 'POST') {
+    // Minting needs the fleet secret itself: an agent credential cannot mint another.
+    const fleet = checkName('fleet', decoded(c[1]))
+    const agent = decoded(c[2])
+    const auth = await authenticate(parseFleets(env.TOKENWARDEN_FLEETS), fleet, request)
+    if (auth.agent !== null) throw new HttpError(403, 'forbidden', 'an agent credential cannot mint credentials: use the fleet secret')
+    return json(200, { agent, credential: await agentCredential(auth.fleet.secret, fleet, agent) })
+  }
   const m = ROUTE.exec(url.pathname)
   if (m === null) throw new HttpError(404, 'not_found', 'no such route; see API.md')
   const fleet = checkName('fleet', decoded(m[1]))
@@ -63,14 +79,15 @@ async function handle(request, env) {
     if (request.method === 'POST' && rest === '/admin/reset') return toObject(env, fleet, quota, '/reset', { method: 'POST' })
     throw new HttpError(404, 'not_found', 'no such admin route; see API.md')
   }
-  const f = await authenticate(fleets, fleet, request, { proxy })
+  const { fleet: f, agent } = await authenticate(fleets, fleet, request, { proxy })
+  const object = (path, init = {}) => toObject(env, fleet, quota, path, init, agent)
   if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
   const secret = f.secret
   const maxBody = limitFrom(env, 'TOKENWARDEN_MAX_BODY_BYTES', DEFAULT_MAX_BODY_BYTES)
   const text = () => readText(request, maxBody)
 
   if (request.method === 'POST' && rest === '/leases') {
-    const res = await toObject(env, fleet, quota, '/lease', { method: 'POST', body: await text() })
+    const res = await object('/lease', { method: 'POST', body: await text() })
     return withHandle(res, secret, fleet, quota)
   }
   if (parts[0] === 'leases' && parts.length >= 2) {
@@ -78,17 +95,17 @@ async function handle(request, env) {
     if (request.method === 'GET' && parts.length === 2) {
       const timeout = url.searchParams.get('wait') ?? '0'
       if (!/^\d{1,6}$/.test(timeout)) throw new HttpError(400, 'invalid_argument', '`wait` must be milliseconds (0 to 30000)')
-      const res = await toObject(env, fleet, quota, `/wait/${lease}?timeout=${timeout}`)
+      const res = await object(`/wait/${lease}?timeout=${timeout}`)
       return withHandle(res, secret, fleet, quota)
     }
     if (request.method === 'DELETE' && parts.length === 2) {
-      return toObject(env, fleet, quota, `/cancel/${lease}`, { method: 'POST' })
+      return object(`/cancel/${lease}`, { method: 'POST' })
     }
     if (request.method === 'POST' && parts.length === 3 && parts[2] === 'settle') {
-      return toObject(env, fleet, quota, `/settle/${lease}`, { method: 'POST', body: await text() })
+      return object(`/settle/${lease}`, { method: 'POST', body: await text() })
     }
     if (request.method === 'POST' && parts.length === 3 && parts[2] === 'interrupted') {
-      return toObject(env, fleet, quota, `/interrupted/${lease}`, { method: 'POST', body: await text() })
+      return object(`/interrupted/${lease}`, { method: 'POST', body: await text() })
     }
   }
   if (request.method === 'POST' && rest === '/responses') {
@@ -100,10 +117,10 @@ async function handle(request, env) {
       throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
     }
     if (body?.lease !== undefined && body.lease !== null) body.lease = await openHandle(secret, fleet, quota, body.lease)
-    return toObject(env, fleet, quota, '/response', { method: 'POST', body: JSON.stringify(body) })
+    return object('/response', { method: 'POST', body: JSON.stringify(body) })
   }
   if (request.method === 'GET' && rest === '/metrics') {
-    const res = await toObject(env, fleet, quota, '/metrics')
+    const res = await object('/metrics')
     const wantsText = url.searchParams.get('format') === 'prometheus' || (request.headers.get('accept') ?? '').includes('text/plain')
     if (!wantsText || res.status !== 200) return res
     return new Response(prometheusText(await res.json(), { fleet, quota }), { headers: { 'content-type': PROMETHEUS_CONTENT_TYPE } })
@@ -112,7 +129,7 @@ async function handle(request, env) {
     const max = limitFrom(env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES)
     const declared = request.headers.get('content-length')
     if (declared !== null && Number(declared) > max) throw new HttpError(413, 'body_too_large', `the request body is larger than ${max} bytes`)
-    return toObject(env, fleet, quota, rest, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
+    return object(rest, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
   }
   throw new HttpError(404, 'not_found', 'no such route; see API.md')
 }

@@ -182,6 +182,52 @@ describe('security', () => {
   })
 })
 
+describe('per-agent credentials', () => {
+  test('an agent credential leases only for its agent and ends only its own leases', async () => {
+    const mint = (agent, secret = SECRET_A, fleet = 'fleet-a') =>
+      fetch(`${base}/v1/fleets/${fleet}/agents/${agent}/credential`, { method: 'POST', headers: { authorization: `Bearer ${secret}` } })
+    const minted = await mint('alice')
+    assert.equal(minted.status, 200)
+    const { credential } = await minted.json()
+    assert.match(credential, /^twa1\.fleet-a\.alice\.[A-Za-z0-9_-]{43}$/)
+    assert.equal((await mint('bob', credential)).status, 403, 'a credential cannot mint another')
+    assert.equal((await mint('bob', 'wrong-secret-000000000')).status, 401)
+    assert.equal((await mint('bad name!')).status, 400)
+
+    const mine = await (await lease({ agent: undefined }, { secret: credential })).json()
+    assert.equal(mine.kind, 'grant', 'no agent in the body: the credential names it')
+    const again = await lease({ agent: 'alice' }, { secret: credential })
+    assert.equal(again.status, 200, 'the body may repeat the credential\'s agent')
+    assert.equal((await post(`/leases/${(await again.json()).lease}/settle`, {}, { secret: credential })).status, 200)
+    const other = await lease({ agent: 'bob' }, { secret: credential })
+    assert.equal(other.status, 403)
+    assert.match((await other.json()).message, /alice/)
+
+    // Bob's lease, taken with the fleet secret: alice's credential cannot end it.
+    const bobs = await (await lease({ agent: 'bob' })).json()
+    for (const res of [
+      await post(`/leases/${bobs.lease}/settle`, {}, { secret: credential }),
+      await api(`/leases/${bobs.lease}`, { method: 'DELETE', secret: credential }),
+      await api(`/leases/${bobs.lease}?wait=0`, { secret: credential }),
+      await post(`/leases/${bobs.lease}/interrupted`, { seen: null }, { secret: credential }),
+      await post('/responses', { pool: 0, lease: bobs.lease, status: 200, headers: [] }, { secret: credential }),
+    ]) {
+      assert.equal(res.status, 403, 'another agent\'s lease is forbidden')
+      assert.equal((await res.json()).error, 'forbidden')
+    }
+    assert.equal((await post(`/leases/${mine.lease}/settle`, { inputTokens: 900 }, { secret: credential })).status, 200)
+    assert.equal((await post(`/leases/${bobs.lease}/settle`, {})).status, 200, 'the fleet secret still can')
+
+    // Forged: another agent's name under alice's MAC, or alice's credential for another fleet.
+    const forged = credential.replace('.alice.', '.bob.')
+    assert.equal((await lease({ agent: 'bob' }, { secret: forged })).status, 401)
+    assert.equal((await lease({ agent: 'alice' }, { secret: credential, fleet: 'fleet-b' })).status, 401)
+    // A client cannot smuggle the Worker's internal header to act for someone else.
+    const smuggled = await post('/leases', { agent: 'bob', pool: 0, inputTokens: 10 }, { secret: credential, headers: { 'x-tw-agent': 'bob' } })
+    assert.equal(smuggled.status, 403)
+  })
+})
+
 describe('persistence', () => {
   test('a restart of the runtime mid-run loses no lease, ticket or debt', async () => {
     const quota = 'other'
