@@ -61,8 +61,11 @@ export interface DriverEvents {
   paused: { pool: number; until: U64 }
   /** An agent's input estimates keep missing by more than the alert threshold. */
   estimate_alert: { agent: U64; errorPermille: number }
-  /** Remote drivers: the edge limiter could not be reached; leasing locally until it can. */
-  fail_open: { reason: string; message: string }
+  /**
+   * Remote drivers: the edge limiter could not be reached; leasing locally until it can, at
+   * `share` of the quota (1/N for N processes the limiter last saw, or 1).
+   */
+  fail_open: { reason: string; share: number; message: string }
   /** Remote drivers: the edge limiter answers again. */
   remote_restored: { downMs: number }
   /** Remote drivers: a background report or cancel to the limiter failed. */
@@ -122,10 +125,11 @@ export class Lease {
   }
 
   /**
-   * Reports what the call used; refunds the rest (or records debt). Once per lease. (A lease
-   * from the edge limiter answers with a promise of the settlement: `await` works for both.)
+   * Reports what the call used; refunds the rest (or records debt). Once per lease. A local
+   * lease answers at once; a lease from the edge limiter (`RemoteLease`) with a promise of
+   * the settlement: `await lease.settle(usage)` works for both.
    */
-  settle(usage: Usage): Settlement {
+  settle(usage: Usage): Settlement | Promise<Settlement> {
     const s = this.#driver.settleLease(this.id, usage, this.agent, this.pool)
     this.#done = true
     return s

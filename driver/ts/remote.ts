@@ -12,7 +12,7 @@ import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import { Tokenwarden } from './tokenwarden.js'
 import type { Clock } from './clock.js'
 import type { AcquireOptions } from './driver.js'
-import type { CallResponseResult, CallState, CallStep, Engine, HeaderReport, LeaseRequest, RejectReason, Settlement, U64, Usage } from './types.js'
+import type { CallResponseResult, CallState, CallStep, Engine, EngineFactory, HeaderReport, LeaseRequest, RejectReason, Settlement, U64, Usage } from './types.js'
 
 
 /** Options for {@link RemoteTokenwarden}. */
@@ -24,10 +24,15 @@ export interface RemoteOptions {
   /** The fleet's bearer secret. */
   secret: string
   /**
-   * The local engine: the fallback coordinator while the limiter is unreachable, and the
-   * parser of provider headers. Give it the quota's configuration.
+   * The local engine: the parser of provider headers, and the fallback coordinator while
+   * the limiter is unreachable. Give it the quota's configuration. Better, give a factory
+   * (`nativeEngines`, `wasmEngines`) and `config`: then the fallback is built at the first
+   * failure with every limit divided by the number of processes the limiter last saw on the
+   * quota, so N processes failing open together admit about the quota, not N times it.
    */
-  engine: Engine
+  engine: Engine | EngineFactory
+  /** The quota's core configuration, when `engine` is a factory. */
+  config?: object
   clock?: Clock
   estimator?: Estimator
   /** The `fetch` used to reach the limiter (default `globalThis.fetch`). */
@@ -42,6 +47,12 @@ export interface RemoteOptions {
 
 class Unreachable extends Error {}
 
+/** The limiter's lease id inside a handle (`tw1.<fleet>.<quota>.<id>.<mac>`), or -1. */
+export function handleId(handle: string): number {
+  const id = Number(handle.split('.')[3])
+  return Number.isSafeInteger(id) ? id : -1
+}
+
 /** A lease held at the edge limiter. `settle` and `cancel` go to it; `report` parses locally and forwards. */
 export class RemoteLease extends Lease {
   readonly #remote: RemoteTokenwarden
@@ -51,7 +62,7 @@ export class RemoteLease extends Lease {
 
   /** @internal */
   constructor(remote: RemoteTokenwarden, handle: string, agent: U64, pool: number, expiresAt: U64, waitedMs: number) {
-    super(remote, -1, agent, pool, expiresAt, waitedMs)
+    super(remote, handleId(handle), agent, pool, expiresAt, waitedMs)
     this.#remote = remote
     this.handle = handle
   }
@@ -61,10 +72,9 @@ export class RemoteLease extends Lease {
   }
 
   /** Settles at the limiter; resolves with its settlement. */
-  override settle(usage: Usage): Settlement {
+  override settle(usage: Usage): Promise<Settlement> {
     this.#ended = true
-    // The remote answer is asynchronous: callers `await` it (the fetch wrapper does).
-    return this.#remote.remoteSettle(this, usage) as unknown as Settlement
+    return this.#remote.remoteSettle(this, usage)
   }
 
   override cancel(): void {
@@ -104,15 +114,26 @@ export class RemoteLease extends Lease {
  * ```
  */
 export class RemoteTokenwarden extends Tokenwarden {
-  readonly #o: Required<Omit<RemoteOptions, 'engine' | 'clock' | 'estimator' | 'fetch'>> & { fetch: typeof fetch }
+  readonly #o: Required<Omit<RemoteOptions, 'engine' | 'config' | 'clock' | 'estimator' | 'fetch'>> & { fetch: typeof fetch }
   #downSince: number | null = null
+  /** This process, to the limiter: it counts the processes sharing the quota. */
+  readonly #client = randomId()
+  /** Processes the limiter last saw on the quota (this one included). */
+  #clients = 1
+  readonly #factory: { engines: EngineFactory; config: object } | null
+  /** The fallback while failed open, when built as a share of the quota. */
+  #fallback: ShareTokenwarden | null = null
 
   constructor(options: RemoteOptions) {
+    const factory = isFactory(options.engine)
+    if (factory && options.config === undefined) throw new TypeError('`config` is required when `engine` is a factory')
     super({
       engine: options.engine,
+      ...(options.config === undefined ? {} : { config: options.config }),
       ...(options.clock === undefined ? {} : { clock: options.clock }),
       ...(options.estimator === undefined ? {} : { estimator: options.estimator }),
     })
+    this.#factory = factory ? { engines: options.engine as EngineFactory, config: options.config as object } : null
     this.#o = {
       url: options.url.replace(/\/+$/, ''),
       fleet: options.fleet,
@@ -130,17 +151,24 @@ export class RemoteTokenwarden extends Tokenwarden {
     return this.#downSince !== null
   }
 
-  async #call(method: string, path: string, body?: unknown, timeoutMs = this.#o.timeoutMs): Promise<{ status: number; body: Record<string, unknown> }> {
+  async #call(
+    method: string,
+    path: string,
+    body?: unknown,
+    timeoutMs = this.#o.timeoutMs,
+    abort: AbortSignal | null = null,
+  ): Promise<{ status: number; body: Record<string, unknown> }> {
     const url = `${this.#o.url}/v1/fleets/${encodeURIComponent(this.#o.fleet)}/quotas/${encodeURIComponent(this.#o.quota)}${path}`
     let res: Response
     try {
       res = await this.#o.fetch(url, {
         method,
-        headers: { authorization: `Bearer ${this.#o.secret}`, 'content-type': 'application/json' },
+        headers: { authorization: `Bearer ${this.#o.secret}`, 'content-type': 'application/json', 'x-tokenwarden-client': this.#client },
         body: body === undefined ? null : JSON.stringify(body),
-        signal: AbortSignal.timeout(timeoutMs),
+        signal: abort === null ? AbortSignal.timeout(timeoutMs) : AbortSignal.any([AbortSignal.timeout(timeoutMs), abort]),
       })
     } catch (e) {
+      if (abort?.aborted) throw new AbortedError(abort.reason)
       throw new Unreachable(`the edge limiter at ${this.#o.url} did not answer: ${(e as Error).message}`)
     }
     if (res.status >= 500) throw new Unreachable(`the edge limiter answered ${res.status}`)
@@ -154,6 +182,7 @@ export class RemoteTokenwarden extends Tokenwarden {
       // Misconfiguration, not an outage: do not fail open silently.
       throw new TokenwardenError('invalid_argument', `the edge limiter refused the fleet secret (${res.status}): ${String(parsed.message ?? '')}`)
     }
+    if (typeof parsed.clients === 'number' && Number.isSafeInteger(parsed.clients) && parsed.clients >= 1) this.#clients = parsed.clients
     if (this.#downSince !== null) {
       const downMs = this.clock.now() - this.#downSince
       this.#downSince = null
@@ -163,10 +192,24 @@ export class RemoteTokenwarden extends Tokenwarden {
   }
 
   #failOpen(e: Unreachable): void {
-    if (this.#downSince === null) {
-      this.#downSince = this.clock.now()
-      this.emit('fail_open', { reason: 'unreachable', message: `${e.message}; leasing locally until it answers again` })
+    if (this.#downSince !== null) return
+    this.#downSince = this.clock.now()
+    const n = this.#clients
+    let share: string
+    if (this.#factory === null) {
+      share = 'the whole quota (give `engine` as a factory with `config` to fall back to a share)'
+    } else {
+      if (this.#fallback === null || this.#fallback.share !== n) {
+        this.#fallback = new ShareTokenwarden(this.#factory.engines, shareOf(this.#factory.config, n), this.clock, this.estimator, n)
+      }
+      share = n === 1 ? 'the whole quota (the limiter saw no other process on it)' : `1/${n} of the quota (the limiter last saw ${n} processes on it)`
     }
+    this.emit('fail_open', { reason: 'unreachable', share: this.#factory === null ? 1 : 1 / n, message: `${e.message}; leasing locally at ${share} until it answers again` })
+  }
+
+  /** The coordinator while failed open: the share-sized fallback, or null for this driver's own engine. */
+  #local(): Tokenwarden | null {
+    return this.#fallback
   }
 
   #remoteUsable(): boolean {
@@ -174,11 +217,12 @@ export class RemoteTokenwarden extends Tokenwarden {
   }
 
   override acquire(request: LeaseRequest, options?: AcquireOptions): Promise<Lease> {
-    if (!this.#remoteUsable()) return super.acquire(request, options)
+    const local = (): Promise<Lease> => this.#local()?.acquire(request, options) ?? super.acquire(request, options)
+    if (!this.#remoteUsable()) return local()
     return this.#remoteAcquire(request, options).catch((e: unknown) => {
       if (e instanceof Unreachable) {
         this.#failOpen(e)
-        return super.acquire(request, options)
+        return local()
       }
       throw e
     })
@@ -190,18 +234,24 @@ export class RemoteTokenwarden extends Tokenwarden {
    * the limiter cannot be reached.
    */
   override callLease(call: CallState, request: LeaseRequest, options?: AcquireOptions): CallAsk | Promise<CallAsk> {
-    if (!this.#remoteUsable()) return super.callLease(call, request, options)
+    const local = (): CallAsk | Promise<CallAsk> => this.#local()?.callLease(call, request, options) ?? super.callLease(call, request, options)
+    if (!this.#remoteUsable()) return local()
     return this.#remoteCallLease(call, request, options).catch((e: unknown) => {
       if (e instanceof Unreachable) {
         this.#failOpen(e)
-        return super.callLease(call, request, options)
+        return local()
       }
       throw e
     })
   }
 
+  override close(): void {
+    this.#fallback?.close()
+    super.close()
+  }
+
   /** A limiter instant (Unix ms) on this driver's clock. */
-  #local(at: U64 | null | undefined): number {
+  #onClock(at: U64 | null | undefined): number {
     return this.clock.now() + Math.max(0, Number(at ?? 0) - Date.now())
   }
 
@@ -216,20 +266,20 @@ export class RemoteTokenwarden extends Tokenwarden {
     if (r.body.kind === 'grant') {
       const expiresAt = Number(r.body.expiresAt)
       const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, expiresAt, 0)
-      if (this.listening('granted')) this.emit('granted', { lease: -1, agent: request.agent, pool: request.pool, expiresAt, waitedMs: 0 })
-      return { call: next, step: { kind: 'send', lease: -1, expiresAt }, lease: Promise.resolve(lease), retryAt: null }
+      if (this.listening('granted')) this.emit('granted', { lease: lease.id, agent: request.agent, pool: request.pool, expiresAt, waitedMs: 0 })
+      return { call: next, step: { kind: 'send', lease: lease.id, expiresAt }, lease: Promise.resolve(lease), retryAt: null }
     }
     if (r.status === 202) {
-      const until = this.#local(r.body.eta as number)
-      const step = { ...shown, until, ticket: -1 } as CallStep
+      const until = this.#onClock(r.body.eta as number)
+      const step = { ...shown, until, ticket: handleId(String(r.body.lease)) } as CallStep
       const checkpoint = step.kind === 'wait' && step.checkpoint
       if (this.listening('queued')) {
-        this.emit('queued', { lease: -1, agent: request.agent, pool: request.pool, eta: until, etaMs: Math.max(0, until - this.clock.now()), checkpoint })
+        this.emit('queued', { lease: handleId(String(r.body.lease)), agent: request.agent, pool: request.pool, eta: until, etaMs: Math.max(0, until - this.clock.now()), checkpoint })
       }
       const lease = this.#awaitTicket(String(r.body.lease), request, signal, this.clock.now())
       return { call: next, step, lease, retryAt: null }
     }
-    const step = (shown.kind === 'wait' ? { ...shown, until: this.#local(shown.until as number), ticket: null } : shown) as CallStep
+    const step = (shown.kind === 'wait' ? { ...shown, until: this.#onClock(shown.until as number), ticket: null } : shown) as CallStep
     if (this.listening('rejected')) {
       this.emit('rejected', { agent: request.agent, pool: request.pool, reason: r.body.reason as RejectReason, retryAt: step.kind === 'wait' ? step.until : null })
     }
@@ -242,27 +292,23 @@ export class RemoteTokenwarden extends Tokenwarden {
     return { ...request, pool: poolName, agent: typeof request.agent === 'bigint' ? request.agent.toString() : request.agent }
   }
 
-  /** Long-polls a queued ticket at the limiter until it is granted; withdraws it on abort. */
+  /**
+   * Long-polls a queued ticket at the limiter until it is granted. On abort the poll itself
+   * is aborted (nothing keeps running, nor the process alive) and the ticket withdrawn.
+   */
   async #awaitTicket(handle: string, request: LeaseRequest, signal: AbortSignal | null, start: number): Promise<Lease> {
+    const withdraw = async (): Promise<never> => {
+      await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
+      throw new AbortedError(signal?.reason)
+    }
     let r: { status: number; body: Record<string, unknown> } = { status: 202, body: {} }
     while (r.status === 202) {
-      if (signal?.aborted) {
-        await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
-        throw new AbortedError(signal.reason)
-      }
-      const wait = this.#call('GET', `/leases/${handle}?wait=${this.#o.pollMs}`, undefined, this.#o.pollMs + this.#o.timeoutMs)
-      if (signal === null) r = await wait
-      else {
-        try {
-          r = await Promise.race([wait, abortable(signal)])
-        } catch (e) {
-          if (signal.aborted) {
-            wait.catch(() => {})
-            await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
-            throw new AbortedError(signal.reason)
-          }
-          throw e
-        }
+      if (signal?.aborted) return withdraw()
+      try {
+        r = await this.#call('GET', `/leases/${handle}?wait=${this.#o.pollMs}`, undefined, this.#o.pollMs + this.#o.timeoutMs, signal)
+      } catch (e) {
+        if (e instanceof AbortedError) return withdraw()
+        throw e
       }
       if (r.status === 404) throw new TokenwardenError('unknown_lease', 'the queued ticket ended at the edge limiter')
     }
@@ -270,7 +316,7 @@ export class RemoteTokenwarden extends Tokenwarden {
     const waited = this.clock.now() - start
     const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, Number(r.body.expiresAt), waited)
     if (this.listening('granted')) {
-      this.emit('granted', { lease: -1, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: waited })
+      this.emit('granted', { lease: lease.id, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: waited })
     }
     return lease
   }
@@ -281,19 +327,21 @@ export class RemoteTokenwarden extends Tokenwarden {
     if (r.status === 400) throw new TokenwardenError((r.body.error as 'invalid_argument') ?? 'invalid_argument', String(r.body.message))
     const start = this.clock.now()
     if (r.body.kind === 'reject') {
-      throw new LeaseRejectedError(r.body.reason as RejectReason, (r.body.retryAt as number | null) ?? null, Date.now())
+      const retryAt = r.body.retryAt === null || r.body.retryAt === undefined ? null : this.#onClock(r.body.retryAt as number)
+      if (this.listening('rejected')) this.emit('rejected', { agent: request.agent, pool: request.pool, reason: r.body.reason as RejectReason, retryAt })
+      throw new LeaseRejectedError(r.body.reason as RejectReason, retryAt, this.clock.now())
     }
     if (r.status === 202) {
-      const eta = Number(r.body.eta)
+      const eta = this.#onClock(r.body.eta as number)
       if (this.listening('queued')) {
-        this.emit('queued', { lease: -1, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - Date.now()) })
+        this.emit('queued', { lease: handleId(String(r.body.lease)), agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - this.clock.now()) })
       }
       return this.#awaitTicket(String(r.body.lease), request, signal, start)
     }
     if (r.body.kind !== 'grant') throw new Unreachable(`unexpected answer from the edge limiter: ${JSON.stringify(r.body)}`)
     const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, Number(r.body.expiresAt), 0)
     if (this.listening('granted')) {
-      this.emit('granted', { lease: -1, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: 0 })
+      this.emit('granted', { lease: lease.id, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: 0 })
     }
     return lease
   }
@@ -303,7 +351,7 @@ export class RemoteTokenwarden extends Tokenwarden {
     const r = await this.#call('POST', `/leases/${lease.handle}/settle`, usage)
     if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_lease') ?? 'unknown_lease', String(r.body.message))
     const s = r.body as unknown as Settlement
-    if (this.listening('settled')) this.emit('settled', { lease: -1, agent: lease.agent, pool: lease.pool, settlement: s })
+    if (this.listening('settled')) this.emit('settled', { lease: lease.id, agent: lease.agent, pool: lease.pool, settlement: s })
     return s
   }
 
@@ -332,7 +380,7 @@ export class RemoteTokenwarden extends Tokenwarden {
     const r = await this.#call('POST', `/leases/${lease.handle}/interrupted`, { seen })
     if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_lease') ?? 'unknown_lease', String(r.body.message))
     const s = r.body as unknown as Settlement
-    if (this.listening('settled')) this.emit('settled', { lease: -1, agent: lease.agent, pool: lease.pool, settlement: s })
+    if (this.listening('settled')) this.emit('settled', { lease: lease.id, agent: lease.agent, pool: lease.pool, settlement: s })
     return s
   }
 
@@ -348,9 +396,36 @@ export class RemoteTokenwarden extends Tokenwarden {
   }
 }
 
-function abortable(signal: AbortSignal): Promise<never> {
-  return new Promise((_, reject) => {
-    if (signal.aborted) reject(signal.reason)
-    signal.addEventListener('abort', () => reject(signal.reason), { once: true })
+/** A random id for this process (not a secret: it only lets the limiter count processes). */
+function randomId(): string {
+  const bytes = new Uint8Array(12)
+  crypto.getRandomValues(bytes)
+  return Array.from(bytes, (b) => b.toString(36).padStart(2, '0')).join('').slice(0, 24)
+}
+
+function isFactory(e: Engine | EngineFactory): e is EngineFactory {
+  return typeof (e as EngineFactory).create === 'function' && typeof (e as Engine).requestLease !== 'function'
+}
+
+/** `config` with every pool limit divided by `n` (rounded up; unknown limits stay unknown). */
+export function shareOf(config: object, n: number): object {
+  const c = typeof config === 'string' ? (JSON.parse(config) as Record<string, unknown>) : { ...(config as Record<string, unknown>) }
+  const pools = Array.isArray(c.pools) ? c.pools : []
+  c.pools = pools.map((p: Record<string, unknown>) => {
+    const out: Record<string, unknown> = { ...p }
+    for (const k of ['input_tokens_per_minute', 'output_tokens_per_minute', 'tokens_per_minute', 'requests_per_minute', 'max_concurrent']) {
+      if (typeof out[k] === 'number') out[k] = Math.max(1, Math.ceil((out[k] as number) / n))
+    }
+    return out
   })
+  return c
+}
+
+/** The fallback of a remote driver that failed open: a local coordinator for a share of the quota. */
+class ShareTokenwarden extends Tokenwarden {
+  readonly share: number
+  constructor(engines: EngineFactory, config: object, clock: Clock, estimator: Estimator, share: number) {
+    super({ engine: engines, config, clock, estimator })
+    this.share = share
+  }
 }

@@ -15,6 +15,9 @@ import { DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
 
 const MAX_WAIT_MS = 30_000
+/** Processes remembered per quota, and for how long after they were last seen. */
+const MAX_CLIENTS = 1024
+const CLIENT_TTL_MS = 60_000
 /** A snapshot up to this size is stored whole, as text in the head value. */
 const INLINE_SNAPSHOT_BYTES = 32 * 1024
 /** How long changes gather before one storage write. */
@@ -71,6 +74,8 @@ export class QuotaObject {
     this.tw = null
     /** lease id → { state: 'queued' | 'granted', agent, pool, eta?, expiresAt?, waitedMs? } */
     this.leases = new Map()
+    /** Remote drivers' process ids → when last seen (oldest first). */
+    this.clients = new Map()
     /** lease id → callbacks waiting for its grant (long polls) */
     this.waiters = new Map()
     this.pending = null
@@ -164,6 +169,7 @@ export class QuotaObject {
     // Per request, never on `this`: calls interleave while they await.
     const name = request.headers.get('x-tw-agent')
     const who = name === null ? null : { id: agentIdFor(name), name }
+    this.#seen(request.headers.get('x-tw-client'))
     try {
       const tw = this.#driver(fleet, quota)
       const [, op, id] = url.pathname.split('/')
@@ -211,6 +217,24 @@ export class QuotaObject {
     }
   }
 
+  /**
+   * Remembers a remote driver's process (bounded: at most MAX_CLIENTS, each forgotten a
+   * minute after it was last seen), so lease answers can say how many processes share the
+   * quota: their fallback while the limiter is unreachable is that share of it.
+   */
+  #seen(client) {
+    const now = Date.now()
+    if (client !== null) {
+      this.clients.delete(client)
+      this.clients.set(client, now)
+      if (this.clients.size > MAX_CLIENTS) this.clients.delete(this.clients.keys().next().value)
+    }
+    for (const [c, at] of this.clients) {
+      if (now - at <= CLIENT_TTL_MS) break
+      this.clients.delete(c)
+    }
+  }
+
   /** A live lease's record; 404 if there is none, 403 if `who` (an agent credential) is not its agent. */
   #known(lease, who = null) {
     if (!Number.isSafeInteger(lease) || !this.leases.has(lease)) throw new HttpError(404, 'unknown_lease', 'no such lease: never issued, or already settled, cancelled or expired')
@@ -246,7 +270,7 @@ export class QuotaObject {
     const step = ask.step
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
     const { lease: _l, ticket: _t, ...shown } = step
-    const out = { call: ask.call, step: shown }
+    const out = { call: ask.call, step: shown, clients: Math.max(1, this.clients.size) }
     if (step.kind === 'send') {
       const l = await ask.lease
       this.leases.set(l.id, { state: 'granted', agent: request.agent, pool, expiresAt: l.expiresAt, waitedMs: 0 })

@@ -17,13 +17,14 @@ const CREDENTIAL_ROUTE = /^\/v1\/fleets\/([^/]+)\/agents\/([^/]+)\/credential$/
  * here only (a client's own are dropped): the fleet, the quota and, for an agent
  * credential, the one agent the caller may act for.
  */
-async function toObject(env, fleet, quota, path, init = {}, agent = null) {
+async function toObject(env, fleet, quota, path, init = {}, agent = null, client = null) {
   const id = env.QUOTAS.idFromName(`${fleet}/${quota}`)
   const headers = new Headers(init.headers)
   for (const name of [...headers.keys()]) if (name.startsWith('x-tw-')) headers.delete(name)
   headers.set('x-tw-fleet', fleet)
   headers.set('x-tw-quota', quota)
   if (agent !== null) headers.set('x-tw-agent', agent)
+  if (client !== null) headers.set('x-tw-client', client)
   return env.QUOTAS.get(id).fetch(`https://quota${path}`, { ...init, headers })
 }
 
@@ -80,7 +81,10 @@ async function handle(request, env) {
     throw new HttpError(404, 'not_found', 'no such admin route; see API.md')
   }
   const { fleet: f, agent } = await authenticate(fleets, fleet, request, { proxy })
-  const object = (path, init = {}) => toObject(env, fleet, quota, path, init, agent)
+  // A remote driver names its process, so the limiter can tell how many share the quota.
+  const named = request.headers.get('x-tokenwarden-client')
+  const client = named !== null && /^[A-Za-z0-9_-]{1,64}$/.test(named) ? named : null
+  const object = (path, init = {}) => toObject(env, fleet, quota, path, init, agent, client)
   if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
   const secret = f.secret
   const maxBody = limitFrom(env, 'TOKENWARDEN_MAX_BODY_BYTES', DEFAULT_MAX_BODY_BYTES)

@@ -22,7 +22,7 @@ let persist
 let worker
 let port
 
-const fleets = { f: { secret: SECRET, quotas: { q: { config: { pools: [POOL] } } } } }
+const fleets = { f: { secret: SECRET, quotas: { q: { config: { pools: [POOL] } }, shared: { config: { pools: [POOL] } } } } }
 
 before(async () => {
   rmSync(outdir, { recursive: true, force: true })
@@ -107,4 +107,80 @@ test('leases through the Worker, fails open when it is down, and comes back', as
   assert.deepEqual(events.filter((e) => e.name === 'remote_error'), [])
   assert.equal(mock.stats().overLimit, false)
   tw.close()
+})
+
+test('an aborted queued acquire stops its long poll at once; refusals emit rejected; events carry the lease ids', async () => {
+  // Requests to the limiter in flight, counted through the driver's own fetch.
+  let open = 0
+  const counting = async (input, init) => {
+    open++
+    try {
+      return await fetch(input, init)
+    } finally {
+      open--
+    }
+  }
+  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'q', secret: SECRET, engine: nativeEngines.create({ pools: [POOL] }, 1, 0), fetch: counting, pollMs: 20_000 })
+  const events = []
+  for (const name of ['queued', 'granted', 'rejected', 'settled']) tw.on(name, (e) => events.push({ name, ...e }))
+  const held = []
+  for (let i = 0; i < 4; i++) held.push(await tw.acquire({ agent: `holder-${i}`, pool: 0, inputTokens: 100, maxTokens: 10 }))
+  assert.ok(held.every((l) => Number.isSafeInteger(l.id) && l.id >= 0), 'a remote lease has the limiter\'s id')
+
+  const ac = new AbortController()
+  const waiting = tw.acquire({ agent: 'waiter', pool: 0, inputTokens: 100, maxTokens: 10 }, { signal: ac.signal })
+  await new Promise((r) => setTimeout(r, 200))
+  assert.equal(open, 1, 'one long poll open')
+  const abortedAt = performance.now()
+  ac.abort()
+  await assert.rejects(waiting, { code: 'aborted' })
+  await new Promise((r) => setTimeout(r, 100))
+  assert.equal(open, 0, 'the long poll was aborted with the acquire, not left running')
+  assert.ok(performance.now() - abortedAt < 2000)
+  const queued = events.find((e) => e.name === 'queued')
+  assert.ok(queued.lease >= 0, `queued carries the ticket id, got ${queued.lease}`)
+
+  // A request that can never fit: rejected, with the event.
+  await assert.rejects(tw.acquire({ agent: 'huge', pool: 0, inputTokens: 10_000_000, maxTokens: 10 }), { code: 'rejected' })
+  assert.deepEqual(
+    events.filter((e) => e.name === 'rejected').map((e) => [e.reason.kind, e.retryAt]),
+    [['exceeds_capacity', null]],
+  )
+  for (const l of held) {
+    const s = await l.settle({ inputTokens: 100, outputTokens: 5 })
+    assert.equal(Number(s.used[0]), 100, 'settle resolves with the settlement')
+  }
+  assert.deepEqual(
+    events.filter((e) => e.name === 'settled').map((e) => e.lease),
+    held.map((l) => l.id),
+  )
+  assert.ok(events.filter((e) => e.name === 'granted').every((e) => e.lease >= 0))
+  tw.close()
+})
+
+test('failing open, each of N processes leases locally at 1/N of the quota, and says so', async () => {
+  const make = () =>
+    new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'shared', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, timeoutMs: 500, retryRemoteMs: 60_000 })
+  const a = make()
+  const b = make()
+  const opened = []
+  a.on('fail_open', (e) => opened.push(e))
+  // Both lease through the limiter, which counts the two processes.
+  // (a asks again after b: each answer carries the count as of that request.)
+  for (const tw of [a, b, a]) await (await tw.acquire({ agent: 7, pool: 0, inputTokens: 100, maxTokens: 10 })).settle({ inputTokens: 100 })
+  // The whole quota hands out 170k input tokens at once (200k at 85 %): 150k would fit it.
+  await worker.mf.dispose()
+  try {
+  await assert.rejects(a.acquire({ agent: 7, pool: 0, inputTokens: 150_000, maxTokens: 10 }), (e) => e.code === 'rejected' && e.reason.kind === 'exceeds_capacity')
+  assert.equal(opened.length, 1)
+  assert.equal(opened[0].share, 0.5)
+  assert.match(opened[0].message, /1\/2 of the quota \(the limiter last saw 2 processes/)
+  // Half of it still serves what fits half.
+  const l = await a.acquire({ agent: 7, pool: 0, inputTokens: 50_000, maxTokens: 10 })
+  l.settle({ inputTokens: 50_000 })
+  } finally {
+    a.close()
+    b.close()
+    worker = await startWorker({ outdir, persist, fleets, port })
+  }
 })
