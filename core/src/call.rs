@@ -1,29 +1,6 @@
 //! One model call, from the first ask to the answer the agent receives, as values the core
 //! decides and a host acts on.
 //!
-//! A host's whole loop for one call:
-//!
-//! ```text
-//! let mut call = Call::new();
-//! loop {
-//!     match coordinator.call_lease(now, &mut call, &request)? {
-//!         CallStep::Send { lease, .. } => {
-//!             let response = send(…);                    // network error: call_interrupted
-//!             match coordinator.call_response(now, &mut call, pool, Some(lease), status, &report)?.step {
-//!                 CallStep::Deliver => { /* settle from the body's usage; hand it over */ }
-//!                 CallStep::Wait { until, .. } => sleep_until(until),   // then ask again
-//!                 CallStep::GiveUp { .. } => { /* hand the error over, with last_retry_after_ms */ }
-//!                 CallStep::Send { .. } => unreachable!(),
-//!             }
-//!         }
-//!         CallStep::Wait { until, ticket: Some(t), .. } => wait_for_grant(t),  // Event::Granted
-//!         CallStep::Wait { until, .. } => sleep_until(until),                  // then ask again
-//!         CallStep::GiveUp { .. } => fail,
-//!         CallStep::Deliver => unreachable!(),
-//!     }
-//! }
-//! ```
-//!
 //! Which statuses are retried, how long to wait (`retry-after`, `reset_at`, backoff), when
 //! to give up and what a failed call is charged are all decided here, so every host (the
 //! fetch wrapper, the edge limiter, the simulator, a Rust host) behaves the same and the
@@ -56,6 +33,29 @@ impl Call {
 }
 
 /// What the host does next for a call.
+///
+/// A host's whole loop for one call:
+///
+/// ```text
+/// let mut call = Call::new();
+/// loop {
+///     match coordinator.call_lease(now, &mut call, &request)? {
+///         CallStep::Send { lease, .. } => {
+///             let response = send(…);                    // network error: call_interrupted
+///             match coordinator.call_response(now, &mut call, pool, Some(lease), status, &report)?.step {
+///                 CallStep::Deliver => { /* settle from the body's usage; hand it over */ }
+///                 CallStep::Wait { until, .. } => sleep_until(until),   // then ask again
+///                 CallStep::GiveUp { .. } => { /* hand the error over, with last_retry_after_ms */ }
+///                 CallStep::Send { .. } => unreachable!(),
+///             }
+///         }
+///         CallStep::Wait { until, ticket: Some(t), .. } => wait_for_grant(t),  // Event::Granted
+///         CallStep::Wait { until, .. } => sleep_until(until),                  // then ask again
+///         CallStep::GiveUp { .. } => fail,
+///         CallStep::Deliver => unreachable!(),
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 #[must_use]

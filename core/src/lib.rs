@@ -28,6 +28,15 @@
 //!    (parsed by [`parse_headers`]); a 429 pauses the pool and cuts the margin.
 //! 5. [`Coordinator::handle_timeout`] — time passed.
 //!
+//! Or, for one model call from its first ask to the answer the agent receives, the call
+//! lifecycle ([`Call`], [`CallStep`]): [`Coordinator::call_lease`] asks and says send, wait
+//! (in the queue, or until a refusal's time; `checkpoint` when the wait is long) or give
+//! up; [`Coordinator::call_response`] feeds the provider's answer back and says deliver,
+//! wait and ask again, or give up (retryable statuses, `retry-after` against `reset_at`,
+//! backoff and give-up limits are all decided here); [`Coordinator::call_interrupted`]
+//! charges a call that ended without a usage report. A host is then a loop that does what
+//! each step says (the loop is on [`CallStep`]).
+//!
 //! ## Outputs
 //!
 //! 1. The [`Decision`] returned by `request_lease`.
@@ -137,7 +146,12 @@ pub use request::{LeaseRequest, Role, Usage};
 pub use rng::Rng;
 pub use time::Millis;
 
-/// The README's examples, compiled and run as doctests.
+/// The repository README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The crate README's example (the one crates.io shows), compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct CrateReadmeDoctests;
