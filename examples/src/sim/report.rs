@@ -459,11 +459,24 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
 
 /// Per-minute usage against each limit (as % of the real limit), with 429 counts as bars.
 pub fn usage_svg(r: &RunResult) -> String {
-    let (w, h, left, top, bottom) = (720.0, 300.0, 50.0, 30.0, 40.0);
+    let (w, h, left, top, bottom) = (720.0, 320.0, 50.0, 30.0, 60.0);
     let n = r.minutes.len().max(1) as f64;
     let plot_h = h - top - bottom;
     let plot_w = w - left - 20.0;
-    let max_pct = 1.5;
+    // At least 150 %, and high enough for the busiest minute (the first can pass 100 %: the
+    // buckets start full), in steps of 50 %.
+    let highest = r
+        .minutes
+        .iter()
+        .flat_map(|m| {
+            [
+                m.input as f64 / r.limits.input_tpm.max(1) as f64,
+                m.output as f64 / r.limits.output_tpm.max(1) as f64,
+                m.requests as f64 / r.limits.rpm.max(1) as f64,
+            ]
+        })
+        .fold(1.5, f64::max);
+    let max_pct = (highest * 2.0).ceil() / 2.0;
     let x = |i: f64| left + i / n * plot_w;
     let y = |p: f64| top + plot_h - (p.min(max_pct) / max_pct) * plot_h;
     let mut s = format!(
@@ -496,7 +509,32 @@ pub fn usage_svg(r: &RunResult) -> String {
             );
         }
     }
-    for p in [0.0, 0.5, 1.0, 1.5] {
+    // Minutes along the x axis: a label every `step` minutes, at most a dozen.
+    let minutes = r.minutes.len();
+    let step = [1, 2, 5, 10, 15, 20, 30, 60]
+        .into_iter()
+        .find(|s| minutes / s <= 12)
+        .unwrap_or(120);
+    for i in (0..=minutes).step_by(step) {
+        let _ = write!(
+            s,
+            r##"<line x1="{0:.1}" x2="{0:.1}" y1="{1:.1}" y2="{2:.1}" stroke="#999"/><text x="{0:.1}" y="{3:.1}" text-anchor="middle">{i}</text>"##,
+            x(i as f64),
+            top + plot_h,
+            top + plot_h + 4.0,
+            top + plot_h + 16.0,
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="end">minute</text>"#,
+        left + plot_w,
+        top + plot_h + 30.0
+    );
+    let grid: Vec<f64> = (0..=(max_pct * 2.0) as usize)
+        .map(|k| k as f64 / 2.0)
+        .collect();
+    for p in grid {
         let _ = write!(
             s,
             r##"<line x1="{left}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#ccc"/><text x="4" y="{:.1}">{:.0}%</text>"##,
@@ -658,6 +696,10 @@ pub fn write(
     let _ = writeln!(
         md,
         "Reading the tables: (c) matches (a) exactly whenever the shared requests/min counter never fills: these fleets are bound by tokens, not requests (\"requests per minute is the wrong unit\"). (d) and (e) match wherever every agent has the same role and nobody waits on anybody. Unfinished tasks count in the task-time percentiles with their age at the end of the run (\"+ running\"), so a strategy that stalls long tasks is not flattered by finishing only short ones.\n"
+    );
+    let _ = writeln!(
+        md,
+        "The columns: *broken turns* are turns an agent's harness gave up on after a call stayed rate-limited past its patience (60 s), or that the coordinator's call lifecycle gave up on: each costs a re-read, re-test and re-plan at 5–20× the failed call's tokens. *Jain* is Jain's fairness index over the tokens each tenant was served (1 = equal shares; 1/n = one tenant got everything); in scenarios with a single tenant per role or one shared tenant it says little. *Grants from queue* are leases the coordinator granted after the request had waited in its queue (the rest were granted at once). A usage line can pass 100 % of a limit in a minute with no 429: the provider's buckets start full, so the first minute can spend a whole bucket plus its refill. On `seed003` the coordinators use 26.8 % of the input limit over the run because the fleet asks for less than that most of the time: twenty agents spend ~80 s on tools between calls, fewer and fewer remain as their finite backlogs run out (the run ends when the last task does), and the coordinators queue only in the waves of the first minutes (39 grants from the queue); the `weights` scenario sets planner/reviewer/worker weights to 4:2:1 (the defaults are 3:2:1) to check shares of 4/7, 2/7, 1/7.\n"
     );
     let mut all_goals = Vec::new();
     let _ = writeln!(
