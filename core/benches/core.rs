@@ -113,20 +113,25 @@ fn single_bucket(c: &mut Criterion) {
 
 /// Steady state: request_lease (granted) then settle with the real usage, eight agents in
 /// turn, time advancing 1 ms per iteration; events drained as the protocol asks.
+/// Eight agents in turn, mixed roles, 2,000–5,500 input tokens with `max_tokens` 1,000.
+fn eight_agents() -> Vec<LeaseRequest> {
+    (0..8)
+        .map(|i| LeaseRequest {
+            agent: AgentId(i),
+            input_tokens: 2_000 + 500 * i,
+            max_tokens: 1_000,
+            role: role(i),
+            ..Default::default()
+        })
+        .collect()
+}
+
 fn grant_settle(c: &mut Criterion) {
     c.bench_function("grant_settle", |b| {
         let mut coord = coordinator(&format!(
             r#"{{"pools":[{{"name":"p",{ROOMY_POOL},"max_concurrent":1000}}]}}"#
         ));
-        let reqs: Vec<LeaseRequest> = (0..8)
-            .map(|i| LeaseRequest {
-                agent: AgentId(i),
-                input_tokens: 2_000 + 500 * i,
-                max_tokens: 1_000,
-                role: role(i),
-                ..Default::default()
-            })
-            .collect();
+        let reqs = eight_agents();
         let mut now = 0u64;
         let mut i = 0usize;
         b.iter(|| {
@@ -164,15 +169,7 @@ fn call_steps(c: &mut Criterion) {
                 r#"{{"pools":[{{"name":"p",{ROOMY_POOL},"max_concurrent":1000}}],
                     "feedback":{{"max_pause_ms":1}},"backoff":{{"retry_after_jitter_ms":0}}}}"#
             ));
-            let reqs: Vec<LeaseRequest> = (0..8)
-                .map(|i| LeaseRequest {
-                    agent: AgentId(i),
-                    input_tokens: 2_000 + 500 * i,
-                    max_tokens: 1_000,
-                    role: role(i),
-                    ..Default::default()
-                })
-                .collect();
+            let reqs = eight_agents();
             let ok = HeaderReport::default();
             let limited = parse_headers([("retry-after-ms", "1")], None);
             let mut now = 0u64;

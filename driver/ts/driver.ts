@@ -175,10 +175,11 @@ export class Lease {
 export interface CallAsk {
   call: CallState
   step: CallStep
-  /** The lease to send under: at once for `send`, on its grant for a queued `wait`. */
+  /**
+   * The lease to send under: at once for `send`, on its grant for a queued `wait`; null for
+   * a `wait` without a ticket (ask again at `step.until`, on the driver's clock) and `give_up`.
+   */
   lease: Promise<Lease> | null
-  /** For a `wait` without a ticket: when to ask again, on the driver's clock. */
-  retryAt: number | null
 }
 
 /** Response headers: a `Headers`, a plain object, or name/value pairs. */
@@ -290,7 +291,7 @@ export class Driver extends Emitter<DriverEvents> {
   /**
    * Asks for capacity for one model call, by the core's call lifecycle: `send` (the lease
    * is ready), `wait` in the queue (the lease resolves on its grant; `AbortError` if
-   * `signal` aborts first), `wait` until `retryAt` and ask again (a refusal; the call keeps
+   * `signal` aborts first), `wait` until `step.until` and ask again (a refusal; the call keeps
    * its place in the fair order), or `give_up`. Pass `call` back to the call's next step.
    * Throws the engine's coded error for bad input.
    */
@@ -302,7 +303,6 @@ export class Driver extends Emitter<DriverEvents> {
     const r = this.engine.callLease(now, call, request)
     const step = r.step
     let lease: Promise<Lease> | null = null
-    let retryAt: number | null = null
     switch (step.kind) {
       case 'send': {
         lease = Promise.resolve(new Lease(this, step.lease, request.agent, request.pool, step.expiresAt, 0))
@@ -315,7 +315,6 @@ export class Driver extends Emitter<DriverEvents> {
         if (step.ticket !== null) {
           lease = this.#enqueue(step.ticket, request, now, Number(step.until), signal, step.checkpoint)
         } else {
-          retryAt = Number(step.until)
           if (this.listening('rejected') && step.refusal !== null) {
             this.emit('rejected', { agent: request.agent, pool: request.pool, reason: step.refusal, retryAt: step.until })
           }
@@ -330,7 +329,7 @@ export class Driver extends Emitter<DriverEvents> {
         break
     }
     this.#afterCall()
-    return { call: r.call, step, lease, retryAt }
+    return { call: r.call, step, lease }
   }
 
   /** @internal The call lifecycle's response step (see {@link Lease.respond}). */

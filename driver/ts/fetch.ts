@@ -150,7 +150,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       }
       if (ask.lease === null) {
         // Refused for now; the call keeps its place in the fair order until it asks again.
-        if (step.kind === 'wait') await waitUntil(driver, agent, pool, step, 'rejected', ask.retryAt ?? Number(step.until), signal)
+        if (step.kind === 'wait') await waitUntil(driver, agent, pool, step, 'rejected', Number(step.until), signal)
         continue
       }
       const lease = await ask.lease

@@ -267,7 +267,7 @@ export class RemoteTokenwarden extends Tokenwarden {
       const expiresAt = Number(r.body.expiresAt)
       const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, expiresAt, 0)
       if (this.listening('granted')) this.emit('granted', { lease: lease.id, agent: request.agent, pool: request.pool, expiresAt, waitedMs: 0 })
-      return { call: next, step: { kind: 'send', lease: lease.id, expiresAt }, lease: Promise.resolve(lease), retryAt: null }
+      return { call: next, step: { kind: 'send', lease: lease.id, expiresAt }, lease: Promise.resolve(lease) }
     }
     if (r.status === 202) {
       const until = this.#onClock(r.body.eta as number)
@@ -277,13 +277,13 @@ export class RemoteTokenwarden extends Tokenwarden {
         this.emit('queued', { lease: handleId(String(r.body.lease)), agent: request.agent, pool: request.pool, eta: until, etaMs: Math.max(0, until - this.clock.now()), checkpoint })
       }
       const lease = this.#awaitTicket(String(r.body.lease), request, signal, this.clock.now())
-      return { call: next, step, lease, retryAt: null }
+      return { call: next, step, lease }
     }
     const step = (shown.kind === 'wait' ? { ...shown, until: this.#onClock(shown.until as number), ticket: null } : shown) as CallStep
     if (this.listening('rejected')) {
       this.emit('rejected', { agent: request.agent, pool: request.pool, reason: r.body.reason as RejectReason, retryAt: step.kind === 'wait' ? step.until : null })
     }
-    return { call: next, step, lease: null, retryAt: step.kind === 'wait' ? Number(step.until) : null }
+    return { call: next, step, lease: null }
   }
 
   #wireRequest(request: LeaseRequest): Record<string, unknown> {
