@@ -39,6 +39,8 @@ export async function startWorker({ outdir, name = 'worker', persist, fleets, po
     modulesRoot: outdir,
     modulesRules: [{ type: 'CompiledWasm', include: ['**/*.wasm'] }],
     compatibilityDate: '2025-12-01',
+    // As in edge/wrangler.toml: a request's signal aborts when its client goes away.
+    compatibilityFlags: ['enable_request_signal'],
     host: '127.0.0.1',
     ...edge,
     ...(port === undefined ? {} : { port }),

@@ -14,6 +14,7 @@ use crate::bucket::{Axis, Demand};
 use crate::config::AlertConfig;
 use crate::ids::AgentId;
 use crate::time::Millis;
+use crate::weight::SCALE;
 
 /// An agent's state in one pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,6 +25,19 @@ pub(crate) struct AgentPool {
     /// this virtual time instead of at the back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held: Option<Held>,
+    /// The weight of its latest ask here (0 before its first): what another ticket's ETA
+    /// assumes it keeps.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) weight: u64,
+    /// The smallest combined-token reservation it has asked for here, plus one (0 before
+    /// its first ask): what bounds how many requests it can send in a span of virtual time.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) smallest: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A place in the fair order kept across a refusal (`wait_too_long`, `queue_full`,
@@ -37,7 +51,54 @@ pub(crate) struct Held {
     pub(crate) until: Millis,
 }
 
+/// An agent's share rates in one pool (see [`AgentPool::rates`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Rates {
+    pub(crate) tokens: u128,
+    pub(crate) requests: u128,
+}
+
+/// Per pool, the sums of every agent's [`Rates`] and how many agents hold a place: what a
+/// queued ticket's ETA needs in O(1). Derived from the agents (rebuilt on restore).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Shares {
+    pub(crate) rates: Rates,
+    pub(crate) held: u32,
+}
+
+impl Shares {
+    fn add(&mut self, r: Rates) {
+        self.rates.tokens = self.rates.tokens.saturating_add(r.tokens);
+        self.rates.requests = self.rates.requests.saturating_add(r.requests);
+    }
+
+    fn sub(&mut self, r: Rates) {
+        self.rates.tokens = self.rates.tokens.saturating_sub(r.tokens);
+        self.rates.requests = self.rates.requests.saturating_sub(r.requests);
+    }
+}
+
 impl AgentPool {
+    /// What this agent can be served ahead of another ticket per unit of virtual time, on
+    /// the token axes and the requests axis, in 2⁻³² units (rounded up; see
+    /// `coordinator/eta.rs`): a request of `t` tokens costs `(t + 1)·SCALE / w`, and at
+    /// most `X·w·m / (SCALE·m − w)` tokens in `m`-token requests fit in `X` of virtual time.
+    pub(crate) fn rates(&self) -> Rates {
+        if self.weight == 0 {
+            return Rates::default();
+        }
+        let (w, m) = (u128::from(self.weight), u128::from(self.smallest.max(1)));
+        let tokens = (SCALE * m)
+            .checked_sub(w)
+            .filter(|d| *d > 0)
+            .and_then(|d| Some((w.checked_mul(m)? << 32).div_ceil(d)))
+            .unwrap_or(u128::from(u64::MAX) << 32);
+        Rates {
+            tokens,
+            requests: tokens.div_ceil(m),
+        }
+    }
+
     /// The virtual start kept for this agent's next request, if it comes back in time.
     pub(crate) fn held_vstart(&self, now: Millis) -> Option<u128> {
         self.held.filter(|h| now <= h.until).map(|h| h.vstart)
@@ -171,14 +232,141 @@ fn error_permille(estimate: u64, actual: u64) -> u32 {
     u32::try_from(e.min(1_000_000)).unwrap_or(1_000_000)
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(from = "Stored")]
 pub(crate) struct Agents {
+    slots: Vec<Option<Agent>>,
+    free: Vec<u32>,
+    index: BTreeMap<AgentId, u32>,
+    /// Per pool: derived from the agents, so neither stored (recomputed when a table is
+    /// read back) nor compared.
+    #[serde(skip)]
+    shares: Vec<Shares>,
+}
+
+/// The stored form of [`Agents`]: everything but the derived sums.
+#[derive(Deserialize)]
+struct Stored {
     slots: Vec<Option<Agent>>,
     free: Vec<u32>,
     index: BTreeMap<AgentId, u32>,
 }
 
+impl From<Stored> for Agents {
+    fn from(s: Stored) -> Agents {
+        let mut a = Agents {
+            slots: s.slots,
+            free: s.free,
+            index: s.index,
+            shares: Vec::new(),
+        };
+        a.shares = a.computed_shares();
+        a
+    }
+}
+
+impl PartialEq for Agents {
+    fn eq(&self, other: &Agents) -> bool {
+        (&self.slots, &self.free, &self.index) == (&other.slots, &other.free, &other.index)
+    }
+}
+
+impl Eq for Agents {}
+
 impl Agents {
+    /// The sums over every agent in pool `p`.
+    pub(crate) fn shares(&self, p: u32) -> Shares {
+        self.shares.get(p as usize).copied().unwrap_or_default()
+    }
+
+    /// Pool `p`'s sums, added if the table has none for it yet.
+    fn shares_mut(&mut self, p: u32) -> Option<&mut Shares> {
+        let i = p as usize;
+        if self.shares.len() <= i {
+            self.shares.resize(i.saturating_add(1), Shares::default());
+        }
+        self.shares.get_mut(i)
+    }
+
+    /// The sums as the agents say they are, one per pool any agent knows.
+    fn computed_shares(&self) -> Vec<Shares> {
+        let pools = self.values().map(|a| a.pools.len()).max().unwrap_or(0);
+        let mut out = alloc::vec![Shares::default(); pools];
+        for a in self.values() {
+            for (sh, ap) in out.iter_mut().zip(&a.pools) {
+                sh.add(ap.rates());
+                if ap.held.is_some() {
+                    sh.held = sh.held.saturating_add(1);
+                }
+            }
+        }
+        out
+    }
+
+    /// Notes an ask in pool `p` with this weight and combined-token reservation.
+    pub(crate) fn note_ask(&mut self, slot: u32, p: u32, weight: u128, tokens: u64) {
+        let Some(ap) = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .and_then(|a| a.pools.get_mut(p as usize))
+        else {
+            return;
+        };
+        let weight = u64::try_from(weight).unwrap_or(u64::MAX);
+        let unit = tokens.saturating_add(1);
+        let smallest = if ap.smallest == 0 {
+            unit
+        } else {
+            ap.smallest.min(unit)
+        };
+        if (weight, smallest) == (ap.weight, ap.smallest) {
+            return;
+        }
+        let old = ap.rates();
+        ap.weight = weight;
+        ap.smallest = smallest;
+        let new = ap.rates();
+        if let Some(sh) = self.shares_mut(p) {
+            sh.sub(old);
+            sh.add(new);
+        }
+    }
+
+    /// Keeps a place in pool `p`'s fair order for the agent in `slot`.
+    pub(crate) fn hold(&mut self, slot: u32, p: u32, held: Held) {
+        let Some(ap) = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .and_then(|a| a.pools.get_mut(p as usize))
+        else {
+            return;
+        };
+        if ap.held.replace(held).is_none() {
+            if let Some(sh) = self.shares_mut(p) {
+                sh.held = sh.held.saturating_add(1);
+            }
+        }
+    }
+
+    /// Gives up the place kept in pool `p` for the agent in `slot`, if any.
+    pub(crate) fn unhold(&mut self, slot: u32, p: u32) {
+        let Some(ap) = self
+            .slots
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .and_then(|a| a.pools.get_mut(p as usize))
+        else {
+            return;
+        };
+        if ap.held.take().is_some() {
+            if let Some(sh) = self.shares_mut(p) {
+                sh.held = sh.held.saturating_sub(1);
+            }
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.index.len()
     }
@@ -248,12 +436,25 @@ impl Agents {
             .filter_map(|(i, a)| a.as_ref().filter(|a| a.is_idle()).map(|a| (i, a)))
             .min_by_key(|(_, a)| (a.last_seen, a.id))
             .map(|(i, a)| (i, a.id))?;
-        if let Some(o) = self.slots.get_mut(slot) {
-            *o = None;
+        if let Some(gone) = self.slots.get_mut(slot).and_then(Option::take) {
+            for (sh, ap) in self.shares.iter_mut().zip(&gone.pools) {
+                sh.sub(ap.rates());
+                if ap.held.is_some() {
+                    sh.held = sh.held.saturating_sub(1);
+                }
+            }
         }
         self.free.push(u32::try_from(slot).unwrap_or(u32::MAX));
         self.index.remove(&id);
         Some(id)
+    }
+
+    /// Every agent with its slot, in slot order.
+    pub(crate) fn slots(&self) -> impl Iterator<Item = (u32, &Agent)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| Some((u32::try_from(i).ok()?, a.as_ref()?)))
     }
 
     /// Every agent, in slot order.
@@ -289,7 +490,13 @@ impl Agents {
                 _ => false,
             }
         });
-        index_ok && free_ok
+        let computed = self.computed_shares();
+        let shares_ok = (0..computed.len().max(self.shares.len())).all(|p| {
+            let p = u32::try_from(p).unwrap_or(u32::MAX);
+            let want = computed.get(p as usize).copied().unwrap_or_default();
+            self.shares(p) == want
+        });
+        index_ok && free_ok && shares_ok
     }
 }
 
@@ -299,6 +506,63 @@ mod tests {
 
     fn agent(id: u64, last_seen: u64) -> Agent {
         Agent::new(AgentId(id), Millis(last_seen), 1)
+    }
+
+    #[test]
+    fn per_pool_shares_follow_asks_holds_evictions_and_reads_back() {
+        let mut t = Agents::default();
+        let a = t.insert(agent(1, 0));
+        let b = t.insert(agent(2, 5));
+        assert_eq!(t.shares(0), Shares::default(), "nobody has asked");
+        t.note_ask(a, 0, 1_000, 1_499);
+        let one = t.shares(0).rates;
+        // Weight 1 in 1,500-token requests: just over 1/1,000,000 of a token per unit.
+        assert_eq!(
+            one.tokens,
+            (1_000u128 * 1_500 << 32).div_ceil(1_000_000 * 1_500 - 1_000)
+        );
+        assert_eq!(one.requests, one.tokens.div_ceil(1_500));
+        t.note_ask(b, 0, 2_000, 99);
+        t.note_ask(a, 0, 1_000, 5_000); // bigger than its smallest: nothing changes
+        assert_eq!(
+            t.shares(0).rates.tokens,
+            one.tokens + t.get(b).map_or(0, |x| x.pools[0].rates().tokens)
+        );
+        t.hold(
+            b,
+            0,
+            Held {
+                vstart: 7,
+                until: Millis(100),
+            },
+        );
+        t.hold(
+            b,
+            0,
+            Held {
+                vstart: 8,
+                until: Millis(100),
+            },
+        );
+        assert_eq!(t.shares(0).held, 1, "one agent holds one place");
+        assert!(t.is_consistent());
+        let back: Agents = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back.shares(0), t.shares(0), "recomputed when read back");
+        assert!(back.is_consistent());
+        t.unhold(b, 0);
+        t.unhold(b, 0);
+        assert_eq!(t.shares(0).held, 0);
+        assert_eq!(t.evict_idle(), Some(AgentId(1)));
+        assert_eq!(
+            t.shares(0).rates,
+            t.get(b).map(|x| x.pools[0].rates()).unwrap()
+        );
+        assert!(t.is_consistent());
+        t.slots[b as usize].as_mut().unwrap().pools[0].weight = 3_000;
+        assert!(
+            !t.is_consistent(),
+            "a sum that disagrees with the agents is caught"
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ use crate::weight::{virtual_cost, weight};
 
 mod call;
 mod check;
+mod eta;
 mod feedback;
 mod snapshot;
 
@@ -267,13 +268,7 @@ impl Coordinator {
         reason: RejectReason,
     ) -> Decision {
         let until = retry_at.unwrap_or(now).plus(self.config.window_ms);
-        if let Some(ap) = self
-            .agents
-            .get_mut(agent_slot)
-            .and_then(|a| a.pools.get_mut(p as usize))
-        {
-            ap.held = Some(Held { vstart, until });
-        }
+        self.agents.hold(agent_slot, p, Held { vstart, until });
         self.reject(p, now, retry_at, reason)
     }
 
@@ -310,10 +305,24 @@ impl Coordinator {
     /// other agents; a big request among forty looping small ones, which a refusal used to
     /// send to the back every time, is now granted within it.
     ///
-    /// A queued decision's `eta` is the time the demand queued ahead of it (and its own)
-    /// fits, if estimates hold; it is not yet an upper bound: later arrivals with an
-    /// earlier virtual finish, and refused requests coming back to their kept place, can
-    /// still be served first.
+    /// # The ETA is an upper bound
+    ///
+    /// A queued decision's `eta` is when the pool's refill covers the demand queued ahead
+    /// of the ticket, its own, and everything every other agent the pool has seen (until
+    /// it leaves the agent table) could still be served ahead of it in the fair order: at
+    /// most `(F − V₀)·w·m / (10⁶·m − w)` combined tokens for an agent of weight `w` whose
+    /// smallest ask was `m` tokens, where `F` is the ticket's virtual finish and `V₀` the
+    /// earliest virtual start any other agent's next request can have (the pool's virtual
+    /// time, or a kept place before it). Under the assumptions of the bound above —
+    /// settled usage equals the reservation, limits and margin do not change, no 429
+    /// pauses the pool — and two more (every agent keeps the weight and the smallest size
+    /// it has asked with so far, and the concurrency limit does not bind), the ticket is
+    /// granted by its `eta`. What can still move it later: an agent that first asks in the
+    /// pool after the ETA was given (each such agent by at most its own share of that
+    /// span), and a host that wakes after [`Coordinator::poll_timeout`]. The sums it needs
+    /// are kept per pool, so it costs O(1) (a walk over the agents only while one holds a
+    /// place). `max_queue_wait_ms` is compared with the *expected* wait (the demand queued
+    /// ahead only), so a ticket can be queued with an `eta` past it.
     pub fn request_lease(
         &mut self,
         now: Millis,
@@ -340,6 +349,8 @@ impl Coordinator {
             .pools
             .get(p as usize)
             .map_or((0, None), |a| (a.last_vfinish, a.held_vstart(now)));
+        self.agents
+            .note_ask(agent_slot, p, weight, demand.get(Axis::Tokens));
 
         // Capacity is checked against the cold-cache reservation: a ticket that waits may
         // see its cache expire and be charged the whole prefix when it is granted.
@@ -399,20 +410,24 @@ impl Coordinator {
                 RejectReason::QueueFull,
             ));
         }
-        // Insert first: the same walk gives the demand queued ahead, which sets the ETA. A
-        // ticket that would wait too long is taken back out.
+        // Insert first: the same walk gives the demand queued ahead, which sets the
+        // expected wait. A ticket expected to wait too long is taken back out.
         let max_wait = self.config.max_queue_wait_ms;
         let pool = &mut self.pools[p as usize];
         let inserted = pool.queue.insert(key, demand, u32::MAX);
-        let eta = pool.eta(now, &inserted.before.saturating_add(demand), window);
+        let ahead = inserted.before.saturating_add(demand);
+        let expected = pool.eta(now, &ahead, window);
         // A request back at its kept place is queued whatever its wait: it was already sent
         // away once, and coming back at `retry_at` is served.
-        if eta.since(now) > max_wait && held.is_none() {
+        if expected.since(now) > max_wait && held.is_none() {
             pool.queue.undo_insert(key, inserted);
-            let retry_at = Millis(eta.0.saturating_sub(max_wait)).max(now.plus(1));
+            let retry_at = Millis(expected.0.saturating_sub(max_wait)).max(now.plus(1));
             let reason = RejectReason::WaitTooLong;
             return Ok(self.refuse(p, agent_slot, vstart, now, Some(retry_at), reason));
         }
+        // The promise: also what the other agents can still be served ahead of it.
+        let overtaking = self.overtaking(p, agent_slot, vfinish, now);
+        let eta = self.pools[p as usize].eta(now, &ahead.saturating_add(overtaking), window);
         let phase = Phase::Queued {
             key,
             vstart,
@@ -463,9 +478,9 @@ impl Coordinator {
             }
             if let Some(ap) = a.pools.get_mut(p as usize) {
                 ap.last_vfinish = vfinish;
-                ap.held = None;
             }
         }
+        self.agents.unhold(agent_slot, p);
         id
     }
 

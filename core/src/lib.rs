@@ -86,7 +86,7 @@
 //!     coord.handle_timeout(now);
 //! };
 //! assert_eq!(granted, second);
-//! assert!(now <= eta, "granted by its estimate");
+//! assert!(now <= eta, "granted by its ETA, an upper bound");
 //! ```
 #![no_std]
 #![cfg_attr(

@@ -5,7 +5,8 @@
 //! The engine alone, on a simulated clock: 60,000 input tokens a minute (85 % margin:
 //! 51,000 handed out), N small agents looping 1,500-token calls of 3 s, one agent asking
 //! once for 20,000 tokens a minute in; then the same property over arbitrary mixes of
-//! agents, sizes, think times and roles.
+//! agents, sizes, think times and roles. In each, every queued ticket given once all the
+//! agents have asked is granted by its ETA.
 
 use std::collections::BTreeMap;
 
@@ -39,6 +40,10 @@ struct Run {
     granted_at: Option<Millis>,
     refusals: u32,
     queued_eta: Vec<Millis>,
+    /// Queued tickets given once every agent had asked: how many, and those granted after
+    /// their ETA (agent, ETA, granted at).
+    promised: u32,
+    late: Vec<(u64, Millis, Millis)>,
 }
 
 impl Scenario {
@@ -91,10 +96,16 @@ fn run(sc: &Scenario) -> Run {
     }
     at(&mut actions, sc.big_asks_at, Action::Ask(BIG_AGENT));
     let mut owner: BTreeMap<LeaseId, u64> = BTreeMap::new();
+    // An ETA counts the agents known to the pool when it is given: check those given once
+    // every agent has asked.
+    let all_known = (sc.small.len() as u64 * 10).max(sc.big_asks_at);
+    let mut etas: BTreeMap<LeaseId, Millis> = BTreeMap::new();
     let mut out = Run {
         granted_at: None,
         refusals: 0,
         queued_eta: Vec::new(),
+        promised: 0,
+        late: Vec::new(),
     };
     loop {
         let next = actions.keys().next().map(|k| k.0);
@@ -121,6 +132,10 @@ fn run(sc: &Scenario) -> Run {
                     }
                     Ok(Decision::Queued { lease, eta }) => {
                         owner.insert(lease, agent);
+                        if now >= all_known {
+                            etas.insert(lease, eta);
+                            out.promised += 1;
+                        }
                         if agent == BIG_AGENT {
                             out.queued_eta.push(eta);
                         }
@@ -156,6 +171,11 @@ fn run(sc: &Scenario) -> Run {
         while let Some(e) = c.poll_event() {
             if let Event::Granted { lease, agent, .. } = e {
                 owner.remove(&lease);
+                if let Some(eta) = etas.remove(&lease) {
+                    if now > eta.0 {
+                        out.late.push((agent.0, eta, Millis(now)));
+                    }
+                }
                 if agent.0 == BIG_AGENT {
                     out.granted_at = Some(Millis(now));
                 }
@@ -208,9 +228,21 @@ fn granted_within_bound(sc: &Scenario) -> Result<(), String> {
     let waited = granted.0 - sc.big_asks_at;
     let bound = bound_ms(sc);
     eprintln!(
-        "{n} small agents: granted after {waited} ms (bound {bound} ms), {} refusals, queued with ETAs {:?}",
-        r.refusals, r.queued_eta
+        "{n} small agents: granted after {waited} ms (bound {bound} ms), {} refusals, queued with ETAs {:?}; {} ETAs given, {} passed",
+        r.refusals,
+        r.queued_eta,
+        r.promised,
+        r.late.len()
     );
+    if let Some((agent, eta, at)) = r.late.first() {
+        return Err(format!(
+            "{} of {} queued tickets granted after their ETA; first: agent {agent}, ETA {} ms, granted at {} ms",
+            r.late.len(),
+            r.promised,
+            eta.0,
+            at.0
+        ));
+    }
     if waited <= bound {
         Ok(())
     } else {
@@ -243,7 +275,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Whatever the other agents do (how many, how big, how often, with which roles), a
-    /// request that fits is granted within its bound.
+    /// request that fits is granted within its bound, and no queued ticket (of any agent)
+    /// is granted after its ETA.
     #[test]
     fn any_request_that_fits_is_granted_within_its_bound(
         small in prop::collection::vec((200u64..=4_000, 0u64..=5_000, role()), 1..=24),

@@ -3,6 +3,7 @@
 // run, Prometheus metrics, and proxy mode against the mock provider (with the official
 // Anthropic SDK pointed at the Worker when Node >= 22).
 import assert from 'node:assert/strict'
+import net from 'node:net'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -31,7 +32,7 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, big: { config: { pools: [{ ...POOL, input_tokens_per_minute: 100_000_000, output_tokens_per_minute: 100_000_000, requests_per_minute: 1_000_000, max_concurrent: null }] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
+    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, big: { config: { pools: [{ ...POOL, input_tokens_per_minute: 100_000_000, output_tokens_per_minute: 100_000_000, requests_per_minute: 1_000_000, max_concurrent: null }] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, gone: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -507,6 +508,39 @@ describe('proxy mode', () => {
     assert.ok(elapsed >= 1_500 && elapsed < 15_000, `answered after ${Math.round(elapsed)} ms of refill`)
     const m = await (await api('/metrics', { quota })).json()
     assert.equal(Number(m.pools[0].counters.grantedFromQueue), 1, 'it was queued, then granted')
+  })
+
+  test('a queued proxied call whose client disconnects is withdrawn: nothing stays queued, nothing is forwarded', { timeout: 30_000 }, async () => {
+    const quota = 'gone'
+    const held = await (await lease({ inputTokens: 5_000, maxTokens: 1 }, { quota })).json()
+    assert.equal(held.kind, 'grant')
+    const before = mock.log.length
+    const { hostname, port } = new URL(base)
+    const text = body()
+    const socket = net.connect(Number(port), hostname)
+    await new Promise((resolve, reject) => socket.once('connect', resolve).once('error', reject))
+    socket.on('error', () => {})
+    const head = Object.entries({ ...headers, host: `${hostname}:${port}`, 'content-length': Buffer.byteLength(text) })
+      .map(([k, v]) => `${k}: ${v}\r\n`)
+      .join('')
+    socket.write(`POST /v1/fleets/fleet-a/quotas/${quota}/proxy/v1/messages HTTP/1.1\r\n${head}\r\n${text}`)
+    const depth = async () => (await (await api('/metrics', { quota })).json()).pools[0].queueDepth
+    for (let i = 0; i < 100 && (await depth()) === 0; i++) await new Promise((r) => setTimeout(r, 20))
+    assert.equal(await depth(), 1, 'the proxied call is queued behind the held lease')
+    // The client goes away: its process died, or the network between (a reset connection).
+    socket.resetAndDestroy()
+    let left = 1
+    for (let i = 0; i < 100 && left !== 0; i++) {
+      await new Promise((r) => setTimeout(r, 20))
+      left = await depth()
+    }
+    assert.equal(left, 0, 'the ticket was withdrawn')
+    // Long enough for the ~300 tokens to have been granted and forwarded (85 a second).
+    await new Promise((r) => setTimeout(r, 5_000))
+    assert.equal(mock.log.length, before, 'nothing was forwarded to the provider')
+    const m = await (await api('/metrics', { quota })).json()
+    assert.equal(Number(m.pools[0].counters.grantedFromQueue), 0, 'never granted')
+    assert.equal(m.liveLeases, 1, 'only the held lease is live')
   })
 
   test('the fleet secret never reaches the provider: proxy mode takes it only in x-tokenwarden-token and forwards an allow-list of headers', async () => {

@@ -9,7 +9,8 @@
 // Time runs `--speed` times faster than the wall clock for both the mock's buckets and
 // tokenwarden's clock (default 10: 30 minutes of traffic in 3), so the figures are in
 // provider minutes. After `--minutes` the agents stop starting calls and the calls in
-// progress drain for up to 90 (provider) seconds.
+// progress drain, for at most the longest bound a call can have (about 13 provider minutes
+// with 30 agents).
 //
 //   node mixed.mjs                    # 30 agents, 30 minutes at 10x
 //   node mixed.mjs --minutes 10 --speed 20
@@ -44,7 +45,11 @@ for (const [name, v] of [['agents', AGENTS], ['minutes', MINUTES], ['speed', SPE
 
 const LIMITS = { input: 120_000, output: 12_000, requests: 90, concurrent: 10 }
 const MARGIN = 0.85
-const DRAIN_MS = 90_000
+// After the last call starts, the calls in progress drain until they all end, for at most
+// the longest bound a call can have here: the biggest call (22,000 tokens) behind every
+// other agent's share and its biggest call (see `bound` below).
+const BIGGEST = 20_000 + 2_000
+const DRAIN_MS = Math.ceil((BIGGEST + 1 + (AGENTS - 1) * (2 * BIGGEST + 1)) / ((LIMITS.input * MARGIN) / 60_000))
 
 // One clock for the provider and tokenwarden: provider milliseconds, SPEED per wall ms.
 const t0 = performance.now()
@@ -87,12 +92,14 @@ const tw = createTokenwarden({
 // ETAs: each queued ticket's promised time against its grant.
 const promised = new Map()
 const etaLate = []
+const etaWait = [] // for each grant from the queue: [waited, promised wait]
 tw.on('queued', (e) => promised.set(e.lease, Number(e.eta)))
 tw.on('granted', (e) => {
   const eta = promised.get(e.lease)
   if (eta === undefined) return
   promised.delete(e.lease)
   etaLate.push(Math.max(0, now() - eta))
+  etaWait.push([Number(e.waitedMs), eta - (now() - Number(e.waitedMs))])
 })
 
 const random = rng(SEED)
@@ -196,7 +203,7 @@ const stats = provider.stats()
 console.log(`calls over their bound: ${over.length}; still waiting after the drain: ${stillWaiting.length}${stillWaiting.length ? ` (longest ${sec(Math.max(...stillWaiting))})` : ''}`)
 console.log(`429s at the agents: ${rateLimitedAtAgents}; other errors at the agents: ${agentErrors}; 429s at the provider: ${stats.rejected429}; provider over a limit: ${stats.overLimit}`)
 console.log(`Jain fairness of tokens served among the agents: ${jain.toFixed(3)}`)
-console.log(`queued ETAs: ${etaLate.length} grants from the queue; late by p50 ${sec(pct(etaLate, 50))}, p95 ${sec(pct(etaLate, 95))}, max ${sec(pct(etaLate, 100))}; ${etaLate.filter((l) => l > 1000).length} more than 1 s late`)
+console.log(`queued ETAs: ${etaLate.length} grants from the queue; late by p50 ${sec(pct(etaLate, 50))}, p95 ${sec(pct(etaLate, 95))}, max ${sec(pct(etaLate, 100))}; ${etaLate.filter((l) => l > 1000).length} more than 1 s late; waited / promised wait p50 ${pct(etaWait.map(([w, p]) => w / Math.max(1, p)), 50).toFixed(2)}`)
 
 tw.close()
 await provider.close()
