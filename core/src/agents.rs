@@ -279,13 +279,20 @@ impl Agents {
         self.shares.get(p as usize).copied().unwrap_or_default()
     }
 
-    /// Pool `p`'s sums, added if the table has none for it yet.
-    fn shares_mut(&mut self, p: u32) -> Option<&mut Shares> {
+    /// The agent in `slot`'s state in pool `p`, with the pool's sums (added if the table
+    /// has none for it yet).
+    fn pool_parts(&mut self, slot: u32, p: u32) -> Option<(&mut AgentPool, &mut Shares)> {
         let i = p as usize;
         if self.shares.len() <= i {
             self.shares.resize(i.saturating_add(1), Shares::default());
         }
-        self.shares.get_mut(i)
+        let ap = self
+            .slots
+            .get_mut(slot as usize)?
+            .as_mut()?
+            .pools
+            .get_mut(i)?;
+        Some((ap, self.shares.get_mut(i)?))
     }
 
     /// The sums as the agents say they are, one per pool any agent knows.
@@ -305,12 +312,7 @@ impl Agents {
 
     /// Notes an ask in pool `p` with this weight and combined-token reservation.
     pub(crate) fn note_ask(&mut self, slot: u32, p: u32, weight: u128, tokens: u64) {
-        let Some(ap) = self
-            .slots
-            .get_mut(slot as usize)
-            .and_then(Option::as_mut)
-            .and_then(|a| a.pools.get_mut(p as usize))
-        else {
+        let Some((ap, sh)) = self.pool_parts(slot, p) else {
             return;
         };
         let weight = u64::try_from(weight).unwrap_or(u64::MAX);
@@ -320,31 +322,18 @@ impl Agents {
         } else {
             ap.smallest.min(unit)
         };
-        if (weight, smallest) == (ap.weight, ap.smallest) {
-            return;
-        }
-        let old = ap.rates();
-        ap.weight = weight;
-        ap.smallest = smallest;
-        let new = ap.rates();
-        if let Some(sh) = self.shares_mut(p) {
-            sh.sub(old);
-            sh.add(new);
+        if (weight, smallest) != (ap.weight, ap.smallest) {
+            sh.sub(ap.rates());
+            ap.weight = weight;
+            ap.smallest = smallest;
+            sh.add(ap.rates());
         }
     }
 
     /// Keeps a place in pool `p`'s fair order for the agent in `slot`.
     pub(crate) fn hold(&mut self, slot: u32, p: u32, held: Held) {
-        let Some(ap) = self
-            .slots
-            .get_mut(slot as usize)
-            .and_then(Option::as_mut)
-            .and_then(|a| a.pools.get_mut(p as usize))
-        else {
-            return;
-        };
-        if ap.held.replace(held).is_none() {
-            if let Some(sh) = self.shares_mut(p) {
+        if let Some((ap, sh)) = self.pool_parts(slot, p) {
+            if ap.held.replace(held).is_none() {
                 sh.held = sh.held.saturating_add(1);
             }
         }
@@ -352,16 +341,8 @@ impl Agents {
 
     /// Gives up the place kept in pool `p` for the agent in `slot`, if any.
     pub(crate) fn unhold(&mut self, slot: u32, p: u32) {
-        let Some(ap) = self
-            .slots
-            .get_mut(slot as usize)
-            .and_then(Option::as_mut)
-            .and_then(|a| a.pools.get_mut(p as usize))
-        else {
-            return;
-        };
-        if ap.held.take().is_some() {
-            if let Some(sh) = self.shares_mut(p) {
+        if let Some((ap, sh)) = self.pool_parts(slot, p) {
+            if ap.held.take().is_some() {
                 sh.held = sh.held.saturating_sub(1);
             }
         }
@@ -519,7 +500,7 @@ mod tests {
         // Weight 1 in 1,500-token requests: just over 1/1,000,000 of a token per unit.
         assert_eq!(
             one.tokens,
-            (1_000u128 * 1_500 << 32).div_ceil(1_000_000 * 1_500 - 1_000)
+            ((1_000u128 * 1_500) << 32).div_ceil(1_000_000 * 1_500 - 1_000)
         );
         assert_eq!(one.requests, one.tokens.div_ceil(1_500));
         t.note_ask(b, 0, 2_000, 99);
