@@ -1,5 +1,6 @@
 /**
- * `tokenwarden` for Node.js: the shared driver and `fetch` wrapper on the native engine.
+ * `tokenwarden` for Node.js: the shared driver and `fetch` wrapper on the native engine
+ * where this platform has a prebuilt binary, on the WebAssembly engine otherwise.
  *
  * ```js
  * import { createTokenwarden } from 'tokenwarden'
@@ -7,16 +8,69 @@
  * const client = new Anthropic({ fetch: tw.fetch(), maxRetries: 0 })
  * ```
  */
-import { NativeEngine, nativeEngines } from './native.js'
-import { Tokenwarden, type TokenwardenOptions } from 'tokenwarden-driver'
+import { createRequire } from 'node:module'
+import { NativeEngine, nativeEngines, nativeLoadError } from './native.js'
+import { type EngineFactory, Tokenwarden, TokenwardenError, type TokenwardenOptions } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
-export { NativeEngine, nativeEngines }
+export { NativeEngine, nativeEngines, nativeLoadError }
+
+/**
+ * Which engine to run: `'native'` (the addon: a prebuilt binary for this platform),
+ * `'wasm'` (the WebAssembly build, on every platform; the same decisions, a few times
+ * slower per call) or `'auto'` (native where it loads, wasm otherwise).
+ */
+export type EngineChoice = 'auto' | 'native' | 'wasm'
 
 /** Options for {@link createTokenwarden}: as for `Tokenwarden`, with the engine optional. */
-export type CreateOptions = Omit<TokenwardenOptions, 'engine'> & Partial<Pick<TokenwardenOptions, 'engine'>>
+export type CreateOptions = Omit<TokenwardenOptions, 'engine'> & { engine?: EngineFactory | EngineChoice }
 
-/** A {@link Tokenwarden} on the native engine (unless `engine` says otherwise). */
+const require = createRequire(import.meta.url)
+let wasm: EngineFactory | null = null
+
+/** The WebAssembly engine (`tokenwarden-wasm`), loaded the first time it is asked for. */
+export function wasmEngines(): EngineFactory {
+  wasm ??= (require('tokenwarden-wasm/nodejs') as { wasmEngines: EngineFactory }).wasmEngines
+  return wasm
+}
+
+/** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */
+function defaultChoice(): EngineChoice {
+  const env = process.env.TOKENWARDEN_ENGINE
+  if (env === undefined || env === '') return 'auto'
+  if (env === 'auto' || env === 'native' || env === 'wasm') return env
+  throw new TokenwardenError('invalid_argument', `TOKENWARDEN_ENGINE must be auto, native or wasm, got ${JSON.stringify(env)}`, { field: 'TOKENWARDEN_ENGINE' })
+}
+
+/**
+ * The engine a choice resolves to here, and why: `engine('auto')` is `'native'` where the
+ * prebuilt addon loads on this platform and `'wasm'` otherwise. The default is
+ * `TOKENWARDEN_ENGINE` (auto, native or wasm), else `'auto'`.
+ */
+export function engine(choice: EngineChoice = defaultChoice()): { name: 'native' | 'wasm'; reason: string } {
+  if (choice === 'wasm') return { name: 'wasm', reason: 'asked for' }
+  const missing = nativeLoadError()
+  if (choice === 'native') {
+    if (missing !== null) throw missing
+    return { name: 'native', reason: 'asked for' }
+  }
+  if (choice !== 'auto') throw new TokenwardenError('invalid_argument', `engine must be auto, native, wasm or an engine factory, got ${JSON.stringify(choice)}`, { field: 'engine' })
+  return missing === null
+    ? { name: 'native', reason: `a prebuilt binary for ${process.platform}-${process.arch} loaded` }
+    : { name: 'wasm', reason: missing.message }
+}
+
+/** The engine factory for a choice (see {@link engine}). */
+export function engines(choice: EngineChoice = defaultChoice()): EngineFactory {
+  return engine(choice).name === 'native' ? nativeEngines : wasmEngines()
+}
+
+/**
+ * A {@link Tokenwarden} on the native engine where this platform has a prebuilt binary and
+ * on the WebAssembly engine otherwise; `engine` forces either (or passes a factory).
+ */
 export function createTokenwarden(options: CreateOptions): Tokenwarden {
-  return new Tokenwarden({ ...options, engine: options.engine ?? nativeEngines })
+  const choice = options.engine ?? defaultChoice()
+  const factory = typeof choice === 'string' ? engines(choice) : choice
+  return new Tokenwarden({ ...options, engine: factory })
 }

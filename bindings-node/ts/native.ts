@@ -4,10 +4,36 @@
  */
 import { createRequire } from 'node:module'
 import type * as Binding from '../binding.js'
-import { type EngineFactory, type LeaseRequest, RegisterEngine, type RegisterBinding, type SameUnion, type U64, type Usage, normalizeEngineError } from 'tokenwarden-driver'
+import { type EngineFactory, type LeaseRequest, RegisterEngine, type RegisterBinding, type SameUnion, TokenwardenError, type U64, type Usage, normalizeEngineError } from 'tokenwarden-driver'
 
 const require = createRequire(import.meta.url)
-const binding = require('../binding.cjs') as typeof Binding
+
+// The addon for this platform: next to the loader in a checkout, or from the optional
+// per-platform package (`tokenwarden-linux-x64-gnu`, ...). Missing on a platform without a
+// prebuilt binary, which is not an error until the native engine is asked for.
+let binding: typeof Binding | null = null
+let loadError: unknown = null
+try {
+  binding = require('../binding.cjs') as typeof Binding
+} catch (e) {
+  loadError = e
+}
+
+/** Why the native engine cannot load here, or `null` when it can. */
+export function nativeLoadError(): Error | null {
+  if (binding !== null) return null
+  const why = loadError instanceof Error ? loadError.message.split('\n')[0] : String(loadError)
+  return new TokenwardenError(
+    'engine_unavailable',
+    `no native engine for ${process.platform}-${process.arch} (${why}); the WebAssembly engine works everywhere: createTokenwarden({ engine: 'wasm', ... })`,
+    { cause: loadError },
+  )
+}
+
+function addon(): typeof Binding {
+  if (binding === null) throw nativeLoadError()
+  return binding
+}
 
 /** The addon's coordinator as an {@link Engine}. */
 export class NativeEngine extends RegisterEngine {
@@ -21,15 +47,17 @@ export class NativeEngine extends RegisterEngine {
 export const nativeEngines: EngineFactory = {
   create(config: object | string, seed: U64, now: U64): NativeEngine {
     const json = typeof config === 'string' ? config : JSON.stringify(config)
+    const { Coordinator } = addon()
     try {
-      return new NativeEngine(new binding.Coordinator(json, seed, now))
+      return new NativeEngine(new Coordinator(json, seed, now))
     } catch (e) {
       throw normalizeEngineError(e, 'create')
     }
   },
   restore(snapshot: string): NativeEngine {
+    const { Coordinator } = addon()
     try {
-      return new NativeEngine(binding.Coordinator.restore(snapshot))
+      return new NativeEngine(Coordinator.restore(snapshot))
     } catch (e) {
       throw normalizeEngineError(e, 'restore')
     }

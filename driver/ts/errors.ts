@@ -9,7 +9,8 @@ export type EngineErrorCode = (typeof ENGINE_ERROR_CODES)[number]
  * {@link EngineErrorCode} in `code` (and `field` naming the offending field where there is
  * one); the driver adds its own four.
  */
-export type ErrorCode = EngineErrorCode | 'rejected' | 'aborted' | 'closed' | 'rate_limited'
+/** `engine_unavailable`: the engine asked for cannot load on this platform (no prebuilt binary). */
+export type ErrorCode = EngineErrorCode | 'rejected' | 'aborted' | 'closed' | 'rate_limited' | 'engine_unavailable'
 
 /** An error from tokenwarden, with a stable machine-readable `code`. */
 export class TokenwardenError extends Error {

