@@ -8,6 +8,10 @@
 //!
 //! `TOKENWARDEN_GUEST_WASM=/path/to/file.wasm` skips step 1 and uses that core module (or
 //! ready-made component) instead, e.g. offline or with a prebuilt artifact.
+//!
+//! Outside this repository (the crate as published: `guest/` needs the core's sources next
+//! to it, which a packaged crate does not have) the component the release packed into
+//! `component/tokenwarden-quota-v1.wasm` is used as it is; see RELEASING.md.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +26,7 @@ fn main() {
         "wit",
         "../core/src",
         "../core/Cargo.toml",
+        "component",
     ] {
         println!("cargo:rerun-if-changed={path}");
     }
@@ -36,8 +41,20 @@ fn main() {
         .nth(4)
         .map_or_else(|| out_dir.join("guest"), |t| t.join("tokenwarden-guest"));
 
+    let bundled = manifest_dir.join("component/tokenwarden-quota-v1.wasm");
+    let in_workspace = manifest_dir.join("../core/Cargo.toml").exists();
     let module = match std::env::var_os("TOKENWARDEN_GUEST_WASM") {
         Some(path) => read(Path::new(&path)),
+        None if !in_workspace => {
+            if !bundled.exists() {
+                panic!(
+                    "no component to embed: {} is missing and the guest's sources (../core) are not here; \
+                     set TOKENWARDEN_GUEST_WASM to a built component",
+                    bundled.display()
+                );
+            }
+            read(&bundled)
+        }
         None => {
             build_guest(&manifest_dir.join("guest/Cargo.toml"), &guest_target);
             read(

@@ -90,6 +90,9 @@ step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, o
 (cd bindings-node && node_suite "bindings-node CommonJS, Node 24" "$NODE24" test/*.test.cjs)
 (cd testing && node_suite "mock provider, Node 24" "$NODE24" test/*.test.mjs)
 
+step "crates as published: cargo package -p tokenwarden-core -p tokenwarden-wasmtime (each packaged crate built on its own)"
+./scripts/package-crates.sh
+
 step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in an empty project, native engine then WebAssembly, Node 24 / 22 / $(node --version)"
 (cd tests/js && node_suite "packed tarballs" "$NODE24" install/tarballs.test.mjs)
 
