@@ -93,6 +93,9 @@ step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, o
 step "crates as published: cargo package -p tokenwarden-core -p tokenwarden-wasmtime (each packaged crate built on its own)"
 ./scripts/package-crates.sh
 
+step "native addon cross-built for linux-arm64-gnu (loaded and driven under qemu) and linux-x64-musl (loaded by musl's dynamic linker), with zig"
+./scripts/cross-build.sh
+
 step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in an empty project, native engine then WebAssembly, Node 24 / 22 / $(node --version)"
 (cd tests/js && node_suite "packed tarballs" "$NODE24" install/tarballs.test.mjs)
 

@@ -1,5 +1,5 @@
 // The npm packages as a user gets them: `scripts/pack.mjs` packs every package as it would
-// be published, they are installed from those tarballs into an empty project outside the
+// be published (with the arm64 and musl addons `scripts/cross-build.sh` built), they are installed from those tarballs into an empty project outside the
 // repository (no workspace links), and a short program on the official Anthropic SDK calls
 // the mock provider through `tw.fetch()` — once with the prebuilt native engine, once with
 // the per-platform package removed, where `tokenwarden` must fall back to WebAssembly — on
@@ -22,7 +22,10 @@ const NODES = {
   22: join(here, 'node_modules/node22/bin/node'),
   20: 'node',
 }
+// This machine's platform package, and every one `tokenwarden` lists (npm must skip those
+// for other platforms: their os, cpu or libc do not match).
 const PLATFORM = 'tokenwarden-linux-x64-gnu'
+const PLATFORMS = Object.keys(JSON.parse(readFileSync(join(root, 'bindings-node/package.json'), 'utf8')).optionalDependencies)
 
 const PROGRAM = `
 import { createTokenwarden, engine } from 'tokenwarden'
@@ -73,7 +76,7 @@ before(() => {
   tarballs = mkdtempSync(join(tmpdir(), 'tokenwarden-tarballs-'))
   execFileSync(process.execPath, [join(root, 'scripts/pack.mjs'), '--out', tarballs], { stdio: ['ignore', 'ignore', 'inherit'], timeout: 300_000 })
   const tgz = Object.fromEntries(readdirSync(tarballs).map((f) => [f.replace(/-\d+\.\d+\.\d+\.tgz$/, ''), join(tarballs, f)]))
-  for (const name of ['tokenwarden', 'tokenwarden-driver', 'tokenwarden-wasm', PLATFORM]) assert.ok(tgz[name], `scripts/pack.mjs packed no ${name}`)
+  for (const name of ['tokenwarden', 'tokenwarden-driver', 'tokenwarden-wasm', ...PLATFORMS]) assert.ok(tgz[name], `scripts/pack.mjs packed no ${name} (scripts/cross-build.sh builds the other platforms' addons)`)
   project = mkdtempSync(join(tmpdir(), 'tokenwarden-user-'))
   const sdk = JSON.parse(readFileSync(join(here, 'package.json'), 'utf8')).devDependencies['@anthropic-ai/sdk']
   // The user's project: tokenwarden from its tarball, its own packages from theirs (so npm
@@ -86,7 +89,7 @@ before(() => {
       private: true,
       type: 'module',
       dependencies: { tokenwarden: file('tokenwarden'), '@anthropic-ai/sdk': sdk },
-      overrides: { 'tokenwarden-driver': file('tokenwarden-driver'), 'tokenwarden-wasm': file('tokenwarden-wasm'), [PLATFORM]: file(PLATFORM) },
+      overrides: Object.fromEntries(['tokenwarden-driver', 'tokenwarden-wasm', ...PLATFORMS].map((n) => [n, file(n)])),
     }),
   )
   writeFileSync(join(project, 'program.mjs'), PROGRAM)
@@ -103,7 +106,8 @@ describe('the packed tarballs in an empty project', () => {
     mock = await startMockProvider()
   })
 
-  test('install the addon as its own per-platform package, and nothing from the repository', () => {
+  test('install the addon as its own per-platform package (only this platform\'s), and nothing from the repository', () => {
+    assert.ok(PLATFORMS.length >= 3 && PLATFORMS.includes(PLATFORM), PLATFORMS.join(', '))
     const installed = readdirSync(join(project, 'node_modules')).filter((n) => n.startsWith('tokenwarden'))
     assert.deepEqual(installed.sort(), ['tokenwarden', 'tokenwarden-driver', PLATFORM, 'tokenwarden-wasm'].sort())
     const lock = readFileSync(join(project, 'package-lock.json'), 'utf8')
