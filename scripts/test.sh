@@ -93,12 +93,6 @@ step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, o
 step "crates as published: cargo package -p tokenwarden-core -p tokenwarden-wasmtime (each packaged crate built on its own)"
 ./scripts/package-crates.sh
 
-step "native addon cross-built for linux-arm64-gnu (loaded and driven under qemu) and linux-x64-musl (loaded by musl's dynamic linker), with zig"
-./scripts/cross-build.sh
-
-step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in an empty project, native engine then WebAssembly, Node 24 / 22 / $(node --version)"
-(cd tests/js && node_suite "packed tarballs" "$NODE24" install/tarballs.test.mjs)
-
 step "JS suites on the machine's Node $(node --version) (the SDK suite needs Node >= 22 and is skipped here)"
 (
   cd tests/js
@@ -117,6 +111,12 @@ if ! command -v chromium >/dev/null; then
   else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi
 fi
 (cd bindings-wasm && node_suite "wasm in Chromium and workerd" node test/browser.test.mjs test/workerd.test.mjs)
+
+step "native addon cross-built for linux-arm64-gnu (loaded and driven under qemu) and linux-x64-musl (loaded by musl's dynamic linker), with zig"
+./scripts/cross-build.sh
+
+step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in an empty project — native engine then WebAssembly on Node 24 / 22 / $(node --version), tokenwarden-wasm in Chromium and workerd"
+(cd tests/js && node_suite "packed tarballs" "$NODE24" install/tarballs.test.mjs)
 
 step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the official SDKs (Node 24), dashboard in Chromium, formats, the remote driver failing open"
 npm_ci edge

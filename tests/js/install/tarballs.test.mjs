@@ -13,7 +13,12 @@ import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
+import { createServer } from 'node:http'
+import { existsSync } from 'node:fs'
+import { readFile } from 'node:fs/promises'
+import { chromium } from 'playwright-core'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 
 const root = fileURLToPath(new URL('../../../', import.meta.url))
 const here = fileURLToPath(new URL('../', import.meta.url))
@@ -99,6 +104,106 @@ before(() => {
 after(async () => {
   await mock?.close()
   for (const d of [project, tarballs]) if (d) rmSync(d, { recursive: true, force: true })
+})
+
+// The same lease dance in each wasm host: the second acquire queues behind the first (one
+// in flight at a time) and is granted when the first settles.
+const DANCE = `
+  const tw = createTokenwarden({ config: { pools: [{ name: 'p', input_tokens_per_minute: 60000, max_concurrent: 1 }] } })
+  const first = await tw.acquire({ agent: 1, pool: 0, inputTokens: 100, maxTokens: 10 })
+  const second = tw.acquire({ agent: 2, pool: 0, inputTokens: 100, maxTokens: 10 })
+  setTimeout(() => first.settle({ inputTokens: 100, outputTokens: 5 }), 30)
+  const lease = await second
+  lease.settle({})
+  const m = tw.metrics()
+  const result = { waitedMs: lease.waitedMs, fromQueue: Number(m.pools[0].counters.grantedFromQueue), liveLeases: m.liveLeases }
+  tw.close()
+`
+
+const PAGE = `<!doctype html>
+<script type="importmap">
+{ "imports": { "tokenwarden-wasm": "/node_modules/tokenwarden-wasm/js/web.js", "tokenwarden-driver": "/node_modules/tokenwarden-driver/dist/index.js" } }
+</script>
+<script type="module">
+import { init, createTokenwarden } from 'tokenwarden-wasm'
+try {
+  await init()
+  ${DANCE}
+  window.__result = result
+} catch (e) {
+  window.__result = { error: String(e?.stack ?? e) }
+}
+</script>
+`
+
+const WORKER = `
+import { createTokenwarden } from 'tokenwarden-wasm'
+export default {
+  async fetch() {
+    ${DANCE}
+    return Response.json(result)
+  },
+}
+`
+
+const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium'
+
+describe('tokenwarden-wasm from its tarball', () => {
+  test('in a bundler-free page in headless Chromium (an import map to the installed files)', { skip: existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}` }, async () => {
+    writeFileSync(join(project, 'index.html'), PAGE)
+    const types = { '.html': 'text/html', '.js': 'text/javascript', '.wasm': 'application/wasm', '.json': 'application/json' }
+    const server = createServer(async (req, res) => {
+      const path = join(project, decodeURIComponent(new URL(req.url, 'http://x').pathname))
+      if (!path.startsWith(project)) return res.writeHead(403).end()
+      const file = path.endsWith('/') ? join(path, 'index.html') : path
+      try {
+        const body = await readFile(file)
+        res.writeHead(200, { 'content-type': types[file.slice(file.lastIndexOf('.'))] ?? 'application/octet-stream' }).end(body)
+      } catch {
+        res.writeHead(404).end()
+      }
+    })
+    await new Promise((r) => server.listen(0, '127.0.0.1', r))
+    const profile = mkdtempSync(join(tmpdir(), 'tokenwarden-chromium-'))
+    const browser = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM,
+      headless: true,
+      args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--no-first-run', '--disable-sync'],
+    })
+    try {
+      const page = await browser.newPage()
+      const failed = []
+      page.on('response', (r) => r.status() >= 400 && !r.url().endsWith('/favicon.ico') && failed.push(`${r.status()} ${r.url()}`))
+      await page.goto(`http://127.0.0.1:${server.address().port}/`)
+      await page.waitForFunction(() => window.__result !== undefined, null, { timeout: 30_000 })
+      const r = await page.evaluate(() => window.__result)
+      assert.equal(r.error, undefined, r.error)
+      assert.deepEqual(failed, [])
+      assert.equal(r.fromQueue, 1, 'the second lease was queued behind the first')
+      assert.ok(r.waitedMs >= 25, `and waited for it to settle: ${r.waitedMs} ms`)
+      assert.equal(r.liveLeases, 0)
+    } finally {
+      await browser.close()
+      server.close()
+      rmSync(profile, { recursive: true, force: true })
+    }
+  })
+
+  test('in a Worker under workerd (bundled from the installed package, its workerd entry)', async () => {
+    writeFileSync(join(project, 'worker.js'), WORKER)
+    const outdir = join(project, '.worker/')
+    await buildWorker(outdir, { entry: join(project, 'worker.js') })
+    const { mf, base } = await startWorker({ outdir })
+    try {
+      const r = await (await fetch(`${base}/`)).json()
+      // workerd's clock moves only between I/O events, so the wait it measures is coarse.
+      assert.equal(r.fromQueue, 1, 'the second lease was queued behind the first')
+      assert.ok(r.waitedMs > 0, `and waited for it to settle: ${r.waitedMs} ms`)
+      assert.equal(r.liveLeases, 0)
+    } finally {
+      await mf.dispose()
+    }
+  })
 })
 
 describe('the packed tarballs in an empty project', () => {
