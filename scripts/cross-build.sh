@@ -17,8 +17,11 @@
 # Installs what it needs, idempotently: the Rust targets, zig (the `ziglang` package from
 # PyPI, in a virtualenv under target/), cargo-zigbuild, and Debian's qemu-user, arm64
 # libc and musl (as root). `scripts/pack.mjs` then packs every per-platform package whose addon
-# exists. Takes about 3 minutes on 2 cores once the tools are installed. macOS and Windows are not built: zig cannot
-# link against their SDKs here, so those platforms run the WebAssembly engine.
+# exists. Takes about 3 minutes on 2 cores once the tools are installed.
+#
+# Not built: macOS (an aarch64-apple-darwin addon links with zig, without Apple's SDK, but
+# nothing here can load it to check it) and Windows (MSVC cross-builds need Microsoft's
+# SDK, downloaded from Microsoft); those platforms run the WebAssembly engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
