@@ -26,7 +26,6 @@ fn main() {
         "wit",
         "../core/src",
         "../core/Cargo.toml",
-        "component",
     ] {
         println!("cargo:rerun-if-changed={path}");
     }
@@ -53,6 +52,9 @@ fn main() {
                     bundled.display()
                 );
             }
+            // Named only here: a path that does not exist would rerun this script on every
+            // build.
+            println!("cargo:rerun-if-changed={}", bundled.display());
             read(&bundled)
         }
         None => {
