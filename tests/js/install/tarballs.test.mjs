@@ -33,7 +33,7 @@ const PLATFORM = 'tokenwarden-linux-x64-gnu'
 const PLATFORMS = Object.keys(JSON.parse(readFileSync(join(root, 'bindings-node/package.json'), 'utf8')).optionalDependencies)
 
 const PROGRAM = `
-import { createTokenwarden, engine } from 'tokenwarden'
+import { NativeEngine, createTokenwarden, engine } from 'tokenwarden'
 const tw = createTokenwarden({
   config: { pools: [{ name: 'claude-sonnet-4-6', input_tokens_per_minute: 100000, output_tokens_per_minute: 20000, requests_per_minute: 100 }] },
 })
@@ -55,7 +55,9 @@ for (let i = 0; i < 3; i++) {
   }
 }
 const m = tw.metrics()
-console.log(JSON.stringify({ engine: engine().name, node: process.version, sdk: Number(process.versions.node.split('.')[0]) >= 22, calls, settled: Number(m.pools[0].counters.settled) }))
+const running = tw.engine instanceof NativeEngine ? 'native' : 'wasm'
+if (running !== engine().name) throw new Error('engine() says ' + engine().name + ', the instance runs ' + running)
+console.log(JSON.stringify({ engine: running, node: process.version, sdk: Number(process.versions.node.split('.')[0]) >= 22, calls, settled: Number(m.pools[0].counters.settled) }))
 tw.close()
 `
 
