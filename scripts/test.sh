@@ -43,13 +43,26 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo test (unit, behaviour, model-based proptests, 1,000-seed simulation, doctests)"
 cargo test --workspace --quiet
 
+step "benchmarks: each run once in test mode (criterion's check that they work; measure with cargo bench)"
+# The same dev build the tests use (no second wasmtime build in the bench profile); each
+# benchmark prints "Testing NAME / Success", summarised here unless one fails.
+bench_log=$(mktemp)
+if cargo test --workspace --benches --quiet >"$bench_log" 2>&1; then
+  echo "$(grep -c '^Success' "$bench_log") benchmarks ran once: $(grep -o '^Testing [^/ ]*' "$bench_log" | sort -u | sed 's/Testing //' | paste -sd' ')"
+  rm -f "$bench_log"
+else
+  cat "$bench_log"; echo "FAILED: benchmarks in test mode (rerun: cargo test --workspace --benches)" >&2; exit 1
+fi
+
 step "conformance traces through the native core"
 cargo run --quiet -p tokenwarden-conformance
 
 step "wasmtime plugin: guest lint, traces through the component, example host"
 cargo fmt --manifest-path host-wasmtime/guest/Cargo.toml -- --check
 cargo clippy --quiet --manifest-path host-wasmtime/guest/Cargo.toml --release --target wasm32-unknown-unknown --target-dir target/tokenwarden-guest -- -D warnings
-cargo run --quiet -p tokenwarden-wasmtime --example host
+# The example binary `cargo test` built: `cargo run -p tokenwarden-wasmtime` would resolve
+# features for that crate alone and build wasmtime a second time.
+"$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/debug/examples/host"
 
 step "core built for wasm32-unknown-unknown imports nothing"
 cargo build --quiet --release --target wasm32-unknown-unknown -p tokenwarden-wasm-probe
@@ -121,13 +134,6 @@ step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in 
 step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the official SDKs (Node 24), dashboard in Chromium, formats, the remote driver failing open"
 npm_ci edge
 (cd edge && node_suite "edge limiter" "$NODE24" test/*.test.mjs)
-
-step "benchmarks build (criterion, governor and wasmtime in the bench profile: several minutes on 2 cores)"
-# Only the crates with benchmarks: building every crate in the bench profile costs minutes.
-# Progress: one line per workspace crate compiled, then the benchmark executables.
-cargo bench -p tokenwarden-core -p tokenwarden-wasmtime --no-run --color never 2>&1 \
-  | grep --line-buffered -E '^ *(Compiling tokenwarden|Finished|Executable|error|warning)' || true
-test "${PIPESTATUS[0]}" -eq 0 || { echo "FAILED: benchmarks build (rerun: cargo bench -p tokenwarden-core -p tokenwarden-wasmtime --no-run)" >&2; exit 1; }
 
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"
 (
