@@ -838,3 +838,4 @@ module.exports = nativeBinding
 module.exports.Coordinator = nativeBinding.Coordinator
 module.exports.Axis = nativeBinding.Axis
 module.exports.Role = nativeBinding.Role
+module.exports.TaskOutcome = nativeBinding.TaskOutcome

@@ -37,6 +37,21 @@ export declare class Coordinator {
   static restore(snapshotJson: string): Coordinator
   /** Asks for capacity before one model call. */
   requestLease(now: U64, request: LeaseRequest): Decision
+  /**
+   * Opens a task (or updates an open one's role and unblocks): requests naming it are
+   * weighted by it and charged to it. Throws `too_many_tasks` when `maxTasks` are open.
+   */
+  openTask(now: U64, spec: TaskSpec): void
+  /**
+   * A failure of an open task, by signature (a hash of the failing test and the diff):
+   * the same signature twice in a row halves its weight. Returns the repeats in a row.
+   */
+  taskFailed(now: U64, task: U64, signature: U64): number
+  /**
+   * Ends an open task; returns its figures (tokens, wall time, quota and critical-path
+   * wait) as JSON text, or an object with `bigint`s when a number needs one.
+   */
+  endTask(now: U64, task: U64, outcome: TaskOutcome): string | Record<string, any>
   /** Reports what a granted lease really used; refunds the difference (or records debt). */
   settle(now: U64, lease: U64, usage: Usage): Settlement
   /** Withdraws a queued ticket, or returns an unused lease in full. */
@@ -195,6 +210,11 @@ export type Event =
   | { kind: 'estimate_alert', /** The agent. */
     agent: U64, /** Its moving-average input error, thousandths. */
   errorPermille: number }
+  | { kind: 'margin_at_floor', /** The pool. */
+    pool: number, /** The binding axis over the last minutes, if usage named one. */
+    axis?: Axis, /** The margin, thousandths. */
+    marginPermille: number, /** Since when. */
+  since: U64 }
 
 /**
  * A request for capacity before one model call. Omitted fields take the core's defaults
@@ -217,6 +237,11 @@ export interface LeaseRequest {
   unblocks?: number
   /** A hash of the agent's last failure; the same value twice in a row lowers its weight. */
   failureSignature?: U64
+  /**
+   * The task the call is for (opened on first use); its role, unblocks and failures
+   * then set the weight, and it is charged the call's tokens and waits.
+   */
+  task?: U64
 }
 
 /** Why a request was rejected. */
@@ -240,6 +265,19 @@ export interface Settlement {
   reserved: Array<U64>
   /** Used, by the pool's counting rules. */
   used: Array<U64>
+}
+
+/** How a task ended. */
+export type TaskOutcome = 'merged' | 'abandoned' | 'failed'
+
+/** A task: `Coordinator.openTask(now, spec)`. */
+export interface TaskSpec {
+  /** The task's id, chosen by the host. */
+  task: U64
+  /** The role of the agent working on it (default `worker`). */
+  role?: Role
+  /** Downstream tasks waiting on it (default 0). */
+  unblocks?: number
 }
 
 /** What a call really used, as the provider reported it. Omitted fields are 0. */

@@ -27,7 +27,7 @@ pub const MAX_SAFE: u64 = (1 << 53) - 1;
 /// restore errors, plus `invalid_argument` for mistyped or out-of-range arguments and
 /// `internal` for a result that could not be built, and `corrupt` from the consistency
 /// check.
-pub const ERROR_CODES: [&str; 13] = [
+pub const ERROR_CODES: [&str; 15] = [
     "unknown_pool",
     "unknown_lease",
     "not_granted",
@@ -39,6 +39,8 @@ pub const ERROR_CODES: [&str; 13] = [
     "snapshot_parse",
     "snapshot_config",
     "snapshot_corrupt",
+    "unknown_task",
+    "too_many_tasks",
     "internal",
     "corrupt",
 ];
@@ -285,7 +287,7 @@ pub mod io {
     ///
     /// | call | arguments in | results out | returns |
     /// |---|---|---|---|
-    /// | `requestLeaseIo` | now, agent, pool, input, cached, max, role (0 worker, 1 reviewer, 2 planner), unblocks, failure signature | lease, instant (expires at / eta / retry at), reason, axis | `DECISION_*` |
+    /// | `requestLeaseIo` | now, agent, pool, input, cached, max, role (0 worker, 1 reviewer, 2 planner), unblocks, failure signature, task | lease, instant (expires at / eta / retry at), reason, axis | `DECISION_*` |
     /// | `settleIo` | now, lease, input, cache creation, cache read, output | reserved ×4, used ×4 | 0 |
     /// | `cancelIo` | now, lease | — | 0 |
     /// | `handleTimeoutIo` | now | — | 0 |
@@ -303,9 +305,9 @@ pub mod io {
     /// The result does not fit a `number`: fetch it with `takeWide()`.
     pub const WIDE: i32 = 9;
 
-    /// `requestLeaseIo`'s argument slots 1 to 8 (slot 0 is `now`): the lease request's
+    /// `requestLeaseIo`'s argument slots 1 to 9 (slot 0 is `now`): the lease request's
     /// fields by their JavaScript names, in slot order.
-    pub const LEASE_REQUEST_FIELDS: [&str; 8] = [
+    pub const LEASE_REQUEST_FIELDS: [&str; 9] = [
         "agent",
         "pool",
         "inputTokens",
@@ -314,6 +316,7 @@ pub mod io {
         "role",
         "unblocks",
         "failureSignature",
+        "task",
     ];
     /// `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease): the usage's fields.
     pub const USAGE_FIELDS: [&str; 4] = [
@@ -340,12 +343,13 @@ pub mod io {
     /// Axis codes (a rejected decision's axis slot): the index in [`core::Axis::ALL`].
     pub const AXES: [core::Axis; 4] = core::Axis::ALL;
     /// `pollEventIo`'s return codes: the index in this list (the core's event tags).
-    pub const EVENTS: [&str; 5] = [
+    pub const EVENTS: [&str; 6] = [
         "granted",
         "expired",
         "margin_changed",
         "paused",
         "estimate_alert",
+        "margin_at_floor",
     ];
 
     /// The roles' names, in [`ROLES`] order (the core's serde tags, as objects spell them).
@@ -433,6 +437,7 @@ pub mod io {
                 .ok_or_else(bad_role)?,
             unblocks: u32_from_f64(io[7], "unblocks")?,
             failure_signature: opt_slot(io, 8, "failureSignature")?,
+            task: opt_slot(io, 9, "task")?.map(core::TaskId),
         })
     }
 
@@ -493,7 +498,8 @@ pub mod io {
         0
     }
 
-    /// Granted, expired, margin changed, paused, estimate alert: `pollEventIo`'s codes.
+    /// Granted, expired, margin changed, paused, estimate alert, margin at floor:
+    /// `pollEventIo`'s codes.
     pub const EVENT_GRANTED: i32 = 0;
 
     /// Writes an event; `WIDE` when a field does not fit a `number`.
@@ -531,6 +537,22 @@ pub mod io {
                 agent,
                 error_permille,
             } => (4, [agent.0, u64::from(error_permille), 0, 0, 0]),
+            // The axis slot: its index in `AXES`, or 4 when no usage named one.
+            core::Event::MarginAtFloor {
+                pool,
+                axis,
+                margin_permille,
+                since,
+            } => (
+                5,
+                [
+                    u64::from(pool.0),
+                    axis.map_or(4, axis_index),
+                    u64::from(margin_permille),
+                    since.0,
+                    0,
+                ],
+            ),
         };
         if !fits(&fields) {
             return WIDE;

@@ -263,6 +263,12 @@ fn events_are_returned_as_their_codes() {
             agent,
             error_permille: 300,
         },
+        core::Event::MarginAtFloor {
+            pool,
+            axis: Some(core::Axis::InputTokens),
+            margin_permille: 600,
+            since: t,
+        },
     ];
     assert_eq!(events.len(), io::EVENTS.len());
     for e in events {
@@ -282,6 +288,8 @@ fn error_codes_are_listed_once_each() {
         core::LeaseError::UnknownLease.code(),
         core::LeaseError::NotGranted.code(),
         core::LeaseError::TooLarge { field: "x" }.code(),
+        core::LeaseError::UnknownTask.code(),
+        core::LeaseError::TooManyTasks.code(),
         core::RestoreError::UnsupportedVersion(9).code(),
         core::RestoreError::Corrupt("x").code(),
         ArgError::type_error(String::new()).code,

@@ -119,6 +119,9 @@ pub struct LeaseRequest {
     pub unblocks: Option<f64>,
     /// A hash of the agent's last failure; the same value twice in a row lowers its weight.
     pub failure_signature: Option<U64>,
+    /// The task the call is for (opened on first use); its role, unblocks and failures
+    /// then set the weight, and it is charged the call's tokens and waits.
+    pub task: Option<U64>,
 }
 
 fn opt_u64(v: Option<&U64>, what: &str) -> Result<u64, Thrown> {
@@ -148,7 +151,60 @@ impl LeaseRequest {
                 .as_ref()
                 .map(|v| u64_arg(v, "failureSignature"))
                 .transpose()?,
+            task: self
+                .task
+                .as_ref()
+                .map(|v| u64_arg(v, "task").map(core::TaskId))
+                .transpose()?,
         })
+    }
+}
+
+/// A task: `Coordinator.openTask(now, spec)`.
+#[napi(object, object_to_js = false)]
+pub struct TaskSpec {
+    /// The task's id, chosen by the host.
+    pub task: U64,
+    /// The role of the agent working on it (default `worker`).
+    pub role: Option<Role>,
+    /// Downstream tasks waiting on it (default 0).
+    pub unblocks: Option<f64>,
+}
+
+impl TaskSpec {
+    /// The core spec, or the first invalid field.
+    pub fn to_core(&self) -> Result<core::TaskSpec, Thrown> {
+        Ok(core::TaskSpec {
+            task: core::TaskId(u64_arg(&self.task, "task")?),
+            role: match self.role {
+                Some(Role::Planner) => core::Role::Planner,
+                Some(Role::Reviewer) => core::Role::Reviewer,
+                Some(Role::Worker) | None => core::Role::Worker,
+            },
+            unblocks: self.unblocks.map_or(Ok(0), |n| u32_arg(n, "unblocks"))?,
+        })
+    }
+}
+
+/// How a task ended.
+#[napi(string_enum = "lowercase")]
+#[derive(Debug)]
+pub enum TaskOutcome {
+    /// Its work landed.
+    Merged,
+    /// Given up on.
+    Abandoned,
+    /// Ended failing.
+    Failed,
+}
+
+impl From<TaskOutcome> for core::TaskOutcome {
+    fn from(o: TaskOutcome) -> core::TaskOutcome {
+        match o {
+            TaskOutcome::Merged => core::TaskOutcome::Merged,
+            TaskOutcome::Abandoned => core::TaskOutcome::Abandoned,
+            TaskOutcome::Failed => core::TaskOutcome::Failed,
+        }
     }
 }
 
@@ -357,6 +413,18 @@ pub enum Event {
         /// Its moving-average input error, thousandths.
         error_permille: u32,
     },
+    /// The margin has sat at its floor for `margin.floor_alert_ms`: something outside the
+    /// coordinator is using the key.
+    MarginAtFloor {
+        /// The pool.
+        pool: u32,
+        /// The binding axis over the last minutes, if usage named one.
+        axis: Option<Axis>,
+        /// The margin, thousandths.
+        margin_permille: u32,
+        /// Since when.
+        since: U64,
+    },
 }
 
 impl From<core::Event> for Event {
@@ -399,6 +467,17 @@ impl From<core::Event> for Event {
             } => Event::EstimateAlert {
                 agent: u64_to_js(agent.0),
                 error_permille,
+            },
+            core::Event::MarginAtFloor {
+                pool,
+                axis: a,
+                margin_permille,
+                since,
+            } => Event::MarginAtFloor {
+                pool: pool.0,
+                axis: a.map(axis),
+                margin_permille,
+                since: u64_to_js(since.0),
             },
         }
     }

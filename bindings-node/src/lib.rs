@@ -19,8 +19,9 @@
 pub mod convert;
 
 use convert::{
-    BackoffResult, BackoffState, CallState, Decision, Event, LeaseRequest, Settlement, Thrown, U64,
-    Usage, WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg, u64_to_js,
+    BackoffResult, BackoffState, CallState, Decision, Event, LeaseRequest, Settlement, TaskOutcome,
+    TaskSpec, Thrown, U64, Usage, WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg,
+    u64_to_js,
 };
 use napi::Env;
 use napi::bindgen_prelude::{Either, Either3, Float64Array};
@@ -136,6 +137,58 @@ impl Coordinator {
                 .request_lease(now, &req)
                 .map(Decision::from)
                 .map_err(Thrown::from)
+        })
+    }
+
+    /// Opens a task (or updates an open one's role and unblocks): requests naming it are
+    /// weighted by it and charged to it. Throws `too_many_tasks` when `maxTasks` are open.
+    #[napi]
+    pub fn open_task(&mut self, env: Env, now: U64, spec: TaskSpec) -> napi::Result<()> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let spec = spec.to_core()?;
+            self.inner.open_task(now, &spec).map_err(Thrown::from)
+        })
+    }
+
+    /// A failure of an open task, by signature (a hash of the failing test and the diff):
+    /// the same signature twice in a row halves its weight. Returns the repeats in a row.
+    #[napi]
+    pub fn task_failed(
+        &mut self,
+        env: Env,
+        now: U64,
+        task: U64,
+        signature: U64,
+    ) -> napi::Result<u32> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let task = core::TaskId(u64_arg(&task, "task")?);
+            let signature = u64_arg(&signature, "signature")?;
+            self.inner
+                .task_failed(now, task, signature)
+                .map_err(Thrown::from)
+        })
+    }
+
+    /// Ends an open task; returns its figures (tokens, wall time, quota and critical-path
+    /// wait) as JSON text, or an object with `bigint`s when a number needs one.
+    #[napi(ts_return_type = "string | Record<string, any>")]
+    pub fn end_task(
+        &mut self,
+        env: Env,
+        now: U64,
+        task: U64,
+        outcome: TaskOutcome,
+    ) -> napi::Result<Either<String, Value>> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let task = core::TaskId(u64_arg(&task, "task")?);
+            let summary = self
+                .inner
+                .end_task(now, task, outcome.into())
+                .map_err(Thrown::from)?;
+            to_js_json(&summary)
         })
     }
 

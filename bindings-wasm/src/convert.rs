@@ -150,7 +150,49 @@ pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, ArgError> {
         } else {
             Some(u64_arg(&signature, "failureSignature")?)
         },
+        task: {
+            let task = get(o, "task");
+            if task.is_undefined() || task.is_null() {
+                None
+            } else {
+                Some(core::TaskId(u64_arg(&task, "task")?))
+            }
+        },
     })
+}
+
+/// `TaskSpec` from `{ task, role?, unblocks? }`.
+pub fn task_spec(v: &JsValue) -> Result<core::TaskSpec, ArgError> {
+    let o = object(v, "spec")?;
+    let role = get(o, "role");
+    let unblocks = get(o, "unblocks");
+    Ok(core::TaskSpec {
+        task: core::TaskId(u64_arg(&get(o, "task"), "task")?),
+        role: if role.is_undefined() || role.is_null() {
+            core::Role::Worker
+        } else {
+            io::role_named(role.as_string().as_deref())?
+        },
+        unblocks: if unblocks.is_undefined() || unblocks.is_null() {
+            0
+        } else {
+            u32_arg(&unblocks, "unblocks")?
+        },
+    })
+}
+
+/// A task outcome from `"merged"`, `"abandoned"` or `"failed"`.
+pub fn task_outcome(v: &JsValue) -> Result<core::TaskOutcome, ArgError> {
+    match v.as_string().as_deref() {
+        Some("merged") => Ok(core::TaskOutcome::Merged),
+        Some("abandoned") => Ok(core::TaskOutcome::Abandoned),
+        Some("failed") => Ok(core::TaskOutcome::Failed),
+        _ => Err(ArgError::range(
+            "invalid_argument",
+            "`outcome` must be merged, abandoned or failed".into(),
+        )
+        .with_field("outcome")),
+    }
 }
 
 /// `Usage` from `{ inputTokens?, cacheCreationInputTokens?, cacheReadInputTokens?, outputTokens? }`.

@@ -12,8 +12,8 @@
 pub mod convert;
 
 use convert::{
-    ArgError, Thrown, backoff_state, call_state, headers, lease_request, to_js, u32_arg, u64_arg,
-    u64_to_js, usage,
+    ArgError, Thrown, backoff_state, call_state, headers, lease_request, task_outcome, task_spec,
+    to_js, u32_arg, u64_arg, u64_to_js, usage,
 };
 use tokenwarden_core as core;
 use tokenwarden_js_abi::io::{self, WideResult};
@@ -234,6 +234,55 @@ impl Coordinator {
         let s = self
             .inner
             .call_interrupted(now, lease, seen.as_ref())
+            .map_err(ArgError::from)?;
+        Ok(to_js(&s)?)
+    }
+
+    /// Opens a task (or updates an open one's role and unblocks): requests naming it are
+    /// weighted by it and charged to it. Throws `too_many_tasks` when `maxTasks` are open.
+    #[wasm_bindgen(js_name = openTask)]
+    pub fn open_task(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "TaskSpec")] spec: JsValue,
+    ) -> Result<(), Thrown> {
+        let now = now_arg(&now)?;
+        let spec = task_spec(&spec)?;
+        Ok(self.inner.open_task(now, &spec).map_err(ArgError::from)?)
+    }
+
+    /// A failure of an open task, by signature: the same signature twice in a row halves
+    /// its weight. Returns the identical failures in a row.
+    #[wasm_bindgen(js_name = taskFailed)]
+    pub fn task_failed(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] task: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] signature: JsValue,
+    ) -> Result<u32, Thrown> {
+        let now = now_arg(&now)?;
+        let task = core::TaskId(u64_arg(&task, "task")?);
+        let signature = u64_arg(&signature, "signature")?;
+        Ok(self
+            .inner
+            .task_failed(now, task, signature)
+            .map_err(ArgError::from)?)
+    }
+
+    /// Ends an open task (`"merged"`, `"abandoned"` or `"failed"`); returns its figures.
+    #[wasm_bindgen(js_name = endTask, unchecked_return_type = "TaskSummary")]
+    pub fn end_task(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] task: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "TaskOutcome")] outcome: JsValue,
+    ) -> Result<JsValue, Thrown> {
+        let now = now_arg(&now)?;
+        let task = core::TaskId(u64_arg(&task, "task")?);
+        let outcome = task_outcome(&outcome)?;
+        let s = self
+            .inner
+            .end_task(now, task, outcome)
             .map_err(ArgError::from)?;
         Ok(to_js(&s)?)
     }

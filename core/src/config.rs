@@ -83,6 +83,16 @@ pub struct MarginConfig {
     pub ceiling_permille: u32,
     /// Length of a clean interval (no 429 on the pool).
     pub clean_interval_ms: u64,
+    /// How close to the floor counts as "at the floor" for the outsider alert, thousandths
+    /// (50: within 5 points).
+    pub floor_alert_band_permille: u32,
+    /// How long the margin must stay at the floor, without a rise (a rise means a clean
+    /// interval passed with no 429), before [`Event::MarginAtFloor`] is raised: 429s that
+    /// keep coming despite the leases mean something outside the coordinator is using the
+    /// key. 0 turns the alert off.
+    ///
+    /// [`Event::MarginAtFloor`]: crate::Event::MarginAtFloor
+    pub floor_alert_ms: u64,
 }
 
 impl Default for MarginConfig {
@@ -94,6 +104,8 @@ impl Default for MarginConfig {
             increase_permille: 10,
             ceiling_permille: 850,
             clean_interval_ms: 60_000,
+            floor_alert_band_permille: 50,
+            floor_alert_ms: 300_000,
         }
     }
 }
@@ -293,6 +305,9 @@ pub struct Config {
     /// Most distinct agents tracked; the least recently seen idle agent is forgotten beyond it.
     #[serde(default = "defaults::max_agents")]
     pub max_agents: u32,
+    /// Most tasks open at once (see [`Coordinator::open_task`](crate::Coordinator::open_task)).
+    #[serde(default = "defaults::max_tasks")]
+    pub max_tasks: u32,
     /// How long a provider keeps an agent's prompt cache warm after its last call.
     #[serde(default = "defaults::prompt_cache_ttl_ms")]
     pub prompt_cache_ttl_ms: u64,
@@ -338,6 +353,9 @@ mod defaults {
     pub(super) fn max_agents() -> u32 {
         1024
     }
+    pub(super) fn max_tasks() -> u32 {
+        4096
+    }
     pub(super) fn prompt_cache_ttl_ms() -> u64 {
         300_000
     }
@@ -362,6 +380,7 @@ impl Config {
             max_queue_depth: defaults::max_queue_depth(),
             max_leases: defaults::max_leases(),
             max_agents: defaults::max_agents(),
+            max_tasks: defaults::max_tasks(),
             prompt_cache_ttl_ms: defaults::prompt_cache_ttl_ms(),
             weights: WeightConfig::default(),
             slow_start: None,
@@ -452,6 +471,11 @@ impl Config {
         permille("margin.ceiling_permille", m.ceiling_permille, 1)?;
         permille("margin.decrease_permille", m.decrease_permille, 0)?;
         permille("margin.increase_permille", m.increase_permille, 0)?;
+        permille(
+            "margin.floor_alert_band_permille",
+            m.floor_alert_band_permille,
+            0,
+        )?;
         if m.floor_permille > m.ceiling_permille {
             return Err(top(
                 "margin.floor_permille",
@@ -547,6 +571,9 @@ impl Config {
         }
         if self.max_agents == 0 || self.max_agents > 1_000_000 {
             return Err(top("max_agents", "must be between 1 and 1000000"));
+        }
+        if self.max_tasks == 0 || self.max_tasks > 1_000_000 {
+            return Err(top("max_tasks", "must be between 1 and 1000000"));
         }
         if self.metrics_minutes == 0 || self.metrics_minutes > 1440 {
             return Err(top("metrics_minutes", "must be between 1 and 1440"));

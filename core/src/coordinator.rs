@@ -21,6 +21,7 @@ use crate::pool::Pool;
 use crate::queue::Key;
 use crate::request::{LeaseRequest, Usage, charge, used};
 use crate::rng::Rng;
+use crate::tasks::{TaskId, TaskSpec, Tasks};
 use crate::time::Millis;
 use crate::weight::{virtual_cost, weight};
 
@@ -29,6 +30,7 @@ mod check;
 mod eta;
 mod feedback;
 mod snapshot;
+mod tasks;
 
 pub use snapshot::Snapshot;
 
@@ -45,6 +47,8 @@ pub struct Coordinator {
     leases: LeaseTable,
     agents: Agents,
     events: VecDeque<Event>,
+    #[serde(default)]
+    tasks: Tasks,
 }
 
 impl Coordinator {
@@ -65,6 +69,7 @@ impl Coordinator {
             leases: LeaseTable::new(),
             agents: Agents::default(),
             events: VecDeque::new(),
+            tasks: Tasks::default(),
         })
     }
 
@@ -130,6 +135,7 @@ impl Coordinator {
         for p in 0..self.pools.len() {
             self.drain(u32::try_from(p).unwrap_or(u32::MAX), now);
         }
+        self.watch_margins(now);
         now
     }
 
@@ -158,6 +164,9 @@ impl Coordinator {
         }
         if let Some(agent) = self.agents.get_mut(entry.agent_slot) {
             agent.in_flight = agent.in_flight.saturating_sub(1);
+        }
+        if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
+            t.tokens = t.tokens.saturating_add(charged.get(Axis::Tokens));
         }
         self.events.push_back(Event::Expired {
             lease: id,
@@ -219,6 +228,10 @@ impl Coordinator {
             if let Some(a) = self.agents.get_mut(entry.agent_slot) {
                 a.queued = a.queued.saturating_sub(1);
                 a.in_flight = a.in_flight.saturating_add(1);
+            }
+            if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
+                t.wait(waited_ms);
+                t.calls = t.calls.saturating_add(1);
             }
             self.events.push_back(Event::Granted {
                 lease: entry.id,
@@ -323,6 +336,14 @@ impl Coordinator {
     /// are kept per pool, so it costs O(1) (a walk over the agents only while one holds a
     /// place). `max_queue_wait_ms` is compared with the *expected* wait (the demand queued
     /// ahead only), so a ticket can be queued with an `eta` past it.
+    ///
+    /// # Tasks
+    ///
+    /// A request naming a `task` is charged to it (see [`Coordinator::open_task`]): a task
+    /// not open yet is opened with the request's role and unblocks (or, with the task
+    /// table full, the request runs untracked, counted in `metrics().tasks.untracked`).
+    /// A refusal starts the task's quota wait, which the next ask ends; a queued ticket's
+    /// wait is added when it is granted or withdrawn.
     pub fn request_lease(
         &mut self,
         now: Millis,
@@ -331,6 +352,50 @@ impl Coordinator {
         let p = self.pool_index(req.pool)?;
         req.check_sizes()?;
         let now = self.advance(now);
+        let task = self.task_for(req, now);
+        let decision = self.decide(p, now, req, task);
+        if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
+            t.end_wait(now);
+            match decision {
+                Decision::Grant { .. } => t.calls = t.calls.saturating_add(1),
+                Decision::Reject {
+                    retry_at: Some(_), ..
+                } => t.waiting_since = Some(now),
+                Decision::Queued { .. } | Decision::Reject { .. } => {}
+            }
+        }
+        Ok(decision)
+    }
+
+    /// The open task a request is charged to, opened if new and there is room.
+    fn task_for(&mut self, req: &LeaseRequest, now: Millis) -> Option<TaskId> {
+        let task = req.task?;
+        let spec = TaskSpec {
+            task,
+            role: req.role,
+            unblocks: req.unblocks,
+        };
+        if self
+            .tasks
+            .open(&spec, now, self.config.max_tasks, false)
+            .is_some()
+        {
+            Some(task)
+        } else {
+            self.tasks.untracked = self.tasks.untracked.saturating_add(1);
+            None
+        }
+    }
+
+    /// [`Coordinator::request_lease`]'s decision, once the request is checked and time
+    /// moved to `now`.
+    fn decide(
+        &mut self,
+        p: u32,
+        now: Millis,
+        req: &LeaseRequest,
+        task: Option<TaskId>,
+    ) -> Decision {
         let counting = self.config.pools[p as usize].counting;
         let pools = self.pools.len();
         let Some((agent_slot, agent)) =
@@ -339,12 +404,18 @@ impl Coordinator {
         else {
             // An agent becomes idle, and can make room, when a lease of its ends.
             let retry_at = self.transient_retry(now, self.leases.next_expiry());
-            return Ok(self.reject(p, now, Some(retry_at), RejectReason::TooManyAgents));
+            return self.reject(p, now, Some(retry_at), RejectReason::TooManyAgents);
         };
         agent.note_request(now, req.failure_signature);
         let ask = req.ask();
         let demand = charge(counting, &ask, agent.cache_cold(p, now));
-        let weight = weight(&self.config.weights, req, agent, now);
+        let weight = weight(
+            &self.config.weights,
+            req,
+            agent,
+            task.and_then(|t| self.tasks.get(t)),
+            now,
+        );
         let (last_vfinish, held) = agent
             .pools
             .get(p as usize)
@@ -357,7 +428,7 @@ impl Coordinator {
         let pool = &self.pools[p as usize];
         let worst = charge(counting, &ask, true);
         if let Some((axis, retry_at)) = pool.exceeds_capacity(&worst, &self.config.margin) {
-            return Ok(self.reject(p, now, retry_at, RejectReason::ExceedsCapacity { axis }));
+            return self.reject(p, now, retry_at, RejectReason::ExceedsCapacity { axis });
         }
 
         // A request refused earlier comes back to the place it had; any other starts where
@@ -365,14 +436,14 @@ impl Coordinator {
         let vstart = held.unwrap_or_else(|| pool.vtime.max(last_vfinish));
         if self.leases.live() >= self.config.max_leases {
             let retry_at = self.transient_retry(now, self.leases.next_expiry());
-            return Ok(self.refuse(
+            return self.refuse(
                 p,
                 agent_slot,
                 vstart,
                 now,
                 Some(retry_at),
                 RejectReason::TooManyLeases,
-            ));
+            );
         }
         let vfinish = vstart.saturating_add(virtual_cost(demand.get(Axis::Tokens), weight));
         let key = Key {
@@ -392,23 +463,23 @@ impl Coordinator {
                 vstart
             });
             pool.counters.granted_now = pool.counters.granted_now.saturating_add(1);
-            let lease = self.insert_lease(req.agent, agent_slot, p, ask, phase, vfinish, now);
+            let lease = self.insert_lease(req.agent, agent_slot, p, ask, phase, vfinish, now, task);
             let expires_at = now.plus(ttl);
             self.leases
                 .push_expiry(expires_at, lease, self.config.max_leases);
-            return Ok(Decision::Grant { lease, expires_at });
+            return Decision::Grant { lease, expires_at };
         }
 
         if pool.queue.len() >= self.config.max_queue_depth {
             let retry_at = self.transient_retry(now, self.pool_wake(p));
-            return Ok(self.refuse(
+            return self.refuse(
                 p,
                 agent_slot,
                 vstart,
                 now,
                 Some(retry_at),
                 RejectReason::QueueFull,
-            ));
+            );
         }
         // Insert first: the same walk gives the demand queued ahead, which sets the
         // expected wait. A ticket expected to wait too long is taken back out.
@@ -423,7 +494,7 @@ impl Coordinator {
             pool.queue.undo_insert(key, inserted);
             let retry_at = Millis(expected.0.saturating_sub(max_wait)).max(now.plus(1));
             let reason = RejectReason::WaitTooLong;
-            return Ok(self.refuse(p, agent_slot, vstart, now, Some(retry_at), reason));
+            return self.refuse(p, agent_slot, vstart, now, Some(retry_at), reason);
         }
         // The promise: also what the other agents can still be served ahead of it.
         let overtaking = self.overtaking(p, agent_slot, vfinish, now);
@@ -433,14 +504,14 @@ impl Coordinator {
             vstart,
             enqueued_at: now,
         };
-        let lease = self.insert_lease(req.agent, agent_slot, p, ask, phase, vfinish, now);
+        let lease = self.insert_lease(req.agent, agent_slot, p, ask, phase, vfinish, now, task);
         let pool = &mut self.pools[p as usize];
         pool.queue.set_slot(inserted, LeaseTable::slot_of(lease));
         pool.counters.queued = pool.counters.queued.saturating_add(1);
         if let Some(m) = pool.minute(now) {
             m.queued = m.queued.saturating_add(1);
         }
-        Ok(Decision::Queued { lease, eta })
+        Decision::Queued { lease, eta }
     }
 
     /// Adds a granted lease or a queued ticket to the lease table and counts it on its
@@ -456,6 +527,7 @@ impl Coordinator {
         phase: Phase,
         vfinish: u128,
         now: Millis,
+        task: Option<TaskId>,
     ) -> LeaseId {
         self.seq = self.seq.saturating_add(1);
         let queued = matches!(phase, Phase::Queued { .. });
@@ -466,6 +538,7 @@ impl Coordinator {
             pool: p,
             ask,
             phase,
+            task,
         });
         if let Some(a) = self.agents.get_mut(agent_slot) {
             if queued {
@@ -539,6 +612,9 @@ impl Coordinator {
                 m.used = m.used.saturating_add(actual);
             }
         }
+        if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
+            t.tokens = t.tokens.saturating_add(actual.get(Axis::Tokens));
+        }
         let cache_used = entry.ask.cached_prefix_tokens > 0
             || usage.cache_read_input_tokens > 0
             || usage.cache_creation_input_tokens > 0;
@@ -580,8 +656,15 @@ impl Coordinator {
         pool.counters.cancelled = pool.counters.cancelled.saturating_add(1);
         let agent = self.agents.get_mut(entry.agent_slot);
         match entry.phase {
-            Phase::Queued { key, vstart, .. } => {
+            Phase::Queued {
+                key,
+                vstart,
+                enqueued_at,
+            } => {
                 pool.queue.remove(key);
+                if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
+                    t.wait(now.since(enqueued_at));
+                }
                 if let Some(a) = agent {
                     a.queued = a.queued.saturating_sub(1);
                     // A withdrawn ticket received no service: if it was the agent's latest,
@@ -636,6 +719,7 @@ impl Coordinator {
             consider(pool.next_ramp_step(&self.config, self.started));
             consider(self.pool_wake(u32::try_from(p).unwrap_or(u32::MAX)));
         }
+        consider(self.next_floor_alert());
         next.map(|t| t.max(self.now))
     }
 
@@ -699,6 +783,7 @@ impl Coordinator {
                 .map(metrics::agent_metrics)
                 .collect(),
             live_leases: self.leases.live(),
+            tasks: self.task_metrics(now),
         }
     }
 }

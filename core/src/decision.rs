@@ -109,6 +109,21 @@ pub enum Event {
         /// Until when.
         until: Millis,
     },
+    /// The pool's margin has sat at its floor (within `margin.floor_alert_band_permille`)
+    /// for `margin.floor_alert_ms`: the provider keeps answering 429 although the leases
+    /// stay under the limits, so something outside the coordinator is using this key.
+    /// Raised once per stretch at the floor.
+    MarginAtFloor {
+        /// The pool.
+        pool: PoolId,
+        /// The axis with the highest usage against its limit over the last minutes, if any
+        /// usage was seen.
+        axis: Option<Axis>,
+        /// The margin, thousandths.
+        margin_permille: u32,
+        /// Since when it has been at the floor.
+        since: Millis,
+    },
     /// An agent's input estimates have missed by more than the threshold for
     /// `estimate_alert.consecutive` settles in a row.
     EstimateAlert {

@@ -72,6 +72,10 @@ pub enum LeaseError {
         /// The offending field, as spelled in the JSON shape.
         field: &'static str,
     },
+    /// No open task has this id: never opened, or already ended.
+    UnknownTask,
+    /// `max_tasks` tasks are open; end some first.
+    TooManyTasks,
 }
 
 impl LeaseError {
@@ -83,6 +87,8 @@ impl LeaseError {
             LeaseError::UnknownLease => "unknown_lease",
             LeaseError::NotGranted => "not_granted",
             LeaseError::TooLarge { .. } => "too_large",
+            LeaseError::UnknownTask => "unknown_task",
+            LeaseError::TooManyTasks => "too_many_tasks",
         }
     }
 }
@@ -97,6 +103,10 @@ impl fmt::Display for LeaseError {
             LeaseError::NotGranted => f.write_str("lease is still queued and cannot be settled"),
             LeaseError::TooLarge { field } => {
                 write!(f, "{field} is larger than 2^53 - 1")
+            }
+            LeaseError::UnknownTask => f.write_str("unknown task: never opened, or already ended"),
+            LeaseError::TooManyTasks => {
+                f.write_str("too many open tasks (max_tasks): end some before opening more")
             }
         }
     }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::AgentId;
 use crate::bucket::Demand;
 use crate::queue::Key;
+use crate::tasks::TaskId;
 use crate::time::Millis;
 
 /// Names a lease from the moment it is requested: a queued ticket keeps its id when it is
@@ -81,6 +82,9 @@ pub(crate) struct Entry {
     pub(crate) pool: u32,
     pub(crate) ask: Ask,
     pub(crate) phase: Phase,
+    /// The task the lease is charged to, if the request named one the table holds.
+    #[serde(default)]
+    pub(crate) task: Option<TaskId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -274,6 +278,7 @@ mod tests {
                 vstart: 0,
                 enqueued_at: Millis(0),
             },
+            task: None,
         }
     }
 

@@ -122,6 +122,7 @@ mod pool;
 mod queue;
 mod request;
 mod rng;
+mod tasks;
 mod time;
 mod weight;
 
@@ -144,6 +145,7 @@ pub use metrics::{
 };
 pub use request::{LeaseRequest, Role, Usage};
 pub use rng::Rng;
+pub use tasks::{TaskFigures, TaskId, TaskMetrics, TaskOutcome, TaskSpec, TaskSummary};
 pub use time::Millis;
 
 /// The repository README's examples, compiled and run as doctests.

@@ -16,6 +16,7 @@ use crate::bucket::{Axis, Demand};
 use crate::config::PoolConfig;
 use crate::ids::AgentId;
 use crate::pool::Pool;
+use crate::tasks::TaskMetrics;
 use crate::time::Millis;
 
 /// Milliseconds in a metrics minute (fixed, whatever the rate window).
@@ -249,6 +250,9 @@ pub struct Metrics {
     pub agents: Vec<AgentMetrics>,
     /// Leases and tickets alive.
     pub live_leases: u32,
+    /// Tasks: seed 003's four numbers (429 rate, tokens per merged task, task time,
+    /// critical-path wait), since start and over the last complete minute.
+    pub tasks: TaskMetrics,
 }
 
 /// A pool's figures as of `now` (a minute still open counts as incomplete).
@@ -280,7 +284,7 @@ pub(crate) fn pool_metrics(
         .iter()
         .filter(|m| m.minute < current_minute && m.minute + 5 >= current_minute)
         .collect();
-    let binding = binding_axis(pool, &recent);
+    let binding = binding_axis(pool, || recent.iter().copied());
     let fleet = binding.and_then(|axis| fleet_advice(pool, axis, &recent, agents, current_minute));
     PoolMetrics {
         name: cfg.name.clone(),
@@ -319,14 +323,30 @@ fn axis_metrics(
     }
 }
 
-/// The known axis with the largest share of its limit used over `recent`.
-fn binding_axis(pool: &Pool, recent: &[&MinuteStats]) -> Option<Axis> {
+/// The binding axis over up to five complete minutes before `now`, as metrics report it.
+/// (No allocation: it runs inside the core's steady state, on the alert.)
+pub(crate) fn recent_binding_axis(pool: &Pool, now: Millis) -> Option<Axis> {
+    let current = now.0 / MINUTE_MS;
+    let recent = || {
+        pool.minutes.iter().filter(move |m| {
+            m.minute < current && m.minute + 5 >= current && **m != MinuteStats::default()
+        })
+    };
+    binding_axis(pool, recent)
+}
+
+/// The known axis with the largest share of its limit used over the minutes `recent`
+/// yields (a closure: each axis walks them again, with no allocation).
+fn binding_axis<'a, I: Iterator<Item = &'a MinuteStats>>(
+    pool: &Pool,
+    recent: impl Fn() -> I,
+) -> Option<Axis> {
     let mut binding: Option<(Axis, u128)> = None;
     for &axis in &Axis::ALL {
         let Some(limit) = pool.bucket(axis).limit else {
             continue;
         };
-        let total: u128 = recent.iter().map(|m| u128::from(m.used.get(axis))).sum();
+        let total: u128 = recent().map(|m| u128::from(m.used.get(axis))).sum();
         let share = total * 1_000_000 / u128::from(limit);
         if total > 0 && binding.is_none_or(|(_, s)| share > s) {
             binding = Some((axis, share));

@@ -37,6 +37,17 @@ pub(crate) struct Pool {
     pub(crate) minute_now: u64,
     pub(crate) minute_slot: u32,
     pub(crate) waits: WaitHistogram,
+    /// Since when the margin has been within `margin.floor_alert_band_permille` of its
+    /// floor, and whether [`Event::MarginAtFloor`](crate::Event::MarginAtFloor) was raised
+    /// for that stretch.
+    #[serde(default)]
+    pub(crate) floor_since: Option<Millis>,
+    #[serde(default)]
+    pub(crate) floor_alerted: bool,
+    /// The margin when the watch last looked: a rise (a clean interval passed, so the 429s
+    /// paused) starts the stretch again.
+    #[serde(default)]
+    pub(crate) floor_level: u32,
 }
 
 pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
@@ -72,6 +83,9 @@ impl Pool {
             minute_now: 0,
             minute_slot: 0,
             waits: WaitHistogram::new(),
+            floor_since: None,
+            floor_alerted: false,
+            floor_level: 0,
         };
         // Anthropic charges input when a call arrives (output is reserved at max_tokens and
         // corrected, like ours; OpenAI pre-charges its one figure the same way).

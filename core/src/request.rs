@@ -8,6 +8,7 @@ use crate::config::{Counting, MAX_TOKENS};
 use crate::error::LeaseError;
 use crate::ids::{AgentId, PoolId};
 use crate::lease::Ask;
+use crate::tasks::TaskId;
 
 /// An agent's role in the task graph; it sets the base queue weight.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,6 +45,11 @@ pub struct LeaseRequest {
     /// A hash of the agent's last failure (failing test, diff hash); the same value twice
     /// in a row halves the weight. `None` when the last turn did not fail.
     pub failure_signature: Option<u64>,
+    /// The task the call is for. Its role, unblocks and failure history then set the
+    /// weight (instead of `role`, `unblocks` and `failure_signature`), and it is charged
+    /// the call's tokens and waits. A task not open yet is opened with this request's
+    /// role and unblocks (see [`Coordinator::open_task`](crate::Coordinator::open_task)).
+    pub task: Option<TaskId>,
 }
 
 /// What a call really used, as the provider reports it (Anthropic's field names; an OpenAI

@@ -3,26 +3,38 @@
 use crate::agents::Agent;
 use crate::config::WeightConfig;
 use crate::request::{LeaseRequest, Role};
+use crate::tasks::Task;
 use crate::time::Millis;
 
 /// A request's weight in the fair queue, in thousandths: role × (1 + bonus × unblocks, the
 /// latter at most `max_unblocks`),
 /// decayed per repeated identical failure down to the floor, bumped when the agent's warm
-/// prompt cache is about to expire; at least 1.
+/// prompt cache is about to expire; at least 1. A request for a known task takes the
+/// task's role, unblocks and repeated failures instead of its own and its agent's.
 #[inline]
-pub(crate) fn weight(w: &WeightConfig, req: &LeaseRequest, agent: &Agent, now: Millis) -> u128 {
-    let base = match req.role {
+pub(crate) fn weight(
+    w: &WeightConfig,
+    req: &LeaseRequest,
+    agent: &Agent,
+    task: Option<&Task>,
+    now: Millis,
+) -> u128 {
+    let (role, unblocks, repeats) = match task {
+        Some(t) => (t.role, t.unblocks, t.repeats),
+        None => (req.role, req.unblocks, agent.repeats),
+    };
+    let base = match role {
         Role::Planner => w.planner,
         Role::Reviewer => w.reviewer,
         Role::Worker => w.worker,
     };
-    let unblocks = u128::from(req.unblocks.min(w.max_unblocks));
+    let unblocks = u128::from(unblocks.min(w.max_unblocks));
     let mut weight = mul_permille(
         u128::from(base),
         1000 + u128::from(w.unblock_bonus) * unblocks,
     );
     let floor = u128::from(w.floor);
-    for _ in 0..agent.repeats.min(64) {
+    for _ in 0..repeats.min(64) {
         if weight <= floor {
             break;
         }

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use tokenwarden_core::{
     AgentId, Axis, Coordinator, Decision, Event, LeaseError, LeaseId, LeaseRequest, MAX_TOKENS,
-    Millis, PoolId, Role, Settlement, Usage, parse_headers,
+    Millis, PoolId, Role, Settlement, TaskId, Usage, parse_headers,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -672,6 +672,9 @@ impl Harness {
                     assert!(pool.0 < self.pools, "{e:?}");
                 }
                 Event::EstimateAlert { .. } => {}
+                Event::MarginAtFloor { pool, .. } => {
+                    assert!(pool.0 < self.pools, "{e:?}");
+                }
             }
         }
     }
@@ -759,6 +762,9 @@ impl Harness {
                     role: *role,
                     unblocks: *unblocks,
                     failure_signature: *failure,
+                    // Calls with an odd `unblocks` are for one of four tasks (opened by
+                    // the first ask), so the task table runs under every other operation.
+                    task: (*unblocks % 2 == 1).then_some(TaskId(*agent % 4)),
                 };
                 let before = self.coord.clone();
                 let res = self.coord.request_lease(t, &req);

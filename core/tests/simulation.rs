@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tokenwarden_core::{
     AgentId, Axis, Config, Coordinator, Counting, Decision, Event, LeaseError, LeaseId,
-    LeaseRequest, Millis, PoolId, RejectReason, Role, Settlement, Usage,
+    LeaseRequest, Millis, PoolId, RejectReason, Role, Settlement, TaskId, Usage,
 };
 
 const SEEDS: u64 = 1_000;
@@ -505,6 +505,8 @@ impl Sim {
                 0
             },
             failure_signature: rng.chance(150).then(|| rng.range(0, 2)),
+            // Half the calls are for one of eight tasks (opened by the first ask).
+            task: rng.chance(500).then(|| TaskId(rng.range(0, 7))),
         }
     }
 
@@ -707,6 +709,9 @@ impl Sim {
                     self.fail(format_args!("margin moved without any 429: {e:?}"))
                 }
                 Event::Paused { .. } => self.fail(format_args!("paused without any 429: {e:?}")),
+                Event::MarginAtFloor { .. } => {
+                    self.fail(format_args!("margin at its floor without any 429: {e:?}"))
+                }
                 Event::EstimateAlert { .. } => {}
             }
         }

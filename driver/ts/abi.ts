@@ -10,7 +10,7 @@ export const DECISION_QUEUED = 1
 export const DECISION_REJECT = 2
 export const WIDE = 9
 /** `requestLeaseIo`'s argument slots 1 to 8 (slot 0 is `now`), in slot order. */
-export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature'] as const
+export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'task'] as const
 /** `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease), in slot order. */
 export const USAGE_FIELDS = ['inputTokens', 'cacheCreationInputTokens', 'cacheReadInputTokens', 'outputTokens'] as const
 /** Role codes: the index in this list. */
@@ -20,6 +20,6 @@ export const REJECT_REASONS = ['exceeds_capacity', 'wait_too_long', 'queue_full'
 /** Axis codes: the index in this list. */
 export const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests'] as const
 /** `pollEventIo`'s return codes: the index in this list (-1: no event). */
-export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert'] as const
+export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert', 'margin_at_floor'] as const
 /** Every stable code an engine's errors carry. */
-export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'internal', 'corrupt'] as const
+export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'unknown_task', 'too_many_tasks', 'internal', 'corrupt'] as const

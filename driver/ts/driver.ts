@@ -8,6 +8,7 @@ import { type Clock, systemClock } from './clock.js'
 import { Emitter } from './emitter.js'
 import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import type {
+  Axis,
   BackoffResult,
   BackoffState,
   CallResponseResult,
@@ -20,6 +21,9 @@ import type {
   Metrics,
   RejectReason,
   Settlement,
+  TaskOutcome,
+  TaskSpec,
+  TaskSummary,
   U64,
   Usage,
 } from './types.js'
@@ -61,6 +65,12 @@ export interface DriverEvents {
   paused: { pool: number; until: U64 }
   /** An agent's input estimates keep missing by more than the alert threshold. */
   estimate_alert: { agent: U64; errorPermille: number }
+  /**
+   * A pool's margin has sat at its floor for `margin.floor_alert_ms`: 429s keep coming
+   * although the leases stay under the limits, so something outside the coordinator is
+   * using this key. `axis` is the binding axis (or `null`); `message` is ready to print.
+   */
+  margin_at_floor: { pool: number; axis: Axis | null; marginPermille: number; since: U64; message: string }
   /**
    * Remote drivers: the edge limiter could not be reached; leasing locally until it can, at
    * `share` of the quota (1/N for N processes the limiter last saw, or 1).
@@ -438,6 +448,29 @@ export class Driver extends Emitter<DriverEvents> {
     return this.engine.backoff(state, retryAfterMs)
   }
 
+  /**
+   * Opens a task (or updates an open one's role and unblocks): calls naming it
+   * (`request.task`) are weighted by it and charged to it. Opening is optional (a call
+   * naming an unknown task opens it); throws `too_many_tasks` when the table is full.
+   */
+  openTask(spec: TaskSpec): void | Promise<void> {
+    this.engine.openTask(this.clock.now(), spec)
+  }
+
+  /**
+   * A failure of an open task, by signature (`failureSignature(testName, diff)`): the same
+   * signature twice in a row halves the task's weight. Returns the identical failures in a
+   * row. Throws `unknown_task` for a task that is not open.
+   */
+  taskFailed(task: U64, signature: U64): number | Promise<number> {
+    return this.engine.taskFailed(this.clock.now(), task, signature)
+  }
+
+  /** Ends an open task; returns its figures. Throws `unknown_task` if it is not open. */
+  endTask(task: U64, outcome: TaskOutcome): TaskSummary | Promise<TaskSummary> {
+    return this.engine.endTask(this.clock.now(), task, outcome)
+  }
+
   /** Usage against each limit, the binding axis, queue, margin and each agent's state. */
   metrics(): Metrics {
     return this.engine.metrics(this.clock.now())
@@ -512,6 +545,18 @@ export class Driver extends Emitter<DriverEvents> {
         case 'estimate_alert':
           this.emit('estimate_alert', { agent: e.agent, errorPermille: e.errorPermille })
           break
+        case 'margin_at_floor': {
+          const name = this.engine.pools[e.pool] ?? String(e.pool)
+          const on = e.axis === null ? '' : ` (binding axis: ${e.axis})`
+          this.emit('margin_at_floor', {
+            pool: e.pool,
+            axis: e.axis,
+            marginPermille: e.marginPermille,
+            since: e.since,
+            message: `pool ${name}: the safety margin has sat at its floor (${e.marginPermille / 10} %)${on}: something outside the coordinator is using this key`,
+          })
+          break
+        }
       }
     }
   }

@@ -36,6 +36,12 @@ export interface FetchOptions {
   /** Downstream tasks waiting on this agent's calls; a function is read at every call. */
   unblocks?: number | (() => number)
   /**
+   * The task every call of this client is for (a number, or a name: hashed with
+   * `taskIdFor`); its role, unblocks and failures then set the weight, and it is charged
+   * the calls' tokens and waits. `tw.task()` sets it.
+   */
+  task?: U64 | string
+  /**
    * The pool for a call: a pool name, a map from model name (or prefix ending in `*`) to
    * pool name, or a function. Default: the pool named like the model, else the only pool.
    */
@@ -50,6 +56,39 @@ export interface FetchContext {
   estimator: Estimator
   /** A fresh agent id. */
   nextAgent(): number
+}
+
+const MASK53 = (1n << 53n) - 1n
+const utf8 = new TextEncoder()
+
+/** FNV-1a, 64 bits, folded to 53 (an exact `number`) over `parts` joined by NUL. */
+function hash53(parts: readonly string[]): number {
+  let h = 0xcbf29ce484222325n
+  parts.forEach((part, i) => {
+    if (i > 0) h = ((h ^ 0n) * 0x100000001b3n) & 0xffffffffffffffffn
+    for (const b of utf8.encode(part)) h = ((h ^ BigInt(b)) * 0x100000001b3n) & 0xffffffffffffffffn
+  })
+  return Number((h ^ (h >> 53n)) & MASK53)
+}
+
+/** A stable task id for a name (53-bit FNV-1a: collisions are negligible). */
+export function taskIdFor(name: string): number {
+  return hash53([name])
+}
+
+/**
+ * A failure signature: a hash of the failing test's name and the diff under test, never
+ * their content. The diff counts by its changed lines only (`+`/`-` lines, trailing space
+ * trimmed, file headers and hunk positions left out), so the same failure after an
+ * unrelated edit moved the lines is still the same signature. Two identical signatures in
+ * a row halve the task's weight (`task.failed(signature)`).
+ */
+export function failureSignature(testName: string, diff = ''): number {
+  const changed = diff
+    .split(/\r?\n/)
+    .filter((l) => (l.startsWith('+') || l.startsWith('-')) && !l.startsWith('+++') && !l.startsWith('---'))
+    .map((l) => l.trimEnd())
+  return hash53([testName.trim(), ...changed])
 }
 
 /** FNV-1a, 32 bits: a stable agent id for a name. */
@@ -103,6 +142,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       : typeof options.agent === 'string'
         ? agentIdFor(options.agent)
         : options.agent
+  const task: U64 | undefined = typeof options.task === 'string' ? taskIdFor(options.task) : options.task
 
   const wrapped = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
     const send = options.fetch ?? globalThis.fetch
@@ -140,6 +180,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         maxTokens: shape.maxTokens,
         role: options.role ?? 'worker',
         unblocks: typeof options.unblocks === 'function' ? options.unblocks() : (options.unblocks ?? 0),
+        ...(task === undefined ? {} : { task }),
       }
       const ask = await driver.callLease(call, request, { signal })
       call = ask.call

@@ -24,6 +24,9 @@ import type {
   Metrics,
   RejectReason,
   Settlement,
+  TaskOutcome,
+  TaskSpec,
+  TaskSummary,
   U64,
   Usage,
 } from './types.js'
@@ -49,6 +52,9 @@ export interface RegisterBinding {
   callLease(now: U64, call: CallState, request: unknown): unknown
   callResponse(now: U64, call: CallState, pool: number, lease: U64 | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): unknown
   callInterrupted(now: U64, lease: U64, seen: unknown): unknown
+  openTask(now: U64, spec: unknown): void
+  taskFailed(now: U64, task: U64, signature: U64): number
+  endTask(now: U64, task: U64, outcome: TaskOutcome): unknown
   metrics(now: U64): unknown
   snapshot(): string
   check(): void
@@ -57,7 +63,7 @@ export interface RegisterBinding {
 const ROLE_CODES: Readonly<Record<string, number>> = Object.fromEntries(ROLES.map((r, i) => [r, i]))
 const MAX = Number.MAX_SAFE_INTEGER
 // The event codes `pollEvent` decodes below, in the order `abi.ts` gives them.
-const [EV_GRANTED, EV_EXPIRED, EV_MARGIN, EV_PAUSED, EV_ALERT] = EVENTS.map((_, i) => i)
+const [EV_GRANTED, EV_EXPIRED, EV_MARGIN, EV_PAUSED, EV_ALERT, EV_FLOOR] = EVENTS.map((_, i) => i)
 
 /** A `number` argument the register file carries exactly (else: the object path). */
 function exact(v: unknown): v is number {
@@ -123,7 +129,8 @@ export class RegisterEngine implements Engine {
     io[6] = role ?? Number.NaN
     io[7] = r.unblocks ?? 0
     io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
-    if (io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || typeof r.pool !== 'number') {
+    io[9] = r.task === undefined || r.task === null ? -1 : field(r.task)
+    if (io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || io[9] !== io[9] || typeof r.pool !== 'number') {
       // Bigints, out-of-range or mistyped values: the object path checks and reports them.
       checkNumeric(r, NUMERIC_REQUEST_FIELDS)
       return this.#slow(() => this.#c.requestLease(now, r) as Decision, 'requestLease')
@@ -216,6 +223,8 @@ export class RegisterEngine implements Engine {
         return { kind: 'paused', pool: io[0]!, until: io[1]! }
       case EV_ALERT:
         return { kind: 'estimate_alert', agent: io[0]!, errorPermille: io[1]! }
+      case EV_FLOOR:
+        return { kind: 'margin_at_floor', pool: io[0]!, axis: (AXES[io[1]!] as Axis | undefined) ?? null, marginPermille: io[2]!, since: io[3]! }
       default:
         return this.#c.takeWide() as EngineEvent
     }
@@ -245,6 +254,24 @@ export class RegisterEngine implements Engine {
 
   callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement {
     return this.#slow(() => this.#c.callInterrupted(now, lease, seen), 'callInterrupted') as Settlement
+  }
+
+  openTask(now: U64, spec: TaskSpec): void {
+    if (spec === null || typeof spec !== 'object') throw invalidArgument(`openTask needs a task object, got ${spec === null ? 'null' : typeof spec}`, 'spec')
+    checkNumeric(spec, ['task', 'unblocks'])
+    // The same error either engine's request path gives (napi's own says only "no variant").
+    if (spec.role !== undefined && spec.role !== null && ROLE_CODES[spec.role] === undefined) {
+      throw invalidArgument('`role` must be planner, reviewer or worker', 'role')
+    }
+    this.#slow(() => this.#c.openTask(now, spec), 'openTask')
+  }
+
+  taskFailed(now: U64, task: U64, signature: U64): number {
+    return this.#slow(() => this.#c.taskFailed(now, task, signature), 'taskFailed')
+  }
+
+  endTask(now: U64, task: U64, outcome: TaskOutcome): TaskSummary {
+    return fromJson(this.#slow(() => this.#c.endTask(now, task, outcome), 'endTask')) as TaskSummary
   }
 
   metrics(now: U64): Metrics {

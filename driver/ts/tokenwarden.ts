@@ -1,8 +1,8 @@
 import type { Clock } from './clock.js'
 import { Driver } from './driver.js'
 import { BytesPerTokenEstimator, type Estimator } from './estimator.js'
-import { type FetchOptions, createFetch } from './fetch.js'
-import type { Engine, EngineFactory, U64 } from './types.js'
+import { type FetchOptions, createFetch, failureSignature, taskIdFor } from './fetch.js'
+import type { Engine, EngineFactory, Role, TaskOutcome, TaskSummary, U64 } from './types.js'
 
 /** Options for {@link Tokenwarden}. */
 export interface TokenwardenOptions {
@@ -65,5 +65,90 @@ export class Tokenwarden extends Driver {
    */
   fetch(options: FetchOptions = {}): typeof fetch {
     return createFetch({ driver: this, estimator: this.estimator, nextAgent: () => ++this.#agents }, options)
+  }
+
+  /**
+   * Opens a task and returns its handle: `task.fetch()` for the SDK client working on it,
+   * `task.failed(signature)` after a failed attempt, `task.done({ merged })` at the end.
+   * The task's figures (tokens, wall time, quota and critical-path wait) feed
+   * `metrics().tasks`.
+   *
+   * ```js
+   * const t = tw.task({ id: 'fix-parser', role: 'worker', unblocks: 3 })
+   * const claude = new Anthropic({ fetch: t.fetch(), maxRetries: 0 })
+   * // … a failing test: await t.failed({ test: 'parser handles tabs', diff })
+   * await t.done({ merged: true })
+   * ```
+   */
+  task(options: TaskOptions): Task {
+    if (options === null || typeof options !== 'object') throw new TypeError('task() needs an options object: { id, role?, unblocks? }')
+    const { id } = options
+    if (typeof id !== 'string' && typeof id !== 'number' && typeof id !== 'bigint') {
+      throw new TypeError(`task id must be a string or a number, got ${id === null ? 'null' : typeof id}`)
+    }
+    const task = typeof id === 'string' ? taskIdFor(id) : id
+    const role = options.role ?? 'worker'
+    const unblocks = options.unblocks ?? 0
+    const opened = this.openTask({ task, role, unblocks })
+    return new Task(this, task, typeof id === 'string' ? id : null, role, unblocks, opened)
+  }
+}
+
+/** Options for {@link Tokenwarden.task}. */
+export interface TaskOptions {
+  /** The task's id: a name (hashed with `taskIdFor`) or an integer. */
+  id: string | U64
+  /** The role of the agent working on it (default `worker`). */
+  role?: Role
+  /** Downstream tasks waiting on it (default 0): raises its calls' weight. */
+  unblocks?: number
+}
+
+/** A failure, as {@link Task.failed} takes it: a signature, or what to hash into one. */
+export type TaskFailure = U64 | { test: string; diff?: string }
+
+/** One task's handle (from {@link Tokenwarden.task}). */
+export class Task {
+  readonly #tw: Tokenwarden
+  readonly #opened: void | Promise<void>
+  /** The numeric task id the core knows it by. */
+  readonly id: U64
+  /** The name it was opened with, when it was a string. */
+  readonly name: string | null
+  readonly role: Role
+  readonly unblocks: number
+
+  constructor(tw: Tokenwarden, id: U64, name: string | null, role: Role, unblocks: number, opened: void | Promise<void>) {
+    this.#tw = tw
+    this.id = id
+    this.name = name
+    this.role = role
+    this.unblocks = unblocks
+    this.#opened = opened
+    // An open that failed remotely surfaces on the task's next call; do not leave it unhandled.
+    if (opened instanceof Promise) opened.catch(() => {})
+  }
+
+  /** A `fetch` for an SDK client working on this task (options as `tw.fetch`). */
+  fetch(options: FetchOptions = {}): typeof fetch {
+    return this.#tw.fetch({ role: this.role, unblocks: this.unblocks, ...options, task: this.id })
+  }
+
+  /**
+   * A failed attempt (a failing test, a rejected diff). Pass a signature, or
+   * `{ test, diff }` to hash into one (`failureSignature`). The same failure twice in a row
+   * halves the task's weight down to the floor. Resolves to the identical failures in a row.
+   */
+  async failed(failure: TaskFailure): Promise<number> {
+    const signature = typeof failure === 'object' && failure !== null ? failureSignature(failure.test, failure.diff) : failure
+    await this.#opened
+    return this.#tw.taskFailed(this.id, signature)
+  }
+
+  /** Ends the task: merged (default) or not (`{ merged: false }` is abandoned, or pass `outcome`). */
+  async done(options: { merged?: boolean; outcome?: TaskOutcome } = {}): Promise<TaskSummary> {
+    const outcome = options.outcome ?? (options.merged === false ? 'abandoned' : 'merged')
+    await this.#opened
+    return this.#tw.endTask(this.id, outcome)
   }
 }

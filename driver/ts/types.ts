@@ -37,6 +37,82 @@ export interface LeaseRequest {
   unblocks?: number
   /** A hash of the agent's last failure; the same value twice in a row lowers its weight. */
   failureSignature?: U64
+  /**
+   * The task the call is for (opened on first use). Its role, unblocks and failures then
+   * set the weight, and it is charged the call's tokens and waits.
+   */
+  task?: U64
+}
+
+/** A task, as `engine.openTask` takes it. */
+export interface TaskSpec {
+  /** The task's id (an integer; `taskId(name)` hashes a string into one). */
+  task: U64
+  /** The role of the agent working on it (default `worker`). */
+  role?: Role
+  /** Downstream tasks waiting on it (default 0). */
+  unblocks?: number
+}
+
+/** How a task ended. */
+export type TaskOutcome = 'merged' | 'abandoned' | 'failed'
+
+/** A task's figures when it ends. */
+export interface TaskSummary {
+  task: U64
+  outcome: TaskOutcome
+  /** Leases it took (each attempt of a model call is one). */
+  calls: number
+  /** Tokens charged to it (input + output of its settled leases). */
+  tokens: U64
+  /** From its opening (or first call) to its end, ms. */
+  wallMs: U64
+  /** Time its calls waited on the quota (queued, refused, after a 429), ms. */
+  quotaWaitMs: U64
+  /** `quotaWaitMs` × the tasks it unblocks: agent-time blocked behind it, ms. */
+  criticalPathWaitMs: U64
+  /** Failures reported. */
+  failures: number
+  /** Identical failures in a row (each halves the weight, by default). */
+  repeats: number
+}
+
+/** Seed 003's four numbers over a span (since start, or the last complete minute). */
+export interface TaskFigures {
+  merged: number
+  abandoned: number
+  failed: number
+  /** Tokens charged to the tasks that ended (every outcome). */
+  tokens: U64
+  /** `tokens / merged`: failures and abandoned work included. */
+  tokensPerMergedTask: U64 | null
+  /** Merged tasks' wall time, ms: median and 95th percentile (since start only; within 12.5 %). */
+  taskTimeP50Ms: U64 | null
+  taskTimeP95Ms: U64 | null
+  /** Merged tasks' mean wall time, ms. */
+  taskTimeMeanMs: U64 | null
+  /** Quota wait of the ended tasks, ms. */
+  quotaWaitMs: U64
+  /** Critical-path wait of the ended tasks, agent-ms. */
+  criticalPathWaitMs: U64
+  /** Leases granted (calls sent), across pools. */
+  calls: U64
+  /** 429 responses reported, across pools. */
+  rateLimited: U64
+  /** `rateLimited / calls`, thousandths. */
+  rateLimitedPermille: number | null
+}
+
+/** `metrics().tasks`. */
+export interface TaskMetrics {
+  /** Tasks open now. */
+  open: number
+  /** Requests naming a task the full table could not take. */
+  untracked: U64
+  sinceStart: TaskFigures
+  lastMinute: TaskFigures
+  /** The last complete minute's number (`now / 60000 − 1`). */
+  minute: U64
 }
 
 /** What a call really used, as the provider reported it. Omitted fields are 0. */
@@ -78,6 +154,7 @@ export type EngineEvent =
   | { kind: 'margin_changed'; pool: number; fromPermille: number; toPermille: number }
   | { kind: 'paused'; pool: number; until: U64 }
   | { kind: 'estimate_alert'; agent: U64; errorPermille: number }
+  | { kind: 'margin_at_floor'; pool: number; axis: Axis | null; marginPermille: number; since: U64 }
 
 /** One call's backoff state. Start with `{ failed: 0, lastRetryAfterMs: null }`. */
 export interface BackoffState {
@@ -235,6 +312,7 @@ export interface Metrics {
   liveLeases: number
   pools: PoolMetrics[]
   agents: AgentMetrics[]
+  tasks: TaskMetrics
 }
 
 /**
@@ -283,6 +361,12 @@ export interface Engine {
    * error, abort, broken stream); `seen` is the usage seen before the end, or `null`.
    */
   callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement
+  /** Opens a task (or updates an open one's role and unblocks). */
+  openTask(now: U64, spec: TaskSpec): void
+  /** A failure of an open task, by signature; returns the identical failures in a row. */
+  taskFailed(now: U64, task: U64, signature: U64): number
+  /** Ends an open task and returns its figures. */
+  endTask(now: U64, task: U64, outcome: TaskOutcome): TaskSummary
   metrics(now: U64): Metrics
   /** The whole state as JSON, for `EngineFactory.restore`. */
   snapshot(): string

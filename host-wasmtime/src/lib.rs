@@ -43,7 +43,8 @@ use core::fmt;
 use tokenwarden_core::{
     AgentId, Axis, Backoff, BackoffStep, Call, CallResponse, CallStep, Decision, Demand, Event,
     GiveUpReason, HeaderReport, LeaseError, LeaseId, LeaseRequest, Metrics, Millis, PoolId,
-    RejectReason, Role, Settlement, Snapshot, Usage, WaitReason,
+    RejectReason, Role, Settlement, Snapshot, TaskId, TaskOutcome, TaskSpec, TaskSummary, Usage,
+    WaitReason,
     headers::{AxisReport, RateAxis},
 };
 pub use wasmtime;
@@ -718,6 +719,41 @@ impl PluginCoordinator {
         .map_err(lease_error)
     }
 
+    /// See [`Coordinator::open_task`](tokenwarden_core::Coordinator::open_task).
+    pub fn open_task(&mut self, now: Millis, spec: &TaskSpec) -> Result<(), Error> {
+        let spec = w::TaskSpec {
+            task: spec.task.0,
+            role: role_out(spec.role),
+            unblocks: spec.unblocks,
+        };
+        guest!(self, |c, s, h| c.call_open_task(s, h, now.0, spec))?.map_err(lease_error)
+    }
+
+    /// See [`Coordinator::task_failed`](tokenwarden_core::Coordinator::task_failed).
+    pub fn task_failed(&mut self, now: Millis, task: TaskId, signature: u64) -> Result<u32, Error> {
+        guest!(self, |c, s, h| c
+            .call_task_failed(s, h, now.0, task.0, signature))?
+        .map_err(lease_error)
+    }
+
+    /// See [`Coordinator::end_task`](tokenwarden_core::Coordinator::end_task).
+    pub fn end_task(
+        &mut self,
+        now: Millis,
+        task: TaskId,
+        outcome: TaskOutcome,
+    ) -> Result<TaskSummary, Error> {
+        let outcome = match outcome {
+            TaskOutcome::Merged => w::TaskOutcome::Merged,
+            TaskOutcome::Abandoned => w::TaskOutcome::Abandoned,
+            TaskOutcome::Failed => w::TaskOutcome::Failed,
+        };
+        let json = guest!(self, |c, s, h| c
+            .call_end_task(s, h, now.0, task.0, outcome))?
+        .map_err(lease_error)?;
+        serde_json::from_str(&json).map_err(incompatible)
+    }
+
     /// See [`Coordinator::metrics`](tokenwarden_core::Coordinator::metrics).
     pub fn metrics(&mut self, now: Millis) -> Result<Metrics, Error> {
         let json = guest!(self, |c, s, h| c.call_metrics(s, h, now.0))?;
@@ -784,13 +820,18 @@ fn lease_request(r: &LeaseRequest) -> w::LeaseRequest {
         input_tokens: r.input_tokens,
         cached_prefix_tokens: r.cached_prefix_tokens,
         max_tokens: r.max_tokens,
-        role: match r.role {
-            Role::Planner => w::Role::Planner,
-            Role::Reviewer => w::Role::Reviewer,
-            Role::Worker => w::Role::Worker,
-        },
+        role: role_out(r.role),
         unblocks: r.unblocks,
         failure_signature: r.failure_signature,
+        task: r.task.map(|t| t.0),
+    }
+}
+
+fn role_out(r: Role) -> w::Role {
+    match r {
+        Role::Planner => w::Role::Planner,
+        Role::Reviewer => w::Role::Reviewer,
+        Role::Worker => w::Role::Worker,
     }
 }
 
@@ -809,6 +850,8 @@ fn lease_error(e: w::LeaseError) -> Error {
         w::LeaseError::UnknownPool => LeaseError::UnknownPool,
         w::LeaseError::UnknownLease => LeaseError::UnknownLease,
         w::LeaseError::NotGranted => LeaseError::NotGranted,
+        w::LeaseError::UnknownTask => LeaseError::UnknownTask,
+        w::LeaseError::TooManyTasks => LeaseError::TooManyTasks,
         w::LeaseError::TooLarge(field) => match TOO_LARGE_FIELDS.iter().find(|f| **f == field) {
             Some(field) => LeaseError::TooLarge { field },
             None => return incompatible(format!("too_large names unknown field `{field}`")),
@@ -940,6 +983,12 @@ fn event(e: w::Event) -> Event {
         w::Event::EstimateAlert(a) => Event::EstimateAlert {
             agent: AgentId(a.agent),
             error_permille: a.error_permille,
+        },
+        w::Event::MarginAtFloor(m) => Event::MarginAtFloor {
+            pool: PoolId(m.pool),
+            axis: m.axis.map(axis),
+            margin_permille: m.margin_permille,
+            since: Millis(m.since),
         },
     }
 }

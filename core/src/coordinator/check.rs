@@ -17,6 +17,9 @@ impl Coordinator {
         if !self.leases.is_consistent() {
             return Err("lease table");
         }
+        if !self.tasks.is_consistent(self.config.max_tasks) {
+            return Err("task table");
+        }
         let mut queued = alloc::vec![0u32; self.pools.len()];
         let mut active = alloc::vec![0u64; self.pools.len()];
         let mut per_agent: BTreeMap<AgentId, (u32, u32)> = BTreeMap::new();

@@ -75,6 +75,14 @@ impl Coordinator {
                 .into_iter()
                 .flatten()
                 .for_each(|e| self.events.push_back(e));
+            // The call waits out the 429: its task's quota wait runs until the next ask.
+            let task = lease
+                .and_then(|id| self.leases.get(id))
+                .and_then(|e| e.task);
+            if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
+                t.waiting_since.get_or_insert(now);
+            }
+            self.watch_margins(now);
         }
         self.drain(p, now);
         Ok(())

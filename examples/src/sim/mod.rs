@@ -732,6 +732,7 @@ impl<'a> Sim<'a> {
             unblocks,
             failure_signature: (full && spec.looping && self.agents[i].turn > 0)
                 .then_some(0xF00D ^ i as u64),
+            task: None,
         };
         let now = self.now;
         let Some(c) = self.coord.as_mut() else { return };

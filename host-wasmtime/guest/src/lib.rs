@@ -33,6 +33,8 @@ fn lease_error(e: tw::LeaseError) -> w::LeaseError {
         tw::LeaseError::UnknownLease => w::LeaseError::UnknownLease,
         tw::LeaseError::NotGranted => w::LeaseError::NotGranted,
         tw::LeaseError::TooLarge { field } => w::LeaseError::TooLarge(field.into()),
+        tw::LeaseError::UnknownTask => w::LeaseError::UnknownTask,
+        tw::LeaseError::TooManyTasks => w::LeaseError::TooManyTasks,
         // The core may grow variants; the host maps an unknown code to an error too.
         _ => w::LeaseError::TooLarge(String::from("unknown")),
     }
@@ -81,13 +83,18 @@ fn lease_request(request: w::LeaseRequest) -> tw::LeaseRequest {
         input_tokens: request.input_tokens,
         cached_prefix_tokens: request.cached_prefix_tokens,
         max_tokens: request.max_tokens,
-        role: match request.role {
-            w::Role::Planner => tw::Role::Planner,
-            w::Role::Reviewer => tw::Role::Reviewer,
-            w::Role::Worker => tw::Role::Worker,
-        },
+        role: role(request.role),
         unblocks: request.unblocks,
         failure_signature: request.failure_signature,
+        task: request.task.map(tw::TaskId),
+    }
+}
+
+fn role(r: w::Role) -> tw::Role {
+    match r {
+        w::Role::Planner => tw::Role::Planner,
+        w::Role::Reviewer => tw::Role::Reviewer,
+        w::Role::Worker => tw::Role::Worker,
     }
 }
 
@@ -210,6 +217,17 @@ fn event(e: tw::Event) -> w::Event {
         } => w::Event::EstimateAlert(w::EstimateAlert {
             agent: agent.0,
             error_permille,
+        }),
+        tw::Event::MarginAtFloor {
+            pool,
+            axis: a,
+            margin_permille,
+            since,
+        } => w::Event::MarginAtFloor(w::MarginAtFloor {
+            pool: pool.0,
+            axis: a.map(axis),
+            margin_permille,
+            since: since.0,
         }),
     }
 }
@@ -465,6 +483,44 @@ impl w::GuestCoordinator for Coord {
                 used: demand(s.used),
             })
             .map_err(lease_error)
+    }
+
+    fn open_task(&self, now: u64, spec: w::TaskSpec) -> Result<(), w::LeaseError> {
+        let spec = tw::TaskSpec {
+            task: tw::TaskId(spec.task),
+            role: role(spec.role),
+            unblocks: spec.unblocks,
+        };
+        self.0
+            .borrow_mut()
+            .open_task(tw::Millis(now), &spec)
+            .map_err(lease_error)
+    }
+
+    fn task_failed(&self, now: u64, task: u64, signature: u64) -> Result<u32, w::LeaseError> {
+        self.0
+            .borrow_mut()
+            .task_failed(tw::Millis(now), tw::TaskId(task), signature)
+            .map_err(lease_error)
+    }
+
+    fn end_task(
+        &self,
+        now: u64,
+        task: u64,
+        outcome: w::TaskOutcome,
+    ) -> Result<String, w::LeaseError> {
+        let outcome = match outcome {
+            w::TaskOutcome::Merged => tw::TaskOutcome::Merged,
+            w::TaskOutcome::Abandoned => tw::TaskOutcome::Abandoned,
+            w::TaskOutcome::Failed => tw::TaskOutcome::Failed,
+        };
+        let s = self
+            .0
+            .borrow_mut()
+            .end_task(tw::Millis(now), tw::TaskId(task), outcome)
+            .map_err(lease_error)?;
+        Ok(serde_json::to_string(&s).unwrap_or_default())
     }
 
     fn metrics(&self, now: u64) -> String {

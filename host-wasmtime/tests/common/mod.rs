@@ -8,7 +8,9 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 use tokenwarden_conformance::{Engine, Response, lease_error, to_value};
-use tokenwarden_core::{Backoff, Call, LeaseId, LeaseRequest, Millis, PoolId, Usage};
+use tokenwarden_core::{
+    Backoff, Call, LeaseId, LeaseRequest, Millis, PoolId, TaskId, TaskOutcome, TaskSpec, Usage,
+};
 use tokenwarden_wasmtime::{COMPONENT, Error, Plugin, PluginCoordinator};
 
 /// One compiled plugin per test binary (compiling is the slow part).
@@ -164,6 +166,15 @@ impl<const RELOAD: bool> Engine for PluginEngine<RELOAD> {
         seen: Option<&Usage>,
     ) -> Result<Value, String> {
         result(self.0.call_interrupted(Millis(now), LeaseId(lease), seen))
+    }
+    fn open_task(&mut self, now: u64, spec: &TaskSpec) -> Result<Value, String> {
+        result(self.0.open_task(Millis(now), spec))
+    }
+    fn task_failed(&mut self, now: u64, task: u64, signature: u64) -> Result<Value, String> {
+        result(self.0.task_failed(Millis(now), TaskId(task), signature))
+    }
+    fn end_task(&mut self, now: u64, task: u64, outcome: TaskOutcome) -> Result<Value, String> {
+        result(self.0.end_task(Millis(now), TaskId(task), outcome))
     }
     fn metrics(&mut self, now: u64) -> Result<Value, String> {
         result(self.0.metrics(Millis(now)))

@@ -7,8 +7,8 @@
 
 use serde_json::{Map, Value, json};
 use tokenwarden_core::{
-    Backoff, Call, Config, Coordinator, HeaderReport, LeaseId, LeaseRequest, Millis, PoolId, Usage,
-    parse_headers,
+    Backoff, Call, Config, Coordinator, HeaderReport, LeaseId, LeaseRequest, Millis, PoolId,
+    TaskId, TaskOutcome, TaskSpec, Usage, parse_headers,
 };
 
 /// Most driven wake-ups between two inputs before the runner calls the trace broken.
@@ -81,6 +81,12 @@ pub trait Engine: Sized {
         lease: u64,
         seen: Option<&Usage>,
     ) -> Result<Value, String>;
+    /// `open_task`; the value is null (or the error record).
+    fn open_task(&mut self, now: u64, spec: &TaskSpec) -> Result<Value, String>;
+    /// `task_failed`; the value is the repeats in a row.
+    fn task_failed(&mut self, now: u64, task: u64, signature: u64) -> Result<Value, String>;
+    /// `end_task`; the value is the task's summary.
+    fn end_task(&mut self, now: u64, task: u64, outcome: TaskOutcome) -> Result<Value, String>;
     /// `metrics`, serialized.
     fn metrics(&mut self, now: u64) -> Result<Value, String>;
     /// Replaces the coordinator by one restored from its own snapshot.
@@ -221,6 +227,23 @@ impl Engine for Native {
             seen,
         )))
     }
+    fn open_task(&mut self, now: u64, spec: &TaskSpec) -> Result<Value, String> {
+        Ok(native_result(self.0.open_task(Millis(now), spec)))
+    }
+    fn task_failed(&mut self, now: u64, task: u64, signature: u64) -> Result<Value, String> {
+        Ok(native_result(self.0.task_failed(
+            Millis(now),
+            TaskId(task),
+            signature,
+        )))
+    }
+    fn end_task(&mut self, now: u64, task: u64, outcome: TaskOutcome) -> Result<Value, String> {
+        Ok(native_result(self.0.end_task(
+            Millis(now),
+            TaskId(task),
+            outcome,
+        )))
+    }
     fn metrics(&mut self, now: u64) -> Result<Value, String> {
         Ok(to_value(&self.0.metrics(Millis(now))))
     }
@@ -357,6 +380,17 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
                 };
                 c.call_interrupted(at, u64_field(input, "lease")?, seen.as_ref())?
             }
+            "open_task" => c.open_task(at, &parse(field(input, "task")?, "task")?)?,
+            "task_failed" => c.task_failed(
+                at,
+                u64_field(input, "task")?,
+                u64_field(input, "signature")?,
+            )?,
+            "end_task" => c.end_task(
+                at,
+                u64_field(input, "task")?,
+                parse(field(input, "outcome")?, "outcome")?,
+            )?,
             "metrics" => c.metrics(at)?,
             "snapshot_restore" => {
                 c.snapshot_restore()?;

@@ -30,7 +30,7 @@ function errorRecord(e, { config = false } = {}) {
   if (config && (code === 'config_parse' || code === 'invalid_config')) {
     return code === 'invalid_config' ? { error: code, field: e.field } : { error: code }
   }
-  if (['unknown_pool', 'unknown_lease', 'not_granted', 'too_large'].includes(code)) {
+  if (['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'unknown_task', 'too_many_tasks'].includes(code)) {
     return code === 'too_large' ? { error: code, field: snake(e.field) } : { error: code }
   }
   throw e
@@ -121,6 +121,15 @@ export function replay(trace, factory) {
         break
       case 'call_interrupted':
         r = result(() => recase(engine.callInterrupted(at, input.lease, input.seen == null ? null : recase(input.seen, camel)), snake))
+        break
+      case 'open_task':
+        r = result(() => (engine.openTask(at, recase(input.task, camel)), null))
+        break
+      case 'task_failed':
+        r = result(() => engine.taskFailed(at, input.task, input.signature))
+        break
+      case 'end_task':
+        r = result(() => recase(engine.endTask(at, input.task, input.outcome), snake))
         break
       case 'metrics':
         r = recase(engine.metrics(at), snake)

@@ -1,0 +1,365 @@
+//! Tasks: what a lease is spent on. A task has an id the host picks, a role and the number
+//! of downstream tasks it unblocks (which set its queue weight), a failure history (the
+//! same failure signature twice in a row halves the weight, down to the floor) and it ends
+//! merged, abandoned or failed.
+//!
+//! The core charges each task what its leases used and the time its calls spent waiting on
+//! the quota (queued, or between a refusal or a 429 and the next ask). From those it
+//! derives the figures seed 003 judges a coordinator by: tokens per merged task, task time
+//! (p50/p95), critical-path wait (the quota wait of a task times the tasks it unblocks:
+//! the agent-time spent blocked behind its calls) and, with the pools' counters, the 429
+//! rate. The table of open tasks is bounded ([`Config::max_tasks`](crate::Config)); an
+//! ended task leaves it, its figures folded into the totals.
+
+use alloc::vec::Vec;
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::{MINUTE_MS, WaitHistogram};
+use crate::request::Role;
+use crate::time::Millis;
+
+/// A task, named by the host. Any `u64`; JavaScript hosts keep it below 2^53 (the npm
+/// package hashes a string id into one).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct TaskId(pub u64);
+
+/// What [`Coordinator::open_task`](crate::Coordinator::open_task) is told about a task.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskSpec {
+    /// The task.
+    pub task: TaskId,
+    /// The role of the agent working on it; it sets the base weight of the task's calls.
+    pub role: Role,
+    /// Downstream tasks waiting on this one (the DAG's out-degree, or a count).
+    pub unblocks: u32,
+}
+
+/// How a task ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskOutcome {
+    /// Its work landed.
+    Merged,
+    /// Given up on (superseded, cancelled, out of budget).
+    Abandoned,
+    /// Ended failing.
+    Failed,
+}
+
+/// A task's figures when it ends ([`Coordinator::end_task`](crate::Coordinator::end_task)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSummary {
+    /// The task.
+    pub task: TaskId,
+    /// How it ended.
+    pub outcome: TaskOutcome,
+    /// Leases it took (each model call attempt is one).
+    pub calls: u32,
+    /// Tokens charged to it: what its settled leases used (input + output), and the
+    /// reservation of those reaped unsettled.
+    pub tokens: u64,
+    /// From the first time the core heard of it to its end, ms.
+    pub wall_ms: u64,
+    /// Time its calls spent waiting on the quota, ms.
+    pub quota_wait_ms: u64,
+    /// `quota_wait_ms` × the tasks it unblocks, summed as the waits happened.
+    pub critical_path_wait_ms: u64,
+    /// Failures reported, and the current run of identical ones.
+    pub failures: u32,
+    /// Identical failures in a row (each halves the weight, by default).
+    pub repeats: u32,
+}
+
+/// Seed 003's four numbers over a span (since start, or one minute).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskFigures {
+    /// Tasks that ended merged.
+    pub merged: u64,
+    /// Tasks that ended abandoned.
+    pub abandoned: u64,
+    /// Tasks that ended failed.
+    pub failed: u64,
+    /// Tokens charged to the tasks that ended (every outcome).
+    pub tokens: u64,
+    /// `tokens / merged`: what a merged task cost, failures and abandoned work included.
+    pub tokens_per_merged_task: Option<u64>,
+    /// Median wall time of the merged tasks, ms (since start: within 12.5 %; per minute:
+    /// the mean, `task_time_mean_ms`, is given instead).
+    pub task_time_p50_ms: Option<u64>,
+    /// 95th percentile of the same.
+    pub task_time_p95_ms: Option<u64>,
+    /// Mean wall time of the merged tasks, ms.
+    pub task_time_mean_ms: Option<u64>,
+    /// Quota wait of the ended tasks, ms.
+    pub quota_wait_ms: u64,
+    /// Critical-path wait of the ended tasks, agent-ms.
+    pub critical_path_wait_ms: u64,
+    /// Leases granted in the span, across pools (the calls sent).
+    pub calls: u64,
+    /// 429 responses reported in the span, across pools.
+    pub rate_limited: u64,
+    /// `rate_limited / calls`, thousandths.
+    pub rate_limited_permille: Option<u32>,
+}
+
+/// The task figures [`Metrics`](crate::Metrics) carries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskMetrics {
+    /// Tasks open now.
+    pub open: u32,
+    /// Requests that named a task the full table could not take (run without one).
+    pub untracked: u64,
+    /// Since the coordinator started.
+    pub since_start: TaskFigures,
+    /// The last complete minute (`minute` is its number).
+    pub last_minute: TaskFigures,
+    /// The number of that minute: `now / 60000 − 1`.
+    pub minute: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Task {
+    pub(crate) id: TaskId,
+    pub(crate) role: Role,
+    pub(crate) unblocks: u32,
+    pub(crate) opened_at: Millis,
+    pub(crate) last_failure: Option<u64>,
+    pub(crate) repeats: u32,
+    pub(crate) failures: u32,
+    pub(crate) calls: u32,
+    pub(crate) tokens: u64,
+    pub(crate) quota_wait_ms: u64,
+    pub(crate) critical_path_wait_ms: u64,
+    /// Set by a refusal or a 429 of one of its calls; the next ask ends the wait.
+    pub(crate) waiting_since: Option<Millis>,
+}
+
+/// Sums over the tasks that ended in a span.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Ended {
+    pub(crate) minute: u64,
+    pub(crate) merged: u64,
+    pub(crate) abandoned: u64,
+    pub(crate) failed: u64,
+    pub(crate) tokens: u64,
+    pub(crate) merged_time_ms: u64,
+    pub(crate) quota_wait_ms: u64,
+    pub(crate) critical_path_wait_ms: u64,
+}
+
+impl Ended {
+    fn add(&mut self, s: &TaskSummary) {
+        match s.outcome {
+            TaskOutcome::Merged => {
+                self.merged = self.merged.saturating_add(1);
+                self.merged_time_ms = self.merged_time_ms.saturating_add(s.wall_ms);
+            }
+            TaskOutcome::Abandoned => self.abandoned = self.abandoned.saturating_add(1),
+            TaskOutcome::Failed => self.failed = self.failed.saturating_add(1),
+        }
+        self.tokens = self.tokens.saturating_add(s.tokens);
+        self.quota_wait_ms = self.quota_wait_ms.saturating_add(s.quota_wait_ms);
+        self.critical_path_wait_ms = self
+            .critical_path_wait_ms
+            .saturating_add(s.critical_path_wait_ms);
+    }
+
+    pub(crate) fn figures(&self, calls: u64, rate_limited: u64) -> TaskFigures {
+        TaskFigures {
+            merged: self.merged,
+            abandoned: self.abandoned,
+            failed: self.failed,
+            tokens: self.tokens,
+            tokens_per_merged_task: (self.merged > 0).then(|| self.tokens / self.merged),
+            task_time_p50_ms: None,
+            task_time_p95_ms: None,
+            task_time_mean_ms: (self.merged > 0).then(|| self.merged_time_ms / self.merged),
+            quota_wait_ms: self.quota_wait_ms,
+            critical_path_wait_ms: self.critical_path_wait_ms,
+            calls,
+            rate_limited,
+            rate_limited_permille: (calls > 0).then(|| {
+                u32::try_from(u128::from(rate_limited) * 1000 / u128::from(calls))
+                    .unwrap_or(u32::MAX)
+            }),
+        }
+    }
+}
+
+/// The task table and the ended tasks' totals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Tasks {
+    /// Open tasks, by id.
+    open: Vec<Task>,
+    pub(crate) untracked: u64,
+    pub(crate) total: Ended,
+    /// Wall times of the merged tasks, ms.
+    pub(crate) times: WaitHistogram,
+    /// The two latest minutes with an ended task, by minute number.
+    pub(crate) minutes: [Ended; 2],
+}
+
+impl Default for Tasks {
+    fn default() -> Tasks {
+        Tasks {
+            open: Vec::new(),
+            untracked: 0,
+            total: Ended::default(),
+            times: WaitHistogram::new(),
+            minutes: [Ended::default(); 2],
+        }
+    }
+}
+
+impl Tasks {
+    pub(crate) fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    fn find(&self, id: TaskId) -> Result<usize, usize> {
+        self.open.binary_search_by_key(&id, |t| t.id)
+    }
+
+    pub(crate) fn get(&self, id: TaskId) -> Option<&Task> {
+        self.find(id).ok().and_then(|i| self.open.get(i))
+    }
+
+    pub(crate) fn get_mut(&mut self, id: TaskId) -> Option<&mut Task> {
+        let i = self.find(id).ok()?;
+        self.open.get_mut(i)
+    }
+
+    /// The task, opened with `spec` if new (`None` when the table is full). An open task
+    /// takes `spec`'s role and unblocks when `update`.
+    pub(crate) fn open(
+        &mut self,
+        spec: &TaskSpec,
+        now: Millis,
+        max: u32,
+        update: bool,
+    ) -> Option<&mut Task> {
+        match self.find(spec.task) {
+            Ok(i) => {
+                let t = self.open.get_mut(i)?;
+                if update {
+                    t.role = spec.role;
+                    t.unblocks = spec.unblocks;
+                }
+                Some(t)
+            }
+            Err(i) => {
+                if self.open.len() >= max as usize {
+                    return None;
+                }
+                self.open.insert(
+                    i,
+                    Task {
+                        id: spec.task,
+                        role: spec.role,
+                        unblocks: spec.unblocks,
+                        opened_at: now,
+                        last_failure: None,
+                        repeats: 0,
+                        failures: 0,
+                        calls: 0,
+                        tokens: 0,
+                        quota_wait_ms: 0,
+                        critical_path_wait_ms: 0,
+                        waiting_since: None,
+                    },
+                );
+                self.open.get_mut(i)
+            }
+        }
+    }
+
+    /// Removes an open task and folds its figures into the totals.
+    pub(crate) fn end(
+        &mut self,
+        id: TaskId,
+        outcome: TaskOutcome,
+        now: Millis,
+    ) -> Option<TaskSummary> {
+        let i = self.find(id).ok()?;
+        let mut t = self.open.remove(i);
+        if let Some(since) = t.waiting_since.take() {
+            t.wait(now.since(since));
+        }
+        let summary = TaskSummary {
+            task: t.id,
+            outcome,
+            calls: t.calls,
+            tokens: t.tokens,
+            wall_ms: now.since(t.opened_at),
+            quota_wait_ms: t.quota_wait_ms,
+            critical_path_wait_ms: t.critical_path_wait_ms,
+            failures: t.failures,
+            repeats: t.repeats,
+        };
+        self.total.add(&summary);
+        if outcome == TaskOutcome::Merged {
+            self.times.record(summary.wall_ms);
+        }
+        let minute = now.0 / MINUTE_MS;
+        let slot = &mut self.minutes[(minute % 2) as usize];
+        if slot.minute != minute {
+            *slot = Ended {
+                minute,
+                ..Ended::default()
+            };
+        }
+        slot.add(&summary);
+        Some(summary)
+    }
+
+    /// The ended tasks of minute `minute`, if it is still kept.
+    pub(crate) fn minute(&self, minute: u64) -> Ended {
+        self.minutes
+            .iter()
+            .find(|m| m.minute == minute)
+            .copied()
+            .unwrap_or(Ended {
+                minute,
+                ..Ended::default()
+            })
+    }
+
+    pub(crate) fn is_consistent(&self, max: u32) -> bool {
+        self.open.len() <= max as usize
+            && self.open.windows(2).all(|w| w[0].id < w[1].id)
+            && self.times.is_consistent()
+    }
+}
+
+impl Task {
+    /// Adds `ms` of quota wait (and its critical-path weight).
+    pub(crate) fn wait(&mut self, ms: u64) {
+        self.quota_wait_ms = self.quota_wait_ms.saturating_add(ms);
+        self.critical_path_wait_ms = self
+            .critical_path_wait_ms
+            .saturating_add(ms.saturating_mul(u64::from(self.unblocks)));
+    }
+
+    /// Ends a wait begun by a refusal or a 429, if one is open.
+    pub(crate) fn end_wait(&mut self, now: Millis) {
+        if let Some(since) = self.waiting_since.take() {
+            self.wait(now.since(since));
+        }
+    }
+
+    /// A failure with this signature: the same one as the last counts as a repeat.
+    pub(crate) fn failed(&mut self, signature: u64) -> u32 {
+        self.failures = self.failures.saturating_add(1);
+        if self.last_failure == Some(signature) {
+            self.repeats = self.repeats.saturating_add(1);
+        } else {
+            self.last_failure = Some(signature);
+            self.repeats = 0;
+        }
+        self.repeats
+    }
+}

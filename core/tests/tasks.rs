@@ -1,0 +1,375 @@
+//! Tasks: weights from the task, failure decay, per-task figures and the metrics built
+//! from them; and the margin-at-floor alert.
+
+use tokenwarden_core::*;
+
+fn coord(pool: &str, extra: &str) -> Coordinator {
+    let json = format!(r#"{{"pools":[{{"name":"p",{pool}}}]{extra}}}"#);
+    Coordinator::new(Config::from_json(&json).unwrap(), 7, Millis(0)).unwrap()
+}
+
+fn ask(agent: u64, input: u64, task: Option<u64>) -> LeaseRequest {
+    LeaseRequest {
+        agent: AgentId(agent),
+        input_tokens: input,
+        max_tokens: 100,
+        task: task.map(TaskId),
+        ..Default::default()
+    }
+}
+
+fn granted(d: Decision) -> LeaseId {
+    match d {
+        Decision::Grant { lease, .. } => lease,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+fn queued(d: Decision) -> LeaseId {
+    match d {
+        Decision::Queued { lease, .. } => lease,
+        other => panic!("expected a queued ticket, got {other:?}"),
+    }
+}
+
+fn used(input: u64, output: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        ..Default::default()
+    }
+}
+
+/// The grant order of two queued tickets, one per task, once capacity frees.
+fn order_after(c: &mut Coordinator, a: LeaseId, b: LeaseId, until: u64) -> Vec<LeaseId> {
+    let mut order = Vec::new();
+    let mut t = c.now().0;
+    while order.len() < 2 && t <= until {
+        t += 100;
+        c.handle_timeout(Millis(t));
+        while let Some(e) = c.poll_event() {
+            if let Event::Granted { lease, .. } = e {
+                if lease == a || lease == b {
+                    order.push(lease);
+                    c.settle(Millis(t), lease, &used(1000, 100)).unwrap();
+                }
+            }
+        }
+    }
+    order
+}
+
+#[test]
+fn a_task_charges_tokens_and_reports_them_when_it_ends() {
+    let mut c = coord(
+        r#""input_tokens_per_minute":100000,"output_tokens_per_minute":20000"#,
+        "",
+    );
+    c.open_task(
+        Millis(0),
+        &TaskSpec {
+            task: TaskId(9),
+            role: Role::Worker,
+            unblocks: 2,
+        },
+    )
+    .unwrap();
+    let l = granted(c.request_lease(Millis(10), &ask(1, 1000, Some(9))).unwrap());
+    c.settle(Millis(500), l, &used(900, 50)).unwrap();
+    let l = granted(
+        c.request_lease(Millis(600), &ask(1, 1000, Some(9)))
+            .unwrap(),
+    );
+    c.settle(Millis(900), l, &used(800, 40)).unwrap();
+    let s = c
+        .end_task(Millis(1000), TaskId(9), TaskOutcome::Merged)
+        .unwrap();
+    assert_eq!(s.tokens, 900 + 50 + 800 + 40);
+    assert_eq!(s.calls, 2);
+    assert_eq!(s.wall_ms, 1000);
+    assert_eq!(s.quota_wait_ms, 0);
+    // Ended: gone from the table, in the totals.
+    assert_eq!(
+        c.end_task(Millis(1001), TaskId(9), TaskOutcome::Merged),
+        Err(LeaseError::UnknownTask)
+    );
+    let m = c.metrics(Millis(1001)).tasks;
+    assert_eq!(m.open, 0);
+    assert_eq!(m.since_start.merged, 1);
+    assert_eq!(m.since_start.tokens_per_merged_task, Some(1790));
+    assert_eq!(m.since_start.calls, 2);
+    assert_eq!(m.since_start.rate_limited_permille, Some(0));
+    let p50 = m.since_start.task_time_p50_ms.unwrap();
+    assert!((1000..=1127).contains(&p50), "p50 {p50}");
+    c.check().unwrap();
+}
+
+#[test]
+fn a_request_for_an_unknown_task_opens_it_with_the_request_s_role() {
+    let mut c = coord(r#""input_tokens_per_minute":100000"#, "");
+    let mut req = ask(1, 1000, Some(5));
+    req.role = Role::Planner;
+    req.unblocks = 4;
+    let l = granted(c.request_lease(Millis(0), &req).unwrap());
+    c.settle(Millis(10), l, &used(100, 10)).unwrap();
+    assert_eq!(c.metrics(Millis(10)).tasks.open, 1);
+    let s = c
+        .end_task(Millis(20), TaskId(5), TaskOutcome::Abandoned)
+        .unwrap();
+    assert_eq!((s.tokens, s.outcome), (110, TaskOutcome::Abandoned));
+    let m = c.metrics(Millis(20)).tasks.since_start;
+    // Tokens per merged task counts abandoned work, but there is no merged task yet.
+    assert_eq!(
+        (m.abandoned, m.tokens, m.tokens_per_merged_task),
+        (1, 110, None)
+    );
+}
+
+#[test]
+fn queue_wait_is_charged_to_the_task_and_weighted_by_what_it_unblocks() {
+    // Room for one 10,100-token call per 6 s: the second call waits about that long.
+    let mut c = coord(r#""input_tokens_per_minute":100000"#, "");
+    c.open_task(
+        Millis(0),
+        &TaskSpec {
+            task: TaskId(1),
+            role: Role::Worker,
+            unblocks: 3,
+        },
+    )
+    .unwrap();
+    let first = granted(c.request_lease(Millis(0), &ask(1, 80_000, None)).unwrap());
+    let t = queued(
+        c.request_lease(Millis(0), &ask(2, 30_000, Some(1)))
+            .unwrap(),
+    );
+    c.settle(Millis(100), first, &used(80_000, 100)).unwrap();
+    let mut at = 100;
+    let waited = loop {
+        at += 100;
+        c.handle_timeout(Millis(at));
+        if let Some(Event::Granted {
+            lease, waited_ms, ..
+        }) = c.poll_event()
+        {
+            assert_eq!(lease, t);
+            break waited_ms;
+        }
+        assert!(at < 120_000, "never granted");
+    };
+    assert!(waited > 10_000, "waited {waited} ms");
+    c.settle(Millis(at), t, &used(30_000, 10)).unwrap();
+    let s = c
+        .end_task(Millis(at), TaskId(1), TaskOutcome::Merged)
+        .unwrap();
+    assert_eq!(s.quota_wait_ms, waited);
+    assert_eq!(s.critical_path_wait_ms, waited * 3);
+    let m = c.metrics(Millis(at)).tasks.since_start;
+    assert_eq!(m.critical_path_wait_ms, waited * 3);
+}
+
+#[test]
+fn a_refusal_starts_the_task_s_wait_and_the_next_ask_ends_it() {
+    let mut c = coord(
+        r#""input_tokens_per_minute":100000"#,
+        r#","max_queue_wait_ms":1000"#,
+    );
+    granted(c.request_lease(Millis(0), &ask(1, 80_000, None)).unwrap());
+    let d = c
+        .request_lease(Millis(0), &ask(2, 50_000, Some(4)))
+        .unwrap();
+    let Decision::Reject {
+        retry_at: Some(retry_at),
+        ..
+    } = d
+    else {
+        panic!("expected a refusal, got {d:?}");
+    };
+    // Back at retry_at: kept place, queued or granted; the refused span is quota wait.
+    let _ = c.request_lease(retry_at, &ask(2, 50_000, Some(4))).unwrap();
+    let s = c
+        .end_task(retry_at, TaskId(4), TaskOutcome::Failed)
+        .unwrap();
+    assert_eq!(s.quota_wait_ms, retry_at.0);
+    assert_eq!(c.metrics(retry_at).tasks.since_start.failed, 1);
+}
+
+#[test]
+fn repeated_identical_failures_halve_the_task_s_weight() {
+    // Two tasks queue behind a big grant; the one that failed the same way twice (weight
+    // halved) is served after the other although it asked first.
+    let run = |fail_twice: bool| {
+        let mut c = coord(r#""input_tokens_per_minute":20000"#, "");
+        for task in [1, 2] {
+            c.open_task(
+                Millis(0),
+                &TaskSpec {
+                    task: TaskId(task),
+                    role: Role::Worker,
+                    unblocks: 0,
+                },
+            )
+            .unwrap();
+        }
+        c.task_failed(Millis(0), TaskId(1), 77).unwrap();
+        let repeats = c
+            .task_failed(Millis(0), TaskId(1), if fail_twice { 77 } else { 78 })
+            .unwrap();
+        assert_eq!(repeats, u32::from(fail_twice));
+        let big = granted(c.request_lease(Millis(0), &ask(9, 16_000, None)).unwrap());
+        let a = queued(c.request_lease(Millis(1), &ask(1, 4000, Some(1))).unwrap());
+        let b = queued(c.request_lease(Millis(2), &ask(2, 4000, Some(2))).unwrap());
+        c.settle(Millis(10), big, &used(16_000, 100)).unwrap();
+        // The two tickets' own agents' next asks come after: only a and b compete.
+        let order = order_after(&mut c, a, b, 120_000);
+        (order, a, b)
+    };
+    let (order, a, b) = run(false);
+    assert_eq!(
+        order,
+        vec![a, b],
+        "different failures: first come, first served"
+    );
+    let (order, a, b) = run(true);
+    assert_eq!(
+        order,
+        vec![b, a],
+        "the same failure twice: half the weight, served later"
+    );
+}
+
+#[test]
+fn the_task_table_is_bounded_and_an_overflowing_request_runs_untracked() {
+    let mut c = coord(r#""input_tokens_per_minute":100000"#, r#","max_tasks":2"#);
+    for task in [1, 2] {
+        c.open_task(
+            Millis(0),
+            &TaskSpec {
+                task: TaskId(task),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    }
+    let third = TaskSpec {
+        task: TaskId(3),
+        ..Default::default()
+    };
+    let before = c.snapshot_json();
+    assert_eq!(
+        c.open_task(Millis(0), &third),
+        Err(LeaseError::TooManyTasks)
+    );
+    assert_eq!(c.snapshot_json(), before, "a refused open changes nothing");
+    assert_eq!(
+        c.task_failed(Millis(0), TaskId(3), 1),
+        Err(LeaseError::UnknownTask)
+    );
+    // Updating an open task is not opening one.
+    c.open_task(
+        Millis(0),
+        &TaskSpec {
+            task: TaskId(2),
+            role: Role::Planner,
+            unblocks: 1,
+        },
+    )
+    .unwrap();
+    let l = granted(c.request_lease(Millis(0), &ask(1, 100, Some(3))).unwrap());
+    c.settle(Millis(1), l, &used(100, 1)).unwrap();
+    let m = c.metrics(Millis(1)).tasks;
+    assert_eq!((m.open, m.untracked), (2, 1));
+    // A snapshot keeps the tasks.
+    let r = Coordinator::restore_json(&c.snapshot_json()).unwrap();
+    assert_eq!(r.metrics(Millis(1)).tasks, m);
+}
+
+#[test]
+fn the_last_minute_s_figures_count_the_tasks_that_ended_in_it() {
+    let mut c = coord(r#""input_tokens_per_minute":100000"#, "");
+    for (task, at) in [(1u64, 10_000u64), (2, 70_000), (3, 80_000)] {
+        let l = granted(
+            c.request_lease(Millis(at - 5000), &ask(task, 100, Some(task)))
+                .unwrap(),
+        );
+        c.settle(Millis(at - 4000), l, &used(100, 0)).unwrap();
+        c.end_task(Millis(at), TaskId(task), TaskOutcome::Merged)
+            .unwrap();
+    }
+    let m = c.metrics(Millis(125_000)).tasks;
+    assert_eq!(m.minute, 1);
+    assert_eq!(m.last_minute.merged, 2);
+    assert_eq!(m.last_minute.task_time_mean_ms, Some(5000));
+    assert_eq!(m.since_start.merged, 3);
+}
+
+#[test]
+fn a_margin_at_its_floor_for_the_configured_time_raises_one_alert() {
+    let mut c = coord(
+        r#""input_tokens_per_minute":100000"#,
+        r#","margin":{"floor_alert_ms":120000,"clean_interval_ms":600000}"#,
+    );
+    // 429s against granted leases cut the margin from 850 to its floor of 600.
+    let mut t = 0;
+    for _ in 0..6 {
+        let l = granted(c.request_lease(Millis(t), &ask(1, 1000, None)).unwrap());
+        c.handle_response(
+            Millis(t),
+            PoolId(0),
+            Some(l),
+            429,
+            &parse_headers([("retry-after", "1")], None),
+        )
+        .unwrap();
+        c.settle(Millis(t), l, &Usage::default()).unwrap();
+        t += 2000;
+    }
+    let m = c.metrics(Millis(t));
+    assert!(
+        m.pools[0].margin_permille <= 650,
+        "{}",
+        m.pools[0].margin_permille
+    );
+    let due = c.poll_timeout().unwrap();
+    let mut alerts = Vec::new();
+    for at in (t..t + 300_000).step_by(1000) {
+        c.handle_timeout(Millis(at));
+        while let Some(e) = c.poll_event() {
+            if let Event::MarginAtFloor { since, .. } = e {
+                alerts.push((at, since));
+            }
+        }
+    }
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    let (at, since) = alerts[0];
+    assert!(
+        at >= since.0 + 120_000 && at < since.0 + 121_000,
+        "{at} vs {since:?}"
+    );
+    assert!(due.0 <= since.0 + 120_000);
+}
+
+#[test]
+fn no_alert_when_the_margin_recovers_or_the_alert_is_off() {
+    // Off; and on (5 min, the default) while the margin climbs back one point per clean
+    // minute: it stays within 5 points of the floor for 5 minutes, but it is recovering.
+    for extra in [r#","margin":{"floor_alert_ms":0}"#, ""] {
+        no_alert(extra);
+    }
+}
+
+fn no_alert(extra: &str) {
+    let mut c = coord(r#""input_tokens_per_minute":100000"#, extra);
+    for t in [0u64, 2000, 4000, 6000, 8000, 10_000] {
+        let l = granted(c.request_lease(Millis(t), &ask(1, 1000, None)).unwrap());
+        c.handle_response(Millis(t), PoolId(0), Some(l), 429, &HeaderReport::default())
+            .unwrap();
+        c.settle(Millis(t), l, &Usage::default()).unwrap();
+    }
+    for at in (10_000..2_000_000).step_by(5000) {
+        c.handle_timeout(Millis(at));
+        while let Some(e) = c.poll_event() {
+            assert!(!matches!(e, Event::MarginAtFloor { .. }), "{e:?}");
+        }
+    }
+}
