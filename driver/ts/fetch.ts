@@ -42,6 +42,12 @@ export interface FetchOptions {
    */
   task?: U64 | string
   /**
+   * The agent's last failure signature (`failureSignature(test, diff)`), sent with every
+   * call (the agent-level rule: the same value twice in a row lowers the weight). With a
+   * task, report failures with `task.failed()` instead.
+   */
+  failureSignature?: U64
+  /**
    * The pool for a call: a pool name, a map from model name (or prefix ending in `*`) to
    * pool name, or a function. Default: the pool named like the model, else the only pool.
    */
@@ -71,8 +77,13 @@ function hash53(parts: readonly string[]): number {
   return Number((h ^ (h >> 53n)) & MASK53)
 }
 
-/** A stable task id for a name (53-bit FNV-1a: collisions are negligible). */
+/**
+ * A stable task id for a name: a name of digits that is an exact integer is that number
+ * (`'1234'` is task 1234, so an issue number works as either), any other a 53-bit FNV-1a
+ * hash (collisions are negligible).
+ */
 export function taskIdFor(name: string): number {
+  if (/^\d{1,16}$/.test(name) && Number.isSafeInteger(Number(name))) return Number(name)
   return hash53([name])
 }
 
@@ -181,6 +192,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         role: options.role ?? 'worker',
         unblocks: typeof options.unblocks === 'function' ? options.unblocks() : (options.unblocks ?? 0),
         ...(task === undefined ? {} : { task }),
+        ...(options.failureSignature === undefined ? {} : { failureSignature: options.failureSignature }),
       }
       const ask = await driver.callLease(call, request, { signal })
       call = ask.call

@@ -12,8 +12,26 @@ import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import { Tokenwarden } from './tokenwarden.js'
 import type { Clock } from './clock.js'
 import type { AcquireOptions } from './driver.js'
-import type { CallResponseResult, CallState, CallStep, Engine, EngineFactory, HeaderReport, LeaseRequest, RejectReason, Settlement, U64, Usage } from './types.js'
+import type {
+  CallResponseResult,
+  CallState,
+  CallStep,
+  Engine,
+  EngineFactory,
+  HeaderReport,
+  LeaseRequest,
+  RejectReason,
+  Settlement,
+  TaskOutcome,
+  TaskSpec,
+  TaskSummary,
+  U64,
+  Usage,
+} from './types.js'
 
+
+/** What a fallback must offer for tasks. */
+type TaskOps = Pick<Tokenwarden, 'openTask' | 'taskFailed' | 'endTask'>
 
 /** Options for {@link RemoteTokenwarden}. */
 export interface RemoteOptions {
@@ -344,6 +362,79 @@ export class RemoteTokenwarden extends Tokenwarden {
       this.emit('granted', { lease: lease.id, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: 0 })
     }
     return lease
+  }
+
+  /** Tasks open at the limiter, by id: opened again locally if it cannot be reached. */
+  readonly #tasks = new Map<string, TaskSpec>()
+
+  /**
+   * Tasks live at the limiter, with its figures; while it cannot be reached they go to the
+   * local engine (opened there on first use), whose figures then cover them.
+   */
+  override async openTask(spec: TaskSpec): Promise<void> {
+    const key = String(spec.task)
+    try {
+      if (!this.#remoteUsable()) throw new Unreachable('the edge limiter is failed open')
+      const r = await this.#call('POST', '/tasks', { task: Number(spec.task), role: spec.role ?? 'worker', unblocks: spec.unblocks ?? 0 })
+      if (r.status !== 200) throw new TokenwardenError((r.body.error as 'invalid_argument') ?? 'invalid_argument', String(r.body.message))
+    } catch (e) {
+      if (!(e instanceof Unreachable)) throw e
+      this.#failOpen(e)
+      await this.#base().openTask(spec)
+    }
+    this.#tasks.set(key, spec)
+    // Bounded like the core's table: the oldest open task is forgotten first.
+    if (this.#tasks.size > 4096) this.#tasks.delete(this.#tasks.keys().next().value as string)
+  }
+
+  override async taskFailed(task: U64, signature: U64): Promise<number> {
+    return this.#taskOp(task, `/tasks/${String(task)}/failed`, { signature: Number(signature) }, (tw) => tw.taskFailed(task, signature), (b) => Number(b.repeats))
+  }
+
+  override async endTask(task: U64, outcome: TaskOutcome): Promise<TaskSummary> {
+    const s = await this.#taskOp(task, `/tasks/${String(task)}/done`, { outcome }, (tw) => tw.endTask(task, outcome), (b) => b as unknown as TaskSummary)
+    this.#tasks.delete(String(task))
+    return s
+  }
+
+  /** The local coordinator's task operations: the share fallback, or this driver's own engine. */
+  #base(): TaskOps {
+    const share = this.#local()
+    if (share !== null) return share
+    return {
+      openTask: (spec) => super.openTask(spec),
+      taskFailed: (t, sig) => super.taskFailed(t, sig),
+      endTask: (t, o) => super.endTask(t, o),
+    }
+  }
+
+  async #taskOp<T>(
+    task: U64,
+    path: string,
+    body: unknown,
+    local: (tw: TaskOps) => T | Promise<T>,
+    read: (b: Record<string, unknown>) => T,
+  ): Promise<T> {
+    try {
+      if (!this.#remoteUsable()) throw new Unreachable('the edge limiter is failed open')
+      const r = await this.#call('POST', path, body)
+      if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_task') ?? 'unknown_task', String(r.body.message))
+      return read(r.body)
+    } catch (e) {
+      if (!(e instanceof Unreachable)) throw e
+      this.#failOpen(e)
+      const tw = this.#base()
+      const spec = this.#tasks.get(String(task))
+      // The limiter held the task: open it here so the local engine can carry on with it.
+      if (spec !== undefined) {
+        try {
+          await tw.openTask(spec)
+        } catch {
+          // Already open here, or the local table is full: the operation says which.
+        }
+      }
+      return local(tw)
+    }
   }
 
   /** @internal */

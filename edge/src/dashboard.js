@@ -58,7 +58,7 @@ button { cursor: pointer; }
 #toolbar { margin: 0 0 12px; }
 #summary { display: flex; gap: 16px; flex-wrap: wrap; margin: 0 0 12px; }
 #summary span b { font-variant-numeric: tabular-nums; }
-.pool, .agents-card { background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+.pool, .agents-card, .tasks-card { background: var(--card); border: 1px solid var(--line); border-radius: 8px;
   padding: 12px 14px; margin: 0 0 14px; }
 .badge { display: inline-block; font-size: 12px; padding: 1px 8px; border-radius: 10px;
   border: 1px solid var(--line); margin-left: 6px; font-weight: 600; vertical-align: 2px; }
@@ -295,12 +295,45 @@ const SCRIPT = `
       alerting ? el('span', { class: 'alerting' }, 'Estimate alerts ', el('b', {}, int(alerting))) : null,
       el('span', { class: 'muted' }, 'Metrics at ', clockSeconds(now)),
     ])
+    renderTasks(m.tasks)
     $('pools').replaceChildren(...m.pools.map((p, i) => renderPool(p, i, now)))
     renderAgents(agents, now)
     polls++
     app.setAttribute('data-polls', String(polls))
     setState('live')
     statusLine.textContent = 'Live: refreshed every ' + interval / 1000 + ' s; last update ' + clockSeconds(Date.now()) + '.'
+  }
+
+  // Seed 003's four numbers: 429 rate, tokens per merged task, task time (p50/p95 since
+  // start, mean per minute) and critical-path wait; since start and the last minute.
+  function renderTasks(t) {
+    const box = $('tasks')
+    if (!t) {
+      box.hidden = true
+      return
+    }
+    box.hidden = false
+    const s = t.sinceStart || {}
+    const l = t.lastMinute || {}
+    const rate = (f) => (f.rateLimitedPermille === null || f.rateLimitedPermille === undefined ? '–' : pct(f.rateLimitedPermille))
+    const row = (label, a, b, key) => el('tr', { 'data-figure': key }, el('th', { scope: 'row' }, label), el('td', {}, a), el('td', {}, b))
+    fill(box, {
+      'data-open': n(t.open),
+      'data-merged': n(s.merged),
+      'data-tokens-per-merged-task': n(s.tokensPerMergedTask),
+      'data-task-time-p50-ms': n(s.taskTimeP50Ms),
+      'data-task-time-p95-ms': n(s.taskTimeP95Ms),
+      'data-critical-path-wait-ms': n(s.criticalPathWaitMs),
+      'data-rate-limited-permille': n(s.rateLimitedPermille),
+    }, [])
+    $('tasks-body').replaceChildren(
+      row('429 rate', rate(s), rate(l), 'rate'),
+      row('Tokens per merged task', int(s.tokensPerMergedTask), int(l.tokensPerMergedTask), 'tokens'),
+      row('Task time', s.taskTimeP50Ms === null || s.taskTimeP50Ms === undefined ? '–' : 'p50 ' + dur(s.taskTimeP50Ms) + ', p95 ' + dur(s.taskTimeP95Ms), l.taskTimeMeanMs === null || l.taskTimeMeanMs === undefined ? '–' : 'mean ' + dur(l.taskTimeMeanMs), 'time'),
+      row('Critical-path wait', dur(s.criticalPathWaitMs), dur(l.criticalPathWaitMs), 'critical'),
+      row('Tasks ended', int(s.merged) + ' merged, ' + int(s.abandoned) + ' abandoned, ' + int(s.failed) + ' failed', int(l.merged) + ' merged, ' + int(l.abandoned) + ' abandoned, ' + int(l.failed) + ' failed', 'ended'),
+    )
+    $('tasks-open').textContent = int(t.open) + ' open' + (Number(t.untracked) > 0 ? ', ' + int(t.untracked) + ' requests untracked (task table full)' : '')
   }
 
   function renderPool(p, index, now) {
@@ -554,6 +587,13 @@ export function dashboardHtml({ fleet, quota, metricsPath }) {
 </form>
 <div id="toolbar" hidden><button id="forget" type="button">Forget secret</button></div>
 <section id="summary"></section>
+<section id="tasks" class="tasks-card" hidden>
+<h2>Tasks <span id="tasks-open" class="muted"></span></h2>
+<table id="tasks-table">
+<thead><tr><th scope="col"></th><th scope="col">Since start</th><th scope="col">Last minute</th></tr></thead>
+<tbody id="tasks-body"></tbody>
+</table>
+</section>
 <div id="pools"></div>
 <section class="agents-card">
 <h2>Agents</h2>

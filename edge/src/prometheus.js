@@ -83,6 +83,40 @@ export function prometheusText(metrics, labels) {
   out.family('tokenwarden_fleet_agents_measured', 'gauge', 'Agents the fleet advice was measured on.')
   out.family('tokenwarden_fleet_per_agent_per_minute', 'gauge', 'Average usage of one active agent per minute on the binding axis.')
 
+  // Tasks: seed 003's four numbers (429 rate, tokens per merged task, task time,
+  // critical-path wait), since start and over the last complete minute.
+  const tasks = metrics.tasks
+  if (tasks) {
+    out.family('tokenwarden_tasks_open', 'gauge', 'Tasks open now.')
+    out.sample('tokenwarden_tasks_open', base, tasks.open)
+    out.family('tokenwarden_tasks_ended_total', 'counter', 'Tasks ended, by outcome.')
+    for (const outcome of ['merged', 'abandoned', 'failed']) {
+      out.sample('tokenwarden_tasks_ended_total', [...base, ['outcome', outcome]], tasks.sinceStart?.[outcome] ?? 0)
+    }
+    out.family('tokenwarden_tasks_untracked_total', 'counter', 'Requests that named a task the full task table could not take.')
+    out.sample('tokenwarden_tasks_untracked_total', base, tasks.untracked)
+    out.family('tokenwarden_task_tokens_total', 'counter', 'Tokens charged to the tasks that ended.')
+    out.sample('tokenwarden_task_tokens_total', base, tasks.sinceStart?.tokens ?? 0)
+    out.family('tokenwarden_task_seconds', 'gauge', 'Wall time of the merged tasks since start, by quantile (within 12.5 %).')
+    for (const [quantile, ms] of [['0.5', tasks.sinceStart?.taskTimeP50Ms], ['0.95', tasks.sinceStart?.taskTimeP95Ms]]) {
+      if (ms !== null && ms !== undefined) out.sample('tokenwarden_task_seconds', [...base, ['quantile', quantile]], toNumber(ms) / 1000)
+    }
+    out.family('tokenwarden_tokens_per_merged_task', 'gauge', 'Tokens of the ended tasks (every outcome) per merged task, since start and over the last complete minute.')
+    out.family('tokenwarden_task_seconds_mean', 'gauge', 'Mean wall time of the merged tasks, since start and over the last complete minute.')
+    out.family('tokenwarden_critical_path_wait_seconds', 'gauge', 'Quota wait of the ended tasks times the tasks each unblocks (agent-seconds), since start and over the last complete minute.')
+    out.family('tokenwarden_quota_wait_seconds', 'gauge', 'Time the ended tasks waited on the quota, since start and over the last complete minute.')
+    out.family('tokenwarden_rate_limited_ratio', 'gauge', '429 responses per call sent, since start and over the last complete minute.')
+    for (const [span, f] of [['since_start', tasks.sinceStart], ['last_minute', tasks.lastMinute]]) {
+      if (!f) continue
+      const s = [...base, ['span', span]]
+      if (f.tokensPerMergedTask !== null && f.tokensPerMergedTask !== undefined) out.sample('tokenwarden_tokens_per_merged_task', s, f.tokensPerMergedTask)
+      if (f.taskTimeMeanMs !== null && f.taskTimeMeanMs !== undefined) out.sample('tokenwarden_task_seconds_mean', s, toNumber(f.taskTimeMeanMs) / 1000)
+      out.sample('tokenwarden_critical_path_wait_seconds', s, toNumber(f.criticalPathWaitMs) / 1000)
+      out.sample('tokenwarden_quota_wait_seconds', s, toNumber(f.quotaWaitMs) / 1000)
+      if (f.rateLimitedPermille !== null && f.rateLimitedPermille !== undefined) out.sample('tokenwarden_rate_limited_ratio', s, toNumber(f.rateLimitedPermille) / 1000)
+    }
+  }
+
   for (const pool of pools) {
     const p = [...base, ['pool', String(pool.name)]]
     for (const axis of pool.axes ?? []) {

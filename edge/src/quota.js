@@ -9,7 +9,7 @@
 // Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, newCall, wasmEngines } from 'tokenwarden-wasm'
+import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, newCall, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
@@ -58,6 +58,31 @@ export function json(status, body, headers = {}) {
 // the Rust side), so the HTTP API accepts exactly what the engine does.
 const FIELDS = new Set(LEASE_REQUEST_FIELDS)
 const USAGE = new Set(USAGE_FIELDS)
+
+/**
+ * A task as a client names it: an integer id, or a name (1 to 256 characters) turned into
+ * one the way the npm package's `tw.task({ id })` does (`taskIdFor`).
+ */
+export function taskId(task, field = 'task') {
+  if (Number.isSafeInteger(task) && task >= 0) return task
+  // A name of digits is that id (taskIdFor), so a path segment can carry either.
+  if (typeof task === 'string' && task.length > 0 && task.length <= 256) return taskIdFor(task)
+  throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be a task id (a non-negative integer) or a name (1 to 256 characters)`), { field })
+}
+
+/** A count of downstream tasks (`unblocks`): an integer from 0 to 2^32 − 1. */
+function unblocksOf(v, field = 'unblocks') {
+  const n = typeof v === 'string' && /^\d{1,10}$/.test(v) ? Number(v) : v
+  if (!Number.isInteger(n) || n < 0 || n > 0xffffffff) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be an integer from 0 to 4294967295`), { field })
+  return n
+}
+
+const ROLES = ['planner', 'reviewer', 'worker']
+function roleOf(v, field = 'role') {
+  if (v === undefined || v === null) return 'worker'
+  if (!ROLES.includes(v)) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be planner, reviewer or worker`), { field })
+  return v
+}
 
 function agentId(agent) {
   if (typeof agent === 'number') return agent
@@ -200,6 +225,15 @@ export class QuotaObject {
         case 'POST response':
           response = this.#response(tw, await body(request), who)
           break
+        case 'POST task':
+          response = this.#openTask(tw, await body(request))
+          break
+        case 'POST task-failed':
+          response = this.#taskFailed(tw, id, await body(request))
+          break
+        case 'POST task-done':
+          response = this.#taskDone(tw, id, await body(request))
+          break
         case 'GET metrics':
           return json(200, tw.metrics())
         case 'POST reset':
@@ -266,6 +300,8 @@ export class QuotaObject {
     const call = given === undefined ? newCall() : callState(given)
     const pool = typeof fields.pool === 'string' ? tw.pool(fields.pool) : fields.pool ?? 0
     const request = { ...fields, agent: this.#agentFor(fields.agent, who), pool }
+    if (fields.task === undefined || fields.task === null) delete request.task
+    else request.task = taskId(fields.task)
     const ask = tw.callLease(call, request)
     const step = ask.step
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
@@ -285,6 +321,30 @@ export class QuotaObject {
     const retryAt = step.kind === 'wait' ? step.until : null
     const refused = new LeaseRejectedError(step.refusal, retryAt, Date.now(), step.kind === 'give_up' ? step.reason : null)
     return json(200, { kind: 'reject', retryAt, retryAfterMs: refused.retryAfterMs, reason: step.refusal, message: refused.message, ...out })
+  }
+
+  /** Opens a task (or updates an open one): `{ task, role?, unblocks? }`. */
+  #openTask(tw, b) {
+    for (const k of Object.keys(b)) if (!['task', 'role', 'unblocks'].includes(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the task`)
+    const spec = { task: taskId(b.task), role: roleOf(b.role), unblocks: b.unblocks === undefined ? 0 : unblocksOf(b.unblocks) }
+    tw.openTask(spec)
+    return json(200, { task: spec.task, open: true })
+  }
+
+  /** A failed attempt of an open task: `{ signature }` (a hash the client computed; never the test or diff itself). */
+  #taskFailed(tw, id, b) {
+    for (const k of Object.keys(b)) if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
+    if (!Number.isSafeInteger(b.signature) || b.signature < 0) throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
+    return json(200, { task: Number(id), repeats: tw.taskFailed(Number(id), b.signature) })
+  }
+
+  /** Ends an open task: `{ outcome }` (merged, abandoned or failed) or `{ merged }`; answers its figures. */
+  #taskDone(tw, id, b) {
+    for (const k of Object.keys(b)) if (k !== 'outcome' && k !== 'merged') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body`)
+    if (b.merged !== undefined && typeof b.merged !== 'boolean') throw Object.assign(new HttpError(400, 'invalid_argument', '`merged` must be true or false'), { field: 'merged' })
+    const outcome = b.outcome ?? (b.merged === false ? 'abandoned' : 'merged')
+    if (!['merged', 'abandoned', 'failed'].includes(outcome)) throw Object.assign(new HttpError(400, 'invalid_argument', '`outcome` must be merged, abandoned or failed'), { field: 'outcome' })
+    return json(200, tw.endTask(Number(id), outcome))
   }
 
   /**
@@ -371,26 +431,65 @@ export class QuotaObject {
     const fleets = parseFleets(this.env.TOKENWARDEN_FLEETS)
     const q = fleets[request.headers.get('x-tw-fleet')]?.quotas?.[request.headers.get('x-tw-quota')]
     if (q?.upstream === undefined) throw new HttpError(404, 'not_found', 'this quota has no upstream configured for proxy mode')
-    const path = url.pathname.slice('/proxy'.length)
-    if (path !== '/v1/messages' && path !== '/v1/chat/completions') throw new HttpError(404, 'not_found', 'proxy mode serves /v1/messages and /v1/chat/completions')
+    const { path, given } = proxyPath(url.pathname.slice('/proxy'.length))
+    if (path !== '/v1/messages' && path !== '/v1/chat/completions') throw new HttpError(404, 'not_found', 'proxy mode serves /v1/messages and /v1/chat/completions (after optional /agent/<a>, /role/<r>, /task/<t>, /unblocks/<n> segments)')
     const secret = fleets[request.headers.get('x-tw-fleet')]?.secret
     const headers = forwardedHeaders(request.headers, secret)
-    const named = request.headers.get('x-tokenwarden-agent')
+    // Each of agent, role, task and unblocks from the path (for tools that can set only a
+    // base URL) or else from its header.
+    const pick = (key) => given[key] ?? request.headers.get(`x-tokenwarden-${key}`)
+    const named = pick('agent')
     if (who !== null && named !== null && agentIdFor(named) !== who.id) {
       throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: x-tokenwarden-agent may only name that agent`)
     }
     const agent = who?.name ?? named ?? 'proxy'
-    const role = request.headers.get('x-tokenwarden-role') ?? 'worker'
-    if (!['planner', 'reviewer', 'worker'].includes(role)) throw new HttpError(400, 'invalid_argument', '`x-tokenwarden-role` must be planner, reviewer or worker')
+    const role = roleOf(pick('role') ?? undefined, 'x-tokenwarden-role')
+    const task = pick('task')
+    const unblocks = pick('unblocks')
+    const signature = request.headers.get('x-tokenwarden-failure-signature')
+    if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature)))) throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
     const upstream = new URL(path, q.upstream.endsWith('/') ? q.upstream : `${q.upstream}/`)
     upstream.pathname = new URL(q.upstream).pathname.replace(/\/$/, '') + path
-    const f = tw.fetch({ agent, role })
+    const f = tw.fetch({
+      agent,
+      role,
+      ...(task === null ? {} : { task: taskId(task, 'x-tokenwarden-task') }),
+      ...(unblocks === null ? {} : { unblocks: unblocksOf(unblocks, 'x-tokenwarden-unblocks') }),
+      ...(signature === null ? {} : { failureSignature: Number(signature) }),
+    })
     const body = await readText(request, limitFrom(this.env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES))
     // The request's signal aborts when the client goes away (Cloudflare, with the
     // `enable_request_signal` flag): the wrapper then withdraws a queued ticket, ends a
     // wait and forwards nothing.
     return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
   }
+}
+
+/** The keys a proxy path may name before the provider's path. */
+const PROXY_KEYS = new Set(['agent', 'role', 'task', 'unblocks'])
+
+/**
+ * `/agent/a1/role/worker/task/fix-parser/v1/messages` → the provider path and the named
+ * fields (each at most once, values percent-decoded and at most 256 characters).
+ */
+export function proxyPath(rest) {
+  const parts = rest.split('/')
+  const given = {}
+  let i = 1
+  while (i + 1 < parts.length && PROXY_KEYS.has(parts[i])) {
+    const key = parts[i]
+    if (Object.hasOwn(given, key)) throw new HttpError(400, 'invalid_argument', `the proxy path names \`${key}\` twice`)
+    let value
+    try {
+      value = decodeURIComponent(parts[i + 1])
+    } catch {
+      throw new HttpError(400, 'invalid_argument', `the proxy path's \`${key}\` is not valid percent-encoding`)
+    }
+    if (value.length === 0 || value.length > 256) throw new HttpError(400, 'invalid_argument', `the proxy path's \`${key}\` must be 1 to 256 characters`)
+    given[key] = value
+    i += 2
+  }
+  return { path: `/${parts.slice(i).join('/')}`, given }
 }
 
 /** A call's state as a client sent it back: `{ failed, refusals, lastRetryAfterMs }`, checked. */
@@ -453,7 +552,7 @@ async function body(request) {
   return b
 }
 
-const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400, closed: 503 }
+const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400, closed: 503, unknown_task: 404, too_many_tasks: 409 }
 
 /** Errors as JSON: `{ error: code, message, field? }` with the right status. */
 export function errorResponse(e) {

@@ -5,7 +5,7 @@ import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName,
 import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
-import { QuotaObject, errorResponse, json } from './quota.js'
+import { QuotaObject, errorResponse, json, taskId } from './quota.js'
 
 export { QuotaObject }
 
@@ -111,6 +111,14 @@ async function handle(request, env) {
     if (request.method === 'POST' && parts.length === 3 && parts[2] === 'interrupted') {
       return object(`/interrupted/${lease}`, { method: 'POST', body: await text() })
     }
+  }
+  // Tasks: open (or update), a failed attempt, the end.
+  if (request.method === 'POST' && rest === '/tasks') {
+    return object('/task', { method: 'POST', body: await text() })
+  }
+  if (request.method === 'POST' && parts[0] === 'tasks' && parts.length === 3 && (parts[2] === 'failed' || parts[2] === 'done')) {
+    const task = taskId(decoded(parts[1]))
+    return object(`/task-${parts[2]}/${task}`, { method: 'POST', body: await text() })
   }
   if (request.method === 'POST' && rest === '/responses') {
     const raw = await text()

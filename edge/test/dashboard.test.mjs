@@ -55,9 +55,11 @@ test('the dashboard shows the live figures of the quota', { skip }, async () => 
     fetch(`${q}${path}`, { method: body === undefined ? 'GET' : 'POST', headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) })
   // Some traffic: settled calls, three granted, two queued, and a 429 on one of the granted
   // (which ends that lease, settled as nothing used: two stay in flight).
+  // Each of those four is a task, merged.
   for (let i = 0; i < 4; i++) {
-    const d = await (await call('/leases', { agent: `done-${i}`, pool: 0, inputTokens: 4000, maxTokens: 500 })).json()
+    const d = await (await call('/leases', { agent: `done-${i}`, pool: 0, inputTokens: 4000, maxTokens: 500, task: `task-${i}`, unblocks: i })).json()
     await call(`/leases/${d.lease}/settle`, { inputTokens: 3800, outputTokens: 300 })
+    await call(`/tasks/task-${i}/done`, { merged: true })
   }
   const live = []
   for (let i = 0; i < 5; i++) live.push(await (await call('/leases', { agent: `agent-${i}`, pool: 0, inputTokens: 2000, maxTokens: 500, role: i === 0 ? 'planner' : 'worker' })).json())
@@ -89,6 +91,13 @@ test('the dashboard shows the live figures of the quota', { skip }, async () => 
   const states = await page.$$eval('tr.agent', (rows) => rows.map((r) => r.dataset.state))
   assert.equal(states.filter((s) => s === 'queued').length, 2)
   assert.equal(states.filter((s) => s === 'in_flight').length, 2)
+  const tasks = await page.$eval('#tasks', (el) => ({ ...el.dataset, hidden: el.hidden }))
+  assert.equal(tasks.hidden, false)
+  assert.equal(Number(tasks.merged), 4)
+  assert.equal(Number(tasks.tokensPerMergedTask), metrics.tasks.sinceStart.tokensPerMergedTask)
+  assert.equal(Number(tasks.tokensPerMergedTask), 4100)
+  assert.equal(Number(tasks.rateLimitedPermille), metrics.tasks.sinceStart.rateLimitedPermille)
+  assert.ok((await page.$eval('tr[data-figure="tokens"]', (el) => el.textContent)).includes('4,100') || (await page.$eval('tr[data-figure="tokens"]', (el) => el.textContent)).includes('4100'))
   assert.deepEqual(errors, [])
   await page.screenshot({ path: screenshot, fullPage: true })
 

@@ -589,3 +589,91 @@ describe('proxy mode', () => {
     assert.equal(mock.stats().overLimit, false)
   })
 })
+
+describe('tasks', () => {
+  const proxyBase = () => `${base}/v1/fleets/fleet-a/quotas/main/proxy`
+  const headers = { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }
+  const body = () => JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: 'hello '.repeat(200) }] })
+
+  test('open, lease for the task, a failed attempt twice, done: the summary and the four numbers', async () => {
+    const before = (await (await api('/metrics')).json()).tasks.sinceStart
+    assert.equal((await post('/tasks', { task: 'edge-t1', role: 'reviewer', unblocks: 2 })).status, 200)
+    const d = await (await lease({ agent: 'edge-t1-agent', task: 'edge-t1' })).json()
+    assert.equal(d.kind, 'grant')
+    assert.equal((await post(`/leases/${d.lease}/settle`, { inputTokens: 700, outputTokens: 30 })).status, 200)
+    const f1 = await (await post('/tasks/edge-t1/failed', { signature: 1234 })).json()
+    const f2 = await (await post('/tasks/edge-t1/failed', { signature: 1234 })).json()
+    assert.deepEqual([f1.repeats, f2.repeats], [0, 1])
+    const done = await post('/tasks/edge-t1/done', { merged: true })
+    assert.equal(done.status, 200)
+    const s = await done.json()
+    assert.equal(s.outcome, 'merged')
+    assert.equal(s.tokens, 730)
+    assert.equal(s.calls, 1)
+    assert.equal(s.repeats, 1)
+    const again = await post('/tasks/edge-t1/done', { merged: true })
+    assert.equal(again.status, 404)
+    assert.equal((await again.json()).error, 'unknown_task')
+    const m = (await (await api('/metrics')).json()).tasks.sinceStart
+    assert.equal(m.merged, before.merged + 1)
+    assert.equal(m.tokens, before.tokens + 730)
+    assert.ok(m.tokensPerMergedTask > 0 && m.taskTimeP50Ms !== null && m.rateLimitedPermille !== null)
+    const text = await (await api('/metrics', { headers: { accept: 'text/plain' } })).text()
+    for (const family of ['tokenwarden_tasks_open', 'tokenwarden_tasks_ended_total{fleet="fleet-a",quota="main",outcome="merged"}', 'tokenwarden_tokens_per_merged_task{fleet="fleet-a",quota="main",span="since_start"}', 'tokenwarden_task_seconds{fleet="fleet-a",quota="main",quantile="0.95"}', 'tokenwarden_critical_path_wait_seconds', 'tokenwarden_rate_limited_ratio']) {
+      assert.ok(text.includes(family), `Prometheus text has ${family}`)
+    }
+  })
+
+  test('bad task input is a 400 naming the field; an unknown task is a 404', async () => {
+    const cases = [
+      [post('/tasks', { task: -1 }), 400, 'task'],
+      [post('/tasks', { task: 'x', role: 'boss' }), 400, 'role'],
+      [post('/tasks', { task: 'x', unblocks: 1.5 }), 400, 'unblocks'],
+      [post('/tasks', { task: 'x', extra: 1 }), 400, undefined],
+      [post('/tasks/x/failed', { signature: 'abc' }), 400, 'signature'],
+      [post('/tasks/x/failed', { test: 'name', diff: 'secret code' }), 400, undefined],
+      [post('/tasks/never-opened/failed', { signature: 1 }), 404, undefined],
+      [post('/tasks/never-opened/done', { outcome: 'won' }), 400, 'outcome'],
+      [post('/leases', { agent: 'a1', pool: 'claude-sonnet-4-6', task: { id: 1 } }), 400, 'task'],
+    ]
+    for (const [res, status, field] of cases) {
+      const r = await res
+      const b = await r.json()
+      assert.equal(r.status, status, JSON.stringify(b))
+      if (field !== undefined) assert.equal(b.field, field, JSON.stringify(b))
+    }
+  })
+
+  test('proxy mode takes agent, role, task and unblocks from the path (a base URL is all a tool sets)', async () => {
+    const url = `${proxyBase()}/agent/cli-7/role/planner/task/${encodeURIComponent('fix parser')}/unblocks/3/v1/messages`
+    const r = await fetch(url, { method: 'POST', headers, body: body() })
+    assert.equal(r.status, 200, await r.clone().text())
+    const m = await (await api('/metrics')).json()
+    assert.ok(m.agents.some((a) => a.agent > 0 && a.settled >= 1))
+    const s = await (await post(`/tasks/${encodeURIComponent('fix parser')}/done`, { outcome: 'abandoned' })).json()
+    assert.equal(s.outcome, 'abandoned')
+    assert.equal(s.calls, 1, 'the proxied call was charged to the task the path named')
+    assert.ok(s.tokens > 0)
+    // And from headers, for tools that can set them.
+    const h = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers: { ...headers, 'x-tokenwarden-task': 'hdr-task', 'x-tokenwarden-unblocks': '1' }, body: body() })
+    assert.equal(h.status, 200)
+    const hs = await (await post('/tasks/hdr-task/done', {})).json()
+    assert.equal(hs.calls, 1)
+    const bad = await fetch(`${proxyBase()}/task/a/task/b/v1/messages`, { method: 'POST', headers, body: body() })
+    assert.equal(bad.status, 400)
+  })
+
+  test('the remote driver runs tasks at the limiter', async () => {
+    const { RemoteTokenwarden, wasmEngines } = await import('tokenwarden-wasm')
+    const tw = new RemoteTokenwarden({ url: base, fleet: 'fleet-a', quota: 'main', secret: SECRET_A, engine: wasmEngines, config: { pools: [POOL] } })
+    const t = tw.task({ id: 'remote-task', unblocks: 1 })
+    const l = await tw.acquire({ agent: 5, pool: 0, inputTokens: 500, maxTokens: 50, task: t.id })
+    await l.settle({ inputTokens: 500, outputTokens: 20 })
+    assert.equal(await t.failed({ test: 'remote test', diff: '+x' }), 0)
+    const s = await t.done()
+    assert.equal(s.tokens, 520)
+    assert.equal(s.calls, 1)
+    assert.equal(tw.failedOpen, false)
+    tw.close()
+  })
+})

@@ -33,9 +33,10 @@ function scenario() {
   const second = engine.requestLease(10, { agent: 2, pool: 0, inputTokens: 1000, maxTokens: 10 })
   assert.equal(second.kind, 'queued')
   engine.settle(50, first.lease, { inputTokens: 900, outputTokens: 5 })
-  const other = engine.requestLease(100, { agent: 4, pool: 1, inputTokens: 3000, maxTokens: 500 })
+  const other = engine.requestLease(100, { agent: 4, pool: 1, inputTokens: 3000, maxTokens: 500, task: 7 })
   assert.equal(other.kind, 'grant')
   engine.settle(200, other.lease, { inputTokens: 2800, outputTokens: 240 })
+  engine.endTask(300, 7, 'merged')
   engine.handleResponse(61_000, 0, second.lease, 429, [['retry-after', '30']], null)
   const third = engine.requestLease(61_500, { agent: 3, pool: 0, inputTokens: 1000, maxTokens: 10 })
   assert.equal(third.kind, 'queued')
@@ -136,7 +137,9 @@ test('counters are counter families named *_total, one per core counter; nothing
   for (const name of counters) assert.match(name, /^tokenwarden_[a-z0-9_]+_total$/)
   for (const [name, type] of parsed.types) if (name.endsWith('_total')) assert.equal(type, 'counter', name)
   const keys = Object.keys(metrics.pools[0].counters)
-  assert.equal(counters.length, keys.length)
+  const taskCounters = ['tokenwarden_tasks_ended_total', 'tokenwarden_tasks_untracked_total', 'tokenwarden_task_tokens_total']
+  assert.equal(counters.length, keys.length + taskCounters.length)
+  for (const name of taskCounters) assert.ok(counters.includes(name), name)
   assert.ok(counters.includes('tokenwarden_granted_from_queue_total'))
   assert.ok(counters.includes('tokenwarden_rate_limited_on_lease_total'))
   for (const pool of metrics.pools) {
@@ -147,6 +150,20 @@ test('counters are counter families named *_total, one per core counter; nothing
   }
   assert.equal(valueOf(parsed, 'tokenwarden_rate_limited_total', { pool: 'sonnet' }), 1)
   assert.equal(valueOf(parsed, 'tokenwarden_granted_from_queue_total', { pool: 'sonnet' }), 1)
+})
+
+test("the task figures are metrics().tasks': the four numbers, since start and for the last minute", () => {
+  const metrics = scenario()
+  const p = parse(prometheusText(metrics, { fleet: 'acme', quota: 'main' }))
+  const t = metrics.tasks
+  assert.equal(t.sinceStart.merged, 1)
+  assert.equal(valueOf(p, 'tokenwarden_tasks_open', {}), 0)
+  assert.equal(valueOf(p, 'tokenwarden_tasks_ended_total', { outcome: 'merged' }), 1)
+  assert.equal(valueOf(p, 'tokenwarden_task_tokens_total', {}), 3040)
+  assert.equal(valueOf(p, 'tokenwarden_tokens_per_merged_task', { span: 'since_start' }), 3040)
+  assert.equal(valueOf(p, 'tokenwarden_task_seconds', { quantile: '0.5' }), Number(t.sinceStart.taskTimeP50Ms) / 1000)
+  assert.equal(valueOf(p, 'tokenwarden_rate_limited_ratio', { span: 'since_start' }), t.sinceStart.rateLimitedPermille / 1000)
+  assert.equal(valueOf(p, 'tokenwarden_critical_path_wait_seconds', { span: 'last_minute' }), 0)
 })
 
 test("the exposition's figures are the metrics' figures", () => {

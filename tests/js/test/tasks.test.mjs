@@ -34,6 +34,8 @@ describe('failure signatures', () => {
     assert.equal(taskIdFor('fix-parser'), taskIdFor('fix-parser'))
     assert.notEqual(taskIdFor('fix-parser'), taskIdFor('fix-lexer'))
     assert.ok(Number.isSafeInteger(taskIdFor('fix-parser')))
+    assert.equal(taskIdFor('1234'), 1234, 'a name of digits is that id')
+    assert.notEqual(taskIdFor('12345678901234567890'), 12345678901234567890, 'beyond 2^53 it is a name')
   })
 })
 
