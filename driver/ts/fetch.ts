@@ -54,6 +54,29 @@ export interface FetchOptions {
   pool?: string | Record<string, string> | ((model: string, provider: Provider) => string)
   /** The `fetch` that really sends (default `globalThis.fetch`). */
   fetch?: typeof fetch
+  /**
+   * Called before a long wait: the core marks a wait `checkpoint` when it is longer than
+   * `call.checkpoint_after_ms` (default 30 s, or the prompt cache's lifetime). Write the
+   * turn down here (`Checkpoints.save` in the `tokenwarden` package: goal, step, decisions,
+   * the prepared call, file hashes), so a process killed during the wait resumes without a
+   * re-plan. Awaited before the wait; if it throws, the call is withdrawn (its ticket
+   * cancelled) and the error is the call's.
+   */
+  onLongWait?: (wait: LongWait) => void | Promise<void>
+}
+
+/** What {@link FetchOptions.onLongWait} is told about the wait ahead. */
+export interface LongWait {
+  agent: U64
+  pool: number
+  /** Why: queued in the fair queue, refused for now, or waiting out a 429 / overload. */
+  reason: 'queued' | 'refused' | 'rate_limited' | 'overloaded'
+  /** The expected wait from now, ms (for `queued`, an upper bound: the core's ETA). */
+  waitMs: number
+  /** Until when, on the driver's clock. */
+  until: number
+  /** Failed sends so far. */
+  attempt: number
 }
 
 /** What the wrapper needs from its owner. */
@@ -179,6 +202,21 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       forward.signal = signal
     }
     let call = newCall()
+    // With a long-wait hook, a signal of our own too: a hook that throws withdraws the call.
+    const withdraw = options.onLongWait === undefined ? null : new AbortController()
+    const callSignal = withdraw === null ? signal : signal === null ? withdraw.signal : AbortSignal.any([signal, withdraw.signal])
+    const longWait = async (step: Extract<CallStep, { kind: 'wait' }>, lease: Promise<Lease> | null): Promise<void> => {
+      if (!step.checkpoint || options.onLongWait === undefined) return
+      const until = Number(step.until)
+      try {
+        await options.onLongWait({ agent, pool, reason: step.reason, waitMs: Math.max(0, until - driver.clock.now()), until, attempt: step.attempt })
+      } catch (e) {
+        withdraw?.abort(e)
+        // Granted meanwhile: give it back unused.
+        lease?.then((l) => l.cancel(), () => {})
+        throw e
+      }
+    }
 
     // A loop that does what the core says: every retry, wait and give-up is its decision.
     for (;;) {
@@ -194,13 +232,14 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         ...(task === undefined ? {} : { task }),
         ...(options.failureSignature === undefined ? {} : { failureSignature: options.failureSignature }),
       }
-      const ask = await driver.callLease(call, request, { signal })
+      const ask = await driver.callLease(call, request, { signal: callSignal })
       call = ask.call
       const step = ask.step
       if (step.kind === 'give_up') {
         if (step.refusal === null) throw new TokenwardenError('rejected', `the call gave up (${step.reason})`)
         throw new LeaseRejectedError(step.refusal, null, driver.clock.now(), step.reason)
       }
+      if (step.kind === 'wait') await longWait(step, ask.lease)
       if (ask.lease === null) {
         // Refused for now; the call keeps its place in the fair order until it asks again.
         if (step.kind === 'wait') await waitUntil(driver, agent, pool, step, 'rejected', Number(step.until), signal)
@@ -222,6 +261,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       const next = answer.step
       if (next.kind === 'wait') {
         await res.body?.cancel().catch(() => {})
+        await longWait(next, null)
         const cause = next.reason === 'overloaded' ? 'overloaded' : 'rate_limited'
         await waitUntil(driver, agent, pool, next, cause, Number(next.until), signal)
         continue

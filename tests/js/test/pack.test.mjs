@@ -41,8 +41,8 @@ test('tokenwarden-driver ships its compiled layer and types only', () => {
 
 test('tokenwarden ships the addon, its generated loader and types, and the engine glue', () => {
   check('bindings-node', {
-    allowed: [...common, /^binding\.(cjs|d\.ts)$/, /^tokenwarden\.[a-z0-9-]+\.node$/, /^dist\/(index|native|driver)\.(js|d\.ts)$/],
-    required: ['package.json', 'README.md', 'binding.cjs', 'binding.d.ts', 'dist/index.js', 'dist/index.d.ts', 'dist/native.js', 'dist/driver.js'],
+    allowed: [...common, /^binding\.(cjs|d\.ts)$/, /^tokenwarden\.[a-z0-9-]+\.node$/, /^dist\/(index|native|driver|checkpoint)\.(js|d\.ts)$/],
+    required: ['package.json', 'README.md', 'binding.cjs', 'binding.d.ts', 'dist/index.js', 'dist/index.d.ts', 'dist/native.js', 'dist/driver.js', 'dist/checkpoint.js'],
   })
 })
 
