@@ -66,44 +66,53 @@ pub struct PoolCounters {
     pub malformed_headers: u64,
 }
 
-const SUB: usize = 8;
 const OCTAVES: usize = 40;
 
-/// A log-linear histogram of waits in ms: 8 sub-buckets per power of two, so a percentile
-/// is within 12.5 % of the true value. Fixed size, no allocation when recording.
+/// A log-linear histogram of milliseconds: `2^BITS` sub-buckets per power of two, so a
+/// percentile is within `2^-BITS` of the true value. Fixed size, no allocation when
+/// recording.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct WaitHistogram {
+pub(crate) struct LogHistogram<const BITS: u32> {
     counts: Vec<u64>,
     total: u64,
 }
 
-impl WaitHistogram {
+/// Queue waits: 8 sub-buckets per power of two (within 12.5 %).
+pub(crate) type WaitHistogram = LogHistogram<3>;
+/// Task times: 32 sub-buckets per power of two (within 3.2 %): a task's minutes matter to
+/// the second where a queue wait's milliseconds do not.
+pub(crate) type TaskTimeHistogram = LogHistogram<5>;
+
+impl<const BITS: u32> LogHistogram<BITS> {
+    const SUB: usize = 1 << BITS;
+    const LEN: usize = Self::SUB * OCTAVES + Self::SUB;
+
     pub(crate) fn new() -> Self {
-        WaitHistogram {
-            counts: alloc::vec![0; SUB * OCTAVES + SUB],
+        LogHistogram {
+            counts: alloc::vec![0; Self::LEN],
             total: 0,
         }
     }
 
     fn index(ms: u64) -> usize {
-        if ms < SUB as u64 {
+        if ms < Self::SUB as u64 {
             return ms as usize;
         }
-        let octave = (63 - ms.leading_zeros()) as usize; // >= 3
-        let shift = octave - 3;
-        let sub = ((ms >> shift) as usize) & (SUB - 1);
-        ((octave - 2) * SUB + sub).min(SUB * OCTAVES + SUB - 1)
+        let octave = 63 - ms.leading_zeros(); // >= BITS
+        let shift = octave - BITS;
+        let sub = ((ms >> shift) as usize) & (Self::SUB - 1);
+        ((octave - BITS + 1) as usize * Self::SUB + sub).min(Self::LEN - 1)
     }
 
     /// Upper bound (inclusive) of the values in bucket `i`.
     fn upper(i: usize) -> u64 {
-        if i < SUB {
+        if i < Self::SUB {
             return i as u64;
         }
-        let octave = i / SUB + 2;
-        let sub = (i % SUB) as u64;
-        let shift = octave - 3;
-        let low = (SUB as u64 + sub) << shift;
+        let octave = u32::try_from(i / Self::SUB).unwrap_or(u32::MAX) + BITS - 1;
+        let sub = (i % Self::SUB) as u64;
+        let shift = octave - BITS;
+        let low = (Self::SUB as u64 + sub) << shift;
         low.saturating_add((1u64 << shift) - 1)
     }
 
@@ -133,7 +142,7 @@ impl WaitHistogram {
     }
 
     pub(crate) fn is_consistent(&self) -> bool {
-        self.counts.len() == SUB * OCTAVES + SUB
+        self.counts.len() == Self::LEN
             && self.counts.iter().fold(0u64, |a, c| a.saturating_add(*c)) == self.total
     }
 }
@@ -435,14 +444,33 @@ mod tests {
         assert!(h.percentile(1000).unwrap() > 1 << 40);
     }
 
-    #[test]
-    fn bucket_bounds_cover_every_value() {
+    fn bounds_cover_every_value<const BITS: u32>() {
         for ms in (0..5000u64).chain([1 << 20, (1 << 20) + 12345, 1 << 41]) {
-            let i = WaitHistogram::index(ms);
-            assert!(WaitHistogram::upper(i) >= ms, "{ms} in bucket {i}");
+            let i = LogHistogram::<BITS>::index(ms);
+            assert!(LogHistogram::<BITS>::upper(i) >= ms, "{ms} in bucket {i}");
             if i > 0 {
-                assert!(WaitHistogram::upper(i - 1) < ms, "{ms} in bucket {i}");
+                assert!(
+                    LogHistogram::<BITS>::upper(i - 1) < ms,
+                    "{ms} in bucket {i}"
+                );
             }
         }
+    }
+
+    #[test]
+    fn bucket_bounds_cover_every_value() {
+        bounds_cover_every_value::<3>();
+        bounds_cover_every_value::<5>();
+    }
+
+    #[test]
+    fn task_time_percentiles_are_within_a_thirty_second() {
+        let mut h = TaskTimeHistogram::new();
+        for s in 1..=1000u64 {
+            h.record(s * 1000);
+        }
+        let p95 = h.percentile(950).unwrap();
+        assert!((950_000..=980_000).contains(&p95), "p95 {p95}");
+        assert!(h.is_consistent());
     }
 }

@@ -14,7 +14,7 @@
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{MINUTE_MS, WaitHistogram};
+use crate::metrics::{MINUTE_MS, TaskTimeHistogram};
 use crate::request::Role;
 use crate::time::Millis;
 
@@ -87,7 +87,7 @@ pub struct TaskFigures {
     pub tokens: u64,
     /// `tokens / merged`: what a merged task cost, failures and abandoned work included.
     pub tokens_per_merged_task: Option<u64>,
-    /// Median wall time of the merged tasks, ms (since start: within 12.5 %; per minute:
+    /// Median wall time of the merged tasks, ms (since start: within 3.2 %; per minute:
     /// the mean, `task_time_mean_ms`, is given instead).
     pub task_time_p50_ms: Option<u64>,
     /// 95th percentile of the same.
@@ -198,7 +198,7 @@ pub(crate) struct Tasks {
     pub(crate) untracked: u64,
     pub(crate) total: Ended,
     /// Wall times of the merged tasks, ms.
-    pub(crate) times: WaitHistogram,
+    pub(crate) times: TaskTimeHistogram,
     /// The two latest minutes with an ended task, by minute number.
     pub(crate) minutes: [Ended; 2],
 }
@@ -209,7 +209,7 @@ impl Default for Tasks {
             open: Vec::new(),
             untracked: 0,
             total: Ended::default(),
-            times: WaitHistogram::new(),
+            times: TaskTimeHistogram::new(),
             minutes: [Ended::default(); 2],
         }
     }

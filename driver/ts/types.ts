@@ -86,7 +86,7 @@ export interface TaskFigures {
   tokens: U64
   /** `tokens / merged`: failures and abandoned work included. */
   tokensPerMergedTask: U64 | null
-  /** Merged tasks' wall time, ms: median and 95th percentile (since start only; within 12.5 %). */
+  /** Merged tasks' wall time, ms: median and 95th percentile (since start only; within 3.2 %). */
   taskTimeP50Ms: U64 | null
   taskTimeP95Ms: U64 | null
   /** Merged tasks' mean wall time, ms. */

@@ -97,7 +97,7 @@ export function prometheusText(metrics, labels) {
     out.sample('tokenwarden_tasks_untracked_total', base, tasks.untracked)
     out.family('tokenwarden_task_tokens_total', 'counter', 'Tokens charged to the tasks that ended.')
     out.sample('tokenwarden_task_tokens_total', base, tasks.sinceStart?.tokens ?? 0)
-    out.family('tokenwarden_task_seconds', 'gauge', 'Wall time of the merged tasks since start, by quantile (within 12.5 %).')
+    out.family('tokenwarden_task_seconds', 'gauge', 'Wall time of the merged tasks since start, by quantile (within 3.2 %).')
     for (const [quantile, ms] of [['0.5', tasks.sinceStart?.taskTimeP50Ms], ['0.95', tasks.sinceStart?.taskTimeP95Ms]]) {
       if (ms !== null && ms !== undefined) out.sample('tokenwarden_task_seconds', [...base, ['quantile', quantile]], toNumber(ms) / 1000)
     }

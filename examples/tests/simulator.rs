@@ -135,3 +135,46 @@ fn mixed_sizes_no_call_waits_past_its_bound_and_big_calls_are_not_starved() {
         assert_eq!(goals.len(), 4, "seed {seed}: {goals:?}");
     }
 }
+
+/// The coordinators' figures in the report are the product's task metrics: they must agree
+/// with what the simulator itself counted of the same run.
+#[test]
+fn the_product_s_task_figures_agree_with_the_simulator_s_count() {
+    for name in ["seed003", "seed003-tight"] {
+        let sc = sim::scenario(name).unwrap();
+        for s in [Strategy::CoordinatorEqual, Strategy::Coordinator] {
+            let r = sim::run(&sc, s, 1);
+            let p = r
+                .product
+                .expect("a coordinator run has the product's figures");
+            assert_eq!(p.merged, r.tasks_finished, "{name} {s:?}: merged tasks");
+            assert_eq!(r.tasks_unfinished, 0, "{name} {s:?}: a finite backlog ends");
+            // Every token the provider charged the fleet was charged to a task.
+            let own = r.own_tokens_per_task().unwrap();
+            let product = r.tokens_per_task().unwrap();
+            assert!(
+                (product - own).abs() <= own * 0.01,
+                "{name} {s:?}: tokens per task {product} vs {own}"
+            );
+            // Percentiles: a bucket upper bound, at most 3.2 % above the exact value.
+            for permille in [500, 950] {
+                let own = r.own_task_time_s(permille).unwrap();
+                let product = r.task_time_s(permille).unwrap();
+                assert!(
+                    product >= own - 1.0 && product <= own * 1.033 + 1.0,
+                    "{name} {s:?}: p{permille} {product} s vs {own} s"
+                );
+            }
+            // The product counts each wait times what the task unblocked when it asked; the
+            // simulator, what it unblocked when the call went out (agents blocked meanwhile
+            // count too), so the product's is at most the simulator's.
+            assert!(
+                r.critical_path_wait() <= r.critical_path_wait_ms,
+                "{name} {s:?}: critical-path wait {} vs {}",
+                r.critical_path_wait(),
+                r.critical_path_wait_ms
+            );
+            assert_eq!(p.rate_limited, 0, "{name} {s:?}");
+        }
+    }
+}

@@ -26,7 +26,7 @@ use std::collections::BinaryHeap;
 
 use tokenwarden_core::{
     AgentId, Call as CallState, CallStep, Config, Coordinator, Event, LeaseId, LeaseRequest,
-    Millis, PoolId, Rng, Role, Usage, parse_headers,
+    Millis, PoolId, Rng, Role, TaskFigures, TaskId, TaskOutcome, TaskSpec, Usage, parse_headers,
 };
 
 pub use provider::Limits;
@@ -233,6 +233,10 @@ pub struct RunResult {
     pub calls: Vec<CallRecord>,
     /// Per agent: tokens charged (uncached input + output).
     pub agent_tokens: Vec<u64>,
+    /// Coordinator strategies: the product's own task figures (`metrics().tasks`, since
+    /// start) at the end of the run, from the tasks the simulator opened, charged and ended
+    /// through the core's task API.
+    pub product: Option<TaskFigures>,
 }
 
 /// One call the provider admitted.
@@ -249,8 +253,22 @@ pub struct CallRecord {
 }
 
 impl RunResult {
-    /// 429s per call sent, thousandths of a percent.
+    // Seed 003's four numbers (429 rate, tokens per finished task, task time, critical-path
+    // wait). For the coordinator strategies they are the product's own figures
+    // (`metrics().tasks`, from the tasks the simulator runs through the core's task API);
+    // for the others, with no product in the loop, the simulator's bookkeeping (`own_*`).
+
+    /// 429s per call: the product's 429 rate (429s per lease granted) under a coordinator
+    /// strategy, else 429s per call sent.
     pub fn rate_limited_ratio(&self) -> f64 {
+        match self.product.and_then(|p| p.rate_limited_permille) {
+            Some(permille) => f64::from(permille) / 1000.0,
+            None => self.own_rate_limited_ratio(),
+        }
+    }
+
+    /// 429s per call sent, as the simulator counted them.
+    pub fn own_rate_limited_ratio(&self) -> f64 {
         if self.sent == 0 {
             0.0
         } else {
@@ -258,19 +276,50 @@ impl RunResult {
         }
     }
 
-    /// Tokens per finished task.
+    /// Tokens per finished task: the product's tokens per merged task (the tokens of every
+    /// ended task, failed ones included, per merged one) under a coordinator strategy.
     pub fn tokens_per_task(&self) -> Option<f64> {
+        match self.product {
+            Some(p) => p.tokens_per_merged_task.map(|t| t as f64),
+            None => self.own_tokens_per_task(),
+        }
+    }
+
+    /// Tokens the provider charged the fleet per finished task, as the simulator counted.
+    pub fn own_tokens_per_task(&self) -> Option<f64> {
         (self.tasks_finished > 0).then(|| self.fleet_tokens as f64 / self.tasks_finished as f64)
     }
 
-    /// A percentile of task time, seconds.
+    /// A percentile of task time, seconds: the product's p50 and p95 of merged tasks (within
+    /// 12.5 %) under a coordinator strategy, else (and for other percentiles) the
+    /// simulator's, which also counts unfinished tasks at their age.
     pub fn task_time_s(&self, permille: usize) -> Option<f64> {
+        let product = self.product.and_then(|p| match permille {
+            500 => Some(p.task_time_p50_ms),
+            950 => Some(p.task_time_p95_ms),
+            _ => None,
+        });
+        match product {
+            Some(ms) => ms.map(|ms| ms as f64 / 1000.0),
+            None => self.own_task_time_s(permille),
+        }
+    }
+
+    /// A percentile of task time, seconds, as the simulator measured it.
+    pub fn own_task_time_s(&self, permille: usize) -> Option<f64> {
         if self.task_times.is_empty() {
             return None;
         }
         let i =
             ((self.task_times.len() * permille).div_ceil(1000)).clamp(1, self.task_times.len()) - 1;
         Some(self.task_times[i] as f64 / 1000.0)
+    }
+
+    /// Critical-path wait, agent-ms: the product's (each task's quota wait times the tasks
+    /// blocked on it) under a coordinator strategy, else the simulator's.
+    pub fn critical_path_wait(&self) -> u64 {
+        self.product
+            .map_or(self.critical_path_wait_ms, |p| p.critical_path_wait_ms)
     }
 
     /// Share of each limit used over the run after the first `skip` minutes: (input,
@@ -396,7 +445,7 @@ impl<'a> Sim<'a> {
     fn new(sc: &'a Scenario, strategy: Strategy, seed: u64) -> Sim<'a> {
         let n = sc.agents.len();
         let coord = strategy.uses_coordinator().then(|| {
-            Coordinator::new(coordinator_config(sc), seed, Millis(0))
+            Coordinator::new(coordinator_config(sc, strategy), seed, Millis(0))
                 .expect("scenario config is valid")
         });
         let minutes = usize::try_from(sc.minutes).unwrap_or(0);
@@ -465,6 +514,7 @@ impl<'a> Sim<'a> {
                 limits: sc.limits,
                 calls: Vec::new(),
                 agent_tokens: vec![0; n],
+                product: None,
             },
         }
     }
@@ -573,6 +623,7 @@ impl<'a> Sim<'a> {
         }
         self.r.max_in_flight = self.provider.max_in_flight_seen;
         if let Some(c) = &self.coord {
+            self.r.product = Some(c.metrics(Millis(ended_at)).tasks.since_start);
             self.r.margin_floor = c.config().margin.floor_permille;
             c.check().expect("coordinator state stays consistent");
         }
@@ -641,6 +692,7 @@ impl<'a> Sim<'a> {
             self.agents[i].in_task = true;
             self.agents[i].task_start = self.now;
             self.agents[i].context = self.sc.agents[i].shape.context_start;
+            self.task_update(i);
         }
         let spec = &self.sc.agents[i];
         let a = &self.agents[i];
@@ -685,6 +737,17 @@ impl<'a> Sim<'a> {
             estimate_new,
             replan,
         });
+        // A looping agent's later turns fail the same way as the one before: its task reports
+        // it once a turn (same signature), which under (e) halves its weight down to the
+        // floor (under (d) the decay is off).
+        let looping = self.sc.agents[i].looping && self.agents[i].turn > 0 && !replan;
+        if looping {
+            let (task, now) = (self.task_id(i), self.now);
+            if let Some(c) = self.coord.as_mut() {
+                c.task_failed(Millis(now), task, 0xF00D ^ i as u64)
+                    .expect("the task is open");
+            }
+        }
         self.r.turn_starts.push((self.now, i));
         self.start_attempts(i);
     }
@@ -711,28 +774,49 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// The id of agent `i`'s current task in the core's task table.
+    fn task_id(&self, i: usize) -> TaskId {
+        TaskId(i as u64 * 1_000_000 + u64::from(self.agents[i].task))
+    }
+
+    /// Opens agent `i`'s task in the coordinator, or updates what it unblocks: its role and
+    /// the agents blocked on it now (the DAG's live out-degree). Under (d) the
+    /// configuration weighs them all the same.
+    fn task_update(&mut self, i: usize) {
+        let spec = TaskSpec {
+            task: self.task_id(i),
+            role: self.sc.agents[i].role,
+            unblocks: u32::try_from(self.blocked_on(i)).unwrap_or(u32::MAX),
+        };
+        let now = self.now;
+        if let Some(c) = self.coord.as_mut() {
+            c.open_task(Millis(now), &spec)
+                .expect("the simulator's tasks fit the task table");
+        }
+    }
+
+    /// Ends agent `i`'s current task in the coordinator.
+    fn task_end(&mut self, i: usize, outcome: TaskOutcome) {
+        let (task, now) = (self.task_id(i), self.now);
+        if let Some(c) = self.coord.as_mut() {
+            c.end_task(Millis(now), task, outcome)
+                .expect("the task is open");
+        }
+    }
+
     fn request_lease(&mut self, i: usize) {
         let Some(call) = self.agents[i].call else {
             return;
         };
-        let spec = &self.sc.agents[i];
-        let full = self.strategy == Strategy::Coordinator;
-        let unblocks = if full {
-            u32::try_from(self.blocked_on(i)).unwrap_or(u32::MAX)
-        } else {
-            0
-        };
+        self.task_update(i);
         let req = LeaseRequest {
             agent: AgentId(i as u64),
             pool: PoolId(0),
             input_tokens: call.estimate_new,
             cached_prefix_tokens: call.prefix,
             max_tokens: call.max_tokens,
-            role: if full { spec.role } else { Role::Worker },
-            unblocks,
-            failure_signature: (full && spec.looping && self.agents[i].turn > 0)
-                .then_some(0xF00D ^ i as u64),
-            task: None,
+            task: Some(self.task_id(i)),
+            ..LeaseRequest::default()
         };
         let now = self.now;
         let Some(c) = self.coord.as_mut() else { return };
@@ -999,9 +1083,16 @@ impl<'a> Sim<'a> {
             a.turn = 0;
             a.in_task = false;
             a.tasks_done += 1;
-            a.task += 1;
             // A looping agent's task ends by giving up: its tokens are waste, not a
             // finished task.
+            let outcome = if spec.looping {
+                TaskOutcome::Failed
+            } else {
+                TaskOutcome::Merged
+            };
+            self.task_end(i, outcome);
+            let a = &mut self.agents[i];
+            a.task += 1;
             if !spec.looping {
                 self.r.tasks_finished += 1;
                 self.r.task_times.push(now - a.task_start);
@@ -1055,8 +1146,11 @@ impl<'a> Sim<'a> {
     }
 }
 
-/// The coordinator configuration a scenario runs with.
-pub fn coordinator_config(sc: &Scenario) -> Config {
+/// The coordinator configuration a scenario runs with under a coordinator strategy: (e) with
+/// the scenario's role weights and the default unblock bonus and failure decay; (d) with
+/// every weight equal (roles 1:1:1, no unblock bonus, no failure decay), so both are told
+/// the same tasks and the product measures both the same way.
+pub fn coordinator_config(sc: &Scenario, strategy: Strategy) -> Config {
     let l = sc.limits;
     let known = |v: u64| {
         if sc.headers_only {
@@ -1065,13 +1159,23 @@ pub fn coordinator_config(sc: &Scenario) -> Config {
             v.to_string()
         }
     };
-    let (planner, reviewer, worker) = sc.weights;
+    let (planner, reviewer, worker) = if strategy == Strategy::Coordinator {
+        sc.weights
+    } else {
+        (1000, 1000, 1000)
+    };
+    let (bonus, decay) = if strategy == Strategy::Coordinator {
+        (500, 500)
+    } else {
+        (0, 1000)
+    };
     let json = format!(
         r#"{{"pools":[{{"name":"key","input_tokens_per_minute":{},"output_tokens_per_minute":{},
             "requests_per_minute":{},"max_concurrent":{}}}],
             "margin":{{"ceiling_permille":{}}},
             "max_queue_wait_ms":120000,
-            "weights":{{"planner":{planner},"reviewer":{reviewer},"worker":{worker}}}}}"#,
+            "weights":{{"planner":{planner},"reviewer":{reviewer},"worker":{worker},
+                "unblock_bonus":{bonus},"repeat_failure_decay":{decay}}}}}"#,
         known(l.input_tpm),
         known(l.output_tpm),
         known(l.rpm),

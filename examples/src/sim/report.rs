@@ -50,7 +50,7 @@ pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
     };
     let e = find(results, Strategy::Coordinator);
     match sc.name {
-        "seed003" | "outsider" => {
+        "seed003" | "seed003-tight" | "outsider" => {
             let (Some(e), Some(a), Some(b)) = (
                 e,
                 find(results, Strategy::Backoff),
@@ -112,22 +112,22 @@ pub fn goals(sc: &Scenario, results: &[RunResult]) -> Vec<Goal> {
             );
             let lowest = results
                 .iter()
-                .map(|r| r.critical_path_wait_ms)
+                .map(RunResult::critical_path_wait)
                 .min()
                 .unwrap_or(0);
             push(
                 "critical-path wait lowest with (e)",
                 format!(
                     "(e) {:.0} agent-s; others {}",
-                    e.critical_path_wait_ms as f64 / 1000.0,
+                    e.critical_path_wait() as f64 / 1000.0,
                     results
                         .iter()
                         .filter(|r| r.strategy != Strategy::Coordinator)
-                        .map(|r| format!("{:.0}", r.critical_path_wait_ms as f64 / 1000.0))
+                        .map(|r| format!("{:.0}", r.critical_path_wait() as f64 / 1000.0))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
-                e.critical_path_wait_ms <= lowest,
+                e.critical_path_wait() <= lowest,
             );
         }
         "saturate" => {
@@ -444,7 +444,7 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
                 .map_or("-".into(), |t| format!("{t:.0} s")),
             r.task_time_s(950)
                 .map_or("-".into(), |t| format!("{t:.0} s")),
-            r.critical_path_wait_ms as f64 / 1000.0,
+            r.critical_path_wait() as f64 / 1000.0,
             r.jain(),
             if r.strategy.uses_coordinator() {
                 r.granted_from_queue.to_string()
@@ -453,7 +453,30 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
             },
         );
     }
-    let _ = sc;
+    // The coordinator strategies' four numbers above are the product's; the simulator's
+    // own bookkeeping of the same runs, for comparison.
+    let coordinated: Vec<&RunResult> = results.iter().filter(|r| r.product.is_some()).collect();
+    if !coordinated.is_empty() && matches!(sc.name, "seed003" | "seed003-tight") {
+        let _ = writeln!(
+            s,
+            "\nThe 429 rate, tokens per finished task, task times and critical-path wait of (d) and (e) are the product's `metrics().tasks` at the end of the run. The simulator's own bookkeeping of the same runs:\n\n| strategy | 429 rate | tokens / finished task | p50 task | p95 task | critical-path wait |\n|---|---:|---:|---:|---:|---:|"
+        );
+        for r in coordinated {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {:.0} agent-s |",
+                r.strategy.label(),
+                pct(r.own_rate_limited_ratio()),
+                r.own_tokens_per_task()
+                    .map_or("-".into(), |t| format!("{t:.0}")),
+                r.own_task_time_s(500)
+                    .map_or("-".into(), |t| format!("{t:.0} s")),
+                r.own_task_time_s(950)
+                    .map_or("-".into(), |t| format!("{t:.0} s")),
+                r.critical_path_wait_ms as f64 / 1000.0,
+            );
+        }
+    }
     s
 }
 
@@ -699,7 +722,7 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "The columns: *broken turns* are turns an agent's harness gave up on after a call stayed rate-limited past its patience (60 s), or that the coordinator's call lifecycle gave up on: each costs a re-read, re-test and re-plan at 5–20× the failed call's tokens. *Jain* is Jain's fairness index over the tokens each tenant was served (1 = equal shares; 1/n = one tenant got everything); in scenarios with a single tenant per role or one shared tenant it says little. *Grants from queue* are leases the coordinator granted after the request had waited in its queue (the rest were granted at once). A usage line can pass 100 % of a limit in a minute with no 429: the provider's buckets start full, so the first minute can spend a whole bucket plus its refill. On `seed003` the coordinators use 26.8 % of the input limit over the run because the fleet asks for less than that most of the time: twenty agents spend ~80 s on tools between calls, fewer and fewer remain as their finite backlogs run out (the run ends when the last task does), and the coordinators queue only in the waves of the first minutes (39 grants from the queue); the `weights` scenario sets planner/reviewer/worker weights to 4:2:1 (the defaults are 3:2:1) to check shares of 4/7, 2/7, 1/7.\n"
+        "The columns: *broken turns* are turns an agent's harness gave up on after a call stayed rate-limited past its patience (60 s), or that the coordinator's call lifecycle gave up on: each costs a re-read, re-test and re-plan at 5–20× the failed call's tokens. *Jain* is Jain's fairness index over the tokens each tenant was served (1 = equal shares; 1/n = one tenant got everything); in scenarios with a single tenant per role or one shared tenant it says little. *Grants from queue* are leases the coordinator granted after the request had waited in its queue (the rest were granted at once). A usage line can pass 100 % of a limit in a minute with no 429: the provider's buckets start full, so the first minute can spend a whole bucket plus its refill. On `seed003` the coordinators use 26.8 % of the input limit over the run because the fleet asks for less than that most of the time: twenty agents spend ~80 s on tools between calls, fewer and fewer remain as their finite backlogs run out (the run ends when the last task does), and the coordinators queue only in the waves of the first minutes (39 grants from the queue); the `weights` scenario sets planner/reviewer/worker weights to 4:2:1 (the defaults are 3:2:1) to check shares of 4/7, 2/7, 1/7.\n\nFor the coordinators, (d) and (e), the 429 rate, tokens per finished task, task times and critical-path wait in every table and goal are the product's own figures: the simulator opens each agent's task with the core's task API (its role, and as `unblocks` the agents blocked on it), names it on every lease, reports a looping agent's repeated failure, ends it merged (or failed, for a looping agent) and reads `metrics().tasks` at the end. Under (d) the coordinator is told the same tasks with every weight equal (no role weights, no unblock bonus, no failure decay). (a)–(c) have no coordinator in the loop, so theirs are the simulator's bookkeeping; for `seed003` and `seed003-tight` the simulator's bookkeeping of (d) and (e) is shown under the table for comparison. The product's task-time percentiles are bucket upper bounds, within 3.2 %: on `seed003`, seed 1, that rounds (e)'s p95 from the 643 s the simulator counts to 655 s, which puts the p95 goal (2× better than (b)'s 1291 s) just out of reach (1.97×; 2.01× by the simulator's count).\n"
     );
     let mut all_goals = Vec::new();
     let _ = writeln!(
@@ -801,7 +824,7 @@ pub fn seed_sweep(sc: &Scenario, seeds: std::ops::RangeInclusive<u64>) -> String
             pct(col(&|r| r.rate_limited_ratio())),
             col(&|r| r.tokens_per_task().unwrap_or(f64::INFINITY)),
             col(&|r| r.task_time_s(950).unwrap_or(f64::INFINITY)),
-            col(&|r| r.critical_path_wait_ms as f64 / 1000.0),
+            col(&|r| r.critical_path_wait() as f64 / 1000.0),
         );
     }
     let mut met: Vec<(String, usize)> = Vec::new();
@@ -819,5 +842,70 @@ pub fn seed_sweep(sc: &Scenario, seeds: std::ops::RangeInclusive<u64>) -> String
     for (what, count) in met {
         let _ = writeln!(s, "| {what} | {count} of {n} |");
     }
+    if sc.name == "seed003-tight" {
+        s.push_str(&why_dag_weights_do_not_win(sc, &runs));
+    }
     s
+}
+
+/// `seed003-tight`'s goals are mostly missed; the figures that say why.
+fn why_dag_weights_do_not_win(sc: &Scenario, runs: &[Vec<RunResult>]) -> String {
+    let at = |s: Strategy| sc.strategies.iter().position(|&x| x == s);
+    let (Some(a), Some(b), Some(d), Some(e)) = (
+        at(Strategy::Backoff),
+        at(Strategy::SdkDefaults),
+        at(Strategy::CoordinatorEqual),
+        at(Strategy::Coordinator),
+    ) else {
+        return String::new();
+    };
+    let n = runs.len();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    let col =
+        |k: usize, f: &dyn Fn(&RunResult) -> f64| median(runs.iter().map(|r| f(&r[k])).collect());
+    let e_below_d = runs
+        .iter()
+        .filter(|r| r[e].critical_path_wait() < r[d].critical_path_wait())
+        .count();
+    let broken = |k: usize| col(k, &|r| r.broken_turns as f64);
+    let busiest = col(e, &|r| {
+        r.minutes
+            .iter()
+            .map(|m| m.input as f64 / r.limits.input_tpm.max(1) as f64)
+            .fold(0.0, f64::max)
+    });
+    let share = col(e, &|r| r.binding_share(1).1);
+    let queued = col(e, &|r| r.granted_from_queue as f64);
+    let calls = col(e, &|r| r.sent as f64);
+    let p95 = |k: usize| col(k, &|r| r.task_time_s(950).unwrap_or(f64::INFINITY));
+    format!(
+        "\n**Why DAG weights do not win on `seed003-tight`** (medians over the {n} seeds). \
+The goal of a queueing coordinator is not reached: over the run (e) uses {share} of the input limit (its busiest minute {busiest}), \
+not above 90 %. The fleet cannot use more: its biggest call (a refactor re-planned from scratch) sends 110k fresh tokens, so no key \
+below 130k input tokens a minute serves it at the 85 % margin, while the twenty agents, 80 s of tool time between calls and backlogs \
+that run out, ask for about a third of that over the run. The coordinator queues only in the waves: {queued:.0} of {calls:.0} grants \
+came from the queue. Weights only reorder calls inside those waves, and a planner's or a repair agent's call that comes after a \
+granted 80k–110k refactor call waits for the refill whatever its weight (a grant is never taken back). So (e)'s critical-path wait \
+is below (d)'s on {e_below_d} of {n} seeds ({ew:.0} vs {dw:.0} agent-s), not on 8. It is not the lowest of all strategies because \
+the measure counts time spent waiting on the quota, and (a) and (b) spend theirs re-planning instead: {ba:.0} and {bb:.0} broken \
+turns a run (0 for the coordinators), each 5–20× the failed call's tokens, which is where their tokens per finished task go \
+({ta:.0} and {tb:.0} against (e)'s {te:.0}: that goal holds on every seed). Task time is mostly tool time: the p95 task is a refactor \
+task of 6 turns × 80 s of tools plus its own 80k–110k calls, at most about one a minute on this key, so (e)'s p95 ({pe:.0} s) \
+cannot be half of (b)'s ({pb:.0} s); (b) finishes some long tasks sooner because the provider lets it spend the last 15 % that \
+the coordinator's margin keeps back, and pays for it in 429s and broken turns.\n",
+        share = pct(share),
+        busiest = pct(busiest),
+        ew = col(e, &|r| r.critical_path_wait() as f64 / 1000.0),
+        dw = col(d, &|r| r.critical_path_wait() as f64 / 1000.0),
+        ba = broken(a),
+        bb = broken(b),
+        ta = col(a, &|r| r.tokens_per_task().unwrap_or(f64::INFINITY)),
+        tb = col(b, &|r| r.tokens_per_task().unwrap_or(f64::INFINITY)),
+        te = col(e, &|r| r.tokens_per_task().unwrap_or(f64::INFINITY)),
+        pe = p95(e),
+        pb = p95(b),
+    )
 }
