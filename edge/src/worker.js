@@ -44,6 +44,34 @@ function decoded(segment) {
   }
 }
 
+const ROLES = new Set(['planner', 'reviewer', 'worker'])
+
+/**
+ * `/agents/a1/worker/task/fix/anthropic/v1/messages` → `/proxy/agent/a1/role/worker/task/fix/v1/messages`;
+ * `/agents/a1/worker/openai/chat/completions` → `…/v1/chat/completions` (the OpenAI SDKs'
+ * base URL usually ends in `/v1`, which may be left out here); `null` for any other path.
+ * Segments stay percent-encoded; proxy mode decodes and checks them.
+ */
+function agentPath(rest) {
+  const p = rest.split('/')
+  if (p[1] !== 'agents' || p.length < 5) return null
+  const [agent, role] = [p[2], p[3]]
+  if (!ROLES.has(role)) throw new HttpError(404, 'not_found', `no such route: the role in /agents/<agent>/<role>/… must be planner, reviewer or worker, got ${JSON.stringify(role)}`)
+  let i = 4
+  const extra = []
+  while ((p[i] === 'task' || p[i] === 'unblocks') && i + 1 < p.length) {
+    extra.push(p[i], p[i + 1])
+    i += 2
+  }
+  const provider = p[i]
+  let tail = `/${p.slice(i + 1).join('/')}`
+  if (provider === 'openai' && !tail.startsWith('/v1/')) tail = `/v1${tail}`
+  if (provider !== 'anthropic' && provider !== 'openai') {
+    throw new HttpError(404, 'not_found', 'no such route: /agents/<agent>/<role>/[task/<t>/][unblocks/<n>/] must be followed by anthropic or openai')
+  }
+  return ['/proxy/agent', agent, 'role', role, ...extra].join('/') + tail
+}
+
 async function handle(request, env) {
   const url = new URL(request.url)
   if (url.pathname === '/' || url.pathname === '/healthz') return json(200, { ok: true, service: 'tokenwarden edge limiter' })
@@ -60,7 +88,7 @@ async function handle(request, env) {
   if (m === null) throw new HttpError(404, 'not_found', 'no such route; see API.md')
   const fleet = checkName('fleet', decoded(m[1]))
   const quota = checkName('quota', decoded(m[2]))
-  const rest = m[3] ?? '/'
+  let rest = m[3] ?? '/'
   const base = `/v1/fleets/${fleet}/quotas/${quota}`
 
   // The dashboard page carries no data and needs no secret: it asks for it and then
@@ -71,6 +99,11 @@ async function handle(request, env) {
     })
   }
 
+  // The base-URL form for tools that can set nothing else:
+  // `/agents/<agent>/<role>[/task/<t>][/unblocks/<n>]/<anthropic|openai>/…` is proxy mode
+  // with the agent, role and task in the path.
+  const viaAgentPath = agentPath(rest)
+  if (viaAgentPath !== null) rest = viaAgentPath
   const parts = rest.split('/').filter(Boolean)
   const proxy = request.method === 'POST' && parts[0] === 'proxy'
   const fleets = parseFleets(env.TOKENWARDEN_FLEETS)

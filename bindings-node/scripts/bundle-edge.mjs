@@ -1,0 +1,24 @@
+// Bundles the edge limiter's Worker (../edge/src/worker.js, on tokenwarden-wasm) into
+// serve/ for `tokenwarden serve`: serve/worker.js and the .wasm module it imports, as
+// workerd loads them. Run by `npm run build` (build:serve).
+import { rmSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import { build } from 'esbuild'
+
+const here = (p) => fileURLToPath(new URL(p, import.meta.url))
+const outdir = here('../serve/')
+rmSync(outdir, { recursive: true, force: true })
+const result = await build({
+  entryPoints: { worker: here('../../edge/src/worker.js') },
+  bundle: true,
+  format: 'esm',
+  platform: 'neutral',
+  conditions: ['workerd', 'worker', 'browser'],
+  outdir,
+  loader: { '.wasm': 'copy' },
+  assetNames: '[name]-[hash]',
+  metafile: true,
+  logLevel: 'error',
+})
+const files = Object.keys(result.metafile.outputs).map((f) => f.split('/').pop())
+console.log(`serve/: ${files.join(', ')}`)

@@ -1,0 +1,175 @@
+// `tokenwarden serve` as users run it: the CLI starts the edge limiter on workerd (the npm
+// package's binary) with its state on disk, and agents join by base URL alone — curl, and
+// the official Python SDKs (anthropic, openai) from a virtualenv the test script creates —
+// against the mock provider on 127.0.0.1. Needs WORKERD (the workerd binary) and
+// TOKENWARDEN_PYTHON (a Python with both SDKs); the test script sets both.
+import assert from 'node:assert/strict'
+import { execFile, spawn } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, before, describe, test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import { promisify } from 'node:util'
+import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+
+const run = promisify(execFile)
+const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
+const agentsPy = fileURLToPath(new URL('../../serve/agents.py', import.meta.url))
+const PYTHON = process.env.TOKENWARDEN_PYTHON
+const skip = !process.env.WORKERD ? 'set WORKERD to the workerd binary' : !PYTHON ? 'set TOKENWARDEN_PYTHON to a Python with anthropic and openai' : false
+const SECRET = 'serve-ci-secret-0123456789'
+
+async function freePort() {
+  const s = createServer()
+  await new Promise((r) => s.listen(0, '127.0.0.1', r))
+  const { port } = s.address()
+  await new Promise((r) => s.close(r))
+  return port
+}
+
+/** Starts `tokenwarden serve`; resolves once it printed its base URLs. */
+function serve(args) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [cli, 'serve', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: process.env })
+    let out = ''
+    let err = ''
+    child.stdout.on('data', (d) => {
+      out += d
+      if (out.includes('Ctrl-C stops it')) resolve({ child, out: () => out })
+    })
+    child.stderr.on('data', (d) => {
+      err += d
+    })
+    child.on('exit', (code) => reject(new Error(`serve exited (${code}) before it was ready: ${out}${err}`)))
+  })
+}
+
+/** Stops serve as Ctrl-C does; resolves with its exit code. */
+function stop(child) {
+  return new Promise((resolve) => {
+    child.removeAllListeners('exit')
+    child.on('exit', (code) => resolve(code))
+    child.kill('SIGINT')
+  })
+}
+
+describe('tokenwarden serve', { skip }, () => {
+  let mock
+  let data
+  let config
+  let port
+  let server
+  let origin
+  const api = (quota, path, init = {}) =>
+    fetch(`${origin}/v1/fleets/ci/quotas/${quota}${path}`, {
+      ...init,
+      headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json', ...init.headers },
+    })
+
+  before(async () => {
+    mock = await startMockProvider({ inputTokensPerMinute: 60_000, outputTokensPerMinute: 20_000, requestsPerMinute: 600, concurrency: 8, replyTokens: 30, chunkDelayMs: 40 })
+    data = mkdtempSync(join(tmpdir(), 'tokenwarden-serve-'))
+    config = join(data, 'tokenwarden.json')
+    const pool = { input_tokens_per_minute: 60_000, output_tokens_per_minute: 20_000, requests_per_minute: 600, max_concurrent: 8 }
+    writeFileSync(
+      config,
+      JSON.stringify({
+        fleets: {
+          ci: {
+            secret: SECRET,
+            proxy_open: true,
+            quotas: {
+              anthropic: { upstream: mock.url, config: { pools: [{ name: 'claude-sonnet-4-6', ...pool }] } },
+              // The same mock provider: its concurrency limit is shared with the quota above,
+              // so some calls meet a 429 there, which the limiter waits out.
+              openai: { upstream: mock.url, config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 80_000, requests_per_minute: 600, max_concurrent: 8 }] } },
+              restart: { config: { pools: [{ name: 'claude-sonnet-4-6', ...pool }] } },
+            },
+          },
+        },
+      }),
+    )
+    port = await freePort()
+    origin = `http://127.0.0.1:${port}`
+    server = await serve(['--config', config, '--port', String(port), '--data', join(data, 'state')])
+  })
+
+  after(async () => {
+    if (server) await stop(server.child)
+    await mock?.close()
+    if (data) rmSync(data, { recursive: true, force: true })
+  })
+
+  test('it prints the base URL to use and the dashboard', () => {
+    const out = server.out()
+    assert.ok(out.includes(`ANTHROPIC_BASE_URL=${origin}/v1/fleets/ci/quotas/anthropic/agents/<agent>/<role>/anthropic`), out)
+    assert.ok(out.includes(`${origin}/v1/fleets/ci/quotas/anthropic/dashboard`), out)
+  })
+
+  test('curl with only a base URL: JSON, and a stream whose first byte comes before its end', async () => {
+    const url = `${origin}/v1/fleets/ci/quotas/anthropic/agents/curl-1/worker/anthropic/v1/messages`
+    const body = (stream) => JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 100, stream, messages: [{ role: 'user', content: 'hello '.repeat(100) }] })
+    const headers = ['-H', 'x-api-key: sk-test-curl', '-H', 'anthropic-version: 2023-06-01', '-H', 'content-type: application/json']
+    const json = await run('curl', ['-sS', '-X', 'POST', url, ...headers, '-d', body(false)])
+    assert.equal(JSON.parse(json.stdout).usage.output_tokens, 30)
+    const timing = await run('curl', ['-sS', '-N', '-o', '/dev/null', '-w', '%{http_code} %{time_starttransfer} %{time_total}', '-X', 'POST', url, ...headers, '-d', body(true)])
+    const [code, first, total] = timing.stdout.split(' ')
+    assert.equal(code, '200')
+    // 30 deltas 40 ms apart: the stream lasts over a second; unbuffered, its first byte
+    // arrives long before the last.
+    assert.ok(Number(total) - Number(first) > 0.8, `first byte at ${first} s, end at ${total} s`)
+    const m = await (await api('anthropic', '/metrics')).json()
+    assert.equal(m.liveLeases, 0, 'both calls settled')
+  })
+
+  test('20 Anthropic and 5 OpenAI agents on the Python SDKs: no 429 reaches them, every lease settled, limits held', { timeout: 180_000 }, async () => {
+    mock.reset()
+    const before = await (await api('anthropic', '/metrics')).json()
+    const { stdout } = await run(PYTHON, [agentsPy, origin, 'ci', 'anthropic', 'openai', '20', '5', '3'], { timeout: 170_000 })
+    const r = JSON.parse(stdout.trim().split('\n').at(-1))
+    assert.deepEqual(r.errors, [], 'no error (no 429: the limiter waits those out) reached an agent')
+    assert.equal(r.calls, 75)
+    assert.ok(r.streamed >= 30, `${r.streamed} streamed`)
+    const stats = mock.stats()
+    assert.equal(stats.completed, 75)
+    assert.equal(stats.overLimit, false, 'the provider never let more through than its limits')
+    const a = await (await api('anthropic', '/metrics')).json()
+    const o = await (await api('openai', '/metrics')).json()
+    assert.equal(a.liveLeases + o.liveLeases, 0, 'every lease ended')
+    const settled = Number(a.pools[0].counters.settled) - Number(before.pools[0].counters.settled) + Number(o.pools[0].counters.settled)
+    assert.equal(settled, 75 + stats.rejected429, 'every call settled (and any attempt a 429 ended)')
+    console.log(`# python: 75 calls (${r.streamed} streamed), provider 429s ${stats.rejected429}, queued at the limiter ${Number(a.pools[0].counters.queued) + Number(o.pools[0].counters.queued)}`)
+  })
+
+  test('a restart keeps leases, tickets and debt; Ctrl-C stops it cleanly', { timeout: 60_000 }, async () => {
+    // Fill the window: one big lease granted, the next request queued behind it.
+    const lease = (agent, inputTokens) => api('restart', '/leases', { method: 'POST', body: JSON.stringify({ agent, pool: 'claude-sonnet-4-6', inputTokens, maxTokens: 100 }) })
+    const g = await (await lease('restart-a', 45_000)).json()
+    assert.equal(g.kind, 'grant')
+    const q = await lease('restart-b', 20_000)
+    assert.equal(q.status, 202)
+    const ticket = (await q.json()).lease
+    const beforeRestart = await (await api('restart', '/metrics')).json()
+    assert.equal(await stop(server.child), 0, 'Ctrl-C: exit 0')
+    server = await serve(['--config', config, '--port', String(port), '--data', join(data, 'state')])
+    const m = await (await api('restart', '/metrics')).json()
+    assert.equal(m.liveLeases, 2, 'the lease and the ticket are still there')
+    assert.equal(beforeRestart.liveLeases, 2)
+    assert.equal(m.pools[0].queueDepth, 1)
+    // Settled above its reservation: debt, kept like everything else.
+    const s = await api('restart', `/leases/${g.lease}/settle`, { method: 'POST', body: JSON.stringify({ inputTokens: 50_000, outputTokens: 50 }) })
+    assert.equal(s.status, 200)
+    const granted = await (await api('restart', `/leases/${ticket}?wait=30000`)).json()
+    assert.equal(granted.kind, 'grant', 'the ticket queued before the restart is granted after it')
+    assert.equal((await api('restart', `/leases/${granted.lease}/settle`, { method: 'POST', body: JSON.stringify({ inputTokens: 20_000 }) })).status, 200)
+    assert.equal((await (await api('restart', '/metrics')).json()).liveLeases, 0)
+  })
+
+  test('a fleet that takes proxied calls with no secret is refused on a non-loopback address', async () => {
+    const r = await run(process.execPath, [cli, 'serve', '--config', config, '--host', '0.0.0.0', '--port', '0', '--data', join(data, 'other')]).catch((e) => e)
+    assert.equal(r.code, 2)
+    assert.match(r.stderr, /proxy_open.*loopback only/)
+  })
+})
