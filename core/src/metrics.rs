@@ -224,6 +224,11 @@ pub struct PoolMetrics {
     pub name: String,
     /// Current margin, thousandths.
     pub margin_permille: u32,
+    /// Since when the margin has sat at its floor (within
+    /// `margin.floor_alert_band_permille`) without rising, if it has; past
+    /// `margin.floor_alert_ms` the `margin_at_floor` event was raised: something outside
+    /// the coordinator is using the key.
+    pub margin_at_floor_since: Option<Millis>,
     /// Grants are paused until this instant after a 429 (in the past when not paused).
     pub paused_until: Millis,
     /// Leases in flight.
@@ -298,6 +303,7 @@ pub(crate) fn pool_metrics(
     PoolMetrics {
         name: cfg.name.clone(),
         margin_permille: pool.margin,
+        margin_at_floor_since: pool.floor_since,
         paused_until: pool.paused_until,
         in_flight: pool.in_flight,
         max_concurrent: pool.max_concurrent,

@@ -280,6 +280,8 @@ export interface PoolMetrics {
   axes: AxisMetrics[]
   bindingAxis: Axis | null
   marginPermille: number
+  /** Since when the margin has sat at its floor without rising (`null` when it is not there). */
+  marginAtFloorSince: U64 | null
   pausedUntil: U64
   queueDepth: number
   inFlight: number

@@ -359,11 +359,16 @@ const SCRIPT = `
       'data-binding-axis': p.bindingAxis,
       'data-rate-limited-minutes': limited.map((x) => Number(x.minute)).join(','),
       'data-rate-limited': limited.reduce((s, x) => s + Number(x.rateLimited), 0),
+      'data-margin-at-floor-since': n(p.marginAtFloorSince),
     })
+    // The margin stuck at its floor: 429s keep coming although the leases stay under the
+    // limits, so something outside the coordinator is using the key.
+    const floorSince = n(p.marginAtFloorSince)
     section.append(el('h2', {},
       'Pool ', el('span', { class: 'pool-name' }, p.name),
       paused ? el('span', { class: 'badge bad paused-badge' }, 'paused ' + dur(pausedUntil - now)) : el('span', { class: 'badge ok' }, 'granting'),
       p.bindingAxis ? el('span', { class: 'badge' }, 'binding: ' + p.bindingAxis) : null,
+      floorSince !== null ? el('span', { class: 'badge bad floor-badge', title: 'the margin has sat at its floor: something outside the coordinator may be using this key' }, 'margin at floor ' + dur(now - floorSince)) : null,
     ))
     const stat = (name, label, ...value) => el('div', { 'data-stat': name }, el('dt', {}, label), el('dd', { id: id + '-' + name }, ...value))
     section.append(el('dl', { class: 'stats' },

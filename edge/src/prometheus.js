@@ -65,6 +65,7 @@ export function prometheusText(metrics, labels) {
   out.family('tokenwarden_used_last_minute_ratio', 'gauge', "Usage in the last complete minute against the provider's limit, for axes with a known limit.")
   out.family('tokenwarden_margin_ratio', 'gauge', 'Share of the provider limit the coordinator currently grants (1 = all of it).')
   out.family('tokenwarden_paused', 'gauge', '1 while grants are paused after a 429, else 0.')
+  out.family('tokenwarden_margin_at_floor_seconds', 'gauge', 'How long the margin has sat at its floor without rising (0 when it is not there); past margin.floor_alert_ms something outside the coordinator is using the key.')
   out.family('tokenwarden_queue_depth', 'gauge', 'Tickets queued.')
   out.family('tokenwarden_in_flight', 'gauge', 'Leases in flight.')
   out.family('tokenwarden_max_concurrent', 'gauge', 'The concurrency limit, where known.')
@@ -132,6 +133,8 @@ export function prometheusText(metrics, labels) {
     }
     out.sample('tokenwarden_margin_ratio', p, toNumber(pool.marginPermille) / 1000)
     out.sample('tokenwarden_paused', p, toNumber(pool.pausedUntil) > now ? 1 : 0)
+    const floorSince = pool.marginAtFloorSince
+    out.sample('tokenwarden_margin_at_floor_seconds', p, floorSince === null || floorSince === undefined ? 0 : Math.max(0, now - toNumber(floorSince)) / 1000)
     out.sample('tokenwarden_queue_depth', p, pool.queueDepth)
     out.sample('tokenwarden_in_flight', p, pool.inFlight)
     if (pool.maxConcurrent !== null && pool.maxConcurrent !== undefined) {
