@@ -4,7 +4,7 @@
 # workspace dependencies (tokenwarden-core for tokenwarden-wasmtime) served from the
 # packages made in the same run:
 #
-#   ./scripts/package-crates.sh            # -> target/package/*.crate
+#   ./scripts/package-crates.sh            # -> target/package-verify/package/*.crate
 #
 # tokenwarden-wasmtime embeds the plugin component; its guest's sources need the
 # workspace, so the component is built here first and packed in `component/`.
@@ -24,6 +24,17 @@ if [ ! "$guest/tokenwarden-quota-v1.wasm" -nt "$guest/wasm32-unknown-unknown/rel
 fi
 mkdir -p host-wasmtime/component
 cp "$guest/tokenwarden-quota-v1.wasm" host-wasmtime/component/
+# Verification resolves each workspace dependency from a temporary local registry. Cargo
+# takes registry crates as immutable: it extracts one under CARGO_HOME (keyed by the
+# registry's path) only if it is not there yet, and reuses a build of it by name and
+# version. So a second run from the same checkout would build against the first run's
+# sources, or its compiled core. Our crates are on no other registry: their extracted
+# copies go, and the verification builds in a target directory of its own whose
+# tokenwarden artifacts go too (the dependencies stay built).
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+rm -rf "$cargo_home"/registry/src/*/tokenwarden-* "$cargo_home"/registry/cache/*/tokenwarden-*
+verify="$target/package-verify"
+rm -rf "$verify"/debug/.fingerprint/tokenwarden-* "$verify"/debug/build/tokenwarden-* "$verify"/debug/deps/*tokenwarden*
 # --allow-dirty: the component just built is not tracked by git (it is generated).
-cargo package --quiet --allow-dirty -p tokenwarden-core -p tokenwarden-wasmtime
-ls -l "$target"/package/*.crate | awk '{ print $NF ": " $5 " bytes" }'
+cargo package --quiet --allow-dirty --target-dir "$verify" -p tokenwarden-core -p tokenwarden-wasmtime
+ls -l "$verify"/package/*.crate | awk '{ print $NF ": " $5 " bytes" }'
