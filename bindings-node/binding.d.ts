@@ -128,6 +128,29 @@ export declare class Coordinator {
   handleTimeoutIo(): void
   /** `pollEvent` on the register file; returns the event's code, −1 for none, 9 wide. */
   pollEventIo(): number
+  /**
+   * `callLease` on the register file (the request in slots 0 to 9, the call in 10 to
+   * 12); returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+   */
+  callLeaseIo(): number
+  /**
+   * `callResponse` on the register file, the headers as one string (`name
+  value
+  …`;
+   * the first argument is the attached register file, unread: the wasm build's signature);
+   * returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+   */
+  callResponseIo(io: Float64Array, headers: string): number
+  /**
+   * `handleResponse` on the register file, the headers as one string; returns 0, or 9
+   * wide (then `takeWideJson()`).
+   */
+  handleResponseIo(io: Float64Array, headers: string): number
+  /**
+   * A call or report result held back because it needs `bigint`s, as `callResponse`
+   * returns it (an object with `bigint`s), or `null`.
+   */
+  takeWideJson(): string | Record<string, any> | null
   /** The fast-path result held back because it needs `bigint`s, or `null`. */
   takeWide(): Decision | Settlement | Event | null
   /** Internal consistency check; throws `corrupt` naming the broken invariant. */

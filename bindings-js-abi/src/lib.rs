@@ -292,10 +292,17 @@ pub mod io {
     /// | `cancelIo` | now, lease | — | 0 |
     /// | `handleTimeoutIo` | now | — | 0 |
     /// | `pollEventIo` | — | the event's fields in declaration order | `EVENT_*`, or −1 |
+    /// | `callLeaseIo` | `requestLeaseIo`'s, then the call: failed (10), refusals (11), last Retry-After (12) | the call and its step ([`CALL_SLOTS`]) | `STEP_*` |
+    /// | `callResponseIo(io, headers)` | now, pool, lease, status, Unix now, then the call (5 to 7) | the call, its step, the settlement and the header report ([`CALL_SLOTS`]) | `STEP_*` |
+    /// | `handleResponseIo(io, headers)` | as `callResponseIo`, without the call | the header report ([`REPORT_SLOT`]) | 0 |
+    ///
+    /// The two response calls take the headers as one string, each name and value followed
+    /// by a line feed (`name\nvalue\nname\nvalue\n`): one string crosses instead of an array
+    /// of pairs (a header can hold no line feed, so none is ambiguous).
     ///
     /// A result with a value above 2^53 − 1 returns `WIDE` instead; `takeWide()` then hands
     /// it over as an object with `bigint`s.
-    pub const IO_SLOTS: usize = 16;
+    pub const IO_SLOTS: usize = 48;
     /// The lease was granted.
     pub const DECISION_GRANT: i32 = 0;
     /// The request was queued.
@@ -351,6 +358,57 @@ pub mod io {
         "estimate_alert",
         "margin_at_floor",
     ];
+
+    /// The call lifecycle's step codes (`callLeaseIo`, `callResponseIo`).
+    pub const STEP_SEND: i32 = 0;
+    /// Wait (for a ticket's grant, or to ask again).
+    pub const STEP_WAIT: i32 = 1;
+    /// Hand the response over.
+    pub const STEP_DELIVER: i32 = 2;
+    /// Give up.
+    pub const STEP_GIVE_UP: i32 = 3;
+    /// A wait's reason code: the index in this list (the core's tags).
+    pub const WAIT_REASONS: [&str; 4] = ["queued", "refused", "rate_limited", "overloaded"];
+    /// A give-up's reason code: the index in this list (the core's tags).
+    pub const GIVE_UP_REASONS: [&str; 3] = ["never_fits", "refusals", "attempts"];
+    /// The header report's axes, in slot order (and `exceeded`'s code: the index here).
+    pub const RATE_AXES: [&str; 5] = [
+        "requests",
+        "tokens",
+        "input_tokens",
+        "output_tokens",
+        "concurrent",
+    ];
+    /// Where a call's results go, in slot order: the call (failed, refusals, last
+    /// Retry-After), the step (lease or ticket, instant, reason, refusal, refusal axis,
+    /// attempts, checkpoint, give-up's last Retry-After), then `callResponseIo`'s settlement
+    /// (settled?, reserved ×4, used ×4). −1 is "none".
+    pub const CALL_SLOTS: [&str; 20] = [
+        "failed",
+        "refusals",
+        "lastRetryAfterMs",
+        "lease",
+        "instant",
+        "reason",
+        "refusal",
+        "refusalAxis",
+        "attempts",
+        "checkpoint",
+        "giveUpRetryAfterMs",
+        "settled",
+        "reserved0",
+        "reserved1",
+        "reserved2",
+        "reserved3",
+        "used0",
+        "used1",
+        "used2",
+        "used3",
+    ];
+    /// The header report's first slot: recognised, malformed, retry after, reset at,
+    /// should retry (−1 none, 0, 1), exceeded (−1 none, else its [`RATE_AXES`] index), then
+    /// per axis of [`RATE_AXES`] limit, remaining, reset after, granularity.
+    pub const REPORT_SLOT: usize = 20;
 
     /// The roles' names, in [`ROLES`] order (the core's serde tags, as objects spell them).
     pub const ROLE_NAMES: [&str; 3] = ["worker", "reviewer", "planner"];
@@ -561,6 +619,234 @@ pub mod io {
         code
     }
 
+    fn reject_code(r: core::RejectReason) -> (u64, u64) {
+        match r {
+            core::RejectReason::ExceedsCapacity { axis: a } => (0, axis_index(a)),
+            core::RejectReason::WaitTooLong => (1, 0),
+            core::RejectReason::QueueFull => (2, 0),
+            core::RejectReason::TooManyLeases => (3, 0),
+            core::RejectReason::TooManyAgents => (4, 0),
+        }
+    }
+
+    /// Slot writes that remember whether every value fitted a `number`.
+    struct Slots<'a> {
+        io: &'a mut [f64],
+        fits: bool,
+    }
+
+    impl Slots<'_> {
+        #[allow(clippy::cast_precision_loss)] // exact: checked against MAX_SAFE
+        fn set(&mut self, i: usize, v: u64) {
+            if v > MAX_SAFE {
+                self.fits = false;
+            }
+            self.io[i] = v as f64;
+        }
+        fn opt(&mut self, i: usize, v: Option<u64>) {
+            match v {
+                Some(v) => self.set(i, v),
+                None => self.io[i] = -1.0,
+            }
+        }
+    }
+
+    /// Reads a call's state from three slots from `at`: failed, refusals, last Retry-After.
+    fn io_call_at(io: &[f64], at: usize) -> Result<core::Call, ArgError> {
+        Ok(core::Call {
+            failed: u32_from_f64(io[at], "failed")?,
+            refusals: u32_from_f64(io[at + 1], "refusals")?,
+            last_retry_after_ms: opt_slot(io, at + 2, "lastRetryAfterMs")?,
+        })
+    }
+
+    /// Reads `callLeaseIo`'s arguments: `now`, the request, the call.
+    pub fn io_call_lease(
+        io: &[f64],
+    ) -> Result<(core::Millis, core::LeaseRequest, core::Call), ArgError> {
+        Ok((io_now(io)?, io_lease_request(io)?, io_call_at(io, 10)?))
+    }
+
+    /// The arguments of `callResponseIo` and `handleResponseIo`, the headers parsed.
+    pub struct ResponseIo {
+        /// Slot 0.
+        pub now: core::Millis,
+        /// Slot 1.
+        pub pool: core::PoolId,
+        /// Slot 2 (−1: none).
+        pub lease: Option<core::LeaseId>,
+        /// Slot 3.
+        pub status: u16,
+        /// What the headers said (slot 4, Unix now, for absolute reset times).
+        pub report: core::HeaderReport,
+    }
+
+    /// Reads the response calls' arguments, parsing `headers` (see the table above).
+    pub fn io_response(io: &[f64], headers: &str) -> Result<ResponseIo, ArgError> {
+        let status = u16::try_from(u32_from_f64(io[3], "status")?).map_err(|_| {
+            ArgError::range("invalid_argument", "`status` must be below 65536".into())
+                .with_field("status")
+        })?;
+        let unix = opt_slot(io, 4, "unixNowMs")?;
+        let bad = || {
+            ArgError::range(
+                "invalid_argument",
+                "`headers` must be names and values, each followed by a line feed".into(),
+            )
+            .with_field("headers")
+        };
+        let mut pairs = Vec::new();
+        if !headers.is_empty() {
+            let mut lines = headers.strip_suffix('\n').ok_or_else(bad)?.split('\n');
+            while let Some(name) = lines.next() {
+                pairs.push((name, lines.next().ok_or_else(bad)?));
+            }
+        }
+        Ok(ResponseIo {
+            now: io_now(io)?,
+            pool: core::PoolId(u32_from_f64(io[1], "pool")?),
+            lease: opt_slot(io, 2, "lease")?.map(core::LeaseId),
+            status,
+            report: core::parse_headers(pairs, unix),
+        })
+    }
+
+    /// Reads `callResponseIo`'s call (slots 5 to 7).
+    pub fn io_response_call(io: &[f64]) -> Result<core::Call, ArgError> {
+        io_call_at(io, 5)
+    }
+
+    /// Writes a call and its step; returns the `STEP_*` code, or `WIDE`.
+    pub fn io_call_step(io: &mut [f64], call: &core::Call, step: &core::CallStep) -> i32 {
+        let mut w = Slots { io, fits: true };
+        w.set(0, u64::from(call.failed));
+        w.set(1, u64::from(call.refusals));
+        w.opt(2, call.last_retry_after_ms);
+        for i in 3..=10 {
+            w.io[i] = -1.0;
+        }
+        w.io[7] = 0.0;
+        w.io[8] = 0.0;
+        w.io[9] = 0.0;
+        let refusal = |w: &mut Slots<'_>, r: Option<core::RejectReason>| {
+            if let Some(r) = r {
+                let (code, axis) = reject_code(r);
+                w.set(6, code);
+                w.set(7, axis);
+            }
+        };
+        let code = match *step {
+            core::CallStep::Send { lease, expires_at } => {
+                w.set(3, lease.0);
+                w.set(4, expires_at.0);
+                STEP_SEND
+            }
+            core::CallStep::Wait {
+                until,
+                reason,
+                ticket,
+                refusal: r,
+                attempt,
+                checkpoint,
+            } => {
+                w.opt(3, ticket.map(|t| t.0));
+                w.set(4, until.0);
+                w.set(5, wait_code(reason));
+                refusal(&mut w, r);
+                w.set(8, u64::from(attempt));
+                w.set(9, u64::from(checkpoint));
+                STEP_WAIT
+            }
+            core::CallStep::Deliver => STEP_DELIVER,
+            core::CallStep::GiveUp {
+                reason,
+                refusal: r,
+                attempts,
+                last_retry_after_ms,
+            } => {
+                w.set(5, give_up_code(reason));
+                refusal(&mut w, r);
+                w.set(8, u64::from(attempts));
+                w.opt(10, last_retry_after_ms);
+                STEP_GIVE_UP
+            }
+        };
+        if w.fits { code } else { WIDE }
+    }
+
+    /// Writes `callResponseIo`'s settlement (slots 11 to 19); false if it needs `bigint`s.
+    pub fn io_settled(io: &mut [f64], settled: Option<&core::Settlement>) -> bool {
+        let mut w = Slots { io, fits: true };
+        match settled {
+            None => {
+                w.io[11] = 0.0;
+                for i in 12..20 {
+                    w.io[i] = 0.0;
+                }
+            }
+            Some(s) => {
+                w.io[11] = 1.0;
+                for (i, &v) in s.reserved.0.iter().enumerate() {
+                    w.set(12 + i, v);
+                }
+                for (i, &v) in s.used.0.iter().enumerate() {
+                    w.set(16 + i, v);
+                }
+            }
+        }
+        w.fits
+    }
+
+    /// Writes a header report from [`REPORT_SLOT`]; false if it needs `bigint`s.
+    pub fn io_report(io: &mut [f64], r: &core::HeaderReport) -> bool {
+        let at = REPORT_SLOT;
+        let mut w = Slots { io, fits: true };
+        w.set(at, u64::from(r.recognised));
+        w.set(at + 1, u64::from(r.malformed));
+        w.opt(at + 2, r.retry_after_ms);
+        w.opt(at + 3, r.reset_at_ms);
+        w.opt(at + 4, r.should_retry.map(u64::from));
+        w.opt(at + 5, r.exceeded.map(|a| rate_axis_index(a) as u64));
+        for (i, axis) in RATE_AXIS_ORDER.iter().enumerate() {
+            let a = r.axis(*axis);
+            let base = at + 6 + 4 * i;
+            w.opt(base, a.limit);
+            w.opt(base + 1, a.remaining);
+            w.opt(base + 2, a.reset_after_ms);
+            w.set(base + 3, a.granularity);
+        }
+        w.fits
+    }
+
+    fn wait_code(r: core::WaitReason) -> u64 {
+        match r {
+            core::WaitReason::Queued => 0,
+            core::WaitReason::Refused => 1,
+            core::WaitReason::RateLimited => 2,
+            core::WaitReason::Overloaded => 3,
+        }
+    }
+
+    fn give_up_code(r: core::GiveUpReason) -> u64 {
+        match r {
+            core::GiveUpReason::NeverFits => 0,
+            core::GiveUpReason::Refusals => 1,
+            core::GiveUpReason::Attempts => 2,
+        }
+    }
+
+    const RATE_AXIS_ORDER: [core::headers::RateAxis; 5] = [
+        core::headers::RateAxis::Requests,
+        core::headers::RateAxis::Tokens,
+        core::headers::RateAxis::InputTokens,
+        core::headers::RateAxis::OutputTokens,
+        core::headers::RateAxis::Concurrent,
+    ];
+
+    fn rate_axis_index(a: core::headers::RateAxis) -> usize {
+        RATE_AXIS_ORDER.iter().position(|x| *x == a).unwrap_or(0)
+    }
+
     /// A result held back from the fast path because it needs `bigint`s.
     #[derive(Debug, Clone, Copy)]
     pub enum WideResult {
@@ -570,6 +856,31 @@ pub mod io {
         Settlement(core::Settlement),
         /// From `pollEventIo`.
         Event(core::Event),
+        /// From `callLeaseIo`.
+        CallLease(core::Call, core::CallStep),
+        /// From `callResponseIo`.
+        CallResponse(core::Call, core::CallResponse, core::HeaderReport),
+        /// From `handleResponseIo`.
+        Report(core::HeaderReport),
+    }
+
+    impl WideResult {
+        /// The object-path JSON of a call or report result (`{ call, step }`, `{ call,
+        /// step, settled, report }`, the report), for `takeWideJson()`; `None` for the
+        /// results `takeWide()` builds.
+        #[must_use]
+        pub fn json(&self) -> Option<serde_json::Value> {
+            match self {
+                WideResult::CallLease(call, step) => {
+                    Some(serde_json::json!({ "call": call, "step": step }))
+                }
+                WideResult::CallResponse(call, a, report) => Some(serde_json::json!({
+                    "call": call, "step": a.step, "settled": a.settled, "report": report
+                })),
+                WideResult::Report(r) => serde_json::to_value(r).ok(),
+                _ => None,
+            }
+        }
     }
 }
 

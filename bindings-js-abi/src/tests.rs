@@ -312,3 +312,125 @@ fn error_codes_are_listed_once_each() {
     sorted.dedup();
     assert_eq!(sorted.len(), ERROR_CODES.len(), "a code is listed twice");
 }
+
+#[test]
+fn call_steps_are_written_with_the_cores_tags() {
+    let call = core::Call {
+        failed: 2,
+        refusals: 1,
+        last_retry_after_ms: Some(7000),
+    };
+    let waits = [
+        core::WaitReason::Queued,
+        core::WaitReason::Refused,
+        core::WaitReason::RateLimited,
+        core::WaitReason::Overloaded,
+    ];
+    for reason in waits {
+        let step = core::CallStep::Wait {
+            until: core::Millis(5000),
+            reason,
+            ticket: Some(core::LeaseId(42)),
+            refusal: Some(core::RejectReason::ExceedsCapacity {
+                axis: core::Axis::OutputTokens,
+            }),
+            attempt: 3,
+            checkpoint: true,
+        };
+        let mut regs = [0.0; io::IO_SLOTS];
+        assert_eq!(io::io_call_step(&mut regs, &call, &step), io::STEP_WAIT);
+        assert_eq!(
+            &regs[..11],
+            &[
+                2.0, 1.0, 7000.0, 42.0, 5000.0, regs[5], 0.0, 1.0, 3.0, 1.0, -1.0
+            ]
+        );
+        assert_eq!(io::WAIT_REASONS[regs[5] as usize], tag(&reason));
+    }
+    for reason in [
+        core::GiveUpReason::NeverFits,
+        core::GiveUpReason::Refusals,
+        core::GiveUpReason::Attempts,
+    ] {
+        let step = core::CallStep::GiveUp {
+            reason,
+            refusal: None,
+            attempts: 4,
+            last_retry_after_ms: None,
+        };
+        let mut regs = [0.0; io::IO_SLOTS];
+        assert_eq!(io::io_call_step(&mut regs, &call, &step), io::STEP_GIVE_UP);
+        assert_eq!(
+            (regs[3], regs[6], regs[8], regs[10]),
+            (-1.0, -1.0, 4.0, -1.0)
+        );
+        assert_eq!(io::GIVE_UP_REASONS[regs[5] as usize], tag(&reason));
+    }
+    let mut regs = [0.0; io::IO_SLOTS];
+    let send = core::CallStep::Send {
+        lease: core::LeaseId(9),
+        expires_at: core::Millis(u64::MAX),
+    };
+    assert_eq!(
+        io::io_call_step(&mut regs, &call, &send),
+        io::WIDE,
+        "an instant above 2^53 needs takeWideJson"
+    );
+    assert_eq!(
+        io::io_call_step(&mut regs, &call, &core::CallStep::Deliver),
+        io::STEP_DELIVER
+    );
+}
+
+#[test]
+fn response_headers_cross_as_one_string_and_the_report_as_slots() {
+    let mut regs = [0.0; io::IO_SLOTS];
+    regs[..8].copy_from_slice(&[
+        1000.0,
+        0.0,
+        -1.0,
+        429.0,
+        1_700_000_000_000.0,
+        0.0,
+        0.0,
+        -1.0,
+    ]);
+    let text = "retry-after\n7\nanthropic-ratelimit-input-tokens-limit\n80000\nx-empty\n\n";
+    let r = io::io_response(&regs, text).expect("parses");
+    assert_eq!((r.now, r.lease, r.status), (core::Millis(1000), None, 429));
+    let pairs = [
+        ("retry-after", "7"),
+        ("anthropic-ratelimit-input-tokens-limit", "80000"),
+        ("x-empty", ""),
+    ];
+    let want = core::parse_headers(pairs, Some(1_700_000_000_000));
+    assert_eq!(r.report, want);
+    assert!(io::io_report(&mut regs, &r.report));
+    let at = io::REPORT_SLOT;
+    assert_eq!(regs[at], f64::from(want.recognised));
+    assert_eq!(regs[at + 2], 7000.0, "retry after, ms");
+    let input = io::RATE_AXES
+        .iter()
+        .position(|a| *a == "input_tokens")
+        .unwrap();
+    assert_eq!(regs[at + 6 + 4 * input], 80000.0, "input tokens limit");
+    assert_eq!(regs[at + 6 + 4 * input + 1], -1.0, "no remaining given");
+    // The axes' tags are the core's.
+    for (i, name) in io::RATE_AXES.iter().enumerate() {
+        let _ = i;
+        let v: core::headers::RateAxis =
+            serde_json::from_value(Value::String((*name).into())).expect("a rate axis tag");
+        assert_eq!(tag(&v), *name);
+    }
+    assert!(
+        io::io_response(&regs, "")
+            .expect("no headers")
+            .report
+            .recognised
+            == 0
+    );
+    for bad in ["retry-after\n7", "retry-after\n"] {
+        let e = io::io_response(&regs, bad).err().expect("refused");
+        assert_eq!(e.field.as_deref(), Some("headers"), "{bad:?}");
+    }
+}

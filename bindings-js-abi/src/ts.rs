@@ -49,6 +49,19 @@ export const REJECT_REASONS = {reasons}
 export const AXES = {axes}
 /** `pollEventIo`'s return codes: the index in this list (-1: no event). */
 export const EVENTS = {events}
+/** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWideJson()`). */
+export const STEP_SEND = {step_send}
+export const STEP_WAIT = {step_wait}
+export const STEP_DELIVER = {step_deliver}
+export const STEP_GIVE_UP = {step_give_up}
+/** A wait's reason code: the index in this list. */
+export const WAIT_REASONS = {wait_reasons}
+/** A give-up's reason code: the index in this list. */
+export const GIVE_UP_REASONS = {give_up_reasons}
+/** The header report's axes in slot order; `exceeded`'s code is the index here. */
+export const RATE_AXES = {rate_axes}
+/** The header report's first slot (recognised, malformed, retry after, reset at, should retry, exceeded, then 4 per axis). */
+export const REPORT_SLOT = {report_slot}
 /** Every stable code an engine's errors carry. */
 export const ENGINE_ERROR_CODES = {errors}
 ",
@@ -64,5 +77,13 @@ export const ENGINE_ERROR_CODES = {errors}
         axes = tuple(&axes),
         events = tuple(&io::EVENTS),
         errors = tuple(&ERROR_CODES),
+        step_send = io::STEP_SEND,
+        step_wait = io::STEP_WAIT,
+        step_deliver = io::STEP_DELIVER,
+        step_give_up = io::STEP_GIVE_UP,
+        wait_reasons = tuple(&io::WAIT_REASONS),
+        give_up_reasons = tuple(&io::GIVE_UP_REASONS),
+        rate_axes = tuple(&io::RATE_AXES),
+        report_slot = io::REPORT_SLOT,
     )
 }

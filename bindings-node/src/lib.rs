@@ -24,7 +24,7 @@ use convert::{
     u64_to_js,
 };
 use napi::Env;
-use napi::bindgen_prelude::{Either, Either3, Float64Array};
+use napi::bindgen_prelude::{Either, Either3, Float64Array, Unknown};
 use napi_derive::napi;
 use serde_json::Value;
 use tokenwarden_core as core;
@@ -512,14 +512,103 @@ impl Coordinator {
         })
     }
 
+    /// `callLease` on the register file (the request in slots 0 to 9, the call in 10 to
+    /// 12); returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    #[napi]
+    pub fn call_lease_io(&mut self, env: Env) -> napi::Result<i32> {
+        let Coordinator { inner, io, wide } = self;
+        js(&env, || {
+            let io = registers(io)?;
+            let (now, req, mut call) = io::io_call_lease(io)?;
+            let step = inner
+                .call_lease(now, &mut call, &req)
+                .map_err(Thrown::from)?;
+            Ok(io::narrow(
+                wide,
+                io::io_call_step(io, &call, &step),
+                WideResult::CallLease(call, step),
+            ))
+        })
+    }
+
+    /// `callResponse` on the register file, the headers as one string (`name\nvalue\n…`;
+    /// the first argument is the attached register file, unread: the wasm build's signature);
+    /// returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    #[napi]
+    pub fn call_response_io(
+        &mut self,
+        env: Env,
+        #[napi(ts_arg_type = "Float64Array")] _io: Unknown<'_>,
+        headers: String,
+    ) -> napi::Result<i32> {
+        let Coordinator { inner, io, wide } = self;
+        js(&env, || {
+            let io = registers(io)?;
+            let r = io::io_response(io, &headers)?;
+            let mut call = io::io_response_call(io)?;
+            let a = inner
+                .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
+                .map_err(Thrown::from)?;
+            let mut code = io::io_call_step(io, &call, &a.step);
+            if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
+                code = io::WIDE;
+            }
+            Ok(io::narrow(
+                wide,
+                code,
+                WideResult::CallResponse(call, a, r.report),
+            ))
+        })
+    }
+
+    /// `handleResponse` on the register file, the headers as one string; returns 0, or 9
+    /// wide (then `takeWideJson()`).
+    #[napi]
+    pub fn handle_response_io(
+        &mut self,
+        env: Env,
+        #[napi(ts_arg_type = "Float64Array")] _io: Unknown<'_>,
+        headers: String,
+    ) -> napi::Result<i32> {
+        let Coordinator { inner, io, wide } = self;
+        js(&env, || {
+            let io = registers(io)?;
+            let r = io::io_response(io, &headers)?;
+            inner
+                .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
+                .map_err(Thrown::from)?;
+            let code = if io::io_report(io, &r.report) {
+                0
+            } else {
+                io::WIDE
+            };
+            Ok(io::narrow(wide, code, WideResult::Report(r.report)))
+        })
+    }
+
+    /// A call or report result held back because it needs `bigint`s, as `callResponse`
+    /// returns it (an object with `bigint`s), or `null`.
+    #[napi(ts_return_type = "string | Record<string, any> | null")]
+    pub fn take_wide_json(&mut self, env: Env) -> napi::Result<Option<Either<String, Value>>> {
+        js(&env, || match self.wide.take().and_then(|w| w.json()) {
+            None => Ok(None),
+            Some(v) => to_js_json(&v).map(Some),
+        })
+    }
+
     /// The fast-path result held back because it needs `bigint`s, or `null`.
     #[napi]
     pub fn take_wide(&mut self) -> Option<Either3<Decision, Settlement, Event>> {
-        self.wide.take().map(|w| match w {
-            WideResult::Decision(d) => Either3::A(d.into()),
-            WideResult::Settlement(s) => Either3::B(s.into()),
-            WideResult::Event(e) => Either3::C(e.into()),
-        })
+        match self.wide.take()? {
+            WideResult::Decision(d) => Some(Either3::A(d.into())),
+            WideResult::Settlement(s) => Some(Either3::B(s.into())),
+            WideResult::Event(e) => Some(Either3::C(e.into())),
+            // A call or report result: `takeWideJson()`'s.
+            other => {
+                self.wide = Some(other);
+                None
+            }
+        }
     }
 
     /// Internal consistency check; throws `corrupt` naming the broken invariant.

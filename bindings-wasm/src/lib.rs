@@ -434,6 +434,76 @@ impl Coordinator {
         })
     }
 
+    /// `callLease` on a register file (the request in slots 0 to 9, the call in 10 to 12):
+    /// a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    #[wasm_bindgen(js_name = callLeaseIo)]
+    pub fn call_lease_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
+        io::check_len(io)?;
+        let (now, req, mut call) = io::io_call_lease(io)?;
+        let step = self
+            .inner
+            .call_lease(now, &mut call, &req)
+            .map_err(ArgError::from)?;
+        Ok(io::narrow(
+            &mut self.wide,
+            io::io_call_step(io, &call, &step),
+            WideResult::CallLease(call, step),
+        ))
+    }
+
+    /// `callResponse` on a register file, the headers as one string (`name\nvalue\n…`):
+    /// a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    #[wasm_bindgen(js_name = callResponseIo)]
+    pub fn call_response_io(&mut self, io: &mut [f64], headers: &str) -> Result<i32, Thrown> {
+        io::check_len(io)?;
+        let r = io::io_response(io, headers)?;
+        let mut call = io::io_response_call(io)?;
+        let a = self
+            .inner
+            .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
+            .map_err(ArgError::from)?;
+        let mut code = io::io_call_step(io, &call, &a.step);
+        if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
+            code = io::WIDE;
+        }
+        Ok(io::narrow(
+            &mut self.wide,
+            code,
+            WideResult::CallResponse(call, a, r.report),
+        ))
+    }
+
+    /// `handleResponse` on a register file, the headers as one string: 0, or 9 wide (then
+    /// `takeWideJson()`).
+    #[wasm_bindgen(js_name = handleResponseIo)]
+    pub fn handle_response_io(&mut self, io: &mut [f64], headers: &str) -> Result<i32, Thrown> {
+        io::check_len(io)?;
+        let r = io::io_response(io, headers)?;
+        self.inner
+            .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
+            .map_err(ArgError::from)?;
+        let code = if io::io_report(io, &r.report) {
+            0
+        } else {
+            io::WIDE
+        };
+        Ok(io::narrow(
+            &mut self.wide,
+            code,
+            WideResult::Report(r.report),
+        ))
+    }
+
+    /// A call or report result held back because it needs `bigint`s (as `callResponse`
+    /// returns it), or `null`.
+    #[wasm_bindgen(js_name = takeWideJson, unchecked_return_type = "Record<string, any> | null")]
+    pub fn take_wide_json(&mut self) -> Result<JsValue, Thrown> {
+        Ok(match self.wide.take().and_then(|w| w.json()) {
+            None => JsValue::NULL,
+            Some(v) => to_js(&v)?,
+        })
+    }
+
     /// The register-file result held back because it needs `bigint`s, or `null`.
     #[wasm_bindgen(js_name = takeWide, unchecked_return_type = "Decision | Settlement | EngineEvent | null")]
     pub fn take_wide(&mut self) -> Result<JsValue, Thrown> {
@@ -442,6 +512,11 @@ impl Coordinator {
             Some(WideResult::Decision(d)) => to_js(&d)?,
             Some(WideResult::Settlement(s)) => to_js(&s)?,
             Some(WideResult::Event(e)) => to_js(&e)?,
+            // A call or report result: `takeWideJson()`'s.
+            Some(other) => {
+                self.wide = Some(other);
+                JsValue::NULL
+            }
         })
     }
 

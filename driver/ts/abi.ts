@@ -3,7 +3,7 @@
 // UPDATE_ABI=1 to rewrite it.
 
 /** Slots in a register file (a `Float64Array`). */
-export const IO_SLOTS = 16
+export const IO_SLOTS = 48
 /** `requestLeaseIo`'s return codes; `WIDE`: the result needs `bigint`s, take it with `takeWide()`. */
 export const DECISION_GRANT = 0
 export const DECISION_QUEUED = 1
@@ -21,5 +21,18 @@ export const REJECT_REASONS = ['exceeds_capacity', 'wait_too_long', 'queue_full'
 export const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests'] as const
 /** `pollEventIo`'s return codes: the index in this list (-1: no event). */
 export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert', 'margin_at_floor'] as const
+/** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWideJson()`). */
+export const STEP_SEND = 0
+export const STEP_WAIT = 1
+export const STEP_DELIVER = 2
+export const STEP_GIVE_UP = 3
+/** A wait's reason code: the index in this list. */
+export const WAIT_REASONS = ['queued', 'refused', 'rate_limited', 'overloaded'] as const
+/** A give-up's reason code: the index in this list. */
+export const GIVE_UP_REASONS = ['never_fits', 'refusals', 'attempts'] as const
+/** The header report's axes in slot order; `exceeded`'s code is the index here. */
+export const RATE_AXES = ['requests', 'tokens', 'input_tokens', 'output_tokens', 'concurrent'] as const
+/** The header report's first slot (recognised, malformed, retry after, reset at, should retry, exceeded, then 4 per axis). */
+export const REPORT_SLOT = 20
 /** Every stable code an engine's errors carry. */
 export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'unknown_task', 'too_many_tasks', 'internal', 'corrupt'] as const

@@ -1,21 +1,42 @@
 /**
  * An {@link Engine} over a binding's coordinator with a register file: the hot calls
- * (`requestLease`, `settle`, `cancel`, `handleTimeout`, `pollEvent`) pass their numbers
- * through a private `Float64Array` (layouts and codes in `abi.ts`, generated from the Rust crate
+ * (`requestLease`, `settle`, `cancel`, `handleTimeout`, `pollEvent`, and the call
+ * lifecycle's `callLease`, `callResponse` and `handleResponse`, whose headers cross as one
+ * string) pass their numbers through a private `Float64Array` (layouts and codes in `abi.ts`, generated from the Rust crate
  * `tokenwarden-js-abi`) instead
  * of objects, which cost ~100 ns a property to cross into native code or wasm. Values that
  * do not fit a `number` exactly (bigints) take the binding's object methods. The addon and
  * the wasm build both implement the binding side, so both engines share this code.
  */
-import { AXES, DECISION_GRANT, DECISION_QUEUED, EVENTS, IO_SLOTS, LEASE_REQUEST_FIELDS, REJECT_REASONS, ROLES, USAGE_FIELDS, WIDE } from './abi.js'
+import {
+  AXES,
+  DECISION_GRANT,
+  DECISION_QUEUED,
+  EVENTS,
+  GIVE_UP_REASONS,
+  IO_SLOTS,
+  LEASE_REQUEST_FIELDS,
+  RATE_AXES,
+  REJECT_REASONS,
+  REPORT_SLOT,
+  ROLES,
+  STEP_DELIVER,
+  STEP_SEND,
+  STEP_WAIT,
+  USAGE_FIELDS,
+  WAIT_REASONS,
+  WIDE,
+} from './abi.js'
 import { invalidArgument, normalizeEngineError } from './errors.js'
 import type {
   Axis,
+  AxisReport,
   BackoffResult,
   BackoffState,
   CallLeaseResult,
   CallResponseResult,
   CallState,
+  CallStep,
   Decision,
   Engine,
   EngineEvent,
@@ -41,7 +62,12 @@ export interface RegisterBinding {
   cancelIo(io: Float64Array): void
   handleTimeoutIo(io: Float64Array): void
   pollEventIo(io: Float64Array): number
+  callLeaseIo(io: Float64Array): number
+  callResponseIo(io: Float64Array, headers: string): number
+  handleResponseIo(io: Float64Array, headers: string): number
   takeWide(): unknown
+  /** A call or report result that needs `bigint`s: JSON text or an object. */
+  takeWideJson(): unknown
   requestLease(now: U64, request: unknown): unknown
   settle(now: U64, lease: U64, usage: unknown): unknown
   cancel(now: U64, lease: U64): void
@@ -91,9 +117,30 @@ function checkNumeric(obj: object, fields: readonly string[]): void {
   }
 }
 
+/** Header pairs as one string (`name\nvalue\n…`), or null for anything else (the object path checks it). */
+function headerText(headers: unknown): string | null {
+  if (!Array.isArray(headers)) return null
+  let text = ''
+  for (const pair of headers as unknown[]) {
+    if (!Array.isArray(pair) || pair.length !== 2) return null
+    const [name, value] = pair as [unknown, unknown]
+    if (typeof name !== 'string' || typeof value !== 'string' || name.includes('\n') || value.includes('\n')) return null
+    text += `${name}\n${value}\n`
+  }
+  return text
+}
+
+const optional = (v: number): number | null => (v === -1 ? null : v)
+
 /** Big results cross as JSON text unless a number needs a bigint (then as an object). */
 function fromJson(v: unknown): unknown {
   return typeof v === 'string' ? JSON.parse(v) : v
+}
+
+/** A rejection's reason from its code and axis code. */
+function rejectReason(code: number, axis: number): RejectReason {
+  const reason: RejectReason['kind'] = REJECT_REASONS[code]!
+  return reason === 'exceeds_capacity' ? { kind: reason, axis: AXES[axis]! as Axis } : ({ kind: reason } as RejectReason)
 }
 
 /** An {@link Engine} over a {@link RegisterBinding}. */
@@ -119,18 +166,7 @@ export class RegisterEngine implements Engine {
   requestLease(now: U64, r: LeaseRequest): Decision {
     if (r === null || typeof r !== 'object') throw invalidArgument(`requestLease needs a request object, got ${r === null ? 'null' : typeof r}`, 'request')
     const io = this.#io
-    const role = r.role === undefined ? 0 : ROLE_CODES[r.role]
-    io[0] = exact(now) ? now : Number.NaN
-    io[1] = exact(r.agent) ? r.agent : Number.NaN
-    io[2] = r.pool
-    io[3] = field(r.inputTokens)
-    io[4] = field(r.cachedPrefixTokens)
-    io[5] = field(r.maxTokens)
-    io[6] = role ?? Number.NaN
-    io[7] = r.unblocks ?? 0
-    io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
-    io[9] = r.task === undefined || r.task === null ? -1 : field(r.task)
-    if (io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || io[9] !== io[9] || typeof r.pool !== 'number') {
+    if (!this.#request(now, r)) {
       // Bigints, out-of-range or mistyped values: the object path checks and reports them.
       checkNumeric(r, NUMERIC_REQUEST_FIELDS)
       return this.#slow(() => this.#c.requestLease(now, r) as Decision, 'requestLease')
@@ -144,12 +180,85 @@ export class RegisterEngine implements Engine {
     if (kind === DECISION_GRANT) return { kind: 'grant', lease: io[0]!, expiresAt: io[1]! }
     if (kind === DECISION_QUEUED) return { kind: 'queued', lease: io[0]!, eta: io[1]! }
     if (kind === WIDE) return this.#c.takeWide() as Decision
-    const reason: RejectReason['kind'] = REJECT_REASONS[io[2]!]!
-    return {
-      kind: 'reject',
-      retryAt: io[1] === -1 ? null : io[1]!,
-      reason: reason === 'exceeds_capacity' ? { kind: reason, axis: AXES[io[3]!]! as Axis } : ({ kind: reason } as RejectReason),
+    return { kind: 'reject', retryAt: io[1] === -1 ? null : io[1]!, reason: rejectReason(io[2]!, io[3]!) }
+  }
+
+  /** Writes `now` and a lease request to slots 0 to 9; false when one needs the object path. */
+  #request(now: U64, r: LeaseRequest): boolean {
+    const io = this.#io
+    const role = r.role === undefined ? 0 : ROLE_CODES[r.role]
+    io[0] = exact(now) ? now : Number.NaN
+    io[1] = exact(r.agent) ? r.agent : Number.NaN
+    io[2] = r.pool
+    io[3] = field(r.inputTokens)
+    io[4] = field(r.cachedPrefixTokens)
+    io[5] = field(r.maxTokens)
+    io[6] = role ?? Number.NaN
+    io[7] = r.unblocks ?? 0
+    io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
+    io[9] = r.task === undefined || r.task === null ? -1 : field(r.task)
+    return !(io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || io[9] !== io[9] || typeof r.pool !== 'number')
+  }
+
+  /** Writes a call's state to three slots from `at`; false when it needs the object path. */
+  #call(call: CallState, at: number): boolean {
+    if (call === null || typeof call !== 'object') return false
+    const last = call.lastRetryAfterMs
+    const io = this.#io
+    io[at] = exact(call.failed) ? call.failed : Number.NaN
+    io[at + 1] = exact(call.refusals) ? call.refusals : Number.NaN
+    io[at + 2] = last === undefined || last === null ? -1 : field(last)
+    return io[at] === io[at] && io[at + 1] === io[at + 1] && io[at + 2] === io[at + 2]
+  }
+
+  /** The call and its step from the result slots (see `CALL_SLOTS` in the ABI crate). */
+  #stepOut(code: number): { call: CallState; step: CallStep } {
+    const io = this.#io
+    const call: CallState = { failed: io[0]!, refusals: io[1]!, lastRetryAfterMs: optional(io[2]!) }
+    const refusal = io[6] === -1 ? null : rejectReason(io[6]!, io[7]!)
+    let step: CallStep
+    if (code === STEP_SEND) step = { kind: 'send', lease: io[3]!, expiresAt: io[4]! }
+    else if (code === STEP_WAIT) {
+      step = { kind: 'wait', until: io[4]!, reason: WAIT_REASONS[io[5]!]!, ticket: optional(io[3]!), refusal, attempt: io[8]!, checkpoint: io[9] === 1 }
+    } else if (code === STEP_DELIVER) step = { kind: 'deliver' }
+    else step = { kind: 'give_up', reason: GIVE_UP_REASONS[io[5]!]!, refusal, attempts: io[8]!, lastRetryAfterMs: optional(io[10]!) }
+    return { call, step }
+  }
+
+  /** The header report from its slots. */
+  #reportOut(): HeaderReport {
+    const io = this.#io
+    const at = REPORT_SLOT
+    const axis = (i: number): AxisReport => {
+      const b = at + 6 + 4 * i
+      return { limit: optional(io[b]!), remaining: optional(io[b + 1]!), resetAfterMs: optional(io[b + 2]!), granularity: io[b + 3]! }
     }
+    const should = io[at + 4]!
+    const exceeded = io[at + 5]!
+    return {
+      requests: axis(0),
+      tokens: axis(1),
+      inputTokens: axis(2),
+      outputTokens: axis(3),
+      concurrent: axis(4),
+      retryAfterMs: optional(io[at + 2]!),
+      shouldRetry: should === -1 ? null : should === 1,
+      exceeded: exceeded === -1 ? null : (RATE_AXES[exceeded]! as HeaderReport['exceeded']),
+      resetAtMs: optional(io[at + 3]!),
+      recognised: io[at]!,
+      malformed: io[at + 1]!,
+    }
+  }
+
+  /** Writes the response calls' first slots (now, pool, lease, status, Unix now); false for the object path. */
+  #response(now: U64, pool: number, lease: number | null, status: number, unixNowMs: U64 | null): boolean {
+    const io = this.#io
+    io[0] = exact(now) ? now : Number.NaN
+    io[1] = exact(pool) ? pool : Number.NaN
+    io[2] = lease === null || lease === undefined ? -1 : exact(lease) ? lease : Number.NaN
+    io[3] = exact(status) ? status : Number.NaN
+    io[4] = unixNowMs === null || unixNowMs === undefined ? -1 : exact(unixNowMs) ? unixNowMs : Number.NaN
+    return io[0] === io[0] && io[1] === io[1] && io[2] === io[2] && io[3] === io[3] && io[4] === io[4]
   }
 
   settle(now: U64, lease: number, u: Usage): Settlement {
@@ -195,7 +304,17 @@ export class RegisterEngine implements Engine {
     headers: Array<[string, string]>,
     unixNowMs: U64 | null,
   ): HeaderReport {
-    return fromJson(this.#slow(() => this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs), 'handleResponse')) as HeaderReport
+    const text = headerText(headers)
+    if (text === null || !this.#response(now, pool, lease, status, unixNowMs)) {
+      return fromJson(this.#slow(() => this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs), 'handleResponse')) as HeaderReport
+    }
+    let code: number
+    try {
+      code = this.#c.handleResponseIo(this.#io, text)
+    } catch (e) {
+      throw normalizeEngineError(e, 'handleResponse')
+    }
+    return code === WIDE ? (fromJson(this.#c.takeWideJson()) as HeaderReport) : this.#reportOut()
   }
 
   handleTimeout(now: U64): void {
@@ -235,7 +354,16 @@ export class RegisterEngine implements Engine {
   }
 
   callLease(now: U64, call: CallState, request: LeaseRequest): CallLeaseResult {
-    return fromJson(this.#slow(() => this.#c.callLease(now, call, request), 'callLease')) as CallLeaseResult
+    if (request === null || typeof request !== 'object' || !this.#request(now, request) || !this.#call(call, 10)) {
+      return fromJson(this.#slow(() => this.#c.callLease(now, call, request), 'callLease')) as CallLeaseResult
+    }
+    let code: number
+    try {
+      code = this.#c.callLeaseIo(this.#io)
+    } catch (e) {
+      throw normalizeEngineError(e, 'callLease')
+    }
+    return code === WIDE ? (fromJson(this.#c.takeWideJson()) as CallLeaseResult) : this.#stepOut(code)
   }
 
   callResponse(
@@ -247,9 +375,23 @@ export class RegisterEngine implements Engine {
     headers: Array<[string, string]>,
     unixNowMs: U64 | null,
   ): CallResponseResult {
-    return fromJson(
-      this.#slow(() => this.#c.callResponse(now, call, pool, lease, status, headers, unixNowMs), 'callResponse'),
-    ) as CallResponseResult
+    const text = headerText(headers)
+    if (text === null || !this.#response(now, pool, lease, status, unixNowMs) || !this.#call(call, 5)) {
+      return fromJson(
+        this.#slow(() => this.#c.callResponse(now, call, pool, lease, status, headers, unixNowMs), 'callResponse'),
+      ) as CallResponseResult
+    }
+    let code: number
+    try {
+      code = this.#c.callResponseIo(this.#io, text)
+    } catch (e) {
+      throw normalizeEngineError(e, 'callResponse')
+    }
+    if (code === WIDE) return fromJson(this.#c.takeWideJson()) as CallResponseResult
+    const io = this.#io
+    const { call: next, step } = this.#stepOut(code)
+    const settled: Settlement | null = io[11] === 1 ? { reserved: [io[12]!, io[13]!, io[14]!, io[15]!], used: [io[16]!, io[17]!, io[18]!, io[19]!] } : null
+    return { call: next, step, settled, report: this.#reportOut() }
   }
 
   callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement {

@@ -39,3 +39,80 @@ test(`every usage field is read by its name (${engineName})`, () => {
   const s = engine.settle(1, d.lease, { inputTokens: 9n, cacheCreationInputTokens: 0, cacheReadInputTokens: 0, outputTokens: 4 })
   assert.deepEqual(s.used.slice(0, 2), [9, 4])
 })
+
+// The call lifecycle and handleResponse take the register file (the headers as one string)
+// when every argument is an exact number; a bigint `now` sends the same call down the object
+// path. Both must answer alike, call for call: grants, queueing, refusals, 429s with and
+// without Retry-After, overloads, giving up, and a header report too wide for a `number`.
+test(`the call lifecycle's register-file path answers as its object path (${engineName})`, () => {
+  const tight = { pools: [{ name: 'p', input_tokens_per_minute: 10_000, output_tokens_per_minute: 5_000, requests_per_minute: 60 }], backoff: { max_attempts: 2 } }
+  const fast = engines.create(tight, 7, 0)
+  const slow = engines.create(tight, 7, 0)
+  const both = (f) => {
+    let a, b
+    try {
+      a = f(fast, (t) => t)
+    } catch (e) {
+      a = { threw: e.code, field: e.field }
+    }
+    try {
+      b = f(slow, (t) => BigInt(t))
+    } catch (e) {
+      b = { threw: e.code, field: e.field }
+    }
+    assert.deepEqual(a, b)
+    return a
+  }
+  const fresh = { failed: 0, refusals: 0, lastRetryAfterMs: null }
+  const anthropic = [
+    ['anthropic-ratelimit-input-tokens-limit', '10000'],
+    ['anthropic-ratelimit-input-tokens-remaining', '8000'],
+    ['anthropic-ratelimit-input-tokens-reset', '1970-01-01T00:01:00Z'],
+    ['anthropic-ratelimit-requests-limit', '60'],
+    ['anthropic-ratelimit-requests-remaining', '59'],
+    ['request-id', 'req_1'],
+  ]
+  const ask = (t, req, call = fresh) => both((e, n) => e.callLease(n(t), call, { agent: 1, pool: 0, inputTokens: 2_000, maxTokens: 500, ...req }))
+  const respond = (t, call, lease, status, headers) => both((e, n) => e.callResponse(n(t), call, 0, lease, status, headers, n(t)))
+
+  const sent = ask(1_000, {})
+  assert.equal(sent.step.kind, 'send')
+  const ok = respond(1_100, sent.call, sent.step.lease, 200, anthropic)
+  assert.equal(ok.step.kind, 'deliver')
+  assert.equal(ok.settled, null)
+  assert.equal(ok.report.inputTokens.limit, 10_000)
+  both((e, n) => e.settle(n(1_200), sent.step.lease, { inputTokens: 2_000, outputTokens: 100 }))
+  // Fill the minute, then a queued ticket and a refusal that waits.
+  const leases = []
+  for (let i = 0; i < 6; i++) leases.push(ask(1_300 + i, { agent: 2 + i }))
+  assert.ok(leases.some((l) => l.step.kind === 'wait'), 'the minute fills: a call waits')
+  const big = ask(1_400, { inputTokens: 20_000 })
+  assert.equal(big.step.kind, 'give_up', 'bigger than the pool: never fits')
+  assert.equal(big.step.refusal.kind, 'exceeds_capacity')
+  // A 429 with Retry-After, an overload, then a second 429: giving up after max attempts.
+  const first = leases.find((l) => l.step.kind === 'send')
+  const limited = respond(2_000, first.call, first.step.lease, 429, [['retry-after', '7'], ['x-should-retry', 'true']])
+  assert.equal(limited.step.kind, 'wait')
+  assert.equal(limited.step.reason, 'rate_limited')
+  assert.notEqual(limited.settled, null, 'a 429 is settled as nothing used')
+  assert.equal(limited.report.retryAfterMs, 7_000)
+  assert.equal(limited.report.shouldRetry, true)
+  const overloaded = respond(2_050, fresh, null, 529, [['x-should-retry', 'true']])
+  assert.equal(overloaded.step.kind, 'wait')
+  assert.equal(overloaded.step.reason, 'overloaded')
+  const again = respond(2_100, limited.call, null, 429, [])
+  assert.equal(again.step.kind, 'give_up')
+  assert.equal(again.step.lastRetryAfterMs, 7_000)
+  // handleResponse on its own, with an axis named exceeded and an empty value.
+  const report = both((e, n) => e.handleResponse(n(2_200), 0, null, 429, [['x-ratelimit-limit-requests', '60'], ['x-ratelimit-remaining-requests', '0'], ['x-empty', '']], n(2_200)))
+  assert.equal(report.requests.remaining, 0)
+  // A limit above 2^53 − 1 needs a bigint: the register file hands the result over whole.
+  const wide = both((e, n) => e.handleResponse(n(2_300), 0, null, 200, [['anthropic-ratelimit-requests-limit', '90071992547409930']], n(2_300)))
+  assert.equal(wide.requests.limit, 90071992547409930n)
+  // A value holding a line feed cannot cross as the one string: the object path takes it.
+  both((e, n) => e.handleResponse(n(2_400), 0, null, 200, [['retry-after', '1\n2']], n(2_400)))
+  // Bad arguments are refused alike, naming the field.
+  const bad = both((e, n) => e.callResponse(n(2_500), fresh, 0, null, 70_000, [], null))
+  assert.equal(bad.threw, 'invalid_argument')
+  assert.deepEqual(both((e) => JSON.parse(e.snapshot())), JSON.parse(fast.snapshot()))
+})
