@@ -5,6 +5,7 @@
 //   added latency per call, p50 and p99, at 1 and at 50 concurrent agents;
 //   proxied calls per second sustained at 50 concurrent agents (state persisted on disk);
 //   time to first streamed byte added, p50;
+//   a request to the Worker alone, and an API lease + settle pair (where the time goes);
 //   memory (RSS) of serve's workerd with 200 agents known.
 //
 //   WORKERD=<workerd binary> node tests/js/serve/bench.mjs [--calls N]
@@ -130,6 +131,31 @@ for (const agents of [1, 50]) {
   const p = await load((a) => proxied(`stream-${a}`), 1, CALLS / 2, true)
   const t = (r) => r.samples.map((s) => s.ttfb)
   rows.push(['time to first streamed byte added (p50)', ms(pct(t(p), 50) - pct(t(d), 50)), `direct ${ms(pct(t(d), 50))}, proxied ${ms(pct(t(p), 50))}`])
+}
+{
+  // Where the added time goes, one agent, sequential: a request that only reaches the
+  // Worker, and an API lease + settle pair (two requests through the Durable Object, each
+  // reply after its state is written to disk).
+  const auth = { authorization: 'Bearer bench-secret-0123456789abcd', 'content-type': 'application/json' }
+  const api = `${origin}/v1/fleets/bench/quotas/anthropic`
+  const timed = async (f, n) => {
+    const xs = []
+    for (let i = 0; i < n; i++) {
+      const t0 = performance.now()
+      await f()
+      xs.push(performance.now() - t0)
+    }
+    return xs
+  }
+  const healthz = await timed(async () => (await fetch(`${origin}/healthz`)).text(), CALLS / 2)
+  const pairs = await timed(async () => {
+    const lease = await (await fetch(`${api}/leases`, { method: 'POST', headers: auth, body: JSON.stringify({ agent: 'api-1', inputTokens: 100, maxTokens: 50 }) })).json()
+    const r = await fetch(`${api}/leases/${lease.lease}/settle`, { method: 'POST', headers: auth, body: JSON.stringify({ inputTokens: 100, outputTokens: 5 }) })
+    if (!r.ok) throw new Error(`settle: ${r.status} ${await r.text()}`)
+    await r.text()
+  }, CALLS / 4)
+  rows.push(['a request to the Worker alone (GET /healthz), p50', ms(pct(healthz, 50)), 'workerd\'s own round trip, no Durable Object'])
+  rows.push(['API lease + settle pair, 1 agent (p50)', ms(pct(pairs, 50)), 'two requests through the Durable Object, each answered after its write to disk'])
 }
 {
   // 200 distinct agents known to the quota, then the RSS of the workerd process.

@@ -86,6 +86,8 @@ describe('tokenwarden serve', { skip }, () => {
               // so some calls meet a 429 there, which the limiter waits out.
               openai: { upstream: mock.url, config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 80_000, requests_per_minute: 600, max_concurrent: 8 }] } },
               restart: { config: { pools: [{ name: 'claude-sonnet-4-6', ...pool }] } },
+              // Gives up after two failed sends: the caller then gets the provider's 429.
+              patience: { upstream: mock.url, config: { pools: [{ name: 'claude-sonnet-4-6', ...pool }], backoff: { max_attempts: 2 } } },
             },
           },
         },
@@ -141,6 +143,39 @@ describe('tokenwarden serve', { skip }, () => {
     const settled = Number(a.pools[0].counters.settled) - Number(before.pools[0].counters.settled) + Number(o.pools[0].counters.settled)
     assert.equal(settled, 75 + stats.rejected429, 'every call settled (and any attempt a 429 ended)')
     console.log(`# python: 75 calls (${r.streamed} streamed), provider 429s ${stats.rejected429}, queued at the limiter ${Number(a.pools[0].counters.queued) + Number(o.pools[0].counters.queued)}`)
+  })
+
+  test('a 429 from upstream is waited out, not returned; a call that gives up gets it with the last Retry-After', { timeout: 60_000 }, async () => {
+    const call = (quota, agent) =>
+      fetch(`${origin}/v1/fleets/ci/quotas/${quota}/agents/${agent}/worker/anthropic/v1/messages`, {
+        method: 'POST',
+        headers: { 'x-api-key': 'sk-test-429', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 50, messages: [{ role: 'user', content: 'hello '.repeat(20) }] }),
+      })
+    const sent = () => mock.log.filter((e) => e.path === '/v1/messages')
+    // Two 429s with Retry-After: 1, then the provider answers: the agent sees one 200.
+    let before = sent().length
+    mock.fail429(2, { retryAfterSeconds: 1 })
+    const t0 = Date.now()
+    const ok = await call('anthropic', 'patient-1')
+    const waited = Date.now() - t0
+    assert.equal(ok.status, 200, await ok.clone().text())
+    assert.equal((await ok.json()).usage.output_tokens, 30)
+    const tries = sent().slice(before)
+    assert.deepEqual(tries.map((e) => e.status), [429, 429, 200], 'two 429s waited out, then the answer')
+    assert.ok(waited >= 2000, `each Retry-After waited out (${waited} ms)`)
+    // A quota that allows two failed sends: the third 429 is not tried; the caller gets the
+    // provider's 429 with its Retry-After, and the lease is settled as nothing used.
+    before = sent().length
+    mock.fail429(5, { retryAfterSeconds: 3 })
+    const gaveUp = await call('patience', 'impatient-1')
+    assert.equal(gaveUp.status, 429)
+    assert.equal(gaveUp.headers.get('retry-after'), '3')
+    await gaveUp.text()
+    assert.equal(sent().length - before, 2, 'two sends, then it gives up')
+    mock.fail429(0)
+    const m = await (await api('patience', '/metrics')).json()
+    assert.equal(m.liveLeases, 0, 'the given-up call is settled')
   })
 
   test('a restart keeps leases, tickets and debt; Ctrl-C stops it cleanly', { timeout: 60_000 }, async () => {
