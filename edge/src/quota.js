@@ -113,6 +113,8 @@ export class QuotaObject {
     this.pending = null
     /** The write in flight, or null. */
     this.writing = null
+    /** Proxied calls' leases and tickets ended at the last restore (they died with the process). */
+    this.orphansEnded = 0
     /** The alarm time last set (Unix ms), or null. */
     this.alarmAt = undefined
     /** What storage holds: key → text as last written (see store.js). */
@@ -125,6 +127,21 @@ export class QuotaObject {
       this.written = saved.written
       const { snapshot, leases } = saved.value
       this.#start(wasmEngines.restore(typeof snapshot === 'string' ? snapshot : JSON.stringify(snapshot)), leases)
+      // Proxied calls in flight when the object stopped died with it: nobody will settle
+      // their leases or take their tickets. End them now (a granted one charged as the core
+      // charges a call cut short, a ticket withdrawn) rather than let them hold capacity
+      // until their TTL.
+      const orphans = orphansOf(snapshot, leases)
+      for (const { id, phase } of orphans) {
+        try {
+          if (phase === 'active') this.tw.callInterrupted(id, null, null, null)
+          else this.tw.cancel(id)
+        } catch {
+          // already gone
+        }
+      }
+      this.orphansEnded = orphans.length
+      if (orphans.length > 0) await this.#persistSoon()
     })
   }
 
@@ -502,6 +519,12 @@ export class QuotaObject {
       ...(task === null ? {} : { task: taskId(task, 'x-tokenwarden-task') }),
       ...(unblocks === null ? {} : { unblocks: unblocksOf(unblocks, 'x-tokenwarden-unblocks') }),
       ...(signature === null ? {} : { failureSignature: Number(signature) }),
+      // Sent under a lease just granted: its write starts now (not awaited: the call does
+      // not wait for the disk), so a restart right after still knows what the call holds.
+      fetch: (input, init) => {
+        this.#persistSoon().catch(() => {})
+        return fetch(input, init)
+      },
     })
     const body = await readText(request, limitFrom(this.env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES))
     // The request's signal aborts when the client goes away (Cloudflare, with the
@@ -509,6 +532,27 @@ export class QuotaObject {
     // wait and forwards nothing.
     return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
   }
+}
+
+/**
+ * The leases and tickets of a restored snapshot that no API client holds (those are in
+ * `leases`, the object's own records): the proxied calls' — `{ id, phase }`, phase `active`
+ * (granted) or `queued`. Read from the snapshot's lease table; ids above 2^53 are skipped
+ * (they expire by their TTL).
+ */
+export function orphansOf(snapshot, leases) {
+  const s = typeof snapshot === 'string' ? parseExact(snapshot) : snapshot
+  const slots = s?.state?.leases?.slots
+  if (!Array.isArray(slots)) return []
+  const held = new Set(leases.map(([id]) => id))
+  const out = []
+  for (const slot of slots) {
+    const e = slot?.entry
+    if (e === null || typeof e !== 'object' || !Number.isSafeInteger(e.id) || held.has(e.id)) continue
+    const phase = e.phase?.active !== undefined ? 'active' : e.phase?.queued !== undefined ? 'queued' : null
+    if (phase !== null) out.push({ id: e.id, phase })
+  }
+  return out
 }
 
 /** The keys a proxy path may name before the provider's path. */

@@ -178,6 +178,41 @@ describe('tokenwarden serve', { skip }, () => {
     assert.equal(m.liveLeases, 0, 'the given-up call is settled')
   })
 
+  test('a restart while calls are in flight: the cut calls are charged and end at once, not at their TTL', { timeout: 60_000 }, async () => {
+    mock.reset()
+    const url = (agent) => `${origin}/v1/fleets/ci/quotas/anthropic/agents/${agent}/worker/anthropic/v1/messages`
+    const init = (stream) => ({
+      method: 'POST',
+      headers: { 'x-api-key': 'sk-test-restart', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 100, stream, messages: [{ role: 'user', content: 'hello '.repeat(50) }] }),
+    })
+    const before = await (await api('anthropic', '/metrics')).json()
+    // Four streams (30 deltas 40 ms apart: over a second each) reach the provider.
+    const cut = [1, 2, 3, 4].map((i) =>
+      fetch(url(`cut-${i}`), init(true))
+        .then((r) => r.text())
+        .then(
+          () => 'completed',
+          () => 'cut',
+        ),
+    )
+    for (let i = 0; i < 200 && mock.stats().inFlight < 4; i++) await new Promise((r) => setTimeout(r, 10))
+    assert.equal(mock.stats().inFlight, 4, 'four calls in flight at the provider')
+    assert.equal(await stop(server.child), 0)
+    assert.deepEqual(await Promise.all(cut), ['cut', 'cut', 'cut', 'cut'], 'the streams were cut by the stop')
+    server = await serve(['--config', config, '--port', String(port), '--data', join(data, 'state')])
+    const m = await (await api('anthropic', '/metrics')).json()
+    assert.equal(m.liveLeases, 0, 'the leases of the cut calls ended at the restart, not after their TTL')
+    const settled = Number(m.pools[0].counters.settled) - Number(before.pools[0].counters.settled)
+    assert.equal(settled, 4, 'each cut call settled, as a call cut short: charged its reservation')
+    // The whole concurrency is free again: eight calls go straight through.
+    const t0 = Date.now()
+    const next = await Promise.all([1, 2, 3, 4, 5, 6, 7, 8].map(async (i) => (await fetch(url(`after-${i}`), init(false))).status))
+    assert.deepEqual(next, [200, 200, 200, 200, 200, 200, 200, 200])
+    assert.ok(Date.now() - t0 < 20_000, 'none waited for a TTL')
+    assert.equal(mock.stats().overLimit, false)
+  })
+
   test('a restart keeps leases, tickets and debt; Ctrl-C stops it cleanly', { timeout: 60_000 }, async () => {
     // Fill the window: one big lease granted, the next request queued behind it.
     const lease = (agent, inputTokens) => api('restart', '/leases', { method: 'POST', body: JSON.stringify({ agent, pool: 'claude-sonnet-4-6', inputTokens, maxTokens: 100 }) })
