@@ -28,6 +28,8 @@ const INLINE_SNAPSHOT_BYTES = 32 * 1024
  * gathering window.
  */
 const BACKGROUND_FLUSH_MS = 50
+/** How long a proxied call's grant may gather with others before its write (see #proxy). */
+const SEND_FLUSH_MS = 50
 
 /**
  * The clock of a Durable Object: Unix milliseconds and the runtime's timers. A waiting call
@@ -519,10 +521,11 @@ export class QuotaObject {
       ...(task === null ? {} : { task: taskId(task, 'x-tokenwarden-task') }),
       ...(unblocks === null ? {} : { unblocks: unblocksOf(unblocks, 'x-tokenwarden-unblocks') }),
       ...(signature === null ? {} : { failureSignature: Number(signature) }),
-      // Sent under a lease just granted: its write starts now (not awaited: the call does
-      // not wait for the disk), so a restart right after still knows what the call holds.
+      // Sent under a lease just granted: written within SEND_FLUSH_MS (not awaited: the
+      // call does not wait for the disk), so a restart soon after still knows what the call
+      // holds and charges it.
       fetch: (input, init) => {
-        this.#persistSoon().catch(() => {})
+        this.#persistSoon(SEND_FLUSH_MS).catch(() => {})
         return fetch(input, init)
       },
     })
