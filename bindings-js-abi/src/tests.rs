@@ -434,3 +434,81 @@ fn response_headers_cross_as_one_string_and_the_report_as_slots() {
         assert_eq!(e.field.as_deref(), Some("headers"), "{bad:?}");
     }
 }
+
+#[test]
+fn camel_json_is_camel_keys_as_text() {
+    let config = core::Config::from_json(
+        r#"{"pools":[{"name":"p","input_tokens_per_minute":100000,"output_tokens_per_minute":20000,"requests_per_minute":100,"max_concurrent":2}]}"#,
+    )
+    .expect("config");
+    let mut c = core::Coordinator::new(config, 7, core::Millis(0)).expect("coordinator");
+    c.open_task(
+        core::Millis(0),
+        &core::TaskSpec {
+            task: core::TaskId(3),
+            role: core::Role::Planner,
+            unblocks: 2,
+        },
+    )
+    .expect("task");
+    for agent in 1..=4 {
+        let req = core::LeaseRequest {
+            agent: core::AgentId(agent),
+            input_tokens: 1_000,
+            max_tokens: 500,
+            task: Some(core::TaskId(3)),
+            ..Default::default()
+        };
+        let _ = c.request_lease(core::Millis(agent), &req).expect("lease");
+    }
+    let report = core::parse_headers(
+        [("retry-after", "7"), ("x-ratelimit-limit-requests", "100")],
+        Some(0),
+    );
+    let metrics = c.metrics(core::Millis(70_000));
+    for (what, text, value) in [
+        (
+            "metrics",
+            camel_json(&metrics),
+            serde_json::to_value(&metrics),
+        ),
+        ("report", camel_json(&report), serde_json::to_value(report)),
+    ] {
+        let text = text.unwrap_or_else(|| panic!("{what}: every number fits"));
+        let parsed: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(parsed, camel_keys(value.expect("serializes")), "{what}");
+        assert!(!text.contains("_ms\""), "{what}: keys recased");
+    }
+    // Enum tags (values) keep their snake_case; a wide integer is refused.
+    let step = core::CallStep::Wait {
+        until: core::Millis(5),
+        reason: core::WaitReason::RateLimited,
+        ticket: None,
+        refusal: None,
+        attempt: 1,
+        checkpoint: false,
+    };
+    assert!(
+        camel_json(&step)
+            .expect("fits")
+            .contains("\"rate_limited\"")
+    );
+    let wide = core::CallStep::Send {
+        lease: core::LeaseId(1),
+        expires_at: core::Millis(MAX_SAFE + 1),
+    };
+    assert_eq!(camel_json(&wide), None);
+    let edge = core::CallStep::Send {
+        lease: core::LeaseId(1),
+        expires_at: core::Millis(MAX_SAFE),
+    };
+    assert!(
+        camel_json(&edge)
+            .expect("2^53 - 1 fits")
+            .contains("9007199254740991")
+    );
+    let escaped =
+        serde_json::json!({ "a_b": "say \"c_d\": e_f", "g_h": [-12, 1.5e3, { "i_j": null }] });
+    let parsed: Value = serde_json::from_str(&camel_json(&escaped).expect("fits")).expect("JSON");
+    assert_eq!(parsed, camel_keys(escaped));
+}

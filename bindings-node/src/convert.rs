@@ -602,6 +602,9 @@ pub fn to_js_value<T: serde::Serialize>(v: &T) -> Result<Value, Thrown> {
 /// exactly, else as an object with `bigint`s. Big objects cross much faster as one
 /// string than property by property (a metrics object: ~60 µs as properties).
 pub fn to_js_json<T: serde::Serialize>(v: &T) -> Result<Either<String, Value>, Thrown> {
+    if let Some(text) = tokenwarden_js_abi::camel_json(v) {
+        return Ok(Either::A(text));
+    }
     let value = to_js_value(v)?;
     if all_safe(&value) {
         Ok(Either::A(value.to_string()))

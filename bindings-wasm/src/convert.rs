@@ -282,72 +282,21 @@ pub fn value_to_js(v: &Value) -> JsValue {
 
 /// Serializes a core value for JavaScript.
 ///
-/// As JSON text parsed on the JavaScript side: two crossings of the boundary in all, where
-/// building the object a property at a time took one per key and value (a `call_response`
-/// result cost about 200 µs that way in workerd). A value holding an integer above 2^53 − 1
-/// (instants near `u64::MAX`, which `JSON.parse` would round) is built property by property
-/// instead, so the number rule holds either way.
+/// As JSON text parsed on the JavaScript side (`tokenwarden_js_abi::camel_json`): two
+/// crossings of the boundary in all, where building the object a property at a time took
+/// one per key and value (a `call_response` result cost about 200 µs that way in workerd).
+/// A value holding an integer above 2^53 − 1 (instants near `u64::MAX`, which `JSON.parse`
+/// would round) is built property by property instead, so the number rule holds either way.
 pub fn to_js<T: serde::Serialize>(v: &T) -> Result<JsValue, ArgError> {
-    let value = serde_json::to_value(v).map_err(|e| ArgError::state("internal", e.to_string()))?;
-    let mut text = String::with_capacity(256);
-    if !json_text(&value, &mut text) {
-        return Ok(value_to_js(&value));
+    if let Some(text) = tokenwarden_js_abi::camel_json(v) {
+        return js_sys::JSON::parse(&text).map_err(|_| {
+            ArgError::state(
+                "internal",
+                "the engine wrote JSON that does not parse".to_string(),
+            )
+        });
     }
-    js_sys::JSON::parse(&text).map_err(|_| {
-        ArgError::state(
-            "internal",
-            "the engine wrote JSON that does not parse".to_string(),
-        )
-    })
-}
-
-/// Appends `v` to `out` as JSON with camelCase keys; false (and `out` unfinished) if it
-/// holds an integer that a JavaScript `number` cannot carry exactly.
-fn json_text(v: &Value, out: &mut String) -> bool {
-    use std::fmt::Write as _;
-    match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
-            if n.as_u64().is_some_and(|u| u > MAX_SAFE) {
-                return false;
-            }
-            // serde_json prints floats in their shortest round-trip form; a negative
-            // integer JSON.parse rounds as `from_f64` would.
-            let _ = write!(out, "{n}");
-        }
-        Value::String(s) => push_json_string(s, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, x) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                if !json_text(x, out) {
-                    return false;
-                }
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            out.push('{');
-            for (i, (k, x)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                push_json_string(&camel(k), out);
-                out.push(':');
-                if !json_text(x, out) {
-                    return false;
-                }
-            }
-            out.push('}');
-        }
-    }
-    true
-}
-
-fn push_json_string(s: &str, out: &mut String) {
-    // A string always serializes.
-    out.push_str(&serde_json::to_string(s).unwrap_or_default());
+    serde_json::to_value(v)
+        .map(|v| value_to_js(&v))
+        .map_err(|e| ArgError::state("internal", e.to_string()))
 }
