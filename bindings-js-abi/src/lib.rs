@@ -293,13 +293,18 @@ pub fn camel_json<T: serde::Serialize>(v: &T) -> Option<String> {
                 // An integer run (serde_json writes no `+`; a `-` sign is before the run).
                 let start = i;
                 let mut integer = true;
-                while i < bytes.len() && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
+                {
                     integer &= bytes[i].is_ascii_digit();
                     i += 1;
                 }
                 let negative = start > 0 && bytes[start - 1] == b'-';
                 // More than 16 digits, or 16 above 2^53 − 1 (9007199254740991).
-                if integer && !negative && (i - start > 16 || (i - start == 16 && text[start..i] > *"9007199254740991")) {
+                if integer
+                    && !negative
+                    && (i - start > 16 || (i - start == 16 && text[start..i] > *"9007199254740991"))
+                {
                     return None;
                 }
             }
