@@ -275,17 +275,7 @@ pub fn camel_json<T: serde::Serialize>(v: &T) -> Option<String> {
                 if underscore && bytes.get(i) == Some(&b':') {
                     let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
                     o.push_str(&text[copied..start]);
-                    let mut upper = false;
-                    for c in text[start..i].chars() {
-                        if c == '_' {
-                            upper = true;
-                        } else if upper {
-                            o.push(c.to_ascii_uppercase());
-                            upper = false;
-                        } else {
-                            o.push(c);
-                        }
-                    }
+                    o.push_str(&camel(&text[start..i]));
                     copied = i;
                 }
             }
