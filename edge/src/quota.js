@@ -115,8 +115,6 @@ export class QuotaObject {
     this.pending = null
     /** The write in flight, or null. */
     this.writing = null
-    /** Proxied calls' leases and tickets ended at the last restore (they died with the process). */
-    this.orphansEnded = 0
     /** The alarm time last set (Unix ms), or null. */
     this.alarmAt = undefined
     /** What storage holds: key → text as last written (see store.js). */
@@ -142,7 +140,6 @@ export class QuotaObject {
           // already gone
         }
       }
-      this.orphansEnded = orphans.length
       if (orphans.length > 0) await this.#persistSoon()
     })
   }
