@@ -87,6 +87,14 @@ pub(crate) struct Bucket {
     pub(crate) charged_on_arrival: bool,
 }
 
+/// `a × b` in token-milliseconds: exact, since two `u64`s multiply within `u128` (one
+/// machine multiply, where `i128::saturating_mul` calls a checked 128-bit routine), and
+/// saturated at `i128::MAX` beyond it, which no configured limit and window reach.
+#[inline]
+pub(crate) fn product(a: u64, b: u64) -> i128 {
+    i128::try_from(u128::from(a) * u128::from(b)).unwrap_or(i128::MAX)
+}
+
 impl Bucket {
     pub(crate) fn new(limit: Option<u64>) -> Bucket {
         Bucket {
@@ -103,7 +111,7 @@ impl Bucket {
     }
 
     fn full(&self, window: u64) -> i128 {
-        i128::from(self.cap) * i128::from(window)
+        product(self.cap, window)
     }
 
     /// Adds `elapsed` ms of refill at the capacity in force.
@@ -115,7 +123,7 @@ impl Bucket {
         if self.level >= full {
             return;
         }
-        let add = i128::from(elapsed).saturating_mul(i128::from(self.cap));
+        let add = product(elapsed, self.cap);
         self.level = self.level.saturating_add(add).min(full);
     }
 
@@ -143,14 +151,14 @@ impl Bucket {
         if !self.gates() {
             return true;
         }
-        let need = i128::from(n).saturating_mul(i128::from(window));
+        let need = product(n, window);
         self.level >= need || self.level >= self.full(window)
     }
 
     /// Reserves `n` for a lease.
     pub(crate) fn take(&mut self, n: u64, window: u64) {
         if self.gates() {
-            let need = i128::from(n).saturating_mul(i128::from(window));
+            let need = product(n, window);
             self.level = self.level.saturating_sub(need);
         }
     }
@@ -168,7 +176,7 @@ impl Bucket {
         }
         let full = self.full(window);
         let high = grant_level
-            .saturating_add(i128::from(elapsed).saturating_mul(i128::from(self.cap)))
+            .saturating_add(product(elapsed, self.cap))
             .min(full);
         full.saturating_sub(high).max(0)
     }
@@ -180,9 +188,8 @@ impl Bucket {
         if !self.gates() {
             return;
         }
-        let w = i128::from(window);
-        let reserved = i128::from(reserved).saturating_mul(w);
-        let used = i128::from(used).saturating_mul(w);
+        let reserved = product(reserved, window);
+        let used = product(used, window);
         if used > reserved {
             self.level = self.level.saturating_sub(used - reserved);
         } else {
@@ -195,7 +202,7 @@ impl Bucket {
     /// lease was granted).
     pub(crate) fn charge(&mut self, used: u64, window: u64) {
         if self.gates() {
-            let used = i128::from(used).saturating_mul(i128::from(window));
+            let used = product(used, window);
             self.level = self.level.saturating_sub(used);
         }
     }
@@ -209,9 +216,7 @@ impl Bucket {
         if self.cap == 0 {
             return None;
         }
-        let need = i128::from(n)
-            .saturating_mul(i128::from(window))
-            .min(self.full(window));
+        let need = product(n, window).min(self.full(window));
         let deficit = need.saturating_sub(self.level);
         let cap = i128::from(self.cap);
         let ms = deficit.saturating_add(cap - 1) / cap;

@@ -194,22 +194,29 @@ impl Coordinator {
             let Some((_, _, slot)) = pool.queue.peek_min() else {
                 return;
             };
-            let Some(entry) = self.leases.by_slot(slot).copied() else {
-                return;
-            };
-            let Phase::Queued {
-                vstart,
-                enqueued_at,
+            // The fields the grant needs, not a copy of the whole entry.
+            let Some(&Entry {
+                id,
+                agent,
+                agent_slot,
+                ask,
+                task,
+                phase:
+                    Phase::Queued {
+                        vstart,
+                        enqueued_at,
+                        ..
+                    },
                 ..
-            } = entry.phase
+            }) = self.leases.by_slot(slot)
             else {
                 return;
             };
             let cold = self
                 .agents
-                .get(entry.agent_slot)
+                .get(agent_slot)
                 .is_none_or(|a| a.cache_cold(p, now));
-            let demand = charge(counting, &entry.ask, cold);
+            let demand = charge(counting, &ask, cold);
             if !pool.fits(&demand, window) {
                 return;
             }
@@ -220,22 +227,22 @@ impl Coordinator {
             pool.waits.record(waited_ms);
             pool.counters.granted_from_queue = pool.counters.granted_from_queue.saturating_add(1);
             let expires_at = now.plus(ttl);
-            if let Some(e) = self.leases.get_mut(entry.id) {
+            if let Some(e) = self.leases.get_mut(id) {
                 e.phase = phase;
             }
             self.leases
-                .push_expiry(expires_at, entry.id, self.config.max_leases);
-            if let Some(a) = self.agents.get_mut(entry.agent_slot) {
+                .push_expiry(expires_at, id, self.config.max_leases);
+            if let Some(a) = self.agents.get_mut(agent_slot) {
                 a.queued = a.queued.saturating_sub(1);
                 a.in_flight = a.in_flight.saturating_add(1);
             }
-            if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
+            if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
                 t.wait(waited_ms);
                 t.calls = t.calls.saturating_add(1);
             }
             self.events.push_back(Event::Granted {
-                lease: entry.id,
-                agent: entry.agent,
+                lease: id,
+                agent,
                 pool: PoolId(p),
                 expires_at,
                 waited_ms,

@@ -118,6 +118,7 @@ impl LeaseTable {
     }
 
     /// Allocates a slot; `make` builds the entry from its id.
+    #[inline]
     pub(crate) fn insert(&mut self, make: impl FnOnce(LeaseId) -> Entry) -> LeaseId {
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -139,6 +140,7 @@ impl LeaseTable {
         id
     }
 
+    #[inline]
     pub(crate) fn get(&self, id: LeaseId) -> Option<&Entry> {
         let s = self.slots.get(id.slot() as usize)?;
         if s.generation != id.generation() {
@@ -147,6 +149,7 @@ impl LeaseTable {
         s.entry.as_ref()
     }
 
+    #[inline]
     pub(crate) fn get_mut(&mut self, id: LeaseId) -> Option<&mut Entry> {
         let s = self.slots.get_mut(id.slot() as usize)?;
         if s.generation != id.generation() {
@@ -155,6 +158,7 @@ impl LeaseTable {
         s.entry.as_mut()
     }
 
+    #[inline]
     pub(crate) fn by_slot(&self, slot: u32) -> Option<&Entry> {
         self.slots.get(slot as usize)?.entry.as_ref()
     }
@@ -163,6 +167,7 @@ impl LeaseTable {
         id.slot()
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, id: LeaseId) -> Option<Entry> {
         let s = self.slots.get_mut(id.slot() as usize)?;
         if s.generation != id.generation() {
@@ -174,6 +179,7 @@ impl LeaseTable {
         Some(e)
     }
 
+    #[inline]
     pub(crate) fn push_expiry(&mut self, at: Millis, id: LeaseId, max_leases: u32) {
         self.expiries.push_back((at, id));
         if self.expiries.len() > (max_leases as usize).saturating_mul(2).saturating_add(16) {
@@ -187,6 +193,7 @@ impl LeaseTable {
         }
     }
 
+    #[inline]
     fn is_due(&self, at: Millis, id: LeaseId) -> bool {
         matches!(
             self.get(id),
@@ -196,6 +203,7 @@ impl LeaseTable {
 
     /// Drops entries at the front of the expiry queue whose leases already ended, so the
     /// front is always a live lease and [`LeaseTable::next_expiry`] is exact.
+    #[inline]
     pub(crate) fn prune_expiries(&mut self) {
         while let Some(&(at, id)) = self.expiries.front() {
             if self.is_due(at, id) {
@@ -206,11 +214,13 @@ impl LeaseTable {
     }
 
     /// The earliest expiry of a live lease (the front is kept live by `prune_expiries`).
+    #[inline]
     pub(crate) fn next_expiry(&self) -> Option<Millis> {
         self.expiries.front().map(|(at, _)| *at)
     }
 
     /// Pops the next lease due at or before `now` that is still active.
+    #[inline]
     pub(crate) fn pop_expired(&mut self, now: Millis) -> Option<LeaseId> {
         while let Some(&(at, id)) = self.expiries.front() {
             if at > now {

@@ -365,7 +365,7 @@ impl Pool {
             if !b.gates() {
                 continue;
             }
-            let want = i128::from(need.get(a)).saturating_mul(i128::from(window));
+            let want = crate::bucket::product(need.get(a), window);
             let deficit = want.saturating_sub(b.level);
             if deficit > 0 {
                 let deficit = deficit.unsigned_abs();
