@@ -255,59 +255,83 @@ pub fn camel_keys(v: Value) -> Value {
 /// `camel_keys(to_value(v))`, in the value's own field order.
 #[must_use]
 pub fn camel_json<T: serde::Serialize>(v: &T) -> Option<String> {
-    let text = serde_json::to_string(v).ok()?;
-    let bytes = text.as_bytes();
-    // Copied through unchanged in runs; only keys with an underscore are rewritten.
-    let mut out: Option<String> = None;
-    let mut copied = 0;
+    let text = serde_json::to_vec(v).ok()?;
+    // One pass into one buffer: bytes are copied as they are; a key (a string followed by
+    // `:`) holding an underscore is recased where it was just copied, in place.
+    let mut out: Vec<u8> = Vec::with_capacity(text.len());
     let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
+    while let Some(&b) = text.get(i) {
+        match b {
             b'"' => {
-                let start = i;
+                let start = out.len();
+                let mut end = i + 1;
                 let mut underscore = false;
-                i += 1;
-                while i < bytes.len() && bytes[i] != b'"' {
-                    underscore |= bytes[i] == b'_';
-                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                while let Some(&c) = text.get(end) {
+                    match c {
+                        b'"' => break,
+                        b'\\' => end += 2,
+                        c => {
+                            underscore |= c == b'_';
+                            end += 1;
+                        }
+                    }
                 }
-                i += 1;
-                if underscore && bytes.get(i) == Some(&b':') {
-                    let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
-                    o.push_str(&text[copied..start]);
-                    o.push_str(&camel(&text[start..i]));
-                    copied = i;
+                let end = (end + 1).min(text.len());
+                out.extend_from_slice(&text[i..end]);
+                i = end;
+                if underscore && text.get(i) == Some(&b':') {
+                    recase_in_place(&mut out, start);
                 }
             }
             b'0'..=b'9' => {
                 // An integer run (serde_json writes no `+`; a `-` sign is before the run).
                 let start = i;
                 let mut integer = true;
-                while i < bytes.len()
-                    && matches!(bytes[i], b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-')
-                {
-                    integer &= bytes[i].is_ascii_digit();
+                while let Some(&c) = text.get(i) {
+                    if !matches!(c, b'0'..=b'9' | b'.' | b'e' | b'E' | b'+' | b'-') {
+                        break;
+                    }
+                    integer &= c.is_ascii_digit();
                     i += 1;
                 }
-                let negative = start > 0 && bytes[start - 1] == b'-';
+                let digits = &text[start..i];
+                let negative = start > 0 && text[start - 1] == b'-';
                 // More than 16 digits, or 16 above 2^53 − 1 (9007199254740991).
                 if integer
                     && !negative
-                    && (i - start > 16 || (i - start == 16 && text[start..i] > *"9007199254740991"))
+                    && (digits.len() > 16
+                        || (digits.len() == 16 && digits > b"9007199254740991".as_slice()))
                 {
                     return None;
                 }
+                out.extend_from_slice(digits);
             }
-            _ => i += 1,
+            b => {
+                out.push(b);
+                i += 1;
+            }
         }
     }
-    Some(match out {
-        None => text,
-        Some(mut o) => {
-            o.push_str(&text[copied..]);
-            o
+    // Only ASCII `_` bytes were removed and ASCII letters uppercased: still UTF-8.
+    String::from_utf8(out).ok()
+}
+
+/// Recases the key `out[start..]` (a quoted JSON string) to camelCase where it lies: each
+/// `_` is dropped and the byte after it uppercased, which is [`camel`] on its text.
+fn recase_in_place(out: &mut Vec<u8>, start: usize) {
+    let mut write = start;
+    let mut upper = false;
+    for read in start..out.len() {
+        let c = out[read];
+        if c == b'_' {
+            upper = true;
+            continue;
         }
-    })
+        out[write] = if upper { c.to_ascii_uppercase() } else { c };
+        upper = false;
+        write += 1;
+    }
+    out.truncate(write);
 }
 
 /// Whether every integer in `v` is exact as a JavaScript `number`.
