@@ -388,7 +388,20 @@ pub mod io {
     ///
     /// A result with a value above 2^53 − 1 returns `WIDE` instead; `takeWide()` then hands
     /// it over as an object with `bigint`s.
-    pub const IO_SLOTS: usize = 48;
+    ///
+    /// Every one of these calls that returns (not one that throws) also leaves the
+    /// coordinator's state after it in the last two slots ([`io_after`]): how many events
+    /// `pollEvent` has to give ([`EVENTS_SLOT`]) and what `pollTimeout` answers
+    /// ([`TIMEOUT_SLOT`]), so the wrapper does not cross again to ask. They hold until
+    /// the next call that changes the coordinator.
+    pub const IO_SLOTS: usize = 50;
+    /// After a register-file call: the events waiting ([`Coordinator::pending_events`]).
+    ///
+    /// [`Coordinator::pending_events`]: tokenwarden_core::Coordinator::pending_events
+    pub const EVENTS_SLOT: usize = 48;
+    /// After a register-file call: `pollTimeout()`'s instant, −1 for none, −2 for one
+    /// above 2^53 − 1 (ask `pollTimeout()` for its `bigint`).
+    pub const TIMEOUT_SLOT: usize = 49;
     /// The lease was granted.
     pub const DECISION_GRANT: i32 = 0;
     /// The request was queued.
@@ -524,6 +537,19 @@ pub mod io {
             *wide = Some(result);
         }
         code
+    }
+
+    /// Writes the coordinator's state after a call into [`EVENTS_SLOT`] and
+    /// [`TIMEOUT_SLOT`]. Every binding calls it at the end of each register-file call that
+    /// returns.
+    pub fn io_after(io: &mut [f64], c: &core::Coordinator) {
+        let events = u64::try_from(c.pending_events()).unwrap_or(u64::MAX);
+        put(&mut io[EVENTS_SLOT..], &[events.min(MAX_SAFE)]);
+        io[TIMEOUT_SLOT] = match c.poll_timeout() {
+            None => -1.0,
+            Some(t) if t.0 <= MAX_SAFE => t.0 as f64,
+            Some(_) => -2.0,
+        };
     }
 
     /// A register file with fewer than [`IO_SLOTS`] slots is refused.

@@ -62,6 +62,10 @@ export const GIVE_UP_REASONS = {give_up_reasons}
 export const RATE_AXES = {rate_axes}
 /** The header report's first slot (recognised, malformed, retry after, reset at, should retry, exceeded, then 4 per axis). */
 export const REPORT_SLOT = {report_slot}
+/** After a register-file call that returned: the events waiting for `pollEvent`. */
+export const EVENTS_SLOT = {events_slot}
+/** After a register-file call that returned: `pollTimeout()`, -1 none, -2 above 2^53 - 1. */
+export const TIMEOUT_SLOT = {timeout_slot}
 /** Every stable code an engine's errors carry. */
 export const ENGINE_ERROR_CODES = {errors}
 ",
@@ -85,5 +89,7 @@ export const ENGINE_ERROR_CODES = {errors}
         give_up_reasons = tuple(&io::GIVE_UP_REASONS),
         rate_axes = tuple(&io::RATE_AXES),
         report_slot = io::REPORT_SLOT,
+        events_slot = io::EVENTS_SLOT,
+        timeout_slot = io::TIMEOUT_SLOT,
     )
 }

@@ -452,6 +452,7 @@ impl Coordinator {
             let now = io::io_now(io)?;
             let req = io::io_lease_request(io)?;
             let d = inner.request_lease(now, &req).map_err(Thrown::from)?;
+            io::io_after(io, inner);
             Ok(io::narrow(
                 wide,
                 io::io_decision(io, &d),
@@ -469,6 +470,7 @@ impl Coordinator {
             let now = io::io_now(io)?;
             let (lease, usage) = io::io_settle(io)?;
             let s = inner.settle(now, lease, &usage).map_err(Thrown::from)?;
+            io::io_after(io, inner);
             Ok(io::narrow(
                 wide,
                 io::io_settlement(io, &s),
@@ -484,7 +486,9 @@ impl Coordinator {
         js(&env, || {
             let io = registers(io)?;
             let now = io::io_now(io)?;
-            inner.cancel(now, io::io_lease(io)?).map_err(Thrown::from)
+            inner.cancel(now, io::io_lease(io)?).map_err(Thrown::from)?;
+            io::io_after(io, inner);
+            Ok(())
         })
     }
 
@@ -493,8 +497,9 @@ impl Coordinator {
     pub fn handle_timeout_io(&mut self, env: Env) -> napi::Result<()> {
         let Coordinator { inner, io, .. } = self;
         js(&env, || {
-            let now = io::io_now(registers(io)?)?;
-            inner.handle_timeout(now);
+            let io = registers(io)?;
+            inner.handle_timeout(io::io_now(io)?);
+            io::io_after(io, inner);
             Ok(())
         })
     }
@@ -505,10 +510,12 @@ impl Coordinator {
         let Coordinator { inner, io, wide } = self;
         js(&env, || {
             let io = registers(io)?;
-            Ok(match inner.poll_event() {
+            let code = match inner.poll_event() {
                 None => -1,
                 Some(e) => io::narrow(wide, io::io_event(io, &e), WideResult::Event(e)),
-            })
+            };
+            io::io_after(io, inner);
+            Ok(code)
         })
     }
 
@@ -523,6 +530,7 @@ impl Coordinator {
             let step = inner
                 .call_lease(now, &mut call, &req)
                 .map_err(Thrown::from)?;
+            io::io_after(io, inner);
             Ok(io::narrow(
                 wide,
                 io::io_call_step(io, &call, &step),
@@ -553,6 +561,7 @@ impl Coordinator {
             if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
                 code = io::WIDE;
             }
+            io::io_after(io, inner);
             Ok(io::narrow(
                 wide,
                 code,
@@ -582,6 +591,7 @@ impl Coordinator {
             } else {
                 io::WIDE
             };
+            io::io_after(io, inner);
             Ok(io::narrow(wide, code, WideResult::Report(r.report)))
         })
     }

@@ -384,6 +384,7 @@ impl Coordinator {
             .inner
             .request_lease(now, &req)
             .map_err(ArgError::from)?;
+        io::io_after(io, &self.inner);
         Ok(io::narrow(
             &mut self.wide,
             io::io_decision(io, &d),
@@ -398,6 +399,7 @@ impl Coordinator {
         let now = io::io_now(io)?;
         let (lease, u) = io::io_settle(io)?;
         let s = self.inner.settle(now, lease, &u).map_err(ArgError::from)?;
+        io::io_after(io, &self.inner);
         Ok(io::narrow(
             &mut self.wide,
             io::io_settlement(io, &s),
@@ -410,10 +412,11 @@ impl Coordinator {
     pub fn cancel_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
         io::check_len(io)?;
         let now = io::io_now(io)?;
-        Ok(self
-            .inner
+        self.inner
             .cancel(now, io::io_lease(io)?)
-            .map_err(ArgError::from)?)
+            .map_err(ArgError::from)?;
+        io::io_after(io, &self.inner);
+        Ok(())
     }
 
     /// `handleTimeout` on a register file (now).
@@ -421,6 +424,7 @@ impl Coordinator {
     pub fn handle_timeout_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
         io::check_len(io)?;
         self.inner.handle_timeout(io::io_now(io)?);
+        io::io_after(io, &self.inner);
         Ok(())
     }
 
@@ -428,10 +432,12 @@ impl Coordinator {
     #[wasm_bindgen(js_name = pollEventIo)]
     pub fn poll_event_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
         io::check_len(io)?;
-        Ok(match self.inner.poll_event() {
+        let code = match self.inner.poll_event() {
             None => -1,
             Some(e) => io::narrow(&mut self.wide, io::io_event(io, &e), WideResult::Event(e)),
-        })
+        };
+        io::io_after(io, &self.inner);
+        Ok(code)
     }
 
     /// `callLease` on a register file (the request in slots 0 to 9, the call in 10 to 12):
@@ -444,6 +450,7 @@ impl Coordinator {
             .inner
             .call_lease(now, &mut call, &req)
             .map_err(ArgError::from)?;
+        io::io_after(io, &self.inner);
         Ok(io::narrow(
             &mut self.wide,
             io::io_call_step(io, &call, &step),
@@ -466,6 +473,7 @@ impl Coordinator {
         if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
             code = io::WIDE;
         }
+        io::io_after(io, &self.inner);
         Ok(io::narrow(
             &mut self.wide,
             code,
@@ -487,6 +495,7 @@ impl Coordinator {
         } else {
             io::WIDE
         };
+        io::io_after(io, &self.inner);
         Ok(io::narrow(
             &mut self.wide,
             code,

@@ -763,6 +763,14 @@ impl Coordinator {
         self.events.pop_front()
     }
 
+    /// How many events [`Coordinator::poll_event`] has to give now. A host that crosses a
+    /// boundary per call (a binding) reads this after a call instead of polling for an event
+    /// that is not there.
+    #[must_use]
+    pub fn pending_events(&self) -> usize {
+        self.events.len()
+    }
+
     /// The next backoff step for a call that failed despite the coordinator: draws from the
     /// coordinator's seeded PRNG, so every runtime backs off identically.
     pub fn backoff(&mut self, state: &mut Backoff, retry_after_ms: Option<u64>) -> BackoffStep {

@@ -3,7 +3,7 @@
 // UPDATE_ABI=1 to rewrite it.
 
 /** Slots in a register file (a `Float64Array`). */
-export const IO_SLOTS = 48
+export const IO_SLOTS = 50
 /** `requestLeaseIo`'s return codes; `WIDE`: the result needs `bigint`s, take it with `takeWide()`. */
 export const DECISION_GRANT = 0
 export const DECISION_QUEUED = 1
@@ -34,5 +34,9 @@ export const GIVE_UP_REASONS = ['never_fits', 'refusals', 'attempts'] as const
 export const RATE_AXES = ['requests', 'tokens', 'input_tokens', 'output_tokens', 'concurrent'] as const
 /** The header report's first slot (recognised, malformed, retry after, reset at, should retry, exceeded, then 4 per axis). */
 export const REPORT_SLOT = 20
+/** After a register-file call that returned: the events waiting for `pollEvent`. */
+export const EVENTS_SLOT = 48
+/** After a register-file call that returned: `pollTimeout()`, -1 none, -2 above 2^53 - 1. */
+export const TIMEOUT_SLOT = 49
 /** Every stable code an engine's errors carry. */
 export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'unknown_task', 'too_many_tasks', 'internal', 'corrupt'] as const

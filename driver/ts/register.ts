@@ -13,6 +13,7 @@ import {
   DECISION_GRANT,
   DECISION_QUEUED,
   EVENTS,
+  EVENTS_SLOT,
   GIVE_UP_REASONS,
   IO_SLOTS,
   LEASE_REQUEST_FIELDS,
@@ -23,6 +24,7 @@ import {
   STEP_DELIVER,
   STEP_SEND,
   STEP_WAIT,
+  TIMEOUT_SLOT,
   USAGE_FIELDS,
   WAIT_REASONS,
   WIDE,
@@ -147,6 +149,12 @@ function rejectReason(code: number, axis: number): RejectReason {
 export class RegisterEngine implements Engine {
   readonly #c: RegisterBinding
   readonly #io = new Float64Array(IO_SLOTS)
+  /**
+   * Whether `EVENTS_SLOT` and `TIMEOUT_SLOT` hold the coordinator's state: true after a
+   * register-file call returned, false from the start of any other call that may change
+   * it. `pollEvent` with nothing waiting and `pollTimeout` then answer without crossing.
+   */
+  #after = false
   readonly pools: readonly string[]
 
   /**
@@ -173,7 +181,9 @@ export class RegisterEngine implements Engine {
     }
     let kind: number
     try {
+      this.#after = false
       kind = this.#c.requestLeaseIo(io)
+      this.#after = true
     } catch (e) {
       throw normalizeEngineError(e, 'requestLease')
     }
@@ -277,7 +287,9 @@ export class RegisterEngine implements Engine {
     }
     let code: number
     try {
+      this.#after = false
       code = this.#c.settleIo(io)
+      this.#after = true
     } catch (e) {
       throw normalizeEngineError(e, 'settle')
     }
@@ -290,7 +302,9 @@ export class RegisterEngine implements Engine {
     this.#io[0] = now
     this.#io[1] = lease
     try {
+      this.#after = false
       this.#c.cancelIo(this.#io)
+      this.#after = true
     } catch (e) {
       throw normalizeEngineError(e, 'cancel')
     }
@@ -310,7 +324,9 @@ export class RegisterEngine implements Engine {
     }
     let code: number
     try {
+      this.#after = false
       code = this.#c.handleResponseIo(this.#io, text)
+      this.#after = true
     } catch (e) {
       throw normalizeEngineError(e, 'handleResponse')
     }
@@ -320,16 +336,28 @@ export class RegisterEngine implements Engine {
   handleTimeout(now: U64): void {
     if (!exact(now)) return this.#slow(() => this.#c.handleTimeout(now), 'handleTimeout')
     this.#io[0] = now
+    this.#after = false
     this.#c.handleTimeoutIo(this.#io)
+    this.#after = true
   }
 
   pollTimeout(): U64 | null {
+    if (this.#after) {
+      const t = this.#io[TIMEOUT_SLOT]!
+      if (t === -1) return null
+      if (t >= 0) return t
+      // -2: beyond 2^53 - 1, a bigint the binding gives.
+    }
     return this.#c.pollTimeout()
   }
 
   pollEvent(): EngineEvent | null {
     const io = this.#io
-    switch (this.#c.pollEventIo(io)) {
+    if (this.#after && io[EVENTS_SLOT] === 0) return null
+    this.#after = false
+    const code = this.#c.pollEventIo(io)
+    this.#after = true
+    switch (code) {
       case -1:
         return null
       case EV_GRANTED:
@@ -359,7 +387,9 @@ export class RegisterEngine implements Engine {
     }
     let code: number
     try {
+      this.#after = false
       code = this.#c.callLeaseIo(this.#io)
+      this.#after = true
     } catch (e) {
       throw normalizeEngineError(e, 'callLease')
     }
@@ -383,7 +413,9 @@ export class RegisterEngine implements Engine {
     }
     let code: number
     try {
+      this.#after = false
       code = this.#c.callResponseIo(this.#io, text)
+      this.#after = true
     } catch (e) {
       throw normalizeEngineError(e, 'callResponse')
     }
@@ -430,6 +462,7 @@ export class RegisterEngine implements Engine {
   }
 
   #slow<T>(f: () => T, what: string): T {
+    this.#after = false
     try {
       return f()
     } catch (e) {

@@ -116,3 +116,55 @@ test(`the call lifecycle's register-file path answers as its object path (${engi
   assert.equal(bad.threw, 'invalid_argument')
   assert.deepEqual(both((e) => JSON.parse(e.snapshot())), JSON.parse(fast.snapshot()))
 })
+
+// Each register-file call leaves the events waiting and `pollTimeout()` in the register
+// file, so the wrapper answers `pollEvent()` (when nothing waits) and `pollTimeout()`
+// without crossing again. One engine takes the register file (numbers), the other every
+// call's object path (bigint times), which crosses for both: they must agree after every
+// call, and a call on the object path must not leave the register file's stale answer.
+test(`pollEvent and pollTimeout after a register-file call answer as the binding (${engineName})`, () => {
+  const cfg = { pools: [{ name: 'p', input_tokens_per_minute: 6_000, output_tokens_per_minute: 6_000, requests_per_minute: 600, max_concurrent: 2 }], lease_ttl_ms: 5_000 }
+  const fast = engines.create(cfg, 3, 0)
+  const slow = engines.create(cfg, 3, 0)
+  const plain = (v) => (v === undefined ? undefined : JSON.parse(JSON.stringify(v, (_, x) => (typeof x === 'bigint' ? Number(x) : x))))
+  const drain = (e) => {
+    const out = []
+    for (let ev = e.pollEvent(); ev !== null; ev = e.pollEvent()) out.push(plain(ev))
+    return out
+  }
+  let seen = 0
+  const step = (f) => {
+    const a = plain(f(fast, (t) => t))
+    const b = plain(f(slow, (t) => BigInt(t)))
+    assert.deepEqual(a, b)
+    const ta = fast.pollTimeout()
+    assert.equal(typeof ta === 'bigint' ? Number(ta) : ta, plain(slow.pollTimeout()))
+    const [ea, eb] = [drain(fast), drain(slow)]
+    assert.deepEqual(ea, eb)
+    seen += ea.length
+    return a
+  }
+  const ask = (t, agent, inputTokens = 1_000) => step((e, n) => e.requestLease(n(t), { agent, pool: 0, inputTokens, maxTokens: 500 }))
+  const a = ask(10, 1)
+  const b = ask(11, 2)
+  const queued = ask(12, 3)
+  assert.equal(a.kind, 'grant')
+  assert.equal(queued.kind, 'queued', 'two slots: the third waits')
+  // The settle grants the ticket: a `granted` event waits in the register file's count.
+  step((e, n) => e.settle(n(20), a.lease, { inputTokens: 900, outputTokens: 100 }))
+  // A 429 pauses the pool (a `paused` event); the pause shows in pollTimeout.
+  step((e, n) => e.handleResponse(n(30), 0, b.lease, 429, [['retry-after', '2']], n(30)))
+  step((e, n) => e.cancel(n(40), b.lease))
+  // Time passes: the ticket's lease expires unsettled (an `expired` event).
+  step((e, n) => e.handleTimeout(n(6_000)))
+  step((e, n) => e.handleTimeout(n(20_000)))
+  assert.ok(seen >= 3, `events crossed: ${seen}`)
+  // No lease is live; the next wake is the margin's climb back after the 429, a minute
+  // away. Then a grant through the object path (a bigint time) on the register-file
+  // engine: its expiry, sooner, must show, not the register file's earlier answer.
+  assert.ok(fast.pollTimeout() > 50_000, `the margin's step: ${fast.pollTimeout()}`)
+  const late = plain(fast.requestLease(20_001n, { agent: 4, pool: 0, inputTokens: 100, maxTokens: 10 }))
+  assert.equal(late.kind, 'grant')
+  const expires = fast.pollTimeout()
+  assert.equal(typeof expires === 'bigint' ? Number(expires) : expires, late.expiresAt)
+})
