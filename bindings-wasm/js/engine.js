@@ -2,17 +2,18 @@
 // addon's NativeEngine is, so `Driver`, `Tokenwarden` and the `fetch` wrapper from
 // `tokenwarden-driver` run on it unchanged.
 import { RegisterEngine, Tokenwarden, normalizeEngineError } from 'tokenwarden-driver'
+import { WasmRegisters } from './registers.js'
 
 /**
  * The wasm build's coordinator as an `Engine`: the shared `RegisterEngine` (hot calls through
- * a `Float64Array` register file, copied in and out of wasm memory per call; the rest as
- * objects), plus `free()`.
+ * a `Float64Array` register file, copied in and out of the coordinator's own in wasm memory:
+ * `registers.js`; the rest as objects), plus `free()`.
  */
 export class WasmEngine extends RegisterEngine {
   #c
   /** @param {any} coordinator a `Coordinator` from the wasm module */
   constructor(coordinator) {
-    super(coordinator)
+    super(new WasmRegisters(coordinator))
     this.#c = coordinator
   }
 

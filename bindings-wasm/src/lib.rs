@@ -27,6 +27,37 @@ pub struct Coordinator {
     inner: core::Coordinator,
     /// A register-file result that needs `bigint`s, until `takeWide()`.
     wide: Option<WideResult>,
+    /// The register file the `…Io` calls read and write, in wasm memory: JavaScript reaches
+    /// it through `registers()` (a view), so a call copies nothing through wasm-bindgen.
+    regs: Box<[f64]>,
+    /// The response calls' header text, written by JavaScript through `textBuffer()`.
+    text: Vec<u8>,
+}
+
+impl Coordinator {
+    fn with(inner: core::Coordinator) -> Coordinator {
+        Coordinator {
+            inner,
+            wide: None,
+            regs: vec![0.0; io::IO_SLOTS].into_boxed_slice(),
+            text: Vec::new(),
+        }
+    }
+}
+
+/// The first `len` bytes of the header text buffer, as text.
+fn text_of(text: &[u8], len: usize) -> Result<&str, ArgError> {
+    let bytes = text.get(..len).ok_or_else(|| {
+        ArgError::range(
+            "invalid_argument",
+            format!(
+                "headers: {len} bytes asked for, the text buffer holds {}",
+                text.len()
+            ),
+        )
+    })?;
+    std::str::from_utf8(bytes)
+        .map_err(|_| ArgError::range("invalid_argument", "headers: not UTF-8".into()))
 }
 
 fn now_arg(now: &JsValue) -> Result<core::Millis, ArgError> {
@@ -96,7 +127,7 @@ impl Coordinator {
         let now = now_arg(&now)?;
         let config = core::Config::from_json(config_json).map_err(|e| ArgError::from(&e))?;
         let inner = core::Coordinator::new(config, seed, now).map_err(|e| ArgError::from(&e))?;
-        Ok(Coordinator { inner, wide: None })
+        Ok(Coordinator::with(inner))
     }
 
     /// A coordinator restored from `snapshot()`; it makes the same decisions as the one that
@@ -104,7 +135,7 @@ impl Coordinator {
     /// `snapshot_corrupt`.
     pub fn restore(snapshot_json: &str) -> Result<Coordinator, Thrown> {
         core::Coordinator::restore_json(snapshot_json)
-            .map(|inner| Coordinator { inner, wide: None })
+            .map(Coordinator::with)
             .map_err(|e| ArgError::from(&e).into())
     }
 
@@ -373,121 +404,167 @@ impl Coordinator {
             .collect()
     }
 
-    /// `requestLease` on a register file (`Float64Array`, layouts in `tokenwarden-js-abi`):
-    /// returns 0 grant, 1 queued, 2 reject, 9 wide. The hot path of the shared driver.
+    /// The coordinator's register file (layouts in `tokenwarden-js-abi`) as a view into
+    /// wasm memory: the `…Io` calls read their arguments from it and leave their results in
+    /// it. The view is valid until wasm memory grows (it then reads as empty: ask again).
+    #[wasm_bindgen(js_name = registers)]
+    #[allow(unsafe_code)]
+    pub fn registers(&mut self) -> js_sys::Float64Array {
+        // SAFETY: `regs` is never reallocated, and the view is only used from JavaScript
+        // between calls, which do not touch `regs` while it is read.
+        unsafe { js_sys::Float64Array::view_mut_raw(self.regs.as_mut_ptr(), self.regs.len()) }
+    }
+
+    /// The header text buffer, at least `capacity` bytes, as a view into wasm memory: write
+    /// the response calls' `name\nvalue\n…` text into it (UTF-8), then pass its length.
+    /// Valid until the next `textBuffer` call or until wasm memory grows.
+    #[wasm_bindgen(js_name = textBuffer)]
+    #[allow(unsafe_code)]
+    pub fn text_buffer(&mut self, capacity: usize) -> js_sys::Uint8Array {
+        if self.text.len() < capacity {
+            self.text.resize(capacity, 0);
+        }
+        // SAFETY: as `registers`; `text` only moves in this method, which returns a new view.
+        unsafe { js_sys::Uint8Array::view_mut_raw(self.text.as_mut_ptr(), self.text.len()) }
+    }
+
+    /// `requestLease` on the register file: returns 0 grant, 1 queued, 2 reject, 9 wide.
+    /// The hot path of the shared driver.
     #[wasm_bindgen(js_name = requestLeaseIo)]
-    pub fn request_lease_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
-        io::check_len(io)?;
+    pub fn request_lease_io(&mut self) -> Result<i32, Thrown> {
+        let Coordinator {
+            inner, wide, regs, ..
+        } = self;
+        let io = &mut regs[..];
         let now = io::io_now(io)?;
         let req = io::io_lease_request(io)?;
-        let d = self
-            .inner
-            .request_lease(now, &req)
-            .map_err(ArgError::from)?;
-        io::io_after(io, &self.inner);
+        let d = inner.request_lease(now, &req).map_err(ArgError::from)?;
+        io::io_after(io, inner);
         Ok(io::narrow(
-            &mut self.wide,
+            wide,
             io::io_decision(io, &d),
             WideResult::Decision(d),
         ))
     }
 
-    /// `settle` on a register file: returns 0, or 9 wide.
+    /// `settle` on the register file: returns 0, or 9 wide.
     #[wasm_bindgen(js_name = settleIo)]
-    pub fn settle_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
-        io::check_len(io)?;
+    pub fn settle_io(&mut self) -> Result<i32, Thrown> {
+        let Coordinator {
+            inner, wide, regs, ..
+        } = self;
+        let io = &mut regs[..];
         let now = io::io_now(io)?;
         let (lease, u) = io::io_settle(io)?;
-        let s = self.inner.settle(now, lease, &u).map_err(ArgError::from)?;
-        io::io_after(io, &self.inner);
+        let s = inner.settle(now, lease, &u).map_err(ArgError::from)?;
+        io::io_after(io, inner);
         Ok(io::narrow(
-            &mut self.wide,
+            wide,
             io::io_settlement(io, &s),
             WideResult::Settlement(s),
         ))
     }
 
-    /// `cancel` on a register file (now, lease).
+    /// `cancel` on the register file (now, lease).
     #[wasm_bindgen(js_name = cancelIo)]
-    pub fn cancel_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
-        io::check_len(io)?;
+    pub fn cancel_io(&mut self) -> Result<(), Thrown> {
+        let Coordinator { inner, regs, .. } = self;
+        let io = &mut regs[..];
         let now = io::io_now(io)?;
-        self.inner
+        inner
             .cancel(now, io::io_lease(io)?)
             .map_err(ArgError::from)?;
-        io::io_after(io, &self.inner);
+        io::io_after(io, inner);
         Ok(())
     }
 
-    /// `handleTimeout` on a register file (now).
+    /// `handleTimeout` on the register file (now).
     #[wasm_bindgen(js_name = handleTimeoutIo)]
-    pub fn handle_timeout_io(&mut self, io: &mut [f64]) -> Result<(), Thrown> {
-        io::check_len(io)?;
-        self.inner.handle_timeout(io::io_now(io)?);
-        io::io_after(io, &self.inner);
+    pub fn handle_timeout_io(&mut self) -> Result<(), Thrown> {
+        let Coordinator { inner, regs, .. } = self;
+        let io = &mut regs[..];
+        inner.handle_timeout(io::io_now(io)?);
+        io::io_after(io, inner);
         Ok(())
     }
 
-    /// `pollEvent` on a register file: the event's code, −1 for none, 9 wide.
+    /// `pollEvent` on the register file: the event's code, −1 for none, 9 wide.
     #[wasm_bindgen(js_name = pollEventIo)]
-    pub fn poll_event_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
-        io::check_len(io)?;
-        let code = match self.inner.poll_event() {
+    pub fn poll_event_io(&mut self) -> Result<i32, Thrown> {
+        let Coordinator {
+            inner, wide, regs, ..
+        } = self;
+        let io = &mut regs[..];
+        let code = match inner.poll_event() {
             None => -1,
-            Some(e) => io::narrow(&mut self.wide, io::io_event(io, &e), WideResult::Event(e)),
+            Some(e) => io::narrow(wide, io::io_event(io, &e), WideResult::Event(e)),
         };
-        io::io_after(io, &self.inner);
+        io::io_after(io, inner);
         Ok(code)
     }
 
-    /// `callLease` on a register file (the request in slots 0 to 9, the call in 10 to 12):
-    /// a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    /// `callLease` on the register file (the request in slots 0 to 9, the call in 10 to
+    /// 12): a `STEP_*` code, or 9 wide (then `takeWideJson()`).
     #[wasm_bindgen(js_name = callLeaseIo)]
-    pub fn call_lease_io(&mut self, io: &mut [f64]) -> Result<i32, Thrown> {
-        io::check_len(io)?;
+    pub fn call_lease_io(&mut self) -> Result<i32, Thrown> {
+        let Coordinator {
+            inner, wide, regs, ..
+        } = self;
+        let io = &mut regs[..];
         let (now, req, mut call) = io::io_call_lease(io)?;
-        let step = self
-            .inner
+        let step = inner
             .call_lease(now, &mut call, &req)
             .map_err(ArgError::from)?;
-        io::io_after(io, &self.inner);
+        io::io_after(io, inner);
         Ok(io::narrow(
-            &mut self.wide,
+            wide,
             io::io_call_step(io, &call, &step),
             WideResult::CallLease(call, step),
         ))
     }
 
-    /// `callResponse` on a register file, the headers as one string (`name\nvalue\n…`):
-    /// a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    /// `callResponse` on the register file, the headers the first `headers_len` bytes of
+    /// the text buffer (`name\nvalue\n…`): a `STEP_*` code, or 9 wide (then
+    /// `takeWideJson()`).
     #[wasm_bindgen(js_name = callResponseIo)]
-    pub fn call_response_io(&mut self, io: &mut [f64], headers: &str) -> Result<i32, Thrown> {
-        io::check_len(io)?;
-        let r = io::io_response(io, headers)?;
+    pub fn call_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
+        let Coordinator {
+            inner,
+            wide,
+            regs,
+            text,
+        } = self;
+        let io = &mut regs[..];
+        let r = io::io_response(io, text_of(text, headers_len)?)?;
         let mut call = io::io_response_call(io)?;
-        let a = self
-            .inner
+        let a = inner
             .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
             .map_err(ArgError::from)?;
         let mut code = io::io_call_step(io, &call, &a.step);
         if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
             code = io::WIDE;
         }
-        io::io_after(io, &self.inner);
+        io::io_after(io, inner);
         Ok(io::narrow(
-            &mut self.wide,
+            wide,
             code,
             WideResult::CallResponse(call, a, r.report),
         ))
     }
 
-    /// `handleResponse` on a register file, the headers as one string: 0, or 9 wide (then
-    /// `takeWideJson()`).
+    /// `handleResponse` on the register file, the headers the first `headers_len` bytes of
+    /// the text buffer: 0, or 9 wide (then `takeWideJson()`).
     #[wasm_bindgen(js_name = handleResponseIo)]
-    pub fn handle_response_io(&mut self, io: &mut [f64], headers: &str) -> Result<i32, Thrown> {
-        io::check_len(io)?;
-        let r = io::io_response(io, headers)?;
-        self.inner
+    pub fn handle_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
+        let Coordinator {
+            inner,
+            wide,
+            regs,
+            text,
+        } = self;
+        let io = &mut regs[..];
+        let r = io::io_response(io, text_of(text, headers_len)?)?;
+        inner
             .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
             .map_err(ArgError::from)?;
         let code = if io::io_report(io, &r.report) {
@@ -495,12 +572,8 @@ impl Coordinator {
         } else {
             io::WIDE
         };
-        io::io_after(io, &self.inner);
-        Ok(io::narrow(
-            &mut self.wide,
-            code,
-            WideResult::Report(r.report),
-        ))
+        io::io_after(io, inner);
+        Ok(io::narrow(wide, code, WideResult::Report(r.report)))
     }
 
     /// A call or report result held back because it needs `bigint`s (as `callResponse`

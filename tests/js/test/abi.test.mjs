@@ -168,3 +168,28 @@ test(`pollEvent and pollTimeout after a register-file call answer as the binding
   const expires = fast.pollTimeout()
   assert.equal(typeof expires === 'bigint' ? Number(expires) : expires, late.expiresAt)
 })
+
+// The wasm engine reads and writes its register file and header text through views into
+// wasm memory, which go stale when that memory grows (any coordinator of the module can
+// grow it). Another coordinator growing it between and during this one's calls must not
+// change an answer. (The native engine runs the same test.)
+test(`answers hold while another coordinator grows the engine's memory (${engineName})`, () => {
+  const roomy = { pools: [{ name: 'p', input_tokens_per_minute: 1e9, output_tokens_per_minute: 1e9, requests_per_minute: 1e9, max_concurrent: 1 }], max_queue_depth: 100_000, max_leases: 100_000, max_agents: 100_000 }
+  const a = engines.create(config, 5, 0)
+  const b = engines.create(roomy, 5, 0)
+  const big = [['anthropic-ratelimit-input-tokens-limit', '100000'], ['x-filler', 'y'.repeat(5_000)]]
+  let agent = 0
+  for (let round = 1; round <= 8; round++) {
+    // The other coordinator queues 4,000 tickets (about a megabyte of its state).
+    for (let i = 0; i < 4_000; i++) b.requestLease(round, { agent: ++agent, pool: 0, inputTokens: 10, maxTokens: 1 })
+    const d = a.requestLease(round * 1_000, { agent: round, pool: 0, inputTokens: 1_000 + round, maxTokens: 100 })
+    assert.equal(d.kind, 'grant', `round ${round}`)
+    const report = a.handleResponse(round * 1_000 + 1, 0, d.lease, 200, big, null)
+    assert.equal(report.inputTokens.limit, 100_000)
+    assert.equal(report.recognised, 1)
+    const s = a.settle(round * 1_000 + 2, d.lease, { inputTokens: 1_000 + round, outputTokens: 50 })
+    assert.deepEqual(s.used, [1_000 + round, 50, 1_050 + round, 1])
+    assert.equal(a.pollEvent(), null)
+  }
+  assert.equal(b.metrics(9).pools[0].queueDepth, 8 * 4_000 - 1)
+})

@@ -51,7 +51,7 @@ test('tokenwarden-wasm ships its entry points and the three wasm-bindgen builds'
   check('bindings-wasm', {
     allowed: [
       ...common,
-      /^js\/(bundler|engine|node|web|workerd)\.js$/,
+      /^js\/(bundler|engine|node|registers|web|workerd)\.js$/,
       /^js\/index\.d\.ts$/,
       /^pkg\/(web|nodejs|bundler)\/tokenwarden_wasm(_bg)?\.(js|d\.ts|wasm|wasm\.d\.ts)$/,
       /^pkg\/nodejs\/package\.json$/,
@@ -61,6 +61,8 @@ test('tokenwarden-wasm ships its entry points and the three wasm-bindgen builds'
       'README.md',
       'js/index.d.ts',
       'js/workerd.js',
+      'js/engine.js',
+      'js/registers.js',
       'pkg/nodejs/package.json',
       ...builds.flatMap((b) => [`pkg/${b}/tokenwarden_wasm.js`, `pkg/${b}/tokenwarden_wasm_bg.wasm`]),
     ],
