@@ -143,35 +143,51 @@ impl From<&core::RestoreError> for ArgError {
 }
 
 /// A `number` argument as a `u64`: a non-negative integer below 2^64.
+#[inline]
 pub fn u64_from_f64(n: f64, what: &str) -> Result<u64, ArgError> {
-    // 2^64 as f64 is exact; anything at or above it does not fit.
-    if n.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&n) {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
-        Ok(n as u64)
+    // 2^64 as f64 is exact; anything at or above it does not fit. Within the range, the
+    // cast back is exact only for an integer (a cast, where `fract()` is a libm call).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked: range, exact
+    let v = n as u64;
+    #[allow(clippy::cast_precision_loss)] // the point: equal only when exact
+    if (0.0..18_446_744_073_709_551_616.0).contains(&n) && v as f64 == n {
+        Ok(v)
     } else {
-        Err(ArgError::range(
-            "invalid_argument",
-            format!(
-                "`{what}` must be a non-negative integer below 2^64, got {}",
-                shown(n)
-            ),
-        )
-        .with_field(what))
+        Err(not_u64(n, what))
     }
 }
 
+#[cold]
+fn not_u64(n: f64, what: &str) -> ArgError {
+    ArgError::range(
+        "invalid_argument",
+        format!(
+            "`{what}` must be a non-negative integer below 2^64, got {}",
+            shown(n)
+        ),
+    )
+    .with_field(what)
+}
+
 /// A `number` argument as a `u32` (pool ids, unblocks, HTTP status).
+#[inline]
 pub fn u32_from_f64(n: f64, what: &str) -> Result<u32, ArgError> {
-    if n.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&n) {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
-        Ok(n as u32)
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked: range, exact
+    let v = n as u32;
+    if (0.0..=f64::from(u32::MAX)).contains(&n) && f64::from(v) == n {
+        Ok(v)
     } else {
-        Err(ArgError::range(
-            "invalid_argument",
-            format!("`{what}` must be an integer in 0..2^32, got {}", shown(n)),
-        )
-        .with_field(what))
+        Err(not_u32(n, what))
     }
+}
+
+#[cold]
+fn not_u32(n: f64, what: &str) -> ArgError {
+    ArgError::range(
+        "invalid_argument",
+        format!("`{what}` must be an integer in 0..2^32, got {}", shown(n)),
+    )
+    .with_field(what)
 }
 
 /// A number for a message, without Rust's float formatting (~15 KB of wasm): integers as

@@ -15,9 +15,23 @@ fn camel_recases_keys_only() {
 #[test]
 fn numbers_are_exact_integers_only() {
     assert_eq!(u64_from_f64(5.0, "x").ok(), Some(5));
+    assert_eq!(u64_from_f64(-0.0, "x").ok(), Some(0));
+    // The largest double below 2^64, and 2^53 + 2 (exact as a double).
+    assert_eq!(
+        u64_from_f64(18_446_744_073_709_549_568.0, "x").ok(),
+        Some(18_446_744_073_709_549_568)
+    );
+    assert_eq!(
+        u64_from_f64(9_007_199_254_740_994.0, "x").ok(),
+        Some(9_007_199_254_740_994)
+    );
     for bad in [
         -1.0,
         1.5,
+        0.5,
+        1e-300,
+        4_503_599_627_370_495.5,
+        f64::NEG_INFINITY,
         f64::NAN,
         f64::INFINITY,
         18_446_744_073_709_551_616.0,
@@ -36,6 +50,10 @@ fn numbers_are_exact_integers_only() {
     );
     assert_eq!(u32_from_f64(7.0, "pool").ok(), Some(7));
     assert!(u32_from_f64(4_294_967_296.0, "pool").is_err());
+    assert_eq!(u32_from_f64(4_294_967_295.0, "pool").ok(), Some(u32::MAX));
+    for bad in [-1.0, 0.5, 7.25, f64::NAN, f64::INFINITY] {
+        assert!(u32_from_f64(bad, "pool").is_err(), "{bad}");
+    }
     assert_eq!(
         u64_from_bigint(false, u64::MAX, true, "x").ok(),
         Some(u64::MAX)
