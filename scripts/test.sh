@@ -40,8 +40,15 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
-step "cargo test (unit, behaviour, model-based proptests, 1,000-seed simulation, doctests)"
-cargo test --workspace --quiet
+step "cargo test (unit, behaviour, model-based proptests, 1,000-seed simulation, doctests; about 4 min on 2 cores, quiet until done)"
+# The whole output only if something fails; otherwise one line with the counts.
+test_log=$(mktemp)
+if cargo test --workspace --quiet >"$test_log" 2>&1; then
+  awk '/^test result:/ { runs++; passed += $4; ignored += $8 } END { printf "cargo test: %d passed, %d ignored, over %d test binaries and doctest runs\n", passed, ignored, runs }' "$test_log"
+  rm -f "$test_log"
+else
+  cat "$test_log"; echo "FAILED: cargo test (rerun: cargo test --workspace)" >&2; exit 1
+fi
 
 step "benchmarks: each run once in test mode (criterion's check that they work; measure with cargo bench)"
 # The same dev build the tests use (no second wasmtime build in the bench profile); each
@@ -55,7 +62,8 @@ else
 fi
 
 step "conformance traces through the native core"
-cargo run --quiet -p tokenwarden-conformance
+# A line per trace that did not pass, then the counts (`ok` lines left out).
+cargo run --quiet -p tokenwarden-conformance | { grep -v '^ok ' || true; }
 
 step "wasmtime plugin: guest lint, traces through the component, example host"
 cargo fmt --manifest-path host-wasmtime/guest/Cargo.toml -- --check
@@ -75,7 +83,8 @@ npm_ci testing
 (
   cd bindings-node
   npm ci --no-audit --no-fund --loglevel=error
-  npm run --silent build
+  # (cargo's "Compiling" lines left out; warnings and errors still print.)
+  CARGO_TERM_QUIET=true npm run --silent build
   git diff --exit-code -- binding.d.ts binding.cjs || {
     echo "bindings-node/binding.d.ts or binding.cjs differ from what napi-rs generates: commit the regenerated files" >&2
     exit 1
@@ -154,7 +163,7 @@ venv=target/serve-venv
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"
 (
   cd core/fuzz
-  cargo +nightly fuzz build
+  CARGO_TERM_QUIET=true cargo +nightly fuzz build
   for target in $(cargo +nightly fuzz list); do
     last=$(cargo +nightly fuzz run "$target" -- -max_total_time="$FUZZ_SECONDS" 2>&1 | tail -n 1)
     printf 'fuzz %s: %s\n' "$target" "$last"
