@@ -43,6 +43,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo test (unit, behaviour, model-based proptests, 1,000-seed simulation, doctests; about 4 min on 2 cores, quiet until done)"
 # The whole output only if something fails; otherwise one line with the counts.
 test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
 if cargo test --workspace --quiet >"$test_log" 2>&1; then
   awk '/^test result:/ { runs++; passed += $4; ignored += $8 } END { printf "cargo test: %d passed, %d ignored, over %d test binaries and doctest runs\n", passed, ignored, runs }' "$test_log"
   rm -f "$test_log"

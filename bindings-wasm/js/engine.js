@@ -11,14 +11,21 @@ import { WasmRegisters } from './registers.js'
  */
 export class WasmEngine extends RegisterEngine {
   #c
+  #registers
   /** @param {any} coordinator a `Coordinator` from the wasm module */
   constructor(coordinator) {
-    super(new WasmRegisters(coordinator))
+    const registers = new WasmRegisters(coordinator)
+    super(registers)
     this.#c = coordinator
+    this.#registers = registers
   }
 
-  /** Frees the wasm memory now (otherwise a FinalizationRegistry does it eventually). */
+  /**
+   * Frees the wasm memory now (otherwise a FinalizationRegistry does it eventually). Any
+   * later call throws.
+   */
   free() {
+    this.#registers.dispose()
     this.#c.free()
   }
 }

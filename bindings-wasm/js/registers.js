@@ -31,6 +31,16 @@ export class WasmRegisters {
     return this.#c.pools
   }
 
+  /**
+   * Forgets the views, before the coordinator is freed: its memory may then be another
+   * coordinator's. Every later call asks the freed coordinator for a view first, which
+   * throws before anything is written.
+   */
+  dispose() {
+    this.#regs = new Float64Array(0)
+    this.#text = new Uint8Array(0)
+  }
+
   /** The register file's view, asked for again if wasm memory grew since. */
   #view() {
     if (this.#regs.length === 0) this.#regs = this.#c.registers()

@@ -337,7 +337,11 @@ export class RegisterEngine implements Engine {
     if (!exact(now)) return this.#slow(() => this.#c.handleTimeout(now), 'handleTimeout')
     this.#io[0] = now
     this.#after = false
-    this.#c.handleTimeoutIo(this.#io)
+    try {
+      this.#c.handleTimeoutIo(this.#io)
+    } catch (e) {
+      throw normalizeEngineError(e, 'handleTimeout')
+    }
     this.#after = true
   }
 

@@ -193,3 +193,39 @@ test(`answers hold while another coordinator grows the engine's memory (${engine
   }
   assert.equal(b.metrics(9).pools[0].queueDepth, 8 * 4_000 - 1)
 })
+
+// A timeout past 2^53 − 1 cannot sit in the register file (-2 there): the wrapper asks the
+// binding, which answers a bigint.
+test(`pollTimeout past 2^53 - 1 after a register-file call is the binding's bigint (${engineName})`, () => {
+  const e = engines.create({ ...config, lease_ttl_ms: 5_000 }, 9, 0)
+  const late = 2n ** 53n
+  const d = e.requestLease(late, { agent: 1, pool: 0, inputTokens: 100, maxTokens: 10 })
+  assert.equal(d.kind, 'grant')
+  assert.equal(BigInt(d.expiresAt), late + 5_000n)
+  // A register-file call (its `now` is behind and clamped): the timeout is still that lease's.
+  const other = e.requestLease(7, { agent: 2, pool: 0, inputTokens: 100, maxTokens: 10 })
+  assert.equal(other.kind, 'grant')
+  assert.equal(e.pollTimeout(), late + 5_000n)
+})
+
+// After `free()` the wasm engine's views of the coordinator's memory are dropped, so a call
+// asks the freed coordinator for a view first and throws before writing anything (that
+// memory may be another coordinator's by then). This checks the throws and that other
+// coordinators keep their state; whether a stray write would land somewhere visible
+// depends on the allocator, so the guarantee itself is by construction (`registers.js`).
+test(`a freed wasm engine's calls throw; other coordinators keep their state (${engineName})`, { skip: engineName !== 'wasm' }, () => {
+  const keep = engines.create(config, 1, 0)
+  keep.requestLease(1, { agent: 1, pool: 0, inputTokens: 100, maxTokens: 10 })
+  const before = keep.snapshot()
+  for (let i = 0; i < 20; i++) {
+    const gone = engines.create(config, 2, 0)
+    gone.free()
+    assert.throws(() => gone.requestLease(2, { agent: 3, pool: 0, inputTokens: 100, maxTokens: 10 }))
+    assert.throws(() => gone.handleResponse(3, 0, null, 200, [['retry-after', '1']], null))
+    assert.throws(() => gone.pollEvent())
+    // Coordinators made after it may reuse its memory; they are unaffected.
+    const next = engines.create(config, 3, 0)
+    assert.equal(next.requestLease(4, { agent: 4, pool: 0, inputTokens: 100, maxTokens: 10 }).kind, 'grant')
+  }
+  assert.equal(keep.snapshot(), before)
+})
