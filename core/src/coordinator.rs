@@ -766,6 +766,25 @@ impl Coordinator {
     /// How many events [`Coordinator::poll_event`] has to give now. A host that crosses a
     /// boundary per call (a binding) reads this after a call instead of polling for an event
     /// that is not there.
+    ///
+    /// ```
+    /// use tokenwarden_core::{AgentId, Config, Coordinator, Decision, LeaseRequest, Millis, Usage};
+    ///
+    /// let config = r#"{"pools":[{"name":"p","requests_per_minute":60,"max_concurrent":1}]}"#;
+    /// let mut c = Coordinator::new(Config::from_json(config).unwrap(), 1, Millis(0)).unwrap();
+    /// let ask = |agent| LeaseRequest { agent: AgentId(agent), input_tokens: 10, max_tokens: 10, ..Default::default() };
+    /// let Decision::Grant { lease, .. } = c.request_lease(Millis(0), &ask(1)).unwrap() else {
+    ///     panic!("the first request is granted")
+    /// };
+    /// assert!(matches!(c.request_lease(Millis(1), &ask(2)).unwrap(), Decision::Queued { .. }));
+    /// assert_eq!(c.pending_events(), 0);
+    /// // The settle frees the one slot: the ticket is granted, and a `Granted` event waits.
+    /// let used = Usage { input_tokens: 10, output_tokens: 5, ..Default::default() };
+    /// c.settle(Millis(2), lease, &used).unwrap();
+    /// assert_eq!(c.pending_events(), 1);
+    /// assert!(c.poll_event().is_some());
+    /// assert_eq!(c.pending_events(), 0);
+    /// ```
     #[must_use]
     pub fn pending_events(&self) -> usize {
         self.events.len()
