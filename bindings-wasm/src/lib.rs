@@ -43,6 +43,32 @@ impl Coordinator {
             text: Vec::new(),
         }
     }
+
+    /// What both response calls start from: the response read from the register file and
+    /// from the first `headers_len` bytes of the text buffer, with the parts they write.
+    fn response_parts(&mut self, headers_len: usize) -> Result<ResponseParts<'_>, ArgError> {
+        let Coordinator {
+            inner,
+            wide,
+            regs,
+            text,
+        } = self;
+        let r = io::io_response(regs, text_of(text, headers_len)?)?;
+        Ok(ResponseParts {
+            inner,
+            wide,
+            io: regs,
+            r,
+        })
+    }
+}
+
+/// A response call's parts, borrowed from its [`Coordinator`].
+struct ResponseParts<'a> {
+    inner: &'a mut core::Coordinator,
+    wide: &'a mut Option<WideResult>,
+    io: &'a mut [f64],
+    r: io::ResponseIo,
 }
 
 /// The first `len` bytes of the header text buffer, as text.
@@ -528,14 +554,7 @@ impl Coordinator {
     /// `takeWideJson()`).
     #[wasm_bindgen(js_name = callResponseIo)]
     pub fn call_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
-        let Coordinator {
-            inner,
-            wide,
-            regs,
-            text,
-        } = self;
-        let io = &mut regs[..];
-        let r = io::io_response(io, text_of(text, headers_len)?)?;
+        let ResponseParts { inner, wide, io, r } = self.response_parts(headers_len)?;
         let mut call = io::io_response_call(io)?;
         let a = inner
             .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
@@ -556,14 +575,7 @@ impl Coordinator {
     /// the text buffer: 0, or 9 wide (then `takeWideJson()`).
     #[wasm_bindgen(js_name = handleResponseIo)]
     pub fn handle_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
-        let Coordinator {
-            inner,
-            wide,
-            regs,
-            text,
-        } = self;
-        let io = &mut regs[..];
-        let r = io::io_response(io, text_of(text, headers_len)?)?;
+        let ResponseParts { inner, wide, io, r } = self.response_parts(headers_len)?;
         inner
             .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
             .map_err(ArgError::from)?;
