@@ -702,6 +702,48 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Keeps a granted lease alive: its expiry moves to `now + lease_ttl_ms` (never
+    /// earlier than it was) and the new expiry is returned. A host renews a lease while
+    /// its call is still working (a streamed answer whose bytes still flow), so the
+    /// reservation and the concurrency slot stay held until the call settles instead of
+    /// being reaped at the first expiry. Time moves to `now` first, as for any input.
+    ///
+    /// `UnknownLease` for a lease that was never issued or has ended (settled, cancelled,
+    /// or expired, including one whose expiry is due at `now`: renewing must come before
+    /// it); `NotGranted` for a queued ticket (it holds nothing yet and cannot expire).
+    /// The state is unchanged on an error.
+    pub fn renew(&mut self, now: Millis, lease: LeaseId) -> Result<Millis, LeaseError> {
+        match self.live(lease, now) {
+            None => return Err(LeaseError::UnknownLease),
+            Some(Entry {
+                phase: Phase::Queued { .. },
+                ..
+            }) => return Err(LeaseError::NotGranted),
+            Some(_) => {}
+        }
+        let now = self.advance(now);
+        let ttl = self.config.lease_ttl_ms;
+        let Some(Entry {
+            phase: Phase::Active { expires_at, .. },
+            ..
+        }) = self.leases.get_mut(lease)
+        else {
+            return Err(LeaseError::UnknownLease);
+        };
+        let renewed = now.plus(ttl).max(*expires_at);
+        if renewed == *expires_at {
+            return Ok(renewed);
+        }
+        *expires_at = renewed;
+        // Every expiry queued so far was set at or before `now` with the same TTL, so the
+        // new one goes at the back and the queue stays in expiry order; the old entry no
+        // longer matches the lease and is skipped (and pruned if it was the front).
+        self.leases
+            .push_expiry(renewed, lease, self.config.max_leases);
+        self.leases.prune_expiries();
+        Ok(renewed)
+    }
+
     /// Moves time forward: reaps expired leases, steps the margin, grants queued tickets.
     /// Call it at [`Coordinator::poll_timeout`].
     pub fn handle_timeout(&mut self, now: Millis) {

@@ -98,8 +98,9 @@ pub(crate) struct LeaseTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
     live: u32,
-    /// (expires_at, id) in grant order, which is expiry order because the TTL is fixed and
-    /// time never goes back. Entries of leases that ended early are skipped when reached.
+    /// (expires_at, id) in grant (or renewal) order, which is expiry order because the TTL
+    /// is fixed and time never goes back. Entries of leases that ended early, or were
+    /// renewed since, are skipped when reached.
     expiries: VecDeque<(Millis, LeaseId)>,
 }
 
@@ -261,9 +262,25 @@ impl LeaseTable {
             s.entry
                 .is_none_or(|e| e.id.slot() as usize == i && e.id.generation() == s.generation)
         });
+        // The expiry queue in expiry order (`pop_expired` stops at the first entry not
+        // due), and every granted lease in it at its expiry: one missing would never be
+        // reaped, and its reservation and concurrency slot would be held forever.
+        let ordered = self
+            .expiries
+            .iter()
+            .zip(self.expiries.iter().skip(1))
+            .all(|(a, b)| a.0 <= b.0);
+        let queued: alloc::collections::BTreeSet<(Millis, LeaseId)> =
+            self.expiries.iter().copied().collect();
+        let expiries_ok = ordered
+            && self.entries().all(|e| match e.phase {
+                Phase::Active { expires_at, .. } => queued.contains(&(expires_at, e.id)),
+                Phase::Queued { .. } => true,
+            });
         live == self.live as usize
             && free_ok
             && ids_ok
+            && expiries_ok
             && self.free.len() + live == self.slots.len()
     }
 }

@@ -951,3 +951,88 @@ fn unblocks_count_only_up_to_max_unblocks() {
     );
     assert_ne!(granted.first(), Some(&greedy));
 }
+
+#[test]
+fn a_renewed_lease_outlives_its_ttl_and_keeps_its_slot() {
+    // One slot, a 3 s TTL: a call that renews every 2 s holds the slot for 10 s, and the
+    // second caller waits until it settles (the 40 s streams of issue 25 ran together).
+    let json = r#"{"pools":[{"name":"p","requests_per_minute":1000,"max_concurrent":1}],
+        "lease_ttl_ms":3000}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 7, Millis(0)).unwrap();
+    let a = grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    let (b, _) = queued(c.request_lease(Millis(1), &ask(2, 10, 10)).unwrap());
+    for t in (2_000..=10_000).step_by(2_000) {
+        assert!(
+            drive(&mut c, Millis(t)).is_empty(),
+            "nothing expires by {t}"
+        );
+        assert_eq!(c.renew(Millis(t), a), Ok(Millis(t + 3_000)));
+        c.check().unwrap();
+    }
+    assert_eq!(c.metrics(Millis(10_000)).pools[0].in_flight, 1);
+    assert_eq!(c.poll_timeout(), Some(Millis(13_000)));
+    // Renewing again at the same instant moves nothing, and never earlier.
+    assert_eq!(c.renew(Millis(10_000), a), Ok(Millis(13_000)));
+    assert_eq!(c.renew(Millis(9_000), a), Ok(Millis(13_000)));
+    c.settle(Millis(11_000), a, &used(10, 10)).unwrap();
+    assert!(matches!(
+        c.poll_event(),
+        Some(Event::Granted { lease, .. }) if lease == b
+    ));
+    assert_eq!(c.metrics(Millis(11_000)).pools[0].counters.expired, 0);
+}
+
+#[test]
+fn an_unrenewed_lease_is_reaped_and_renewing_it_then_is_an_error() {
+    let json = r#"{"pools":[{"name":"p","requests_per_minute":1000,"max_concurrent":1}],
+        "lease_ttl_ms":3000}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 7, Millis(0)).unwrap();
+    let a = grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    let (b, _) = queued(c.request_lease(Millis(1), &ask(2, 10, 10)).unwrap());
+    // A queued ticket holds nothing to renew.
+    let before = c.snapshot_json();
+    assert_eq!(c.renew(Millis(2), b), Err(LeaseError::NotGranted));
+    assert_eq!(
+        c.renew(Millis(2), LeaseId(u64::MAX)),
+        Err(LeaseError::UnknownLease)
+    );
+    // At its expiry it is gone, and saying so moves nothing.
+    assert_eq!(c.renew(Millis(3_000), a), Err(LeaseError::UnknownLease));
+    assert_eq!(
+        c.snapshot_json(),
+        before,
+        "errors leave the state unchanged"
+    );
+    let ev = drive(&mut c, Millis(3_000));
+    assert!(
+        matches!(ev.as_slice(), [(_, Event::Expired { lease, .. }), (_, Event::Granted { lease: g, .. })] if *lease == a && *g == b),
+        "{ev:?}"
+    );
+    assert_eq!(c.renew(Millis(3_001), a), Err(LeaseError::UnknownLease));
+    // A settled lease cannot be renewed either.
+    assert_eq!(c.renew(Millis(4_000), b), Ok(Millis(7_000)));
+    c.settle(Millis(4_000), b, &used(10, 10)).unwrap();
+    assert_eq!(c.renew(Millis(4_000), b), Err(LeaseError::UnknownLease));
+    c.check().unwrap();
+}
+
+#[test]
+fn renewing_keeps_the_expiry_queue_in_order() {
+    // Two leases; the first one renewed past the second: the second is reaped first, the
+    // first at its new expiry, and a snapshot of the state restores.
+    let mut c = coord(r#","lease_ttl_ms":1000"#);
+    let a = grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    let b = grant(c.request_lease(Millis(100), &ask(2, 10, 10)).unwrap());
+    assert_eq!(c.renew(Millis(500), a), Ok(Millis(1_500)));
+    assert_eq!(c.poll_timeout(), Some(Millis(1_100)));
+    let mut c = Coordinator::restore_json(&c.snapshot_json()).unwrap();
+    let ev = drive(&mut c, Millis(2_000));
+    let reaped: Vec<_> = ev
+        .iter()
+        .filter_map(|(t, e)| match e {
+            Event::Expired { lease, .. } => Some((*t, *lease)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reaped, [(Millis(1_100), b), (Millis(1_500), a)]);
+}

@@ -153,6 +153,9 @@ enum Op {
     Cancel {
         target: Target,
     },
+    Renew {
+        target: Target,
+    },
     Response {
         pool: u32,
         target: Option<Target>,
@@ -390,6 +393,7 @@ fn op(wild: bool) -> BoxedStrategy<Op> {
             10 => request,
             5 => settle,
             2 => target().prop_map(|target| Op::Cancel { target }),
+            2 => target().prop_map(|target| Op::Renew { target }),
             3 => response,
             3 => Just(Op::Timeout),
             6 => step(true).prop_map(Op::Step),
@@ -403,6 +407,7 @@ fn op(wild: bool) -> BoxedStrategy<Op> {
             12 => request,
             8 => settle,
             2 => target().prop_map(|target| Op::Cancel { target }),
+            2 => target().prop_map(|target| Op::Renew { target }),
             1 => response,
             2 => Just(Op::Timeout),
             5 => step(false).prop_map(Op::Step),
@@ -666,6 +671,12 @@ impl Harness {
                         .get(&lease)
                         .unwrap_or_else(|| panic!("Expired names {lease}, never issued"));
                     assert_eq!((agent, pool), (l.req.agent, l.req.pool), "Expired {lease}");
+                    assert!(
+                        l.expires_at <= self.coord.now(),
+                        "{lease} reaped at {} before its expiry {} (renewed?)",
+                        self.coord.now(),
+                        l.expires_at
+                    );
                     self.ended(lease, "expired");
                 }
                 Event::MarginChanged { pool, .. } | Event::Paused { pool, .. } => {
@@ -913,6 +924,43 @@ impl Harness {
                     ),
                 }
                 self.events(&ev[split..]);
+            }
+            Op::Renew { target } => {
+                let id = self.resolve(*target);
+                let life = self.life(id);
+                let before = self.coord.clone();
+                let res = self.coord.renew(t, id);
+                let ev = drain(&mut self.coord);
+                if let Err(e) = res {
+                    assert!(ev.is_empty(), "renew Err({e:?}) emitted {ev:?}");
+                    self.unchanged(&before, "renew", e);
+                }
+                // The renew's own advance to `t` may reap or grant other leases.
+                self.events(&ev);
+                match (life, res) {
+                    (Some(Life::Active), Ok(expires_at)) => {
+                        let ttl = self.coord.config().lease_ttl_ms;
+                        let old = self.leases[&id].expires_at;
+                        assert_eq!(
+                            expires_at,
+                            self.coord.now().plus(ttl).max(old),
+                            "renew of {id}"
+                        );
+                        self.leases.get_mut(&id).expect("known").expires_at = expires_at;
+                    }
+                    (Some(Life::Active), got) => {
+                        assert_eq!(got, Err(LeaseError::UnknownLease), "renew");
+                        self.due(id, t, "renew");
+                    }
+                    (Some(Life::Queued), got) => {
+                        assert_eq!(got, Err(LeaseError::NotGranted), "renew of a ticket")
+                    }
+                    (_, got) => assert_eq!(
+                        got,
+                        Err(LeaseError::UnknownLease),
+                        "renew of {id}, {life:?} in the model"
+                    ),
+                }
             }
             Op::Response {
                 pool,

@@ -59,6 +59,8 @@ pub trait Engine: Sized {
     fn settle(&mut self, now: u64, lease: u64, usage: &Usage) -> Result<Value, String>;
     /// `cancel`.
     fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String>;
+    /// `renew`; the value is the new expiry.
+    fn renew(&mut self, now: u64, lease: u64) -> Result<Value, String>;
     /// `parse_headers` then `handle_response`; the value is `{"report": ...}`.
     fn response(&mut self, now: u64, r: &Response) -> Result<Value, String>;
     /// `handle_timeout`.
@@ -149,6 +151,9 @@ impl Engine for Native {
     }
     fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String> {
         Ok(native_result(self.0.cancel(Millis(now), LeaseId(lease))))
+    }
+    fn renew(&mut self, now: u64, lease: u64) -> Result<Value, String> {
+        Ok(native_result(self.0.renew(Millis(now), LeaseId(lease))))
     }
     fn response(&mut self, now: u64, r: &Response) -> Result<Value, String> {
         let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
@@ -346,6 +351,7 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
                 c.settle(at, u64_field(input, "lease")?, &usage)?
             }
             "cancel" => c.cancel(at, u64_field(input, "lease")?)?,
+            "renew" => c.renew(at, u64_field(input, "lease")?)?,
             "response" => c.response(at, &response_input(input)?)?,
             "timeout" => {
                 c.handle_timeout(at)?;
