@@ -24,6 +24,8 @@
 //! 1. [`Coordinator::request_lease`] — before a model call.
 //! 2. [`Coordinator::settle`] — after it, with the provider's usage figures.
 //! 3. [`Coordinator::cancel`] — a queued ticket no longer wanted, or a lease never used.
+//!    [`Coordinator::renew`] — a granted lease whose call is still working (a stream whose
+//!    bytes still flow) keeps its reservation and concurrency slot past `lease_ttl_ms`.
 //! 4. [`Coordinator::handle_response`] — the provider's status and rate-limit headers
 //!    (parsed by [`parse_headers`]); a 429 pauses the pool and cuts the margin.
 //! 5. [`Coordinator::handle_timeout`] — time passed.
