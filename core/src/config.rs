@@ -306,8 +306,16 @@ pub struct Config {
     #[serde(default = "defaults::max_agents")]
     pub max_agents: u32,
     /// Most tasks open at once (see [`Coordinator::open_task`](crate::Coordinator::open_task)).
+    /// Requests naming tasks nobody opened fill at most three quarters of it.
     #[serde(default = "defaults::max_tasks")]
     pub max_tasks: u32,
+    /// A task with no activity (opened, a lease asked for it, a failure) for this long is
+    /// ended as abandoned when the task table needs room (default 1 hour, 1 ms to 30
+    /// days). An hour outlasts the pauses of a live task (a long test run, a review, a
+    /// queue wait of many minutes) while a table filled by callers naming junk tasks, or
+    /// by hosts that never end theirs, frees itself within the hour.
+    #[serde(default = "defaults::task_idle_ms")]
+    pub task_idle_ms: u64,
     /// How long a provider keeps an agent's prompt cache warm after its last call.
     #[serde(default = "defaults::prompt_cache_ttl_ms")]
     pub prompt_cache_ttl_ms: u64,
@@ -356,6 +364,9 @@ mod defaults {
     pub(super) fn max_tasks() -> u32 {
         4096
     }
+    pub(super) fn task_idle_ms() -> u64 {
+        3_600_000
+    }
     pub(super) fn prompt_cache_ttl_ms() -> u64 {
         300_000
     }
@@ -381,6 +392,7 @@ impl Config {
             max_leases: defaults::max_leases(),
             max_agents: defaults::max_agents(),
             max_tasks: defaults::max_tasks(),
+            task_idle_ms: defaults::task_idle_ms(),
             prompt_cache_ttl_ms: defaults::prompt_cache_ttl_ms(),
             weights: WeightConfig::default(),
             slow_start: None,
@@ -450,6 +462,7 @@ impl Config {
         duration("lease_ttl_ms", self.lease_ttl_ms, 1)?;
         duration("max_queue_wait_ms", self.max_queue_wait_ms, 0)?;
         duration("prompt_cache_ttl_ms", self.prompt_cache_ttl_ms, 0)?;
+        duration("task_idle_ms", self.task_idle_ms, 1)?;
         duration("margin.clean_interval_ms", self.margin.clean_interval_ms, 1)?;
         duration(
             "weights.cache_bump_window_ms",

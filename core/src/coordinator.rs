@@ -347,8 +347,9 @@ impl Coordinator {
     /// # Tasks
     ///
     /// A request naming a `task` is charged to it (see [`Coordinator::open_task`]): a task
-    /// not open yet is opened with the request's role and unblocks (or, with the task
-    /// table full, the request runs untracked, counted in `metrics().tasks.untracked`).
+    /// not open yet is opened with the request's role and unblocks while fewer than three
+    /// quarters of `max_tasks` are open (else the request runs untracked, counted in
+    /// `metrics().tasks.untracked`; see [`Coordinator::open_task`]).
     /// A refusal starts the task's quota wait, which the next ask ends; a queued ticket's
     /// wait is added when it is granted or withdrawn.
     pub fn request_lease(
@@ -382,11 +383,8 @@ impl Coordinator {
             role: req.role,
             unblocks: req.unblocks,
         };
-        if self
-            .tasks
-            .open(&spec, now, self.config.max_tasks, false)
-            .is_some()
-        {
+        let bounds = (self.config.max_tasks, self.config.task_idle_ms);
+        if self.tasks.open(&spec, now, bounds, false).is_some() {
             Some(task)
         } else {
             self.tasks.untracked = self.tasks.untracked.saturating_add(1);

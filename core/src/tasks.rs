@@ -9,7 +9,11 @@
 //! (p50/p95), critical-path wait (the quota wait of a task times the tasks it unblocks:
 //! the agent-time spent blocked behind its calls) and, with the pools' counters, the 429
 //! rate. The table of open tasks is bounded ([`Config::max_tasks`](crate::Config)); an
-//! ended task leaves it, its figures folded into the totals.
+//! ended task leaves it, its figures folded into the totals. Requests naming tasks the
+//! host never opened can fill only three quarters of it, and a task idle for
+//! [`Config::task_idle_ms`](crate::Config) is ended as abandoned when room is needed, so
+//! callers naming junk tasks can neither lock the operator's explicit `open_task` out nor
+//! hold the table forever.
 
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
@@ -136,6 +140,11 @@ pub(crate) struct Task {
     pub(crate) critical_path_wait_ms: u64,
     /// Set by a refusal or a 429 of one of its calls; the next ask ends the wait.
     pub(crate) waiting_since: Option<Millis>,
+    /// Its latest activity (opened, a lease asked for it, a failure); a task idle for
+    /// `task_idle_ms` is ended as abandoned when the table needs room. Snapshots from
+    /// before it count from `opened_at` (see [`Task::active_at`]).
+    #[serde(default)]
+    pub(crate) last_active: Millis,
 }
 
 /// Sums over the tasks that ended in a span.
@@ -233,27 +242,46 @@ impl Tasks {
         self.open.get_mut(i)
     }
 
-    /// The task, opened with `spec` if new (`None` when the table is full). An open task
-    /// takes `spec`'s role and unblocks when `update`.
+    /// How many open tasks a request naming an unknown task may open up to: three
+    /// quarters of `max`, so an explicit open always has a quarter of the table.
+    pub(crate) fn implicit_cap(max: u32) -> usize {
+        (u64::from(max) * 3 / 4) as usize
+    }
+
+    /// The task, opened with `spec` if new, and marked active at `now`. An `explicit` open
+    /// ([`Coordinator::open_task`](crate::Coordinator::open_task)) may fill the table to
+    /// `max` and updates an open task's role and unblocks; an implicit one (a request
+    /// naming an unknown task) opens only below [`Tasks::implicit_cap`]. When the table
+    /// (or the implicit share) is full, the least recently active task idle for at least
+    /// `idle_ms` is ended as abandoned to make room; `None` when there is none to end
+    /// (nothing changes then).
     pub(crate) fn open(
         &mut self,
         spec: &TaskSpec,
         now: Millis,
-        max: u32,
-        update: bool,
+        (max, idle_ms): (u32, u64),
+        explicit: bool,
     ) -> Option<&mut Task> {
         match self.find(spec.task) {
             Ok(i) => {
                 let t = self.open.get_mut(i)?;
-                if update {
+                if explicit {
                     t.role = spec.role;
                     t.unblocks = spec.unblocks;
                 }
+                t.last_active = t.last_active.max(now);
                 Some(t)
             }
-            Err(i) => {
-                if self.open.len() >= max as usize {
-                    return None;
+            Err(mut i) => {
+                let cap = if explicit {
+                    max as usize
+                } else {
+                    Tasks::implicit_cap(max)
+                };
+                if self.open.len() >= cap {
+                    let idle = self.least_recently_active(now, idle_ms)?;
+                    self.end(idle, TaskOutcome::Abandoned, now);
+                    i = self.find(spec.task).err()?;
                 }
                 self.open.insert(
                     i,
@@ -270,11 +298,26 @@ impl Tasks {
                         quota_wait_ms: 0,
                         critical_path_wait_ms: 0,
                         waiting_since: None,
+                        last_active: now,
                     },
                 );
                 self.open.get_mut(i)
             }
         }
+    }
+
+    /// The open task with the oldest activity, if it has been idle for at least
+    /// `idle_ms` (the lowest id among equals).
+    fn least_recently_active(&self, now: Millis, idle_ms: u64) -> Option<TaskId> {
+        let mut oldest: Option<&Task> = None;
+        for t in &self.open {
+            if oldest.is_none_or(|o| t.active_at() < o.active_at()) {
+                oldest = Some(t);
+            }
+        }
+        oldest
+            .filter(|t| now.since(t.active_at()) >= idle_ms)
+            .map(|t| t.id)
     }
 
     /// Removes an open task and folds its figures into the totals.
@@ -336,6 +379,12 @@ impl Tasks {
 }
 
 impl Task {
+    /// Its latest activity: `last_active`, or its opening for a task restored from a
+    /// snapshot written before activity was kept.
+    pub(crate) fn active_at(&self) -> Millis {
+        self.last_active.max(self.opened_at)
+    }
+
     /// Adds `ms` of quota wait (and its critical-path weight).
     pub(crate) fn wait(&mut self, ms: u64) {
         self.quota_wait_ms = self.quota_wait_ms.saturating_add(ms);
@@ -351,8 +400,10 @@ impl Task {
         }
     }
 
-    /// A failure with this signature: the same one as the last counts as a repeat.
-    pub(crate) fn failed(&mut self, signature: u64) -> u32 {
+    /// A failure with this signature at `now`: the same one as the last counts as a
+    /// repeat.
+    pub(crate) fn failed(&mut self, signature: u64, now: Millis) -> u32 {
+        self.last_active = self.last_active.max(now);
         self.failures = self.failures.saturating_add(1);
         if self.last_failure == Some(signature) {
             self.repeats = self.repeats.saturating_add(1);

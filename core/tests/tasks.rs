@@ -373,3 +373,128 @@ fn no_alert(extra: &str) {
         }
     }
 }
+
+fn spec(task: u64) -> TaskSpec {
+    TaskSpec {
+        task: TaskId(task),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn requests_naming_unknown_tasks_leave_the_operator_a_quarter_of_the_table() {
+    // Issue 25: 4,200 proxied calls naming `/task/junk-N` filled all 4,096 slots and the
+    // operator's own open_task was refused. Callers now fill at most three quarters.
+    let mut c = coord(r#""requests_per_minute":1000"#, r#","max_tasks":8"#);
+    for n in 0..10 {
+        let l = granted(
+            c.request_lease(Millis(n), &ask(n, 1, Some(100 + n)))
+                .unwrap(),
+        );
+        c.settle(Millis(n), l, &used(1, 1)).unwrap();
+    }
+    let m = c.metrics(Millis(10)).tasks;
+    assert_eq!(
+        (m.open, m.untracked),
+        (6, 4),
+        "six opened by requests, four untracked"
+    );
+    // The operator still opens two (8 in all), and only then is refused.
+    c.open_task(Millis(10), &spec(1)).unwrap();
+    c.open_task(Millis(10), &spec(2)).unwrap();
+    assert_eq!(
+        c.open_task(Millis(10), &spec(3)),
+        Err(LeaseError::TooManyTasks)
+    );
+    // A request naming an open task is still charged to it.
+    let l = granted(c.request_lease(Millis(11), &ask(1, 1, Some(1))).unwrap());
+    c.settle(Millis(11), l, &used(1, 1)).unwrap();
+    assert_eq!(c.metrics(Millis(11)).tasks.untracked, 4);
+    c.check().unwrap();
+}
+
+#[test]
+fn idle_tasks_are_ended_as_abandoned_when_room_is_needed() {
+    let mut c = coord(
+        r#""requests_per_minute":1000"#,
+        r#","max_tasks":4,"task_idle_ms":1000"#,
+    );
+    for t in 1..=4 {
+        c.open_task(Millis(0), &spec(t)).unwrap();
+    }
+    // Activity: a failure of task 1, a lease asked for task 4.
+    c.task_failed(Millis(500), TaskId(1), 9).unwrap();
+    let l = granted(c.request_lease(Millis(600), &ask(1, 1, Some(4))).unwrap());
+    c.settle(Millis(600), l, &used(1, 1)).unwrap();
+    // Nobody idle for 1 s yet: refused, and nothing changes.
+    let before = c.snapshot_json();
+    assert_eq!(
+        c.open_task(Millis(999), &spec(5)),
+        Err(LeaseError::TooManyTasks)
+    );
+    assert_eq!(c.snapshot_json(), before);
+    // At 1 s tasks 2 and 3 have been idle since 0: the lower id goes first.
+    c.open_task(Millis(1_000), &spec(5)).unwrap();
+    assert_eq!(
+        c.task_failed(Millis(1_000), TaskId(2), 1),
+        Err(LeaseError::UnknownTask)
+    );
+    let m = c.metrics(Millis(1_000)).tasks;
+    assert_eq!((m.open, m.since_start.abandoned), (4, 1));
+    // Then task 3 (idle since 0) before task 1 (active at 500) and 4 (600).
+    c.open_task(Millis(1_400), &spec(6)).unwrap();
+    assert_eq!(
+        c.task_failed(Millis(1_400), TaskId(3), 1),
+        Err(LeaseError::UnknownTask)
+    );
+    assert_eq!(c.task_failed(Millis(1_400), TaskId(1), 9), Ok(1));
+    // Task 4 was last active at 600: idle enough at 1600 for a request naming a new task
+    // (the implicit share, 3 of 4, is full), which then is tracked.
+    let l = granted(c.request_lease(Millis(1_600), &ask(2, 1, Some(7))).unwrap());
+    c.settle(Millis(1_600), l, &used(1, 1)).unwrap();
+    assert_eq!(
+        c.end_task(Millis(1_600), TaskId(4), TaskOutcome::Merged),
+        Err(LeaseError::UnknownTask)
+    );
+    let s = c
+        .end_task(Millis(1_700), TaskId(7), TaskOutcome::Merged)
+        .unwrap();
+    assert_eq!((s.calls, s.tokens), (1, 2));
+    let m = c.metrics(Millis(1_700)).tasks;
+    assert_eq!((m.open, m.untracked, m.since_start.abandoned), (3, 0, 3));
+    c.check().unwrap();
+}
+
+#[test]
+fn task_idle_ms_is_validated_and_older_snapshots_restore() {
+    for bad in ["0", "2592000001"] {
+        let json = format!(r#"{{"pools":[{{"name":"p"}}],"task_idle_ms":{bad}}}"#);
+        let e = Config::from_json(&json).unwrap_err();
+        assert!(e.to_string().contains("task_idle_ms"), "{e}");
+    }
+    let mut c = coord(r#""requests_per_minute":1000"#, r#","max_tasks":1"#);
+    assert_eq!(c.config().task_idle_ms, 3_600_000);
+    c.open_task(Millis(5), &spec(1)).unwrap();
+    // A snapshot written before the field existed: no task_idle_ms, no last_active.
+    let mut v: serde_json::Value = serde_json::from_str(&c.snapshot_json()).unwrap();
+    let state = &mut v["state"];
+    state["config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("task_idle_ms");
+    for t in state["tasks"]["open"].as_array_mut().unwrap() {
+        t.as_object_mut().unwrap().remove("last_active").unwrap();
+    }
+    let mut back = Coordinator::restore_json(&v.to_string()).unwrap();
+    assert_eq!(back.config().task_idle_ms, 3_600_000);
+    // Idle counted from its opening (5), not from time zero.
+    assert_eq!(
+        back.open_task(Millis(3_600_004), &spec(2)),
+        Err(LeaseError::TooManyTasks)
+    );
+    back.open_task(Millis(3_600_005), &spec(2)).unwrap();
+    assert_eq!(
+        back.metrics(Millis(3_600_005)).tasks.since_start.abandoned,
+        1
+    );
+}

@@ -14,14 +14,24 @@ impl Coordinator {
     /// ([`LeaseRequest::task`](crate::LeaseRequest::task)) are then weighted by the task
     /// (role × (1 + bonus × unblocks), halved per repeated identical failure down to the
     /// floor: [`Coordinator::task_failed`]) and charged to it. Opening is optional: a
-    /// request naming an unknown task opens it. `TooManyTasks` when `max_tasks` tasks are
-    /// open and this one is not among them (nothing changes then).
+    /// request naming an unknown task opens it, but only while fewer than three quarters
+    /// of `max_tasks` are open (beyond, the request runs untracked), so an explicit open
+    /// always has a quarter of the table, whatever callers name.
+    ///
+    /// When the table is full, the least recently active task idle for `task_idle_ms`
+    /// (no open, lease request or failure naming it) is ended as abandoned, its figures
+    /// folded into the totals like any ended task, to make room. `TooManyTasks` when
+    /// `max_tasks` tasks are open, none of them idle, and this one is not among them
+    /// (nothing changes then).
     pub fn open_task(&mut self, now: Millis, spec: &TaskSpec) -> Result<(), LeaseError> {
-        let now = self.clamp(now);
+        // The clock moves only if the open succeeds: a refusal changes nothing.
+        let now = self.now.max(now);
+        let bounds = (self.config.max_tasks, self.config.task_idle_ms);
         self.tasks
-            .open(spec, now, self.config.max_tasks, true)
-            .map(|_| ())
-            .ok_or(LeaseError::TooManyTasks)
+            .open(spec, now, bounds, true)
+            .ok_or(LeaseError::TooManyTasks)?;
+        self.clamp(now);
+        Ok(())
     }
 
     /// A failure of an open task (a failing test, a rejected diff), named by a signature
@@ -35,9 +45,9 @@ impl Coordinator {
         task: TaskId,
         signature: u64,
     ) -> Result<u32, LeaseError> {
-        self.clamp(now);
+        let now = self.clamp(now);
         let t = self.tasks.get_mut(task).ok_or(LeaseError::UnknownTask)?;
-        Ok(t.failed(signature))
+        Ok(t.failed(signature, now))
     }
 
     /// Ends an open task: its figures are returned and folded into
