@@ -1,7 +1,7 @@
 //! # tokenwarden-wasmtime
 //!
 //! [`tokenwarden-core`](tokenwarden_core) compiled to a WebAssembly component (WIT world
-//! `tokenwarden:quota/plugin@1.0.0`, in `wit/v1/`) and a host that runs it under wasmtime
+//! `tokenwarden:quota/plugin@1.1.0`, in `wit/v1/`) and a host that runs it under wasmtime
 //! as a sandboxed plugin.
 //!
 //! The API mirrors the native [`Coordinator`](tokenwarden_core::Coordinator) method for
@@ -66,10 +66,10 @@ use bindings::exports::tokenwarden::quota::coordinator as w;
 pub const COMPONENT: &[u8] = include_bytes!(env!("TOKENWARDEN_COMPONENT"));
 
 /// The WIT package this host speaks.
-pub const WIT_PACKAGE: &str = "tokenwarden:quota@1.0.0";
+pub const WIT_PACKAGE: &str = "tokenwarden:quota@1.1.0";
 
 /// The exported interface the host looks up in a component.
-pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@1.0.0";
+pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@1.1.0";
 
 /// Resource limits applied to every coordinator of a [`Plugin`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub enum PluginError {
         /// The cap in force.
         limit_bytes: usize,
     },
-    /// The bytes are not a component of the `tokenwarden:quota@1.0.0` `plugin` world (or it
+    /// The bytes are not a component of the `tokenwarden:quota@1.1.0` `plugin` world (or it
     /// imports something, or it answered with something the host cannot read).
     Incompatible(String),
     /// An earlier call on this coordinator failed inside the plugin, which leaves the
@@ -567,6 +567,13 @@ impl PluginCoordinator {
     /// See [`Coordinator::cancel`](tokenwarden_core::Coordinator::cancel).
     pub fn cancel(&mut self, now: Millis, lease: LeaseId) -> Result<(), Error> {
         guest!(self, |c, s, h| c.call_cancel(s, h, now.0, lease.0))?.map_err(lease_error)
+    }
+
+    /// See [`Coordinator::renew`](tokenwarden_core::Coordinator::renew): the new expiry.
+    pub fn renew(&mut self, now: Millis, lease: LeaseId) -> Result<Millis, Error> {
+        guest!(self, |c, s, h| c.call_renew(s, h, now.0, lease.0))?
+            .map(Millis)
+            .map_err(lease_error)
     }
 
     /// `handle_response(now, pool, lease, status, &parse_headers(headers, unix_now_ms))`

@@ -358,6 +358,14 @@ impl w::GuestCoordinator for Coord {
             .map_err(lease_error)
     }
 
+    fn renew(&self, now: u64, lease: u64) -> Result<u64, w::LeaseError> {
+        self.0
+            .borrow_mut()
+            .renew(tw::Millis(now), tw::LeaseId(lease))
+            .map(|t| t.0)
+            .map_err(lease_error)
+    }
+
     fn handle_response(
         &self,
         now: u64,

@@ -90,6 +90,9 @@ impl<const RELOAD: bool> Engine for PluginEngine<RELOAD> {
     fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String> {
         result(self.0.cancel(Millis(now), LeaseId(lease)))
     }
+    fn renew(&mut self, now: u64, lease: u64) -> Result<Value, String> {
+        result(self.0.renew(Millis(now), LeaseId(lease)))
+    }
     fn response(&mut self, now: u64, r: &Response) -> Result<Value, String> {
         let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
         let report = self.0.handle_response(
