@@ -57,6 +57,13 @@ export declare class Coordinator {
   /** Withdraws a queued ticket, or returns an unused lease in full. */
   cancel(now: U64, lease: U64): void
   /**
+   * Keeps a granted lease alive while its call still works (a stream whose bytes
+   * flow): its expiry moves to `now + leaseTtlMs` (never earlier); returns the new
+   * expiry. Throws `unknown_lease` for an ended or expired lease, `not_granted` for a
+   * queued ticket.
+   */
+  renew(now: U64, lease: U64): U64
+  /**
    * Feeds a provider response: its status and headers (name, value pairs). Parses the
    * rate-limit headers (Anthropic, OpenAI, Azure, IETF, retry-after, gateway) with
    * `unixNowMs` as the wall clock for absolute reset times, resyncs the pool, pauses it

@@ -222,6 +222,22 @@ impl Coordinator {
         })
     }
 
+    /// Keeps a granted lease alive while its call still works (a stream whose bytes
+    /// flow): its expiry moves to `now + leaseTtlMs` (never earlier); returns the new
+    /// expiry. Throws `unknown_lease` for an ended or expired lease, `not_granted` for a
+    /// queued ticket.
+    #[napi]
+    pub fn renew(&mut self, env: Env, now: U64, lease: U64) -> napi::Result<U64> {
+        js(&env, || {
+            let now = core::Millis(u64_arg(&now, "now")?);
+            let lease = lease_arg(&lease)?;
+            self.inner
+                .renew(now, lease)
+                .map(|t| u64_to_js(t.0))
+                .map_err(Thrown::from)
+        })
+    }
+
     /// Feeds a provider response: its status and headers (name, value pairs). Parses the
     /// rate-limit headers (Anthropic, OpenAI, Azure, IETF, retry-after, gateway) with
     /// `unixNowMs` as the wall clock for absolute reset times, resyncs the pool, pauses it

@@ -141,6 +141,9 @@ export class WasmRegisters {
   cancel(now, lease) {
     return this.#c.cancel(now, lease)
   }
+  renew(now, lease) {
+    return this.#c.renew(now, lease)
+  }
   handleResponse(now, pool, lease, status, headers, unixNowMs) {
     return this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs)
   }

@@ -207,6 +207,22 @@ impl Coordinator {
         Ok(self.inner.cancel(now, lease).map_err(ArgError::from)?)
     }
 
+    /// Keeps a granted lease alive while its call still works (a stream whose bytes
+    /// flow): its expiry moves to `now + leaseTtlMs` (never earlier); returns the new
+    /// expiry. Throws `unknown_lease` for an ended or expired lease, `not_granted` for a
+    /// queued ticket.
+    #[wasm_bindgen(unchecked_return_type = "number | bigint")]
+    pub fn renew(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
+    ) -> Result<JsValue, Thrown> {
+        let now = now_arg(&now)?;
+        let lease = lease_arg(&lease)?;
+        let t = self.inner.renew(now, lease).map_err(ArgError::from)?;
+        Ok(u64_to_js(t.0))
+    }
+
     /// Feeds a provider response (status and `[name, value]` header pairs): parses the
     /// rate-limit headers with `unixNowMs` as the wall clock, resyncs the pool, pauses it
     /// on a 429, and returns what the headers said.

@@ -113,8 +113,11 @@ export class Lease {
   readonly agent: U64
   /** Its pool. */
   readonly pool: number
-  /** When the coordinator reaps it if unsettled (driver clock, ms). */
-  readonly expiresAt: U64
+  /** When the coordinator reaps it if unsettled (driver clock, ms); `renew` moves it. */
+  get expiresAt(): U64 {
+    return this.#expiresAt
+  }
+  #expiresAt: U64
   /** How long it waited in the queue, ms. */
   readonly waitedMs: number
   #done = false
@@ -125,7 +128,7 @@ export class Lease {
     this.id = id
     this.agent = agent
     this.pool = pool
-    this.expiresAt = expiresAt
+    this.#expiresAt = expiresAt
     this.waitedMs = waitedMs
   }
 
@@ -143,6 +146,24 @@ export class Lease {
     const s = this.#driver.settleLease(this.id, usage, this.agent, this.pool)
     this.#done = true
     return s
+  }
+
+  /**
+   * Keeps the lease (its reservation and concurrency slot) alive while its call still
+   * works, such as a stream whose bytes still flow: its expiry moves to now + the
+   * configuration's `lease_ttl_ms`. Returns the new expiry (also in `expiresAt`). Call it
+   * before `expiresAt`; a lease that is done or already expired throws `unknown_lease`, as
+   * `settle` does. A lease from the edge limiter (`RemoteLease`) answers with a promise.
+   */
+  renew(): U64 | Promise<U64> {
+    const at = this.#driver.renewLease(this.id)
+    this.#expiresAt = at
+    return at
+  }
+
+  /** @internal Records an expiry the limiter gave (`RemoteLease.renew`). */
+  protected renewed(expiresAt: U64): void {
+    this.#expiresAt = expiresAt
   }
 
   /** Returns the lease unused (the call was not sent). */
@@ -417,6 +438,18 @@ export class Driver extends Emitter<DriverEvents> {
     if (this.listening('settled')) this.emit('settled', { lease, agent, pool, settlement: s })
     this.#afterCall()
     return s
+  }
+
+  /** Renews a granted lease by id (see {@link Lease.renew}); returns its new expiry. */
+  renew(lease: number): U64 {
+    return this.renewLease(lease)
+  }
+
+  /** @internal */
+  renewLease(lease: number): U64 {
+    const at = this.engine.renew(this.clock.now(), lease)
+    this.#afterCall()
+    return at
   }
 
   /** Cancels a lease or queued ticket by id. */

@@ -73,6 +73,7 @@ export interface RegisterBinding {
   requestLease(now: U64, request: unknown): unknown
   settle(now: U64, lease: U64, usage: unknown): unknown
   cancel(now: U64, lease: U64): void
+  renew(now: U64, lease: U64): U64
   handleResponse(now: U64, pool: number, lease: U64 | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): unknown
   handleTimeout(now: U64): void
   pollTimeout(): U64 | null
@@ -308,6 +309,11 @@ export class RegisterEngine implements Engine {
     } catch (e) {
       throw normalizeEngineError(e, 'cancel')
     }
+  }
+
+  /** Not a hot call (once every few seconds of a long call): the object path. */
+  renew(now: U64, lease: number): U64 {
+    return this.#slow(() => this.#c.renew(now, lease), 'renew')
   }
 
   handleResponse(

@@ -100,6 +100,19 @@ export class RemoteLease extends Lease {
     void this.#remote.remoteCancel(this)
   }
 
+  /**
+   * Renews at the limiter (`POST …/leases/<handle>/renew`, answered `200 { expiresAt }`);
+   * resolves with the new expiry, on the limiter's clock. An ended lease rejects with
+   * `unknown_lease`.
+   */
+  override renew(): Promise<U64> {
+    if (this.#ended) return Promise.reject(new TokenwardenError('unknown_lease', 'the lease has ended'))
+    return this.#remote.remoteRenew(this).then((at) => {
+      this.renewed(at)
+      return at
+    })
+  }
+
   override report(status: number, headers: HeadersLike): HeaderReport {
     return this.#remote.remoteReport(this, status, headers)
   }
@@ -444,6 +457,13 @@ export class RemoteTokenwarden extends Tokenwarden {
     const s = r.body as unknown as Settlement
     if (this.listening('settled')) this.emit('settled', { lease: lease.id, agent: lease.agent, pool: lease.pool, settlement: s })
     return s
+  }
+
+  /** @internal See {@link RemoteLease.renew}. */
+  async remoteRenew(lease: RemoteLease): Promise<U64> {
+    const r = await this.#call('POST', `/leases/${lease.handle}/renew`, {})
+    if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_lease') ?? 'unknown_lease', String(r.body.message))
+    return r.body.expiresAt as U64
   }
 
   /** @internal */

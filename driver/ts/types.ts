@@ -330,6 +330,12 @@ export interface Engine {
   requestLease(now: U64, request: LeaseRequest): Decision
   settle(now: U64, lease: number, usage: Usage): Settlement
   cancel(now: U64, lease: number): void
+  /**
+   * Keeps a granted lease alive while its call still works (a stream whose bytes flow):
+   * its expiry moves to `now + lease_ttl_ms` (never earlier). Returns the new expiry.
+   * Throws `unknown_lease` for an ended or expired lease, `not_granted` for a queued ticket.
+   */
+  renew(now: U64, lease: number): U64
   /** Parses the headers (name/value pairs), resyncs the pool, pauses it on a 429. */
   handleResponse(
     now: U64,

@@ -87,6 +87,9 @@ export function replay(trace, factory) {
       case 'cancel':
         r = result(() => (engine.cancel(at, input.lease), null))
         break
+      case 'renew':
+        r = result(() => engine.renew(at, input.lease))
+        break
       case 'response':
         r = result(() => ({
           report: recase(

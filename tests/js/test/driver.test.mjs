@@ -2,7 +2,7 @@
 // TOKENWARDEN_ENGINE=wasm: the same suite must pass on both).
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { Driver, LeaseRejectedError, ManualClock, TokenwardenError } from 'tokenwarden-driver'
+import { Driver, LeaseRejectedError, ManualClock, RemoteTokenwarden, TokenwardenError } from 'tokenwarden-driver'
 import { engines as nativeEngines } from '../support/engine.mjs'
 
 const POOL = { name: 'sonnet', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1000, max_concurrent: 4 }
@@ -132,6 +132,41 @@ describe('acquire', () => {
     assert.throws(() => lease.settle({ inputTokens: 1 }), { code: 'unknown_lease' })
   })
 
+  test('a renewed lease keeps its one slot past its TTL; a done lease cannot be renewed', async () => {
+    const { clock, driver, engine, events } = setup({ ...POOL, max_concurrent: 1 }, { lease_ttl_ms: 3000 })
+    const lease = await driver.acquire(req(1, 10))
+    assert.equal(lease.expiresAt, 3000)
+    let second = null
+    const p = driver.acquire(req(2, 10)).then((l) => (second = l))
+    for (let t = 2000; t <= 10_000; t += 2000) {
+      await clock.advance(2000)
+      assert.equal(lease.renew(), t + 3000)
+      assert.equal(lease.expiresAt, t + 3000)
+    }
+    await clock.advance(2000)
+    assert.equal(second, null, 'the second call waits for the slot')
+    assert.ok(!events.some((e) => e.name === 'expired'))
+    assert.equal(engine.metrics(clock.now()).pools[0].inFlight, 1)
+    lease.settle({ inputTokens: 10, outputTokens: 10 })
+    await p
+    assert.equal(second.agent, 2)
+    assert.throws(() => lease.renew(), { code: 'unknown_lease' })
+    // Unrenewed, the second lease expires at its TTL, and then cannot be renewed either.
+    await clock.advance(3000)
+    assert.ok(events.some((e) => e.name === 'expired' && e.lease === second.id))
+    assert.throws(() => second.renew(), { code: 'unknown_lease' })
+    assert.throws(() => engine.renew(clock.now(), 12345), { code: 'unknown_lease' })
+    assert.throws(() => engine.renew(clock.now(), -1), { code: 'invalid_argument' })
+  })
+
+  test('renewing a queued ticket is not_granted', () => {
+    const { engine } = setup({ ...POOL, max_concurrent: 1 })
+    engine.requestLease(0, req(1, 10))
+    const d = engine.requestLease(0, req(2, 10))
+    assert.equal(d.kind, 'queued')
+    assert.throws(() => engine.renew(1, d.lease), { code: 'not_granted' })
+  })
+
   test('close rejects waiters with `closed` and later acquires too', async () => {
     const { clock, driver } = setup()
     await driver.acquire(req(1, 85_000))
@@ -257,4 +292,59 @@ test('a snapshot restores an engine that makes the same decisions', async () => 
   const b = twin.requestLease(10, req(2, 5000))
   assert.deepEqual(a, b)
   assert.equal(a.kind, 'queued')
+})
+
+// RemoteLease.renew against a stub limiter: the HTTP call it makes and what it does with
+// the answer (the edge route itself is tested in the edge suite).
+describe('RemoteLease.renew', () => {
+  const REMOTE_CONFIG = { pools: [{ name: 'sonnet', requests_per_minute: 1000 }] }
+  const HANDLE = 'tw1.f.q.4294967296.mac'
+
+  function stub() {
+    const calls = []
+    const ended = new Set()
+    const fetch = async (url, init) => {
+      const path = new URL(url).pathname
+      calls.push({ method: init.method, path, body: init.body === null ? null : JSON.parse(init.body) })
+      const json = (status, body) => new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } })
+      if (init.method === 'POST' && path.endsWith('/leases')) return json(200, { kind: 'grant', lease: HANDLE, expiresAt: 120_000 })
+      if (path.endsWith('/renew')) {
+        return ended.has(HANDLE) ? json(404, { error: 'unknown_lease', message: 'no such lease' }) : json(200, { expiresAt: 150_000 })
+      }
+      if (path.endsWith('/settle')) {
+        ended.add(HANDLE)
+        return json(200, { reserved: [1, 1, 2, 1], used: [1, 1, 2, 1] })
+      }
+      return json(404, { error: 'not_found', message: path })
+    }
+    return { calls, fetch }
+  }
+
+  test('RemoteLease.renew posts to /leases/<handle>/renew and takes the limiter expiresAt', async () => {
+    const { calls, fetch } = stub()
+    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines.create(REMOTE_CONFIG, 1, 0), clock: new ManualClock(0), fetch })
+    const lease = await tw.acquire({ agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 })
+    assert.equal(lease.handle, HANDLE)
+    assert.equal(lease.expiresAt, 120_000)
+    assert.equal(await lease.renew(), 150_000)
+    assert.equal(lease.expiresAt, 150_000)
+    assert.deepEqual(calls.at(-1), { method: 'POST', path: `/v1/fleets/f/quotas/q/leases/${HANDLE}/renew`, body: {} })
+    await lease.settle({ inputTokens: 1, outputTokens: 1 })
+    // Ended here: refused without a round trip.
+    const n = calls.length
+    await assert.rejects(lease.renew(), { code: 'unknown_lease' })
+    assert.equal(calls.length, n)
+    tw.close()
+  })
+
+  test('a renewal the limiter refuses rejects with its code', async () => {
+    const { fetch } = stub()
+    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines.create(REMOTE_CONFIG, 1, 0), clock: new ManualClock(0), fetch })
+    const lease = await tw.acquire({ agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 })
+    // Settled elsewhere (another process holding the handle): the limiter says so.
+    const other = await tw.acquire({ agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 })
+    await other.settle({ inputTokens: 1, outputTokens: 1 })
+    await assert.rejects(lease.renew(), { code: 'unknown_lease' })
+    tw.close()
+  })
 })
