@@ -12,6 +12,7 @@ export declare class WasmEngine implements Engine {
   requestLease: Engine['requestLease']
   settle: Engine['settle']
   cancel: Engine['cancel']
+  renew: Engine['renew']
   handleResponse: Engine['handleResponse']
   handleTimeout: Engine['handleTimeout']
   pollTimeout: Engine['pollTimeout']
