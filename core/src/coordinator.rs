@@ -36,7 +36,13 @@ pub use snapshot::Snapshot;
 
 /// The quota coordinator: a deterministic state machine with no clock, no I/O and no
 /// ambient randomness. See the crate documentation for the calling protocol.
+///
+/// It serializes as its whole state ([`Coordinator::snapshot`]); deserializing one checks
+/// that state as [`Coordinator::restore`] does (the configuration, then every table
+/// against every other), so a forged or corrupted state is an error, never a coordinator
+/// that panics later.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "snapshot::State")]
 pub struct Coordinator {
     config: Config,
     rng: Rng,

@@ -23,8 +23,21 @@ impl Coordinator {
         let mut queued = alloc::vec![0u32; self.pools.len()];
         let mut active = alloc::vec![0u64; self.pools.len()];
         let mut per_agent: BTreeMap<AgentId, (u32, u32)> = BTreeMap::new();
+        // A sequence number is taken per request: 2^62 of them is centuries of requests,
+        // and one near the end of the range would wrap into duplicate queue keys.
+        if self.seq >= 1 << 62 {
+            return Err("sequence number out of range");
+        }
+        let ttl = self.config.lease_ttl_ms;
         for e in self.leases.entries() {
             let i = e.pool as usize;
+            // Granted (or renewed) at or before now with the TTL: a later expiry would hold
+            // its reservation and concurrency slot past what any renewal gives.
+            if let Phase::Active { expires_at, .. } = e.phase {
+                if expires_at > self.now.plus(ttl) {
+                    return Err("a lease expiring after now + lease_ttl_ms");
+                }
+            }
             let counts = per_agent.entry(e.agent).or_default();
             match e.phase {
                 Phase::Queued { .. } => {
@@ -84,6 +97,29 @@ impl Coordinator {
                 .any(|b| b.nominal != b.limit.map_or(0, |l| pool.nominal_cap(l)))
             {
                 return Err("nominal capacity differs from limit and margin");
+            }
+            // Refused rather than clamped: a level or capacity above what the limit allows
+            // would grant past the limit, and no run of the core writes one, so the state
+            // was edited or corrupted and its other figures cannot be trusted either.
+            let window = self.config.window_ms;
+            for b in &pool.buckets {
+                if b.limit.is_some_and(|l| l == 0 || l > crate::MAX_TOKENS) {
+                    return Err("a limit outside 1..2^53");
+                }
+                if b.cap > b.nominal {
+                    return Err("a bucket's capacity above its limit times the margin");
+                }
+                if b.limit.is_some() && b.level > crate::bucket::product(b.cap, window) {
+                    return Err("a bucket's level above its capacity");
+                }
+            }
+            // A pause is at most `feedback.max_pause_ms` from when it was set.
+            if pool.paused_until > self.now.plus(self.config.feedback.max_pause_ms) {
+                return Err("a pool paused longer than feedback.max_pause_ms");
+            }
+            // Queue keys are unique by their sequence number: every one below the next.
+            if pool.queue.in_order().iter().any(|(k, _)| k.seq >= self.seq) {
+                return Err("a queued ticket's sequence number at or past the next one");
             }
         }
         if !self.agents.is_consistent() {

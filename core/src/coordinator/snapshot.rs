@@ -1,10 +1,52 @@
 //! Snapshot and restore: the whole state as versioned JSON, refused when inconsistent.
 
+use alloc::collections::VecDeque;
 use alloc::string::String;
+use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use super::Coordinator;
+use crate::agents::Agents;
+use crate::config::Config;
+use crate::decision::Event;
 use crate::error::RestoreError;
+use crate::lease::LeaseTable;
+use crate::pool::Pool;
+use crate::rng::Rng;
+use crate::tasks::Tasks;
+use crate::time::Millis;
+
+/// A coordinator's fields as serialized, before they are checked: deserializing a
+/// [`Coordinator`] reads one and converts it with [`Coordinator::from_state`].
+#[derive(Deserialize)]
+pub(crate) struct State {
+    config: Config,
+    rng: Rng,
+    now: Millis,
+    started: Millis,
+    seq: u64,
+    pools: Vec<Pool>,
+    leases: LeaseTable,
+    agents: Agents,
+    events: VecDeque<Event>,
+    #[serde(default)]
+    tasks: Tasks,
+}
+
+impl TryFrom<State> for Coordinator {
+    type Error = RestoreError;
+    fn try_from(s: State) -> Result<Coordinator, RestoreError> {
+        Coordinator::from_state(s)
+    }
+}
+
+/// [`Snapshot`] with its state not yet checked, so [`Coordinator::restore_json`] can tell
+/// a parse error from a refused state.
+#[derive(Deserialize)]
+struct RawSnapshot {
+    version: u32,
+    state: State,
+}
 
 /// A serialized coordinator: restore it to get one that makes the same decisions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,10 +84,31 @@ impl Coordinator {
         if snapshot.version != Snapshot::VERSION {
             return Err(RestoreError::UnsupportedVersion(snapshot.version));
         }
-        let c = snapshot.state;
-        c.config.validate().map_err(RestoreError::Config)?;
-        c.check().map_err(RestoreError::Corrupt)?;
-        Ok(c)
+        snapshot.state.validated()
+    }
+
+    /// A coordinator from its deserialized fields, refused unless the configuration is
+    /// valid and every table agrees with every other.
+    fn from_state(s: State) -> Result<Coordinator, RestoreError> {
+        Coordinator {
+            config: s.config,
+            rng: s.rng,
+            now: s.now,
+            started: s.started,
+            seq: s.seq,
+            pools: s.pools,
+            leases: s.leases,
+            agents: s.agents,
+            events: s.events,
+            tasks: s.tasks,
+        }
+        .validated()
+    }
+
+    fn validated(self) -> Result<Coordinator, RestoreError> {
+        self.config.validate().map_err(RestoreError::Config)?;
+        self.check().map_err(RestoreError::Corrupt)?;
+        Ok(self)
     }
 
     /// [`Coordinator::restore`] from JSON text.
@@ -58,8 +121,11 @@ impl Coordinator {
         if v.version != Snapshot::VERSION {
             return Err(RestoreError::UnsupportedVersion(v.version));
         }
-        let s: Snapshot = serde_json::from_str(json).map_err(RestoreError::Parse)?;
-        Coordinator::restore(s)
+        let s: RawSnapshot = serde_json::from_str(json).map_err(RestoreError::Parse)?;
+        if s.version != Snapshot::VERSION {
+            return Err(RestoreError::UnsupportedVersion(s.version));
+        }
+        Coordinator::from_state(s.state)
     }
 }
 
@@ -94,8 +160,20 @@ mod tests {
     fn restore_edited(c: &Coordinator, edit: impl FnOnce(&mut Value)) -> Result<(), RestoreError> {
         let mut v = serde_json::to_value(c.snapshot()).unwrap_or(Value::Null);
         edit(&mut v["state"]);
-        let s: Snapshot = serde_json::from_value(v).map_err(RestoreError::Parse)?;
-        Coordinator::restore(s).map(|_| ())
+        let text = alloc::string::ToString::to_string(&v);
+        let restored = Coordinator::restore_json(&text).map(|_| ());
+        // Deserializing a `Coordinator` (or a `Snapshot`) directly refuses the same states.
+        let direct = serde_json::from_value::<Coordinator>(v["state"].clone());
+        assert_eq!(
+            restored.is_ok(),
+            direct.is_ok(),
+            "{restored:?} vs {direct:?}"
+        );
+        assert_eq!(
+            restored.is_ok(),
+            serde_json::from_str::<Snapshot>(&text).is_ok()
+        );
+        restored
     }
 
     #[test]
