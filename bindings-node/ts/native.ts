@@ -4,7 +4,7 @@
  */
 import { createRequire } from 'node:module'
 import type * as Binding from '../binding.js'
-import { type EngineFactory, type LeaseRequest, RegisterEngine, type RegisterBinding, type SameUnion, TokenwardenError, type U64, type Usage, normalizeEngineError } from 'tokenwarden-driver'
+import { type EngineFactory, type LeaseRequest, RegisterEngine, type RegisterBinding, type SameUnion, TokenwardenError, type U64, type Usage, configJson, normalizeEngineError } from 'tokenwarden-driver'
 
 const require = createRequire(import.meta.url)
 
@@ -46,7 +46,7 @@ export class NativeEngine extends RegisterEngine {
 /** Creates and restores {@link NativeEngine}s. */
 export const nativeEngines: EngineFactory = {
   create(config: object | string, seed: U64, now: U64): NativeEngine {
-    const json = typeof config === 'string' ? config : JSON.stringify(config)
+    const json = configJson(config)
     const { Coordinator } = addon()
     try {
       return new NativeEngine(new Coordinator(json, seed, now))

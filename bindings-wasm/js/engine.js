@@ -1,7 +1,7 @@
 // The wasm build as an engine for the shared driver: the same `RegisterEngine` the Node
 // addon's NativeEngine is, so `Driver`, `Tokenwarden` and the `fetch` wrapper from
 // `tokenwarden-driver` run on it unchanged.
-import { RegisterEngine, Tokenwarden, normalizeEngineError } from 'tokenwarden-driver'
+import { RegisterEngine, Tokenwarden, TokenwardenError, configJson, invalidArgument, normalizeEngineError } from 'tokenwarden-driver'
 import { WasmRegisters } from './registers.js'
 
 /**
@@ -22,12 +22,31 @@ export class WasmEngine extends RegisterEngine {
 
   /**
    * Frees the wasm memory now (otherwise a FinalizationRegistry does it eventually). Any
-   * later call throws.
+   * later call throws a `TokenwardenError` with code `closed` ("this engine was freed");
+   * `free()` again does nothing.
    */
   free() {
+    if (this.#freed) return
+    this.#freed = true
     this.#registers.dispose()
     this.#c.free()
+    // Every method, own or inherited, now throws before it reaches the freed coordinator
+    // (which would say only "null pointer passed to rust"), the answers kept in the
+    // JavaScript register file (`pollTimeout`, `pollEvent`) included.
+    for (let proto = Object.getPrototypeOf(this); proto !== null && proto !== Object.prototype; proto = Object.getPrototypeOf(proto)) {
+      for (const name of Object.getOwnPropertyNames(proto)) {
+        if (name === 'constructor' || name === 'free' || Object.hasOwn(this, name)) continue
+        if (typeof Object.getOwnPropertyDescriptor(proto, name)?.value !== 'function') continue
+        Object.defineProperty(this, name, { value: () => freed(name) })
+      }
+    }
   }
+
+  #freed = false
+}
+
+function freed(name) {
+  throw new TokenwardenError('closed', `this engine was freed: ${name}() cannot be called after free(); create or restore another`)
 }
 
 /** An `EngineFactory` over an initialised wasm module's exports. */
@@ -35,13 +54,18 @@ export function enginesFor(wasm) {
   return {
     create(config, seed, now) {
       try {
-        const json = typeof config === 'string' ? config : JSON.stringify(config)
+        const json = configJson(config)
         return new WasmEngine(new wasm.Coordinator(json, seed, now))
       } catch (e) {
         throw normalizeEngineError(e, 'create')
       }
     },
     restore(snapshot) {
+      // wasm-bindgen reads a non-string as a string's pointer and length (it traps with
+      // "memory access out of bounds"); the Rust side checks too, for direct callers.
+      if (typeof snapshot !== 'string') {
+        throw invalidArgument(`restore needs the snapshot's JSON text (a string), got ${snapshot === null ? 'null' : Array.isArray(snapshot) ? 'an array' : typeof snapshot}`, 'snapshot')
+      }
       try {
         return new WasmEngine(wasm.Coordinator.restore(snapshot))
       } catch (e) {

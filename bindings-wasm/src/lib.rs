@@ -138,6 +138,13 @@ fn response_args(
     })
 }
 
+/// A string argument, or a `TypeError` naming it.
+fn text_arg(v: &JsValue, field: &str, what: &str) -> Result<String, ArgError> {
+    v.as_string().ok_or_else(|| {
+        ArgError::type_error(format!("`{field}` must be {what} (a string)")).with_field(field)
+    })
+}
+
 #[wasm_bindgen]
 impl Coordinator {
     /// A coordinator for the configuration (the core's JSON shape, as a string), with the
@@ -145,13 +152,14 @@ impl Coordinator {
     /// `field`).
     #[wasm_bindgen(constructor)]
     pub fn new(
-        config_json: &str,
+        #[wasm_bindgen(unchecked_param_type = "string")] config_json: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] seed: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
     ) -> Result<Coordinator, Thrown> {
+        let config_json = text_arg(&config_json, "config", "the configuration's JSON text")?;
         let seed = u64_arg(&seed, "seed")?;
         let now = now_arg(&now)?;
-        let config = core::Config::from_json(config_json).map_err(|e| ArgError::from(&e))?;
+        let config = core::Config::from_json(&config_json).map_err(|e| ArgError::from(&e))?;
         let inner = core::Coordinator::new(config, seed, now).map_err(|e| ArgError::from(&e))?;
         Ok(Coordinator::with(inner))
     }
@@ -159,8 +167,13 @@ impl Coordinator {
     /// A coordinator restored from `snapshot()`; it makes the same decisions as the one that
     /// wrote it. Throws `snapshot_version`, `snapshot_parse`, `snapshot_config` or
     /// `snapshot_corrupt`.
-    pub fn restore(snapshot_json: &str) -> Result<Coordinator, Thrown> {
-        core::Coordinator::restore_json(snapshot_json)
+    pub fn restore(
+        #[wasm_bindgen(unchecked_param_type = "string")] snapshot_json: JsValue,
+    ) -> Result<Coordinator, Thrown> {
+        // A `&str` parameter reads any other value as a pointer and a length (an object
+        // traps with "memory access out of bounds"): take the value and check it.
+        let snapshot_json = text_arg(&snapshot_json, "snapshot", "the snapshot's JSON text")?;
+        core::Coordinator::restore_json(&snapshot_json)
             .map(Coordinator::with)
             .map_err(|e| ArgError::from(&e).into())
     }

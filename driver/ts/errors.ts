@@ -84,7 +84,7 @@ const KNOWN: ReadonlySet<string> = new Set(ENGINE_ERROR_CODES)
  */
 export function normalizeEngineError(e: unknown, what: string): unknown {
   const code = e instanceof Error ? (e as Error & { code?: unknown }).code : undefined
-  if (typeof code === 'string' && KNOWN.has(code)) return e
+  if (typeof code === 'string' && (KNOWN.has(code) || code === 'closed')) return e
   const message = e instanceof Error ? e.message : String(e)
   const err = new TypeError(`invalid argument to ${what}: ${message}`, { cause: e }) as TypeError & {
     code: string

@@ -4,7 +4,7 @@
  * bring an {@link Engine} (the addon from `tokenwarden`, or the wasm build).
  */
 export { Driver, Lease, headerPairs } from './driver.js'
-export { RegisterEngine } from './register.js'
+export { RegisterEngine, configJson } from './register.js'
 export type { RegisterBinding } from './register.js'
 export type { AcquireOptions, CallAsk, DriverEvents, DriverOptions, HeadersLike } from './driver.js'
 export { Task, Tokenwarden } from './tokenwarden.js'
@@ -19,7 +19,7 @@ export { SseUsage, callShape, detectProvider, usageFromBody } from './providers.
 export type { CallShape, Provider } from './providers.js'
 export { ManualClock, sleep, systemClock } from './clock.js'
 export type { Clock } from './clock.js'
-export { AbortedError, LeaseRejectedError, TokenwardenError, normalizeEngineError } from './errors.js'
+export { AbortedError, LeaseRejectedError, TokenwardenError, invalidArgument, normalizeEngineError } from './errors.js'
 export type { ErrorCode } from './errors.js'
 export { Emitter } from './emitter.js'
 export type * from './types.js'

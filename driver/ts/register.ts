@@ -106,6 +106,26 @@ function field(v: U64 | undefined | null): number {
 }
 
 const NUMERIC_REQUEST_FIELDS = LEASE_REQUEST_FIELDS.filter((f) => f !== 'role')
+const REQUEST_KEYS: ReadonlySet<string> = new Set(LEASE_REQUEST_FIELDS)
+const USAGE_KEYS: ReadonlySet<string> = new Set(USAGE_FIELDS)
+const TASK_KEYS: ReadonlySet<string> = new Set(['task', 'role', 'unblocks'])
+
+/**
+ * Refuses a key the engine does not read: ignored, the provider's own snake_case usage
+ * (`input_tokens`) would be recorded as 0 used, and `acquire({ input_tokens })` would
+ * reserve 0. Both engines share this check (their fast paths never see the object).
+ */
+function checkKeys(obj: object, allowed: ReadonlySet<string>, what: string): void {
+  for (const k in obj) {
+    if (!allowed.has(k)) throw unknownKey(k, allowed, what)
+  }
+}
+
+function unknownKey(k: string, allowed: ReadonlySet<string>, what: string): TypeError {
+  const camel = k.replace(/_([a-z0-9])/g, (_m, c: string) => c.toUpperCase())
+  const hint = camel !== k && allowed.has(camel) ? `; did you mean \`${camel}\`? (fields are camelCase)` : `; the fields are ${[...allowed].join(', ')}`
+  return invalidArgument(`unknown field \`${k}\` in the ${what}${hint}`, k)
+}
 
 /**
  * napi-rs's own type checks say only `InvalidArg`; name the field as the wasm engine does.
@@ -144,6 +164,36 @@ function fromJson(v: unknown): unknown {
 function rejectReason(code: number, axis: number): RejectReason {
   const reason: RejectReason['kind'] = REJECT_REASONS[code]!
   return reason === 'exceeds_capacity' ? { kind: reason, axis: AXES[axis]! as Axis } : ({ kind: reason } as RejectReason)
+}
+
+/**
+ * The configuration as the JSON text an engine's `create` takes. A number that is not
+ * finite (`NaN`, `Infinity`) is refused with an error naming its path (`JSON.stringify`
+ * would write `null`, which the core reads as "limit unknown": a `NaN` limit would then
+ * gate nothing). Both engines' factories call this.
+ */
+export function configJson(config: object | string): string {
+  if (typeof config === 'string') return config
+  if (config === null || typeof config !== 'object') {
+    throw invalidArgument(`the configuration must be an object or JSON text, got ${config === null ? 'null' : typeof config}`, 'config')
+  }
+  checkFinite(config, '')
+  return JSON.stringify(config)
+}
+
+function checkFinite(v: unknown, path: string): void {
+  if (typeof v === 'number') {
+    if (!Number.isFinite(v)) {
+      const err = new Error(`invalid config: ${path} must be a finite number, got ${v}`) as Error & { code: string; field: string }
+      err.code = 'invalid_config'
+      err.field = path
+      throw err
+    }
+  } else if (Array.isArray(v)) {
+    v.forEach((x, i) => checkFinite(x, `${path}[${i}]`))
+  } else if (v !== null && typeof v === 'object') {
+    for (const [k, x] of Object.entries(v)) checkFinite(x, path === '' ? k : `${path}.${k}`)
+  }
 }
 
 /** An {@link Engine} over a {@link RegisterBinding}. */
@@ -196,6 +246,7 @@ export class RegisterEngine implements Engine {
 
   /** Writes `now` and a lease request to slots 0 to 9; false when one needs the object path. */
   #request(now: U64, r: LeaseRequest): boolean {
+    checkKeys(r, REQUEST_KEYS, 'lease request')
     const io = this.#io
     const role = r.role === undefined ? 0 : ROLE_CODES[r.role]
     io[0] = exact(now) ? now : Number.NaN
@@ -274,6 +325,7 @@ export class RegisterEngine implements Engine {
 
   settle(now: U64, lease: number, u: Usage): Settlement {
     if (u === null || typeof u !== 'object') throw invalidArgument(`settle needs a usage object, got ${u === null ? 'null' : typeof u}`, 'usage')
+    checkKeys(u, USAGE_KEYS, 'usage')
     // (`lease` is a number for real leases; a bigint can only be a forged id.)
     const io = this.#io
     io[0] = exact(now) ? now : Number.NaN
@@ -437,11 +489,13 @@ export class RegisterEngine implements Engine {
   }
 
   callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement {
+    if (seen !== null && typeof seen === 'object') checkKeys(seen, USAGE_KEYS, 'usage')
     return this.#slow(() => this.#c.callInterrupted(now, lease, seen), 'callInterrupted') as Settlement
   }
 
   openTask(now: U64, spec: TaskSpec): void {
     if (spec === null || typeof spec !== 'object') throw invalidArgument(`openTask needs a task object, got ${spec === null ? 'null' : typeof spec}`, 'spec')
+    checkKeys(spec, TASK_KEYS, 'task')
     checkNumeric(spec, ['task', 'unblocks'])
     // The same error either engine's request path gives (napi's own says only "no variant").
     if (spec.role !== undefined && spec.role !== null && ROLE_CODES[spec.role] === undefined) {

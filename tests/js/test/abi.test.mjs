@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
 import { LEASE_REQUEST_FIELDS, USAGE_FIELDS } from 'tokenwarden-driver'
-import { engineName, engines } from '../support/engine.mjs'
+import { createTokenwarden, engineName, engines } from '../support/engine.mjs'
 
 const config = { pools: [{ name: 'p', input_tokens_per_minute: 100_000, output_tokens_per_minute: 100_000, requests_per_minute: 1_000 }] }
 const TOO_BIG = 2n ** 64n
@@ -228,4 +228,94 @@ test(`a freed wasm engine's calls throw; other coordinators keep their state (${
     assert.equal(next.requestLease(4, { agent: 4, pool: 0, inputTokens: 100, maxTokens: 10 }).kind, 'grant')
   }
   assert.equal(keep.snapshot(), before)
+})
+
+// Issue 25 item 14: inputs the engines accepted silently or unsafely.
+test(`a non-finite number anywhere in the config is refused naming its path (${engineName})`, () => {
+  const cases = [
+    [{ pools: [{ name: 'p', input_tokens_per_minute: NaN }] }, 'pools[0].input_tokens_per_minute', 'NaN'],
+    [{ pools: [{ name: 'p', requests_per_minute: 10 }, { name: 'q', output_tokens_per_minute: Infinity }] }, 'pools[1].output_tokens_per_minute', 'Infinity'],
+    [{ pools: [{ name: 'p' }], margin: { floor_permille: -Infinity } }, 'margin.floor_permille', '-Infinity'],
+    [{ pools: [{ name: 'p' }], lease_ttl_ms: NaN }, 'lease_ttl_ms', 'NaN'],
+  ]
+  for (const [cfg, field, got] of cases) {
+    assert.throws(
+      () => engines.create(cfg, 1, 0),
+      (e) => e.code === 'invalid_config' && e.field === field && e.message.includes(`${field} must be a finite number, got ${got}`),
+      field,
+    )
+    assert.throws(() => createTokenwarden({ config: cfg }), (e) => e.code === 'invalid_config' && e.field === field)
+  }
+  // A NaN limit used to become "unknown" and grant anything: 5M + 5M tokens.
+  assert.throws(() => engines.create({ pools: [{ name: 'p', input_tokens_per_minute: NaN, output_tokens_per_minute: 80_000 }] }, 1, 0))
+})
+
+test(`an unknown key in a usage or a lease request is refused naming it (${engineName})`, () => {
+  const engine = engines.create(config, 1, 0)
+  const d = engine.requestLease(0, { agent: 1, pool: 0, inputTokens: 1000, maxTokens: 100 })
+  const before = engine.snapshot()
+  // The provider's own snake_case usage used to be recorded as 0 used.
+  assert.throws(
+    () => engine.settle(1, d.lease, { input_tokens: 900, output_tokens: 40 }),
+    (e) => e.code === 'invalid_argument' && e.field === 'input_tokens' && /did you mean `inputTokens`/.test(e.message),
+  )
+  assert.throws(() => engine.settle(1, d.lease, { inputTokens: 900, outputTokenz: 4 }), (e) => e.code === 'invalid_argument' && e.field === 'outputTokenz')
+  assert.throws(() => engine.callInterrupted(1, d.lease, { output_tokens: 4 }), (e) => e.field === 'output_tokens')
+  // …and `acquire({ input_tokens })` reserved 0.
+  assert.throws(
+    () => engine.requestLease(1, { agent: 2, pool: 0, input_tokens: 5_000_000 }),
+    (e) => e.code === 'invalid_argument' && e.field === 'input_tokens' && /did you mean `inputTokens`/.test(e.message),
+  )
+  assert.throws(() => engine.callLease(1, { failed: 0, refusals: 0, lastRetryAfterMs: null }, { agent: 2, pool: 0, max_tokens: 9 }), (e) => e.field === 'max_tokens')
+  assert.throws(() => engine.openTask(1, { task: 1, un_blocks: 2 }), (e) => e.field === 'un_blocks')
+  assert.equal(engine.snapshot(), before, 'nothing changed')
+  assert.deepEqual(engine.settle(1, d.lease, { inputTokens: 900, outputTokens: 40 }).used, [900, 40, 940, 1])
+})
+
+test(`a snapshot with a bucket level above its capacity is refused (${engineName})`, () => {
+  const engine = engines.create(config, 1, 0)
+  engine.requestLease(0, { agent: 1, pool: 0, inputTokens: 1000, maxTokens: 100 })
+  const snap = JSON.parse(engine.snapshot())
+  const bucket = snap.state.pools[0].buckets[0]
+  bucket.level = bucket.cap * 60_000 + 1
+  assert.throws(() => engines.restore(JSON.stringify(snap)), (e) => e.code === 'snapshot_corrupt' && /level above its capacity/.test(e.message))
+  bucket.level = bucket.cap * 60_000
+  assert.ok(engines.restore(JSON.stringify(snap)))
+})
+
+test(`restore of something that is not JSON text is a clear TypeError (${engineName})`, () => {
+  const engine = engines.create(config, 1, 0)
+  for (const bad of [JSON.parse(engine.snapshot()), 42, null, undefined, [1]]) {
+    assert.throws(() => engines.restore(bad), (e) => e instanceof TypeError && e.code === 'invalid_argument', String(bad))
+  }
+})
+
+test(`every call on a freed wasm engine throws \`closed\` (${engineName})`, { skip: engineName !== 'wasm' }, () => {
+  const gone = engines.create(config, 1, 0)
+  const d = gone.requestLease(0, { agent: 1, pool: 0, inputTokens: 10, maxTokens: 10 })
+  gone.free()
+  gone.free()
+  const calls = {
+    poolId: () => gone.poolId('p'),
+    requestLease: () => gone.requestLease(1, { agent: 1, pool: 0, inputTokens: 10, maxTokens: 10 }),
+    settle: () => gone.settle(1, d.lease, { inputTokens: 1 }),
+    cancel: () => gone.cancel(1, d.lease),
+    renew: () => gone.renew(1, d.lease),
+    handleResponse: () => gone.handleResponse(1, 0, null, 200, [], null),
+    handleTimeout: () => gone.handleTimeout(1),
+    pollTimeout: () => gone.pollTimeout(),
+    pollEvent: () => gone.pollEvent(),
+    backoff: () => gone.backoff({ failed: 0, lastRetryAfterMs: null }, null),
+    callLease: () => gone.callLease(1, { failed: 0, refusals: 0, lastRetryAfterMs: null }, { agent: 1, pool: 0 }),
+    callInterrupted: () => gone.callInterrupted(1, d.lease, null),
+    openTask: () => gone.openTask(1, { task: 1 }),
+    taskFailed: () => gone.taskFailed(1, 1, 1),
+    endTask: () => gone.endTask(1, 1, 'merged'),
+    metrics: () => gone.metrics(1),
+    snapshot: () => gone.snapshot(),
+    check: () => gone.check(),
+  }
+  for (const [name, call] of Object.entries(calls)) {
+    assert.throws(call, (e) => e.code === 'closed' && /this engine was freed/.test(e.message) && !/null pointer/.test(e.message), name)
+  }
 })
