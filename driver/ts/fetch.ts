@@ -4,27 +4,21 @@
  *
  * For each model call it finds the provider, model and pool from the request, estimates
  * input tokens, reserves `max_tokens` of output, leases (waiting in the fair queue if need
- * be), forwards, resyncs from the response headers, and settles from the usage in the JSON
- * body or the SSE stream, when the stream ends (the lease holds its concurrency slot until
- * then). It is a loop over the core's call lifecycle: the core says when to send, how long
- * to wait (with a `waiting` event: "waiting on rate limit, retrying in N s"), which
- * responses to retry and when to give up; a call that ends without usage is charged by the
- * core's conservative rule. Other requests (token counting, model lists) pass through
- * untouched. API keys are never read, logged or put in
- * events or errors.
+ * be), forwards, resyncs from the response headers, and passes the body through as it
+ * arrives, settling from the usage in it (the JSON body's or the SSE stream's) when it
+ * ends; the lease holds its concurrency slot until then. It is a loop over the core's call
+ * lifecycle: the core says when to send, how long to wait (with a `waiting` event:
+ * "waiting on rate limit, retrying in N s"), which responses to retry and when to give
+ * up; a call that ends without its usage (broken, cut short, timed out, malformed usage)
+ * is charged by the core's conservative rule. A model call's redirect is handed back, never
+ * followed. Other requests (token counting, model lists) pass through untouched. API keys
+ * are never read, logged or put in events or errors.
  */
 import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
-import { LeaseRejectedError, TokenwardenError } from './errors.js'
+import { type ErrorCode, LeaseRejectedError, TokenwardenError } from './errors.js'
 import type { Estimate, Estimator } from './estimator.js'
-import {
-  type Provider,
-  SseUsage,
-  callShape,
-  detectProvider,
-  promptTokens,
-  usageFromBody,
-} from './providers.js'
+import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, detectProvider, promptTokens } from './providers.js'
 import { type CallStep, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
@@ -63,6 +57,48 @@ export interface FetchOptions {
    * cancelled) and the error is the call's.
    */
   onLongWait?: (wait: LongWait) => void | Promise<void>
+  /**
+   * How long the provider may keep a call waiting, ms (see {@link UpstreamTimeouts}). On
+   * expiry the request is aborted, the lease ends by the core's rule for an interrupted
+   * call, and the call fails with a `TokenwardenError` of code `upstream_timeout`.
+   */
+  timeouts?: UpstreamTimeouts
+}
+
+/**
+ * Upstream timeouts of a wrapped `fetch`, ms; `Infinity` turns one off. The defaults are
+ * generous on purpose: a non-streamed call to a large model sends nothing until the whole
+ * answer is ready, which can take minutes, and the official SDKs wait 10 minutes for one.
+ */
+export interface UpstreamTimeouts {
+  /** From sending until the response's headers arrive (default 600,000: 10 minutes). */
+  firstByteMs?: number
+  /** Between two pieces of the body, while the caller is reading it (default 300,000: 5 minutes). */
+  idleMs?: number
+}
+
+/** The default {@link UpstreamTimeouts.firstByteMs}: 10 minutes, as the official SDKs' own request timeout. */
+export const DEFAULT_FIRST_BYTE_MS = 600_000
+/** The default {@link UpstreamTimeouts.idleMs}: 5 minutes without a byte from a body being read. */
+export const DEFAULT_IDLE_MS = 300_000
+/** A JSON answer up to this size is read whole before the caller gets it; a larger one streams through. */
+const HOLD_BYTES = WHOLE_BODY_BYTES + 1
+/** The longest finite timeout (a timer's limit, about 24.8 days). */
+const MAX_TIMEOUT_MS = 2_147_483_647
+
+function timeoutOption(options: FetchOptions, name: keyof UpstreamTimeouts, fallback: number): number {
+  const v = options.timeouts?.[name]
+  if (v === undefined) return fallback
+  if (v === Number.POSITIVE_INFINITY) return v
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_TIMEOUT_MS) {
+    const err = new RangeError(
+      `fetch(): timeouts.${name} must be an integer number of milliseconds from 1 to ${MAX_TIMEOUT_MS}, or Infinity for none; got ${typeof v === 'number' ? v : typeof v}`,
+    ) as RangeError & { code: string; field: string }
+    err.code = 'invalid_argument'
+    err.field = `timeouts.${name}`
+    throw err
+  }
+  return v
 }
 
 /** What {@link FetchOptions.onLongWait} is told about the wait ahead. */
@@ -177,6 +213,13 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         ? agentIdFor(options.agent)
         : options.agent
   const task: U64 | undefined = typeof options.task === 'string' ? taskIdFor(options.task) : options.task
+  if (options.timeouts !== undefined && (options.timeouts === null || typeof options.timeouts !== 'object')) {
+    throw Object.assign(new TypeError('fetch(): `timeouts` must be an object: { firstByteMs?, idleMs? }'), { code: 'invalid_argument', field: 'timeouts' })
+  }
+  const timeouts = {
+    firstByteMs: timeoutOption(options, 'firstByteMs', DEFAULT_FIRST_BYTE_MS),
+    idleMs: timeoutOption(options, 'idleMs', DEFAULT_IDLE_MS),
+  }
 
   const wrapped = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
     const send = options.fetch ?? globalThis.fetch
@@ -184,19 +227,23 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
     const method = init?.method ?? (input instanceof Request ? input.method : 'GET')
     const provider = detectProvider(url, method)
     if (provider === null) return send(input, init)
+    // A model call's redirect is handed back, never followed: it would take the API key to
+    // wherever the Location points.
+    const unleased = (): Promise<Response> =>
+      input instanceof Request ? send(new Request(input, { ...init, redirect: 'manual' })) : send(input, { ...init, redirect: 'manual' })
     const text = await readBody(input, init)
     let body: Record<string, unknown>
     try {
       body = JSON.parse(text ?? '') as Record<string, unknown>
     } catch {
       // Not JSON: the provider will refuse it (400) without generating anything.
-      return send(input, init)
+      return unleased()
     }
-    if (body === null || typeof body !== 'object') return send(input, init)
+    if (body === null || typeof body !== 'object') return unleased()
     const shape = callShape(provider, body)
     const pool = resolvePool(driver, options.pool, shape.model, provider)
     const signal = init?.signal ?? (input instanceof Request ? input.signal : null)
-    const forward: RequestInit = { ...init, method, body: text }
+    const forward: RequestInit = { ...init, method, body: text, redirect: 'manual' }
     if (input instanceof Request) {
       forward.headers = init?.headers ?? input.headers
       forward.signal = signal
@@ -247,16 +294,27 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       }
       const lease = await ask.lease
 
+      // This attempt's own signal: the caller's, and a timeout's abort of the request.
+      const upstream = new AbortController()
+      const sendSignal = signal === null ? upstream.signal : AbortSignal.any([signal, upstream.signal])
       let res: Response
       try {
-        res = await send(url.href, forward)
+        res = await firstByte(driver, send(url.href, { ...forward, signal: sendSignal }), upstream, timeouts.firstByteMs)
       } catch (err) {
         // Nothing came back: the provider may have processed all of it.
         interruptedQuietly(lease, null, driver)
         throw err
       }
 
-      const answer = await lease.respond(call, res.status, res.headers)
+      let answer: Awaited<ReturnType<Lease['respond']>>
+      try {
+        answer = await lease.respond(call, res.status, res.headers)
+      } catch (err) {
+        // The core could not take the response in: the caller still gets the provider's answer.
+        driver.emit('remote_error', { operation: 'response', message: messageOf(err) })
+        if (!lease.done) interruptedQuietly(lease, null, driver)
+        return res
+      }
       call = answer.call
       const next = answer.step
       if (next.kind === 'wait') {
@@ -268,35 +326,57 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       }
       if (next.kind === 'give_up' || !res.ok) {
         // Handed over as the provider sent it (the SDK raises its own error, with the last
-        // Retry-After in the headers); the core settled the lease as nothing used.
+        // Retry-After in the headers; a redirect is not followed); the core settled the lease
+        // as nothing used.
         return res
       }
-      if (isEventStream(res) && res.body !== null) {
-        return streamed(res, lease, driver, provider, (usage) => learn(estimator, provider, shape.model, body, estimate, usage))
+      const onUsage = (usage: Usage): void => learn(estimator, provider, shape.model, body, estimate, usage)
+      if (res.body === null) {
+        endLease(lease, null, null, driver)
+        return res
       }
-      let responseText: string
-      try {
-        responseText = await res.text()
-      } catch (err) {
-        interruptedQuietly(lease, null, driver)
-        throw err
-      }
-      let usage: Usage | null = null
-      try {
-        usage = usageFromBody(provider, JSON.parse(responseText))
-      } catch {
-        usage = null
-      }
-      if (usage === null) {
-        interruptedQuietly(lease, null, driver)
-      } else {
-        settleQuietly(lease, usage, driver)
-        learn(estimator, provider, shape.model, body, estimate, usage)
-      }
-      return new Response(responseText, { status: res.status, statusText: res.statusText, headers: res.headers })
+      const stream = isEventStream(res)
+      return relay(res, lease, driver, stream ? sseMeter(provider) : bodyMeter(provider), upstream, timeouts.idleMs, stream ? 0 : HOLD_BYTES, onUsage)
     }
   }
   return wrapped as typeof fetch
+}
+
+function messageOf(e: unknown): string {
+  return e instanceof Error ? e.message : String(e)
+}
+
+/** The error a timed-out call fails with. */
+function upstreamTimeout(what: string, ms: number): TokenwardenError {
+  return new TokenwardenError('upstream_timeout' as ErrorCode, `the provider sent ${what} in ${ms} ms (fetch() timeouts); the request was aborted`)
+}
+
+/**
+ * The response, or the `upstream_timeout` error when its headers take longer than `ms`
+ * (the request is then aborted; a response that still comes is discarded).
+ */
+function firstByte(driver: Driver, sent: Promise<Response>, upstream: AbortController, ms: number): Promise<Response> {
+  if (ms === Number.POSITIVE_INFINITY) return sent
+  return new Promise<Response>((resolve, reject) => {
+    let timedOut = false
+    const timer = driver.clock.setTimer(() => {
+      timedOut = true
+      const err = upstreamTimeout('no response headers', ms)
+      upstream.abort(err)
+      reject(err)
+    }, ms)
+    sent.then(
+      (res) => {
+        driver.clock.clearTimer(timer)
+        if (timedOut) res.body?.cancel().catch(() => {})
+        else resolve(res)
+      },
+      (err: unknown) => {
+        driver.clock.clearTimer(timer)
+        if (!timedOut) reject(err)
+      },
+    )
+  })
 }
 
 /** Says the call is waiting (a visible "waiting on rate limit, retrying in N s"), then waits. */
@@ -332,88 +412,223 @@ function learn(
   estimator.observe?.({ provider, model, body, estimate, actualInputTokens: promptTokens(usage) })
 }
 
+/** Whether a usage figure was clamped: an absurd report, not one to learn from. */
+function clamped(u: Usage): boolean {
+  return [u.inputTokens, u.cacheCreationInputTokens, u.cacheReadInputTokens, u.outputTokens].some((v) => Number(v ?? 0) >= MAX_COUNT)
+}
+
+/** An engine's refusal that means the lease has already ended (reaped after its TTL, or settled). */
+function gone(e: unknown): boolean {
+  const code = (e as { code?: unknown } | null)?.code
+  return code === 'unknown_lease' || code === 'not_granted'
+}
+
 /**
- * Settles, ignoring a lease that already ended (reaped after its TTL: the event said so).
- * A remote lease settles asynchronously; its failure is reported as a `remote_error` event.
+ * Ends a lease: settles it with `usage`, or, when that is `null`, by the core's rule for an
+ * interrupted call from what was `seen`. Never throws and never leaves the lease held: a
+ * settle that fails for any reason but the lease being gone falls back to `interrupted`,
+ * with a `remote_error` event saying so (a remote lease settles asynchronously, and its
+ * failure is handled the same way). A lease that already ended (reaped after its TTL: the
+ * `expired` event said so) is left alone. Returns whether `usage` was taken.
  */
-function settleQuietly(lease: Lease, usage: Usage, driver?: Driver): void {
-  if (lease.done) return
-  try {
-    const s: unknown = lease.settle(usage)
-    if (s instanceof Promise) {
-      s.catch((e: Error & { code?: string }) => {
-        if (e.code !== 'unknown_lease') driver?.emit('remote_error', { operation: 'settle', message: e.message })
-      })
-    }
-  } catch (e) {
-    if ((e as { code?: string }).code !== 'unknown_lease') throw e
+function endLease(lease: Lease, usage: Usage | null, seen: Usage | null, driver: Driver): boolean {
+  if (lease.done) return false
+  if (usage === null) {
+    interruptedQuietly(lease, seen, driver)
+    return false
   }
+  let s: unknown
+  try {
+    s = lease.settle(usage)
+  } catch (e) {
+    if (gone(e)) return false
+    driver.emit('remote_error', { operation: 'settle', message: `${messageOf(e)}; the call is charged as interrupted instead` })
+    interruptedQuietly(lease, seen, driver, true)
+    return false
+  }
+  if (s instanceof Promise) {
+    s.catch((e: unknown) => {
+      if (gone(e)) return
+      driver.emit('remote_error', { operation: 'settle', message: `${messageOf(e)}; the call is charged as interrupted instead` })
+      interruptedQuietly(lease, seen, driver, true)
+    })
+  }
+  return true
 }
 
 /**
  * Ends a lease whose usage is unknown by the core's conservative rule (`seen`: what the
- * stream had shown), ignoring a lease that already ended, as {@link settleQuietly} does.
+ * stream had shown), ignoring a lease that already ended; never throws. If the engine
+ * refuses `seen`, the lease ends as if nothing was seen (the whole reservation), and a
+ * `remote_error` event says what failed. `force`: the lease's own `done` flag may already
+ * be set by a settle that failed.
  */
-function interruptedQuietly(lease: Lease, seen: Usage | null, driver: Driver): void {
-  if (lease.done) return
+function interruptedQuietly(lease: Lease, seen: Usage | null, driver: Driver, force = false): void {
+  if (lease.done && !force) return
+  const failed = (e: unknown): void => {
+    if (gone(e)) return
+    driver.emit('remote_error', { operation: 'interrupted', message: messageOf(e) })
+    if (seen !== null) interruptedQuietly(lease, null, driver, true)
+  }
   try {
     const s: unknown = lease.interrupted(seen)
-    if (s instanceof Promise) {
-      s.catch((e: Error & { code?: string }) => {
-        if (e.code !== 'unknown_lease') driver.emit('remote_error', { operation: 'settle', message: e.message })
-      })
-    }
+    if (s instanceof Promise) s.catch(failed)
   } catch (e) {
-    if ((e as { code?: string }).code !== 'unknown_lease') throw e
+    failed(e)
   }
 }
 
 /** What a stream showed before it broke: its reported usage, output counted from the text seen. */
 function seenSoFar(tracker: SseUsage): Usage {
   const reported = tracker.usage
-  const output = Math.max(Number(reported?.outputTokens ?? 0), Math.ceil(tracker.textBytes / 2))
+  const output = Math.min(MAX_COUNT, Math.max(Number(reported?.outputTokens ?? 0), Math.ceil(tracker.textBytes / 2)))
   return { ...(reported ?? {}), outputTokens: output }
 }
 
-/** Passes the stream through, reading usage on the way; settles when it ends. */
-function streamed(res: Response, lease: Lease, driver: Driver, provider: Provider, onUsage: (usage: Usage) => void): Response {
+/** Reads a response body's usage as it passes through. */
+interface Meter {
+  push(chunk: Uint8Array): void
+  /** At the body's clean end: the usage the call reported in full, or `null` (it was cut short). */
+  end(): Usage | null
+  /** What the body showed so far, for a call cut short (`lease.interrupted(seen)`). */
+  seen(): Usage | null
+}
+
+/** A server-sent-event stream's usage: final only when the stream gave its last usage report. */
+function sseMeter(provider: Provider): Meter {
   const tracker = new SseUsage(provider)
+  return {
+    push: (chunk) => tracker.push(chunk),
+    end: () => {
+      tracker.end()
+      return tracker.complete ? tracker.usage : null
+    },
+    seen: () => seenSoFar(tracker),
+  }
+}
+
+/** A JSON body's usage, with bounded memory (see {@link BodyUsage}). */
+function bodyMeter(provider: Provider): Meter {
+  const body = new BodyUsage(provider)
+  return { push: (chunk) => body.push(chunk), end: () => body.usage(), seen: () => null }
+}
+
+/**
+ * Passes the body through, reading usage on the way, and ends the lease when the body
+ * does: settled from the usage when it ended cleanly with one, else by the core's rule for
+ * an interrupted call (cut short, broken, cancelled by the reader, or idle for longer than
+ * `idleMs` while it is read: the request is then aborted and the body fails with
+ * `upstream_timeout`). The first `holdBytes` are read before the response is handed over
+ * (a JSON answer: one that ends within them is settled by the time the caller has it, as
+ * the SDKs read it whole anyway); the rest, and all of a stream, passes as it arrives.
+ */
+async function relay(
+  res: Response,
+  lease: Lease,
+  driver: Driver,
+  meter: Meter,
+  upstream: AbortController,
+  idleMs: number,
+  holdBytes: number,
+  onUsage: (usage: Usage) => void,
+): Promise<Response> {
   const reader = (res.body as ReadableStream<Uint8Array>).getReader()
-  let finished = false
-  const finish = (clean: boolean): void => {
-    if (finished) return
-    finished = true
-    tracker.end()
-    const usage = tracker.usage
-    if (clean && usage !== null) {
-      settleQuietly(lease, usage, driver)
+  const clock = driver.clock
+  const init = { status: res.status, statusText: res.statusText, headers: res.headers }
+  let ended = false
+  const broken = (): void => {
+    if (ended) return
+    ended = true
+    interruptedQuietly(lease, meter.seen(), driver)
+  }
+  const finish = (): void => {
+    ended = true
+    const usage = meter.end()
+    if (!endLease(lease, usage, meter.seen(), driver) || usage === null || clamped(usage)) return
+    try {
       onUsage(usage)
-    } else {
-      interruptedQuietly(lease, seenSoFar(tracker), driver)
+    } catch (e) {
+      // An estimator that throws costs the caller nothing either.
+      driver.emit('remote_error', { operation: 'estimator', message: messageOf(e) })
     }
   }
+  // The next piece of the body, or `upstream_timeout` (the request aborted) after `idleMs`.
+  const read = (): Promise<ReadableStreamReadResult<Uint8Array>> => {
+    if (idleMs === Number.POSITIVE_INFINITY) return reader.read()
+    return new Promise((resolve, reject) => {
+      const timer = clock.setTimer(() => {
+        const err = upstreamTimeout('no more of the body', idleMs)
+        broken()
+        upstream.abort(err)
+        reader.cancel(err).catch(() => {})
+        reject(err)
+      }, idleMs)
+      reader.read().then(
+        (chunk) => {
+          clock.clearTimer(timer)
+          resolve(chunk)
+        },
+        (err: unknown) => {
+          clock.clearTimer(timer)
+          reject(err)
+        },
+      )
+    })
+  }
+
+  const held: Uint8Array[] = []
+  let heldBytes = 0
+  while (heldBytes < holdBytes) {
+    let chunk: ReadableStreamReadResult<Uint8Array>
+    try {
+      chunk = await read()
+    } catch (err) {
+      broken()
+      throw err
+    }
+    if (chunk.done) {
+      finish()
+      const whole = new Uint8Array(heldBytes)
+      let at = 0
+      for (const c of held) {
+        whole.set(c, at)
+        at += c.length
+      }
+      return new Response(whole, init)
+    }
+    meter.push(chunk.value)
+    held.push(chunk.value)
+    heldBytes += chunk.value.length
+  }
+
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
+      const first = held.shift()
+      if (first !== undefined) {
+        controller.enqueue(first)
+        return
+      }
       let chunk: ReadableStreamReadResult<Uint8Array>
       try {
-        chunk = await reader.read()
+        chunk = await read()
       } catch (err) {
-        finish(false)
+        broken()
         controller.error(err)
         return
       }
+      if (ended) return
       if (chunk.done) {
-        finish(true)
+        finish()
         controller.close()
         return
       }
-      tracker.push(chunk.value)
+      meter.push(chunk.value)
       controller.enqueue(chunk.value)
     },
     cancel(reason) {
-      finish(false)
+      broken()
       return reader.cancel(reason)
     },
   })
-  return new Response(body, { status: res.status, statusText: res.statusText, headers: res.headers })
+  return new Response(body, init)
 }
