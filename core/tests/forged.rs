@@ -195,9 +195,12 @@ fn a_bucket_level_above_its_capacity_is_refused() {
     assert_eq!(e.code(), "snapshot_corrupt", "{e}");
 }
 
+/// An edit of a snapshot's state.
+type Edit = Box<dyn Fn(&mut Value)>;
+
 #[test]
 fn out_of_range_indices_and_guarantee_breaking_fields_are_refused() {
-    let cases: [(&str, Box<dyn Fn(&mut Value)>); 9] = [
+    let cases: [(&str, Edit); 9] = [
         (
             "a lease in a pool that does not exist",
             Box::new(|s| s["leases"]["slots"][0]["entry"]["pool"] = json!(7)),
