@@ -514,11 +514,70 @@ function bodyMeter(provider: Provider): Meter {
 }
 
 /**
+ * Keeps a lease alive while its body flows (`Lease.renew`, so a stream longer than the
+ * lease TTL keeps its reservation and concurrency slot): called as each piece arrives, it
+ * renews at most once per third of the lease's span (its remaining time when the body
+ * started, then the full TTL each renewal gives), never while a renewal is on its way. A
+ * lease that has ended stops it; another failure is a `remote_error` event and is tried
+ * again a third of the span later.
+ */
+function renewer(lease: Lease, driver: Driver): () => void {
+  const clock = driver.clock
+  // A lease from the edge limiter has its expiry on the limiter's clock (Unix ms).
+  const remote = typeof (lease as { handle?: unknown }).handle === 'string'
+  const now = (): number => (remote ? clock.unixNow() : clock.now())
+  let from = now()
+  let span = Number(lease.expiresAt) - from
+  let busy = false
+  let stopped = !(span > 0)
+  const failed = (e: unknown): void => {
+    if (gone(e)) stopped = true
+    else driver.emit('remote_error', { operation: 'renew', message: messageOf(e) })
+  }
+  const renewed = (sent: number, at: U64): void => {
+    const next = Number(at) - sent
+    if (next > 0) {
+      from = sent
+      span = next
+    }
+  }
+  return () => {
+    if (stopped || busy || lease.done) return
+    const sent = now()
+    if (sent - from < span / 3) return
+    from = sent
+    let r: U64 | Promise<U64>
+    try {
+      r = lease.renew()
+    } catch (e) {
+      failed(e)
+      return
+    }
+    if (r instanceof Promise) {
+      busy = true
+      r.then(
+        (at) => {
+          busy = false
+          renewed(sent, at)
+        },
+        (e: unknown) => {
+          busy = false
+          failed(e)
+        },
+      )
+    } else {
+      renewed(sent, r)
+    }
+  }
+}
+
+/**
  * Passes the body through, reading usage on the way, and ends the lease when the body
  * does: settled from the usage when it ended cleanly with one, else by the core's rule for
  * an interrupted call (cut short, broken, cancelled by the reader, or idle for longer than
  * `idleMs` while it is read: the request is then aborted and the body fails with
- * `upstream_timeout`). The first `holdBytes` are read before the response is handed over
+ * `upstream_timeout`). While pieces arrive the lease is renewed (see {@link renewer}). The
+ * first `holdBytes` are read before the response is handed over
  * (a JSON answer: one that ends within them is settled by the time the caller has it, as
  * the SDKs read it whole anyway); the rest, and all of a stream, passes as it arrives.
  */
@@ -553,8 +612,14 @@ async function relay(
     }
   }
   // The next piece of the body, or `upstream_timeout` (the request aborted) after `idleMs`.
+  const renew = renewer(lease, driver)
   const read = (): Promise<ReadableStreamReadResult<Uint8Array>> => {
-    if (idleMs === Number.POSITIVE_INFINITY) return reader.read()
+    if (idleMs === Number.POSITIVE_INFINITY) {
+      return reader.read().then((chunk) => {
+        if (!chunk.done) renew()
+        return chunk
+      })
+    }
     return new Promise((resolve, reject) => {
       const timer = clock.setTimer(() => {
         const err = upstreamTimeout('no more of the body', idleMs)
@@ -566,6 +631,7 @@ async function relay(
       reader.read().then(
         (chunk) => {
           clock.clearTimer(timer)
+          if (!chunk.done) renew()
           resolve(chunk)
         },
         (err: unknown) => {

@@ -337,6 +337,42 @@ describe('upstream handling (issue 25, item 11)', () => {
     h.tw.close()
   })
 
+  test('a stream longer than the lease TTL keeps its slot while bytes flow: the next call waits for its end', async () => {
+    // lease_ttl_ms 1000, one call at a time, a stream of 3 s.
+    const h = setup({ pools: [{ ...POOL, max_concurrent: 1 }], config: { lease_ttl_ms: 1000 } })
+    const other = h.tw.fetch({ agent: 'second' })
+    upstream.requests.length = 0
+    let streamEnded = null
+    upstream.handler = async (req, res, r) => {
+      if (upstream.requests.indexOf(r) > 0) {
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"m2","content":[],"usage":{"input_tokens":10,"output_tokens":2}}')
+        return
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse('message_start', { message: { id: 'm', usage: { input_tokens: 50, output_tokens: 1 } } }))
+      for (let i = 0; i < 30; i++) {
+        await delay(100)
+        res.write(sse('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'abcd' } }))
+      }
+      res.write(sse('message_delta', { usage: { output_tokens: 60 } }))
+      streamEnded = performance.now()
+      res.end(sse('message_stop', {}))
+    }
+    const first = await post(h.fetch, '/v1/messages', request({ stream: true }))
+    const firstText = first.text()
+    await delay(500)
+    const second = post(other)
+    assert.match(await firstText, /message_stop/)
+    assert.equal((await second).status, 200)
+    assert.equal(upstream.requests.length, 2)
+    assert.ok(streamEnded !== null && upstream.requests[1].at >= streamEnded, 'the second call was sent only after the stream ended')
+    assert.deepEqual(h.expired, [], 'no lease was reaped')
+    assert.deepEqual((await settlement(h, 2)).used.slice(0, 2), [10, 2])
+    assert.deepEqual(h.settled[0].used.slice(0, 2), [50, 60], 'the stream settled from its usage')
+    assert.equal(h.tw.metrics().liveLeases, 0)
+    h.tw.close()
+  })
+
   test('timeouts must be whole milliseconds (or Infinity): a clear error naming the field', () => {
     const tw = createTokenwarden({ config: { pools: [POOL] } })
     for (const bad of [{ idleMs: -1 }, { firstByteMs: 0 }, { firstByteMs: 1.5 }, { idleMs: '100' }, { idleMs: Number.NaN }]) {
