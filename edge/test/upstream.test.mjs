@@ -17,7 +17,7 @@ const SECRET = 'upstream-fleet-secret-0123456789'
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 1_000_000, output_tokens_per_minute: 100_000, requests_per_minute: 10_000, max_concurrent: 4 }
 const GPT = { name: 'gpt-5', counting: 'openai', tokens_per_minute: 1_000_000, requests_per_minute: 10_000, max_concurrent: 4 }
 /** One quota per test, so its minute figures are that test's call alone. */
-const QUOTAS = ['huge', 'huge64', 'gpt', 'stream60', 'nodelta', 'error', 'strings', 'redirect', 'gptstream']
+const QUOTAS = ['huge', 'huge64', 'gpt', 'stream60', 'nodelta', 'error', 'strings', 'redirect', 'gptstream', 'big']
 
 /** A node:http server; `handler` answers every request. */
 async function server() {
@@ -26,8 +26,9 @@ async function server() {
     const chunks = []
     req.on('data', (c) => chunks.push(c))
     req.on('end', () => {
-      s.requests.push({ url: req.url, headers: req.headers, body: Buffer.concat(chunks).toString() })
-      s.handler(req, res)
+      const r = { url: req.url, headers: req.headers, body: Buffer.concat(chunks).toString(), at: performance.now() }
+      s.requests.push(r)
+      s.handler(req, res, r)
     })
   })
   await new Promise((r) => s.http.listen(0, '127.0.0.1', r))
@@ -52,6 +53,8 @@ before(async () => {
   elsewhere = await server()
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-upstream-'))
   const quotas = Object.fromEntries(QUOTAS.map((q) => [q, { config: { pools: [q.startsWith('gpt') ? GPT : POOL] }, upstream: upstream.url }]))
+  // One call at a time, leases reaped after 1 s unless renewed.
+  quotas.short = { config: { pools: [{ ...POOL, max_concurrent: 1 }], lease_ttl_ms: 1000 }, upstream: upstream.url }
   ;({ mf, base } = await startWorker({ outdir, persist, fleets: { up: { secret: SECRET, quotas } } }))
 })
 
@@ -171,5 +174,69 @@ describe('redirects through the proxy (issue 25, item 11)', () => {
     assert.equal(await r.text(), body)
     assert.equal(elsewhere.requests.length, 0, 'the other origin got no request (and no x-api-key)')
     assert.deepEqual((await settled('redirect')).slice(0, 2), [0, 0])
+  })
+})
+
+describe('long and big answers through the proxy (issue 25, item 11)', () => {
+  test('a big JSON answer streams through to the client as it arrives and settles from the usage at its end', async () => {
+    const head = `{"id":"msg_big","type":"message","content":[{"type":"text","text":"${'w'.repeat(3 * 1024 * 1024)}`
+    const tail = '"}],"stop_reason":"end_turn","usage":{"input_tokens":321,"output_tokens":77}}'
+    let release
+    const released = new Promise((r) => (release = r))
+    let ended = false
+    upstream.handler = async (req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.write(head)
+      // The rest only once the client has the response (or, where the proxy buffers, after 3 s).
+      await Promise.race([released, new Promise((r) => setTimeout(r, 3_000))])
+      ended = true
+      res.end(tail)
+    }
+    const r = await proxy('big', '/v1/messages', ask())
+    assert.equal(ended, false, 'the response reached the client before the upstream body ended')
+    release()
+    const text = await r.text()
+    assert.equal(text.length, head.length + tail.length)
+    assert.ok(text === head + tail, 'the body arrived byte for byte')
+    assert.deepEqual((await settled('big')).slice(0, 2), [321, 77])
+  })
+
+  test('a stream longer than the lease TTL keeps its slot while bytes flow: the next proxied call waits for its end', async () => {
+    upstream.requests.length = 0
+    let streamEnded = null
+    upstream.handler = async (req, res, r) => {
+      if (upstream.requests.indexOf(r) > 0) {
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"m2","content":[],"usage":{"input_tokens":10,"output_tokens":2}}')
+        return
+      }
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse('message_start', { message: { id: 'm', usage: { input_tokens: 50, output_tokens: 1 } } }))
+      for (let i = 0; i < 30; i++) {
+        await new Promise((d) => setTimeout(d, 100))
+        res.write(sse('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'abcd' } }))
+      }
+      res.write(sse('message_delta', { usage: { output_tokens: 60 } }))
+      streamEnded = performance.now()
+      res.end(sse('message_stop', {}))
+    }
+    const first = await proxy('short', '/v1/messages', ask({ stream: true }))
+    const firstText = first.text()
+    await new Promise((d) => setTimeout(d, 500))
+    const second = proxy('short', '/v1/messages', ask())
+    assert.match(await firstText, /message_stop/)
+    const r = await second
+    assert.equal(r.status, 200)
+    await r.text()
+    assert.equal(upstream.requests.length, 2)
+    assert.ok(streamEnded !== null && upstream.requests[1].at >= streamEnded, 'the second call was forwarded only after the stream ended')
+    let m
+    for (let i = 0; i < 100; i++) {
+      m = await (await fetch(`${base}/v1/fleets/up/quotas/short/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()
+      if (Number(m.pools[0].counters.settled) >= 2) break
+      await new Promise((d) => setTimeout(d, 20))
+    }
+    assert.equal(Number(m.pools[0].counters.settled), 2, 'both calls settled')
+    assert.equal(Number(m.pools[0].counters.expired ?? 0), 0, 'no lease was reaped')
+    assert.equal(m.liveLeases, 0)
   })
 })
