@@ -158,6 +158,69 @@ describe('parsers and the estimator', () => {
     assert.equal(usageFromBody('openai', { nothing: 1 }), null)
   })
 
+  test('usage counts: absurd figures clamped to 2^53 - 1; strings, negatives and non-finite are missing usage, not 0', () => {
+    const MAX = Number.MAX_SAFE_INTEGER
+    assert.deepEqual(usageFromBody('anthropic', JSON.parse('{"usage":{"input_tokens":1e300,"output_tokens":18446744073709551616}}')), {
+      inputTokens: MAX,
+      cacheCreationInputTokens: 0,
+      cacheReadInputTokens: 0,
+      outputTokens: MAX,
+    })
+    assert.deepEqual(usageFromBody('openai', { usage: { prompt_tokens: 1e18, completion_tokens: 3 } }), { inputTokens: MAX, cacheReadInputTokens: 0, outputTokens: 3 })
+    for (const usage of [
+      { input_tokens: '5', output_tokens: 1 },
+      { input_tokens: 5, output_tokens: -1 },
+      { input_tokens: 5, output_tokens: Number.POSITIVE_INFINITY },
+      { input_tokens: 5 },
+      { input_tokens: 5, output_tokens: 1, cache_creation_input_tokens: '2' },
+    ]) {
+      assert.equal(usageFromBody('anthropic', { usage }), null, JSON.stringify(usage))
+    }
+    assert.equal(usageFromBody('openai', { usage: { prompt_tokens: 5, completion_tokens: 1, prompt_tokens_details: { cached_tokens: -1 } } }), null)
+    assert.equal(usageFromBody('openai', { usage: { prompt_tokens: 5, completion_tokens: 1, prompt_tokens_details: 'x' } }), null)
+    // Absent or null optional counts are 0.
+    assert.deepEqual(usageFromBody('anthropic', { usage: { input_tokens: 5, output_tokens: 1, cache_read_input_tokens: null } }), {
+      inputTokens: 5,
+      cacheCreationInputTokens: 0,
+      cacheReadInputTokens: 0,
+      outputTokens: 1,
+    })
+  })
+
+  test('SSE usage is complete only with its final report and no error event', () => {
+    const start = 'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\n'
+    const delta = 'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":42}}\n\n'
+    const error = 'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
+    const run = (provider, text) => {
+      const t = new SseUsage(provider)
+      t.push(encoder.encode(text))
+      t.end()
+      return t
+    }
+    assert.equal(run('anthropic', start).complete, false)
+    assert.equal(run('anthropic', start + delta).complete, true)
+    assert.equal(run('anthropic', start + delta + error).complete, false)
+    assert.equal(run('anthropic', start + error).errored, true)
+    // A delta without any input count (message_start's was malformed) is not final either.
+    const badStart = 'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":"12"}}}\n\n'
+    const t = run('anthropic', badStart + delta)
+    assert.equal(t.complete, false)
+    assert.equal(t.malformed, true)
+    assert.equal(run('openai', 'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\ndata: [DONE]\n\n').complete, true)
+    assert.equal(run('openai', 'data: {"choices":[],"usage":{"prompt_tokens":"3","completion_tokens":4}}\n\ndata: [DONE]\n\n').complete, false)
+    assert.equal(run('openai', 'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\ndata: [DONE]\n\n').complete, false)
+  })
+
+  test('SSE usage holds no line above 1 MiB: it is skipped and counted as text', () => {
+    const t = new SseUsage('anthropic')
+    const huge = `data: ${'x'.repeat(3 * 1024 * 1024)}`
+    for (let i = 0; i < huge.length; i += 65_536) t.push(encoder.encode(huge.slice(i, i + 65_536)))
+    t.push(encoder.encode('\n\nevent: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\n'))
+    t.end()
+    assert.ok(t.textBytes >= 3 * 1024 * 1024, `counted as text: ${t.textBytes}`)
+    assert.equal(t.usage.inputTokens, 12, 'the next event is read')
+  })
+
   test('the cached prefix ends at the last cache_control block (Anthropic only)', () => {
     const b = {
       system: [{ type: 'text', text: 'S'.repeat(1000), cache_control: { type: 'ephemeral' } }],

@@ -3,6 +3,7 @@
 // origin, big bodies, stalls), and each test checks what the caller receives (byte for
 // byte the upstream's body), how the lease was settled, and that no lease is left held.
 import assert from 'node:assert/strict'
+import { createHash } from 'node:crypto'
 import http from 'node:http'
 import { after, before, describe, test } from 'node:test'
 import { createTokenwarden } from '../support/engine.mjs'
@@ -261,6 +262,46 @@ describe('upstream handling (issue 25, item 11)', () => {
     assert.equal(await res.text(), head + tail)
     const s = await settlement(h)
     assert.deepEqual(s.used.slice(0, 2), [321, 77])
+    assert.equal(h.tw.metrics().liveLeases, 0)
+    h.tw.close()
+  })
+
+  test('a 64 MiB JSON answer is not held in memory: the caller has it after about 1 MiB, usage found at its end', async () => {
+    const h = setup()
+    const piece = Buffer.alloc(64 * 1024, 'w')
+    const head = Buffer.from('{"id":"msg_huge","type":"message","content":[{"type":"text","text":"')
+    // Decoys near the end: a nested `usage` and one inside a string; the top-level one is last.
+    const tail = Buffer.from(
+      '"},{"type":"tool_use","id":"t","name":"n","input":{"usage":{"input_tokens":1,"output_tokens":1}}},' +
+        '{"type":"text","text":"\\\"usage\\\":{\\\"input_tokens\\\":2,\\\"output_tokens\\\":2}"}],' +
+        '"stop_reason":"end_turn","usage":{"input_tokens":321,"cache_read_input_tokens":5,"output_tokens":77},"stop_sequence":null}',
+    )
+    JSON.parse(`${head}${tail}`)
+    const digest = createHash('sha256').update(head)
+    upstream.handler = async (req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.write(head)
+      for (let i = 0; i < 1024; i++) {
+        if (!res.write(piece)) await new Promise((r) => res.once('drain', r))
+      }
+      res.end(tail)
+    }
+    for (let i = 0; i < 1024; i++) digest.update(piece)
+    digest.update(tail)
+    const heldBefore = process.memoryUsage()
+    const res = await post(h.fetch)
+    const heldAfter = process.memoryUsage()
+    const grew = heldAfter.heapUsed + heldAfter.arrayBuffers - (heldBefore.heapUsed + heldBefore.arrayBuffers)
+    assert.ok(grew < 32 * 1024 * 1024, `memory held when the caller got the response: +${(grew / 1048576).toFixed(1)} MiB`)
+    const got = createHash('sha256')
+    let length = 0
+    for await (const chunk of res.body) {
+      got.update(chunk)
+      length += chunk.length
+    }
+    assert.equal(length, head.length + 64 * 1024 * 1024 + tail.length)
+    assert.equal(got.digest('hex'), digest.digest('hex'), 'the body arrived byte for byte')
+    assert.deepEqual((await settlement(h)).used.slice(0, 2), [321, 77])
     assert.equal(h.tw.metrics().liveLeases, 0)
     h.tw.close()
   })
