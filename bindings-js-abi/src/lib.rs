@@ -142,6 +142,25 @@ impl From<&core::RestoreError> for ArgError {
     }
 }
 
+/// The error for a key of a `what` object (`lease request`, `usage`) that an engine does
+/// not read, or `None` when `key` is one of `fields`. Ignored, the provider's own snake_case
+/// usage (`input_tokens`) would be recorded as 0 used; the message suggests the camelCase
+/// field for a snake_case spelling of one. (`driver/ts/register.ts` gives the same error
+/// before the register file, where both engines' hot calls never see the object.)
+#[must_use]
+pub fn unknown_key(key: &str, fields: &[&str], what: &str) -> Option<ArgError> {
+    if fields.contains(&key) {
+        return None;
+    }
+    let camel = camel(key);
+    let hint = if camel != key && fields.contains(&camel.as_str()) {
+        format!("; did you mean `{camel}`? (fields are camelCase)")
+    } else {
+        format!("; the fields are {}", fields.join(", "))
+    };
+    Some(ArgError::type_error(format!("unknown field `{key}` in the {what}{hint}")).with_field(key))
+}
+
 /// A `number` argument as a `u64`: a non-negative integer below 2^64.
 #[inline]
 pub fn u64_from_f64(n: f64, what: &str) -> Result<u64, ArgError> {

@@ -530,3 +530,26 @@ fn camel_json_is_camel_keys_as_text() {
     let parsed: Value = serde_json::from_str(&camel_json(&escaped).expect("fits")).expect("JSON");
     assert_eq!(parsed, camel_keys(escaped));
 }
+
+#[test]
+fn an_unknown_key_is_named_with_the_camel_case_field_suggested() {
+    assert_eq!(unknown_key("inputTokens", &io::USAGE_FIELDS, "usage"), None);
+    let e = unknown_key("input_tokens", &io::USAGE_FIELDS, "usage").unwrap_or_else(|| panic!());
+    assert_eq!(
+        (e.kind, e.code, e.field.as_deref()),
+        (ErrorKind::Type, "invalid_argument", Some("input_tokens"))
+    );
+    assert!(
+        e.message.contains("did you mean `inputTokens`"),
+        "{}",
+        e.message
+    );
+    let e = unknown_key("tokens", &io::LEASE_REQUEST_FIELDS, "lease request")
+        .unwrap_or_else(|| panic!());
+    assert!(
+        e.message
+            .starts_with("unknown field `tokens` in the lease request; the fields are agent, pool"),
+        "{}",
+        e.message
+    );
+}

@@ -121,10 +121,23 @@ fn opt_u64(obj: &Object, key: &str) -> Result<u64, ArgError> {
     }
 }
 
+/// Refuses a key the engine would not read (see [`tokenwarden_js_abi::unknown_key`]).
+fn known_keys(o: &Object, fields: &[&str], what: &str) -> Result<(), ArgError> {
+    for key in Object::keys(o).iter() {
+        if let Some(e) =
+            tokenwarden_js_abi::unknown_key(&key.as_string().unwrap_or_default(), fields, what)
+        {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// `LeaseRequest` from `{ agent, pool, inputTokens?, cachedPrefixTokens?, maxTokens?, role?,
 /// unblocks?, failureSignature? }`.
 pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, ArgError> {
     let o = object(v, "request")?;
+    known_keys(o, &io::LEASE_REQUEST_FIELDS, "lease request")?;
     let role = get(o, "role");
     let role = if role.is_undefined() || role.is_null() {
         core::Role::Worker
@@ -198,6 +211,7 @@ pub fn task_outcome(v: &JsValue) -> Result<core::TaskOutcome, ArgError> {
 /// `Usage` from `{ inputTokens?, cacheCreationInputTokens?, cacheReadInputTokens?, outputTokens? }`.
 pub fn usage(v: &JsValue) -> Result<core::Usage, ArgError> {
     let o = object(v, "usage")?;
+    known_keys(o, &io::USAGE_FIELDS, "usage")?;
     Ok(core::Usage {
         input_tokens: opt_u64(o, "inputTokens")?,
         cache_creation_input_tokens: opt_u64(o, "cacheCreationInputTokens")?,
