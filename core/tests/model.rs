@@ -470,6 +470,7 @@ fn general_setup() -> BoxedStrategy<Setup> {
                     r#"{{"pools":[{{"name":"a","input_tokens_per_minute":100000,"output_tokens_per_minute":20000,"requests_per_minute":600,"max_concurrent":{conc}}},{pool1}],
                     "window_ms":{window},"lease_ttl_ms":{ttl},"max_queue_wait_ms":{wait},"max_queue_depth":{depth},
                     "max_leases":{leases},"max_agents":{agents},"prompt_cache_ttl_ms":{cache}{margin}{slow},
+                    "max_tasks":3,"task_idle_ms":{ttl},
                     "estimate_alert":{{"threshold_permille":200,"consecutive":2}},"metrics_minutes":3}}"#
                 );
                 Setup {
@@ -774,7 +775,9 @@ impl Harness {
                     unblocks: *unblocks,
                     failure_signature: *failure,
                     // Calls with an odd `unblocks` are for one of four tasks (opened by
-                    // the first ask), so the task table runs under every other operation.
+                    // the first ask), so the task table runs under every other operation;
+                    // with `max_tasks` 3, requests open at most two and the others run
+                    // untracked until one has been idle for `task_idle_ms`.
                     task: (*unblocks % 2 == 1).then_some(TaskId(*agent % 4)),
                 };
                 let before = self.coord.clone();
