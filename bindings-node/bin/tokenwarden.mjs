@@ -6,36 +6,50 @@
 // lease, ticket and debt.
 import { spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { lookup } from 'node:dns/promises'
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
-import { isIP } from 'node:net'
+import { createServer, isIP } from 'node:net'
 import { dirname, join, resolve } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { fileURLToPath, pathToFileURL } from 'node:url'
 
 const HELP = `usage: tokenwarden serve [--config tokenwarden.json] [--port 8787] [--host 127.0.0.1] [--data DIR]
+       tokenwarden --version
 
 Runs the edge limiter on workerd (npm i workerd) and prints the base URLs agents use:
   ANTHROPIC_BASE_URL=http://127.0.0.1:8787/v1/fleets/<fleet>/quotas/<quota>/agents/<agent>/<role>/anthropic
   OPENAI_BASE_URL=http://127.0.0.1:8787/v1/fleets/<fleet>/quotas/<quota>/agents/<agent>/<role>/openai
 
   --config FILE  fleets, quotas and upstreams ({ "fleets": { ... } }, the edge limiter's
-                 TOKENWARDEN_FLEETS); default: fleet "local" with quotas "anthropic" and
-                 "openai" on the providers' APIs, limits learned from their headers
-  --port N       default 8787 (0: any free port)
+                 TOKENWARDEN_FLEETS), checked before anything starts (exit 2 naming the
+                 field); default: fleet "local" with quotas "anthropic" and "openai" on the
+                 providers' APIs, limits learned from their headers
+  --port N       default 8787; 0: a free port, printed in the banner (a port in use: exit 1)
   --host ADDR    default 127.0.0.1; a fleet with "proxy_open" is refused on any other
-  --data DIR     state (leases, tickets, debt) and the generated workerd config; default ./.tokenwarden`
+  --data DIR     state (leases, tickets, debt), the fleets with their secrets and the
+                 generated workerd config, all owner-only (0700/0600); default ./.tokenwarden
+  --version      print the version and exit`
 
 const here = dirname(fileURLToPath(import.meta.url))
 
+/** Ends the run with one line on stderr: exit 2 for bad input (arguments, config), 1 for the machine. */
 function fail(message, code = 2) {
-  console.error(`tokenwarden: ${message}`)
+  console.error(`tokenwarden: ${String(message).replace(/\s*\n\s*/g, ' ')}`)
   process.exit(code)
+}
+
+function version() {
+  return JSON.parse(readFileSync(join(here, '..', 'package.json'), 'utf8')).version
 }
 
 function parseArgs(argv) {
   const [command, ...rest] = argv
   if (command === undefined || command === '-h' || command === '--help' || command === 'help') {
     console.log(HELP)
+    process.exit(0)
+  }
+  if (command === '--version') {
+    console.log(`tokenwarden ${version()}`)
     process.exit(0)
   }
   if (command !== 'serve') fail(`unknown command ${JSON.stringify(command)} (try --help)`)
@@ -49,6 +63,9 @@ function parseArgs(argv) {
     }
     if (flag === '-h' || flag === '--help') {
       console.log(HELP)
+      process.exit(0)
+    } else if (flag === '--version') {
+      console.log(`tokenwarden ${version()}`)
       process.exit(0)
     } else if (flag === '--config') opts.config = value()
     else if (flag === '--data') opts.data = value()
@@ -65,37 +82,207 @@ function parseArgs(argv) {
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost'])
 
-/** The fleets to serve: the config file's, or the default local fleet (its secret kept in the data directory). */
-function loadFleets(opts, data) {
-  if (opts.config !== null) {
-    let text
-    try {
-      text = readFileSync(opts.config, 'utf8')
-    } catch (e) {
-      fail(`cannot read --config ${opts.config}: ${e.message}`)
-    }
-    let parsed
-    try {
-      parsed = JSON.parse(text)
-    } catch (e) {
-      fail(`--config ${opts.config} is not JSON: ${e.message}`)
-    }
-    const fleets = parsed?.fleets
-    if (fleets === null || typeof fleets !== 'object' || Array.isArray(fleets)) fail(`--config ${opts.config} must be { "fleets": { "<fleet>": { "secret", "quotas": { … } } } }`)
-    return fleets
+/** Reads --config: `{ fleets, source }`, `source` naming the file in error messages. */
+function readConfig(file) {
+  let text
+  try {
+    text = readFileSync(file, 'utf8')
+  } catch (e) {
+    fail(`cannot read --config ${file}: ${e.message}`)
   }
-  const secretFile = join(data, 'secret')
-  if (!existsSync(secretFile)) writeFileSync(secretFile, `${randomBytes(24).toString('base64url')}\n`, { mode: 0o600 })
-  const secret = readFileSync(secretFile, 'utf8').trim()
+  let parsed
+  try {
+    parsed = JSON.parse(text)
+  } catch (e) {
+    fail(`--config ${file} is not JSON: ${e.message}`)
+  }
+  const fleets = parsed?.fleets
+  if (fleets === null || typeof fleets !== 'object' || Array.isArray(fleets)) fail(`--config ${file} must be { "fleets": { "<fleet>": { "secret", "quotas": { … } } } }`)
+  return { fleets, source: `--config ${file}` }
+}
+
+/**
+ * The default fleet `local`, its secret kept in `<data>/secret`: made on the first start
+ * (0600); one that other users can read or change is refused, not fixed, since it may
+ * already have been seen: the operator chmods it or deletes it for a new one.
+ */
+function defaultFleets(data) {
+  const file = join(data, 'secret')
+  let st = null
+  try {
+    st = statSync(file)
+  } catch (e) {
+    if (e.code !== 'ENOENT') fail(`cannot read ${file}: ${e.message}`, 1)
+  }
+  if (st === null) {
+    try {
+      writeFileSync(file, `${randomBytes(24).toString('base64url')}\n`, { mode: 0o600, flag: 'wx' })
+      chmodSync(file, 0o600)
+    } catch (e) {
+      fail(`cannot write the fleet secret to ${file}: ${e.message}`, 1)
+    }
+  } else if (!st.isFile()) {
+    fail(`${file} must be a file holding the fleet secret`)
+  } else if ((st.mode & 0o077) !== 0) {
+    const how = (st.mode & 0o044) !== 0 ? 'read' : 'changed'
+    fail(`${file} can be ${how} by other users (mode ${octal(st.mode & 0o777)}), and it holds the fleet secret: chmod 600 ${file} (or delete it to have a new secret made)`)
+  }
+  let secret
+  try {
+    secret = readFileSync(file, 'utf8').trim()
+  } catch (e) {
+    fail(`cannot read ${file}: ${e.message}`, 1)
+  }
   return {
-    local: {
-      secret,
-      proxy_open: true,
-      quotas: {
-        anthropic: { upstream: 'https://api.anthropic.com', config: { pools: [{ name: 'default' }] } },
-        openai: { upstream: 'https://api.openai.com', config: { pools: [{ name: 'default', counting: 'openai' }] } },
+    source: `the default fleet (its secret from ${file})`,
+    builtIn: true,
+    fleets: {
+      local: {
+        secret,
+        proxy_open: true,
+        quotas: {
+          anthropic: { upstream: 'https://api.anthropic.com', config: { pools: [{ name: 'default' }] } },
+          openai: { upstream: 'https://api.openai.com', config: { pools: [{ name: 'default', counting: 'openai' }] } },
+        },
       },
     },
+  }
+}
+
+const octal = (mode) => `0${mode.toString(8).padStart(3, '0')}`
+
+/**
+ * Checks the whole configuration before anything starts, as the limiter will read it: the
+ * fleets' structure by the edge limiter's own `parseFleets` (bundled into serve/ with the
+ * Worker), each quota's core `config` by creating a coordinator from it on this package's
+ * engine (the core's error names the field), and each upstream's host resolving (not for
+ * the built-in default, whose hosts are the providers': offline, the lease API still
+ * serves). Exits 2 with the fleet, quota and field named.
+ */
+async function validate({ fleets, source, builtIn = false }) {
+  const checker = join(here, '..', 'serve', 'parse-fleets.js')
+  if (!existsSync(checker)) fail(`the Worker bundle is missing (${checker}): this package was not built (npm run build:serve)`, 1)
+  const { parseFleets } = await import(pathToFileURL(checker).href)
+  try {
+    parseFleets(JSON.stringify(fleets))
+  } catch (e) {
+    fail(`${source}: ${e.message}`)
+  }
+  let engines
+  try {
+    engines = (await import('../dist/index.js')).wasmEngines()
+  } catch (e) {
+    fail(`cannot load the engine to check the config (${e.message}): this package was not built (npm run build)`, 1)
+  }
+  const quotas = Object.entries(fleets).flatMap(([fleet, f]) => Object.entries(f.quotas).map(([quota, q]) => ({ at: `fleets.${fleet}.quotas.${quota}`, q })))
+  for (const { at, q } of quotas) {
+    const json = JSON.stringify(q.config)
+    let engine
+    try {
+      engine = engines.create(json, 1, Date.now())
+    } catch (e) {
+      // A value of the wrong type or range is the JSON parser's error, placed by its column
+      // in `json`: named here by its path instead.
+      const m = / at line 1 column (\d+)$/.exec(e.message)
+      if (m === null) fail(`${source}: ${at}.config: ${e.message}`)
+      fail(`${source}: ${at}.config${pathAt(q.config, Number(m[1]) - 1)}: ${e.message.slice(0, m.index)}`)
+    }
+    engine.free?.()
+  }
+  if (builtIn) return
+  const looked = await Promise.all(quotas.filter(({ q }) => q.upstream !== undefined).map(async ({ at, q }) => ({ at, q, error: await resolves(new URL(q.upstream).hostname) })))
+  for (const { at, q, error } of looked) {
+    if (error !== null) fail(`${source}: ${at}.upstream: ${new URL(q.upstream).hostname} (in ${q.upstream}) does not resolve (${error})`)
+  }
+}
+
+/**
+ * The path (`.pools[0].name`; '' for the whole) of the innermost value of `value` whose text
+ * in `JSON.stringify(value)` spans character `offset`.
+ */
+function pathAt(value, offset) {
+  let pos = 0
+  let best = ''
+  const walk = (v, path) => {
+    const start = pos
+    if (v !== null && typeof v === 'object') {
+      pos += 1
+      const entries = Array.isArray(v) ? v.map((x, i) => [i, x]) : Object.entries(v)
+      entries.forEach(([k, x], i) => {
+        if (i > 0) pos += 1
+        if (!Array.isArray(v)) pos += JSON.stringify(k).length + 1
+        walk(x, Array.isArray(v) ? `${path}[${k}]` : `${path}.${k}`)
+      })
+      pos += 1
+    } else pos += JSON.stringify(v).length
+    if (start <= offset && offset <= pos && path.length > best.length) best = path
+  }
+  walk(value, '')
+  return best
+}
+
+/** null when `host` resolves (an IP address and loopback always do), else why not. */
+async function resolves(host) {
+  const name = host.replace(/^\[|\]$/g, '')
+  if (isIP(name) !== 0 || LOOPBACK.has(name)) return null
+  let timer
+  const timeout = new Promise((r) => {
+    timer = setTimeout(() => r('no answer in 10 s'), 10_000)
+  })
+  try {
+    return await Promise.race([lookup(name).then(() => null, (e) => e.code ?? e.message), timeout])
+  } finally {
+    clearTimeout(timer)
+  }
+}
+
+/**
+ * Binds host:port for a moment, before workerd is started on it: a port in use is one clear
+ * line (exit 1) instead of workerd's bind error, and port 0 becomes the free port the
+ * system gave, which workerd then takes and the banner prints.
+ */
+async function reservePort(host, port) {
+  const server = createServer()
+  try {
+    await new Promise((resolve, reject) => {
+      server.once('error', reject)
+      server.listen({ host, port, exclusive: true }, resolve)
+    })
+  } catch (e) {
+    if (e.code === 'EADDRINUSE') fail(`port ${port} on ${host} is in use (EADDRINUSE); pick another with --port`, 1)
+    if (e.code === 'EACCES') fail(`cannot listen on port ${port} on ${host} (EACCES: a port below 1024 needs privileges); pick another with --port`, 1)
+    if (e.code === 'EADDRNOTAVAIL') fail(`cannot listen on ${host} (EADDRNOTAVAIL: not an address of this machine); pick another with --host`, 1)
+    fail(`cannot listen on port ${port} on ${host} (${e.code ?? e.message})`, 1)
+  }
+  const got = server.address().port
+  await new Promise((r) => server.close(r))
+  return got
+}
+
+/** A directory only its owner can enter (0700), whatever the umask and whatever it was before. */
+function privateDir(dir) {
+  try {
+    mkdirSync(dir, { recursive: true, mode: 0o700 })
+    chmodSync(dir, 0o700)
+  } catch (e) {
+    fail(`cannot make ${dir} a private directory (mkdir, chmod 700): ${e.message}`, 1)
+  }
+}
+
+/**
+ * Writes `text` to `file` as an owner-only file (0600): written to a new file beside it and
+ * renamed over it, so a file that was there with a wider mode never holds the new text.
+ */
+function writePrivate(file, text) {
+  const tmp = `${file}.${process.pid}.tmp`
+  try {
+    rmSync(tmp, { force: true })
+    writeFileSync(tmp, text, { mode: 0o600, flag: 'wx' })
+    chmodSync(tmp, 0o600)
+    renameSync(tmp, file)
+  } catch (e) {
+    rmSync(tmp, { force: true })
+    fail(`cannot write ${file}: ${e.message}`, 1)
   }
 }
 
@@ -124,16 +311,19 @@ function writeConfig({ data, fleets, host, port }) {
   if (!existsSync(join(bundle, 'worker.js'))) fail(`the Worker bundle is missing (${bundle}): this package was not built (npm run build)`, 1)
   const workerDir = join(data, 'worker')
   rmSync(workerDir, { recursive: true, force: true })
-  mkdirSync(workerDir, { recursive: true })
+  privateDir(workerDir)
   const modules = []
+  // The Worker and its wasm (not parse-fleets.js, which only this CLI runs).
   for (const f of readdirSync(bundle)) {
-    copyFileSync(join(bundle, f), join(workerDir, f))
     if (f === 'worker.js') modules.unshift(`(name = "worker.js", esModule = embed "worker/worker.js")`)
     else if (f.endsWith('.wasm')) modules.push(`(name = ${capnpString(f)}, wasm = embed ${capnpString(`worker/${f}`)})`)
+    else continue
+    copyFileSync(join(bundle, f), join(workerDir, f))
+    chmodSync(join(workerDir, f), 0o600)
   }
-  writeFileSync(join(data, 'fleets.json'), JSON.stringify(fleets), { mode: 0o600 })
+  writePrivate(join(data, 'fleets.json'), JSON.stringify(fleets))
   const storage = join(data, 'storage')
-  mkdirSync(storage, { recursive: true })
+  privateDir(storage)
   // Outbound calls go only where the operator's config points: the public internet, and
   // loopback when an upstream is on this machine (a local provider or a test's mock).
   const upstreams = Object.values(fleets).flatMap((f) => Object.values(f?.quotas ?? {}).map((q) => q?.upstream)).filter(Boolean)
@@ -174,7 +364,7 @@ const limiter :Workerd.Worker = (
 );
 `
   const file = join(data, 'workerd.capnp')
-  writeFileSync(file, capnp)
+  writePrivate(file, capnp)
   return file
 }
 
@@ -195,42 +385,50 @@ function banner(fleets, origin) {
 }
 
 async function serve(opts) {
+  // Whatever workerd and this process create under the data directory (its storage among
+  // them) is owner-only, whatever umask it was started with.
+  process.umask(0o077)
   const data = resolve(opts.data)
-  mkdirSync(data, { recursive: true })
-  const fleets = loadFleets(opts, data)
+  let loaded
+  if (opts.config !== null) loaded = readConfig(opts.config)
+  else {
+    privateDir(data)
+    loaded = defaultFleets(data)
+  }
+  const { fleets } = loaded
+  await validate(loaded)
   if (!LOOPBACK.has(opts.host)) {
     const open = Object.entries(fleets).filter(([, f]) => f?.proxy_open === true).map(([n]) => n)
     if (open.length > 0) fail(`fleet ${open.join(', ')} takes proxied calls with no secret (proxy_open): serve it on loopback only, not on ${opts.host}`)
   }
   const bin = workerdBinary()
-  const config = writeConfig({ data, fleets, host: opts.host, port: opts.port })
+  const port = await reservePort(opts.host, opts.port)
+  privateDir(data)
+  const config = writeConfig({ data, fleets, host: opts.host, port })
   const child = spawn(bin, ['serve', config, '--experimental'], { stdio: ['ignore', 'inherit', 'pipe'] })
-  let printed = false
-  const origin = `http://${opts.host.includes(':') ? `[${opts.host}]` : opts.host}:${opts.port}`
+  let stopping = false
+  const origin = `http://${opts.host.includes(':') ? `[${opts.host}]` : opts.host}:${port}`
   child.stderr.setEncoding('utf8')
   child.stderr.on('data', (chunk) => {
     process.stderr.write(chunk)
   })
   child.on('error', (e) => fail(`cannot start workerd (${bin}): ${e.message}`, 1))
-  // Ready once the socket answers.
-  const ready = async () => {
-    for (let i = 0; i < 200 && child.exitCode === null; i++) {
+  // Ready once the socket answers: then the banner.
+  void (async () => {
+    for (let i = 0; child.exitCode === null && !stopping; i++) {
       try {
         const r = await fetch(`${origin}/healthz`)
-        if (r.ok) return true
+        if (r.ok) {
+          console.log(banner(fleets, origin))
+          return
+        }
       } catch {
         // not listening yet
       }
-      await new Promise((r) => setTimeout(r, 50))
+      if (i === 200) console.error(`tokenwarden serve: workerd (${config}) is not answering on ${origin} yet; still waiting`)
+      await new Promise((r) => setTimeout(r, i < 200 ? 50 : 500))
     }
-    return false
-  }
-  if (opts.port !== 0 && (await ready())) {
-    console.log(banner(fleets, origin))
-    printed = true
-  }
-  if (!printed && child.exitCode === null) console.log(`tokenwarden serve: workerd started (${config})`)
-  let stopping = false
+  })()
   const stop = (signal) => {
     if (stopping) return
     stopping = true
