@@ -128,6 +128,28 @@ fn opt_u64(v: Option<&U64>, what: &str) -> Result<u64, Thrown> {
     v.map_or(Ok(0), |v| u64_arg(v, what))
 }
 
+/// `T` (a napi object type) from a JavaScript object whose every key is one of `fields`:
+/// napi's derived conversion ignores any other key, which would then be silently dropped
+/// (`settle({ input_tokens })` recorded as 0 used). The error names the key (see
+/// [`tokenwarden_js_abi::unknown_key`]).
+pub fn checked_object<T: napi::bindgen_prelude::FromNapiValue>(
+    env: &Env,
+    o: &napi::bindgen_prelude::Object<'_>,
+    fields: &[&str],
+    what: &str,
+) -> Result<T, Thrown> {
+    let keys = napi::bindgen_prelude::Object::keys(o)
+        .map_err(|e| Thrown::type_error(format!("the {what} must be an object: {e}")))?;
+    for key in keys {
+        if let Some(e) = tokenwarden_js_abi::unknown_key(&key, fields, what) {
+            return Err(e);
+        }
+    }
+    // SAFETY: the value is the live object napi-rs just handed this call, in its env.
+    unsafe { T::from_napi_value(env.raw(), o.raw()) }
+        .map_err(|e| Thrown::type_error(format!("invalid {what}: {e}")))
+}
+
 impl LeaseRequest {
     /// The core request, or the first invalid field.
     pub fn to_core(&self) -> Result<core::LeaseRequest, Thrown> {

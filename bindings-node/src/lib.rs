@@ -24,7 +24,7 @@ use convert::{
     u64_to_js,
 };
 use napi::Env;
-use napi::bindgen_prelude::{Either, Either3, Float64Array, Unknown};
+use napi::bindgen_prelude::{Either, Either3, Float64Array, Object, Unknown};
 use napi_derive::napi;
 use serde_json::Value;
 use tokenwarden_core as core;
@@ -65,6 +65,16 @@ fn response_args(
         status,
         report,
     })
+}
+
+/// A lease request object, refused if it holds a key the engine does not read.
+fn request_object(env: &Env, o: &Object<'_>) -> Result<LeaseRequest, Thrown> {
+    convert::checked_object(env, o, &io::LEASE_REQUEST_FIELDS, "lease request")
+}
+
+/// A usage object, refused if it holds a key the engine does not read.
+fn usage_object(env: &Env, o: &Object<'_>) -> Result<Usage, Thrown> {
+    convert::checked_object(env, o, &io::USAGE_FIELDS, "usage")
 }
 
 /// Runs `f`, throwing its error (if any) into JavaScript.
@@ -128,10 +138,11 @@ impl Coordinator {
         &mut self,
         env: Env,
         now: U64,
-        request: LeaseRequest,
+        #[napi(ts_arg_type = "LeaseRequest")] request: Object<'_>,
     ) -> napi::Result<Decision> {
         js(&env, || {
             let now = core::Millis(u64_arg(&now, "now")?);
+            let request: LeaseRequest = request_object(&env, &request)?;
             let req = request.to_core()?;
             self.inner
                 .request_lease(now, &req)
@@ -199,11 +210,12 @@ impl Coordinator {
         env: Env,
         now: U64,
         lease: U64,
-        usage: Usage,
+        #[napi(ts_arg_type = "Usage")] usage: Object<'_>,
     ) -> napi::Result<Settlement> {
         js(&env, || {
             let now = core::Millis(u64_arg(&now, "now")?);
             let lease = lease_arg(&lease)?;
+            let usage: Usage = usage_object(&env, &usage)?;
             let usage = usage.to_core()?;
             self.inner
                 .settle(now, lease, &usage)
@@ -281,11 +293,12 @@ impl Coordinator {
         env: Env,
         now: U64,
         call: CallState,
-        request: LeaseRequest,
+        #[napi(ts_arg_type = "LeaseRequest")] request: Object<'_>,
     ) -> napi::Result<Either<String, Value>> {
         js(&env, || {
             let now = core::Millis(u64_arg(&now, "now")?);
             let mut call = call.to_core()?;
+            let request: LeaseRequest = request_object(&env, &request)?;
             let req = request.to_core()?;
             let step = self
                 .inner
@@ -339,12 +352,15 @@ impl Coordinator {
         env: Env,
         now: U64,
         lease: U64,
-        seen: Option<Usage>,
+        #[napi(ts_arg_type = "Usage | undefined | null")] seen: Option<Object<'_>>,
     ) -> napi::Result<Settlement> {
         js(&env, || {
             let now = core::Millis(u64_arg(&now, "now")?);
             let lease = lease_arg(&lease)?;
-            let seen = seen.as_ref().map(Usage::to_core).transpose()?;
+            let seen = seen
+                .as_ref()
+                .map(|o| usage_object(&env, o).and_then(|u: Usage| u.to_core()))
+                .transpose()?;
             self.inner
                 .call_interrupted(now, lease, seen.as_ref())
                 .map(Settlement::from)

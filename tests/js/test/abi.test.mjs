@@ -319,3 +319,16 @@ test(`every call on a freed wasm engine throws \`closed\` (${engineName})`, { sk
     assert.throws(call, (e) => e.code === 'closed' && /this engine was freed/.test(e.message) && !/null pointer/.test(e.message), name)
   }
 })
+
+test(`the addon's own class refuses unknown keys too (${engineName})`, { skip: engineName !== 'native' }, async () => {
+  const { createRequire } = await import('node:module')
+  const { Coordinator } = createRequire(import.meta.url)('tokenwarden/binding')
+  const c = new Coordinator(JSON.stringify(config), 1, 0)
+  const d = c.requestLease(0, { agent: 1, pool: 0, inputTokens: 10 })
+  const before = c.snapshot()
+  assert.throws(() => c.settle(1, d.lease, { input_tokens: 5 }), (e) => e.code === 'invalid_argument' && e.field === 'input_tokens' && /did you mean `inputTokens`/.test(e.message))
+  assert.throws(() => c.requestLease(1, { agent: 1, pool: 0, max_tokens: 5 }), (e) => e.field === 'max_tokens')
+  assert.throws(() => c.callLease(1, { failed: 0, refusals: 0, lastRetryAfterMs: null }, { agent: 1, pool: 0, cached: 1 }), (e) => e.field === 'cached')
+  assert.throws(() => c.callInterrupted(1, d.lease, { output_tokens: 1 }), (e) => e.field === 'output_tokens')
+  assert.equal(c.snapshot(), before)
+})
