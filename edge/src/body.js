@@ -26,7 +26,15 @@ export async function readText(request, max) {
   const chunks = []
   let size = 0
   for (;;) {
-    const { done, value } = await reader.read()
+    let next
+    try {
+      next = await reader.read()
+    } catch (e) {
+      // A body that breaks off or is malformed on the wire (a bad chunked encoding, a
+      // client that went away): the client's mistake, not ours.
+      throw new HttpError(400, 'invalid_body', `the request body could not be read: ${e?.message ?? e}`)
+    }
+    const { done, value } = next
     if (done) break
     size += value.byteLength
     if (size > max) {
@@ -42,6 +50,36 @@ export async function readText(request, max) {
     at += c.byteLength
   }
   return new TextDecoder().decode(all)
+}
+
+/** What {@link drain} reads at most of a body nobody read before the answer. */
+export const DRAIN_BYTES = 1024 * 1024
+
+/**
+ * Reads and discards what is left of a request's body, up to `max` bytes, so an answer
+ * given without reading it (an error) leaves the kept-alive connection usable; a larger or
+ * broken body is cancelled (the runtime then closes the connection after the answer).
+ */
+export async function drain(request, max = DRAIN_BYTES) {
+  if (request.body === null || request.bodyUsed) return
+  let reader
+  try {
+    reader = request.body.getReader()
+  } catch {
+    return
+  }
+  let size = 0
+  try {
+    for (;;) {
+      const { done, value } = await reader.read()
+      if (done) return
+      size += value.byteLength
+      if (size > max) break
+    }
+  } catch {
+    // broken on the wire: nothing more to read
+  }
+  await reader.cancel().catch(() => {})
 }
 
 function tooLarge(max) {

@@ -9,9 +9,9 @@
 // Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, newCall, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
+import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, newCall, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
-import { DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
+import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
 
 const MAX_WAIT_MS = 30_000
@@ -47,10 +47,46 @@ const clock = {
 
 /**
  * The core configuration of a quota, with the edge's own default: a 429 pauses the quota
- * for at most 5 minutes (any member can report a 429; `feedback.max_pause_ms` overrides).
+ * for at most one minute, a rate window (a member reports the 429s its calls get, and a
+ * report is taken as evidence for at most that long; `feedback.max_pause_ms` overrides).
  */
 function coreConfig(config) {
-  return { ...config, feedback: { max_pause_ms: 300_000, ...config.feedback } }
+  return { ...config, feedback: { max_pause_ms: 60_000, ...config.feedback } }
+}
+
+/** A fresh epoch for a quota's state: the time in base 36 and 32 random bits. */
+function newEpoch() {
+  return `${Date.now().toString(36)}${crypto.getRandomValues(new Uint32Array(1))[0].toString(36)}`
+}
+
+/** Agent ids remembered per object (names are bounded: 1 to 128 characters). */
+const MAX_AGENT_IDS = 4096
+const MASK53 = (1n << 53n) - 1n
+
+/**
+ * Agent ids, keyed by the fleet's secret: the first 53 bits of HMAC-SHA-256(name). Two
+ * names share an id only by a 2^-53 chance nobody can steer without the secret, unlike an
+ * unkeyed hash, where a name with another agent's id is found in a fraction of a second.
+ * Who may act on a lease is also checked by the full name (see #known).
+ */
+class AgentIds {
+  #key = null
+  #ids = new Map()
+
+  constructor(secret) {
+    this.secret = secret
+  }
+
+  async id(name) {
+    const known = this.#ids.get(name)
+    if (known !== undefined) return known
+    this.#key ??= await crypto.subtle.importKey('raw', new TextEncoder().encode(`tokenwarden agent ids\u0000${this.secret}`), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign'])
+    const mac = new DataView(await crypto.subtle.sign('HMAC', this.#key, new TextEncoder().encode(name)))
+    const id = Number(mac.getBigUint64(0) & MASK53)
+    if (this.#ids.size >= MAX_AGENT_IDS) this.#ids.delete(this.#ids.keys().next().value)
+    this.#ids.set(name, id)
+    return id
+  }
 }
 
 /** JSON text with bigints (instants near u64::MAX only) written as numbers. */
@@ -92,11 +128,11 @@ function roleOf(v, field = 'role') {
   return v
 }
 
-function agentId(agent) {
-  if (typeof agent === 'number') return agent
-  // A name gets the same id the fetch wrapper gives it (FNV-1a).
-  if (typeof agent === 'string' && agent.length > 0 && agent.length <= 128) return agentIdFor(agent)
-  throw new HttpError(400, 'invalid_argument', '`agent` must be a number or a name (1 to 128 characters)')
+/** A lease request's `agent`: a number (used as it is) or a name (1 to 128 characters). */
+function checkAgent(agent) {
+  if (Number.isSafeInteger(agent) && agent >= 0) return agent
+  if (typeof agent === 'string' && agent.length > 0 && agent.length <= 128) return agent
+  throw Object.assign(new HttpError(400, 'invalid_argument', '`agent` must be a non-negative integer or a name (1 to 128 characters)'), { field: 'agent' })
 }
 
 export class QuotaObject {
@@ -121,11 +157,21 @@ export class QuotaObject {
     this.written = new Map()
     /** The last write's figures (pieces put, bytes), for tests and the load run. */
     this.lastWrite = null
+    /**
+     * The epoch of the state: drawn afresh when a coordinator starts from its
+     * configuration (first use, or after a reset), kept across restores, and part of every
+     * lease handle, so a handle from before a reset names no lease after it. A state
+     * stored before epochs existed is of epoch `0`.
+     */
+    this.epoch = null
+    /** @type {AgentIds | null} */
+    this.agentIds = null
     this.ctx.blockConcurrencyWhile(async () => {
       const saved = await readState(this.ctx.storage)
       if (saved === null) return
       this.written = saved.written
       const { snapshot, leases } = saved.value
+      this.epoch = typeof saved.value.epoch === 'string' ? saved.value.epoch : '0'
       this.#start(wasmEngines.restore(typeof snapshot === 'string' ? snapshot : JSON.stringify(snapshot)), leases)
       // Proxied calls in flight when the object stopped died with it: nobody will settle
       // their leases or take their tickets. End them now (a granted one charged as the core
@@ -152,6 +198,7 @@ export class QuotaObject {
     if (q === undefined) throw new HttpError(404, 'not_found', 'no such quota')
     const seed = crypto.getRandomValues(new Uint32Array(1))[0]
     this.#start(wasmEngines.create(coreConfig(q.config), seed, Date.now()), [])
+    this.epoch = newEpoch()
     return this.tw
   }
 
@@ -228,7 +275,7 @@ export class QuotaObject {
     // A small snapshot is stored as its text in the head; a large one is taken apart so
     // that its tables are chunked (parsing costs about 15 % of the throughput of small ones).
     const text = this.tw.engine.snapshot()
-    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases] }
+    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases], epoch: this.epoch }
     const w = writeChanged(this.ctx.storage, this.written, state)
     this.lastWrite = { put: w.put, deleted: w.deleted, bytes: w.bytes, pieces: this.written.size }
     const writes = [w.done]
@@ -252,15 +299,19 @@ export class QuotaObject {
     const url = new URL(request.url)
     const fleet = request.headers.get('x-tw-fleet')
     const quota = request.headers.get('x-tw-quota')
-    // Set by the Worker for an agent credential: the one agent this caller may act for.
-    // Per request, never on `this`: calls interleave while they await.
-    const name = request.headers.get('x-tw-agent')
-    const who = name === null ? null : { id: agentIdFor(name), name }
     this.#seen(request.headers.get('x-tw-client'))
     try {
       const tw = this.#driver(fleet, quota)
+      this.agentIds ??= new AgentIds(parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.secret ?? '')
+      // Set by the Worker for an agent credential: the one agent this caller may act for.
+      // Per request, never on `this`: calls interleave while they await.
+      const name = request.headers.get('x-tw-agent')
+      const who = name === null ? null : { id: await this.agentIds.id(name), name }
       const [, op, id] = url.pathname.split('/')
       const lease = id === undefined ? null : Number(id)
+      // A handle names a lease of one epoch: one from before a reset names nothing now.
+      const epoch = request.headers.get('x-tw-epoch')
+      if (epoch !== null && epoch !== this.epoch) throw new HttpError(404, 'unknown_lease', 'no such lease: this handle is from before the quota was reset')
       let response
       switch (`${request.method} ${op}`) {
         case 'POST lease':
@@ -283,6 +334,9 @@ export class QuotaObject {
           break
         case 'POST interrupted':
           response = this.#interrupted(tw, lease, await body(request), who)
+          break
+        case 'POST renew':
+          response = this.#renew(tw, lease, await body(request), who)
           break
         case 'POST response':
           response = this.#response(tw, await body(request), who)
@@ -309,6 +363,9 @@ export class QuotaObject {
       await this.#persistSoon()
       return response
     } catch (e) {
+      // Refused before the body was read (a proxied call's checks): read it, so the
+      // client's kept-alive connection stays usable.
+      await drain(request)
       return errorResponse(e)
     }
   }
@@ -335,19 +392,27 @@ export class QuotaObject {
   #known(lease, who = null) {
     if (!Number.isSafeInteger(lease) || !this.leases.has(lease)) throw new HttpError(404, 'unknown_lease', 'no such lease: never issued, or already settled, cancelled or expired')
     const rec = this.leases.get(lease)
-    if (who !== null && rec.agent !== who.id) {
+    // By the full name where the record has it (every lease taken for a named agent), not
+    // only by the id.
+    if (who !== null && (rec.agent !== who.id || (typeof rec.name === 'string' && rec.name !== who.name))) {
       throw new HttpError(403, 'forbidden', `this lease is another agent's: the credential of ${who.name} ends only its own leases`)
     }
     return rec
   }
 
-  /** The agent a request acts for: an agent credential's own, which the body may only repeat. */
-  #agentFor(given, who) {
-    if (who === null) return agentId(given)
-    if (given !== undefined && given !== null && agentId(given) !== who.id) {
+  /**
+   * The agent a request acts for, `{ id, name }` (`name` null for a numeric agent): an agent
+   * credential's own, which the body may only repeat by name.
+   */
+  async #agentFor(given, who) {
+    if (who === null) {
+      const agent = checkAgent(given)
+      return typeof agent === 'number' ? { id: agent, name: null } : { id: await this.agentIds.id(agent), name: agent }
+    }
+    if (given !== undefined && given !== null && given !== who.name) {
       throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: it leases only for that agent`)
     }
-    return who.id
+    return who
   }
 
   /**
@@ -361,7 +426,8 @@ export class QuotaObject {
     const { call: given, ...fields } = b
     const call = given === undefined ? newCall() : callState(given)
     const pool = typeof fields.pool === 'string' ? tw.pool(fields.pool) : fields.pool ?? 0
-    const request = { ...fields, agent: this.#agentFor(fields.agent, who), pool }
+    const agent = await this.#agentFor(fields.agent, who)
+    const request = { ...fields, agent: agent.id, pool }
     if (fields.task === undefined || fields.task === null) delete request.task
     else request.task = taskId(fields.task)
     const ask = tw.callLease(call, request)
@@ -369,16 +435,17 @@ export class QuotaObject {
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
     const { lease: _l, ticket: _t, ...shown } = step
     const out = { call: ask.call, step: shown, clients: Math.max(1, this.clients.size) }
+    const named = agent.name === null ? {} : { name: agent.name }
     if (step.kind === 'send') {
       const l = await ask.lease
-      this.leases.set(l.id, { state: 'granted', agent: request.agent, pool, expiresAt: l.expiresAt, waitedMs: 0 })
-      return json(200, { kind: 'grant', lease: l.id, expiresAt: l.expiresAt, ...out })
+      this.leases.set(l.id, { state: 'granted', agent: request.agent, ...named, pool, expiresAt: l.expiresAt, waitedMs: 0 })
+      return json(200, { kind: 'grant', lease: l.id, epoch: this.epoch, expiresAt: l.expiresAt, ...out })
     }
     if (step.kind === 'wait' && step.ticket !== null) {
-      this.leases.set(step.ticket, { state: 'queued', agent: request.agent, pool, eta: step.until })
+      this.leases.set(step.ticket, { state: 'queued', agent: request.agent, ...named, pool, eta: step.until })
       // The grant arrives as a `granted` event (handled in #start); nothing awaits this.
       ask.lease?.catch(() => {})
-      return json(202, { kind: 'queued', lease: step.ticket, eta: step.until, ...out })
+      return json(202, { kind: 'queued', lease: step.ticket, epoch: this.epoch, eta: step.until, ...out })
     }
     const retryAt = step.kind === 'wait' ? step.until : null
     const refused = new LeaseRejectedError(step.refusal, retryAt, Date.now(), step.kind === 'give_up' ? step.reason : null)
@@ -441,8 +508,8 @@ export class QuotaObject {
     const now = this.leases.get(lease)
     if (now === undefined) throw new HttpError(404, 'unknown_lease', 'the ticket ended while waiting')
     return now.state === 'granted'
-      ? json(200, { kind: 'grant', lease, expiresAt: now.expiresAt ?? null, waitedMs: now.waitedMs ?? 0 })
-      : json(202, { kind: 'queued', lease, eta: now.eta })
+      ? json(200, { kind: 'grant', lease, epoch: this.epoch, expiresAt: now.expiresAt ?? null, waitedMs: now.waitedMs ?? 0 })
+      : json(202, { kind: 'queued', lease, epoch: this.epoch, eta: now.eta })
   }
 
   #settle(tw, lease, usage, who) {
@@ -459,15 +526,30 @@ export class QuotaObject {
    * its lease as nothing used: the lease ends here.
    */
   #response(tw, b, who) {
-    const pool = typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool ?? 0
+    for (const k of Object.keys(b)) if (!['pool', 'lease', 'status', 'headers', 'call'].includes(k)) throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the report`), { field: k })
     checkHeaderPairs(b.headers)
     if (!Number.isInteger(b.status) || b.status < 100 || b.status > 599) throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
-    const lease = b.lease === undefined || b.lease === null ? null : b.lease
-    if (lease !== null) this.#known(lease, who)
+    // Evidence about one call: the granted lease it was sent under, held by the reporter
+    // (the Worker has checked the handle), in the lease's own pool.
+    const lease = b.lease
+    if (lease === null || lease === undefined) throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be the handle of the granted lease whose call this response answers: a report is evidence about one call'), { field: 'lease' })
+    const rec = this.#known(lease, who)
+    if (rec.state !== 'granted') throw Object.assign(new HttpError(409, 'not_granted', 'this lease is a queued ticket: nothing was sent under it, so no response can answer it'), { field: 'lease' })
+    const pool = b.pool === undefined || b.pool === null ? rec.pool : typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool
+    if (pool !== rec.pool) throw Object.assign(new HttpError(400, 'invalid_argument', '`pool` must be the pool of the lease the response answers'), { field: 'pool' })
     const call = b.call === undefined ? newCall() : callState(b.call)
     const r = tw.callResponse(call, pool, lease, b.status, b.headers)
-    if (lease !== null && (b.status < 200 || b.status > 299)) this.leases.delete(lease)
+    if (b.status < 200 || b.status > 299) this.leases.delete(lease)
     return json(200, r)
+  }
+
+  /** Keeps a granted lease live while its call runs: `{ expiresAt }`, now + `lease_ttl_ms`. */
+  #renew(tw, lease, b, who) {
+    const rec = this.#known(lease, who)
+    if (Object.keys(b).length > 0) throw new HttpError(400, 'invalid_argument', `unknown field \`${Object.keys(b)[0]}\` in the body: renew takes none`)
+    const expiresAt = tw.renew(lease)
+    this.leases.set(lease, { ...rec, expiresAt })
+    return json(200, { expiresAt })
   }
 
   /** A call that ended without a usage report: the core's conservative charge. */
@@ -491,47 +573,212 @@ export class QuotaObject {
    */
   async #proxy(tw, request, url, who) {
     const fleets = parseFleets(this.env.TOKENWARDEN_FLEETS)
-    const q = fleets[request.headers.get('x-tw-fleet')]?.quotas?.[request.headers.get('x-tw-quota')]
+    const fleet = fleets[request.headers.get('x-tw-fleet')]
+    const q = fleet?.quotas?.[request.headers.get('x-tw-quota')]
     if (q?.upstream === undefined) throw new HttpError(404, 'not_found', 'this quota has no upstream configured for proxy mode')
     const { path, given } = proxyPath(url.pathname.slice('/proxy'.length))
     if (path !== '/v1/messages' && path !== '/v1/chat/completions') throw new HttpError(404, 'not_found', 'proxy mode serves /v1/messages and /v1/chat/completions (after optional /agent/<a>, /role/<r>, /task/<t>, /unblocks/<n> segments)')
-    const secret = fleets[request.headers.get('x-tw-fleet')]?.secret
-    const headers = forwardedHeaders(request.headers, secret)
+    const provider = path === '/v1/messages' ? 'anthropic' : 'openai'
+    const headers = forwardedHeaders(request.headers, [fleet.secret, fleet.admin_secret])
     // Each of agent, role, task and unblocks from the path (for tools that can set only a
     // base URL) or else from its header.
     const pick = (key) => given[key] ?? request.headers.get(`x-tokenwarden-${key}`)
     const named = pick('agent')
-    if (who !== null && named !== null && agentIdFor(named) !== who.id) {
+    if (who !== null && named !== null && named !== who.name) {
       throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: x-tokenwarden-agent may only name that agent`)
     }
-    const agent = who?.name ?? named ?? 'proxy'
+    const agentName = who?.name ?? named ?? 'proxy'
+    if (agentName.length > 128) throw Object.assign(new HttpError(400, 'invalid_argument', 'the agent name must be 1 to 128 characters'), { field: 'x-tokenwarden-agent' })
+    const agent = who?.id ?? (await this.agentIds.id(agentName))
     const role = roleOf(pick('role') ?? undefined, 'x-tokenwarden-role')
     const task = pick('task')
     const unblocks = pick('unblocks')
     const signature = request.headers.get('x-tokenwarden-failure-signature')
     if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature)))) throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
-    const upstream = new URL(path, q.upstream.endsWith('/') ? q.upstream : `${q.upstream}/`)
-    upstream.pathname = new URL(q.upstream).pathname.replace(/\/$/, '') + path
+    const upstream = new URL(q.upstream)
+    upstream.pathname = upstream.pathname.replace(/\/$/, '') + path
+    // The client's query string passes through (Claude Code sends `?beta=true`).
+    upstream.search = url.search
+    let sent = false
+    const gone = new AbortController()
     const f = tw.fetch({
       agent,
       role,
       ...(task === null ? {} : { task: taskId(task, 'x-tokenwarden-task') }),
       ...(unblocks === null ? {} : { unblocks: unblocksOf(unblocks, 'x-tokenwarden-unblocks') }),
       ...(signature === null ? {} : { failureSignature: Number(signature) }),
+      ...(q.timeouts === undefined ? {} : { timeouts: q.timeouts }),
       // Sent under a lease just granted: written within SEND_FLUSH_MS (not awaited: the
       // call does not wait for the disk), so a restart soon after still knows what the call
-      // holds and charges it.
-      fetch: (input, init) => {
+      // holds and charges it. A redirect is handed back, never followed (it would carry the
+      // agent's key to wherever it points); a failure to reach the provider is marked as
+      // such, for a 502 in the provider's format.
+      fetch: async (input, init) => {
+        sent = true
         this.#persistSoon(SEND_FLUSH_MS).catch(() => {})
-        return fetch(input, init)
+        try {
+          return await fetch(input, { ...init, redirect: 'manual' })
+        } catch (e) {
+          if (init?.signal?.aborted) throw e
+          throw Object.assign(new Error(`the provider could not be reached: ${e?.message ?? e}`), { upstream: true, cause: e })
+        }
       },
     })
-    const body = await readText(request, limitFrom(this.env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES))
+    const text = await readText(request, limitFrom(this.env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES))
     // The request's signal aborts when the client goes away (Cloudflare, with the
-    // `enable_request_signal` flag): the wrapper then withdraws a queued ticket, ends a
-    // wait and forwards nothing.
-    return f(upstream.href, { method: 'POST', headers, body, signal: request.signal })
+    // `enable_request_signal` flag; workerd when the connection breaks): the wrapper then
+    // withdraws a queued ticket, ends a wait and forwards nothing. `gone` is the same for a
+    // streamed call whose client stopped reading the keep-alive (below).
+    const signal = AbortSignal.any([request.signal, gone.signal])
+    const answer = f(upstream.href, { method: 'POST', headers, body: text, signal })
+    if (!wantsStream(text)) return answer.catch((e) => upstreamFailure(e, provider))
+    // A streamed call that has no answer within KEEPALIVE_AFTER_MS (waiting in line, or for a
+    // 429 to clear) gets its response head now and SSE comments until the provider's stream
+    // follows: the client sees a live connection, and a client that went away is noticed
+    // when a write to it fails — the call is then withdrawn, not forwarded for nobody.
+    const first = await Promise.race([answer.then((res) => ({ res }), (err) => ({ err })), new Promise((r) => setTimeout(() => r(null), KEEPALIVE_AFTER_MS))])
+    if (first !== null) return first.err === undefined ? first.res : upstreamFailure(first.err, provider)
+    return keptAlive(answer, provider, gone, () => sent)
   }
+}
+
+/** How long a streamed proxied call may go without an answer before its head is sent. */
+const KEEPALIVE_AFTER_MS = 1_000
+/** Between two keep-alive comments on a waiting stream. */
+const KEEPALIVE_EVERY_MS = 2_000
+
+/** Whether a provider request body asks for a stream (`"stream": true`). */
+function wantsStream(text) {
+  try {
+    return JSON.parse(text)?.stream === true
+  } catch {
+    return false
+  }
+}
+
+/**
+ * A streamed proxied call answered before its outcome is known: `200 text/event-stream`
+ * at once, then an SSE comment every KEEPALIVE_EVERY_MS while it waits, then the provider's
+ * stream — or, if the call ends otherwise (the provider answers an error, the core gives up,
+ * the provider cannot be reached), one SSE `error` event in the provider's format, which the
+ * official SDKs raise as an API error with tokenwarden's reason. A cancelled body (the
+ * client is gone: a write failed) aborts `gone`, which withdraws the call.
+ */
+function keptAlive(answer, provider, gone, sent) {
+  const enc = new TextEncoder()
+  let timer
+  let upstreamBody = null
+  const body = new ReadableStream({
+    start(controller) {
+      const ping = () => {
+        try {
+          controller.enqueue(enc.encode(`: tokenwarden: ${sent() ? 'sent, waiting for the provider' : 'waiting for quota'}\n\n`))
+        } catch {
+          clearInterval(timer)
+        }
+      }
+      ping()
+      timer = setInterval(ping, KEEPALIVE_EVERY_MS)
+      const fail = (status, type, message) => {
+        controller.enqueue(enc.encode(sseError(provider, status, type, message)))
+        controller.close()
+      }
+      answer.then(
+        async (res) => {
+          clearInterval(timer)
+          if (gone.signal.aborted) return
+          if (res.ok && (res.headers.get('content-type') ?? '').includes('text/event-stream') && res.body !== null) {
+            upstreamBody = res.body.getReader()
+            try {
+              for (;;) {
+                const { done, value } = await upstreamBody.read()
+                if (done) break
+                controller.enqueue(value)
+              }
+              controller.close()
+            } catch (e) {
+              if (!gone.signal.aborted) controller.error(e)
+            }
+            return
+          }
+          // An answer that is not a stream (an error, or JSON though a stream was asked):
+          // its error in the provider's event format.
+          const raw = await res.text().catch(() => '')
+          const parsed = errorOf(raw)
+          fail(res.status, parsed?.type ?? errorType(res.status), parsed?.message ?? `the provider answered ${res.status}${raw === '' ? '' : `: ${raw.slice(0, 512)}`}`)
+        },
+        (err) => {
+          clearInterval(timer)
+          if (gone.signal.aborted) return
+          const e = failureOf(err)
+          fail(e.status, e.type, e.message)
+        },
+      )
+    },
+    cancel() {
+      clearInterval(timer)
+      gone.abort(new Error('the client went away'))
+      upstreamBody?.cancel().catch(() => {})
+    },
+  })
+  return new Response(body, { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-tokenwarden-kept-alive': '1' } })
+}
+
+/** The provider's error `{ type, message }` in an error body (either provider's format), or null. */
+function errorOf(raw) {
+  try {
+    const j = JSON.parse(raw)
+    const e = j?.error
+    if (e !== null && typeof e === 'object' && typeof e.message === 'string') return { type: typeof e.type === 'string' ? e.type : null, message: e.message }
+  } catch {
+    // not JSON
+  }
+  return null
+}
+
+/** The provider's error type for an HTTP status. */
+function errorType(status) {
+  return (
+    {
+      400: 'invalid_request_error',
+      401: 'authentication_error',
+      403: 'permission_error',
+      404: 'not_found_error',
+      413: 'request_too_large',
+      429: 'rate_limit_error',
+      504: 'timeout_error',
+      529: 'overloaded_error',
+    }[status] ?? 'api_error'
+  )
+}
+
+/** One SSE error event in the provider's stream format. */
+function sseError(provider, status, type, message) {
+  const data = provider === 'anthropic' ? { type: 'error', error: { type, message } } : { error: { message, type, code: String(status) } }
+  return provider === 'anthropic' ? `event: error\ndata: ${JSON.stringify(data)}\n\n` : `data: ${JSON.stringify(data)}\n\n`
+}
+
+/**
+ * What a failed proxied call is answered: `{ status, type, message }`. The provider not
+ * reached is 502, an upstream timeout 504; a refusal or another tokenwarden error is what
+ * errorResponse makes of it.
+ */
+function failureOf(err) {
+  if (err?.upstream === true) return { status: 502, type: 'api_error', message: `tokenwarden: ${err.message}` }
+  if (err?.code === 'upstream_timeout') return { status: 504, type: 'timeout_error', message: `tokenwarden: ${err.message}` }
+  const res = errorResponse(err)
+  return { status: res.status, type: errorType(res.status), message: `tokenwarden: ${err?.message ?? 'internal error'}` }
+}
+
+/**
+ * A proxied call that failed without an answer from the provider: 502 (not reached) or 504
+ * (timed out) in the provider's JSON error format; anything else goes to errorResponse.
+ */
+function upstreamFailure(err, provider) {
+  if (err?.upstream !== true && err?.code !== 'upstream_timeout') throw err
+  const { status, type, message } = failureOf(err)
+  const body = provider === 'anthropic' ? { type: 'error', error: { type, message } } : { error: { message, type, code: err?.upstream === true ? 'upstream_unreachable' : 'upstream_timeout' } }
+  return json(status, body)
 }
 
 /**
@@ -618,17 +865,35 @@ function checkHeaderPairs(headers) {
  * What proxy mode forwards to the provider: the provider's own headers (its key in
  * `x-api-key` or `Authorization`, `anthropic-*`, `openai-*`) and the content headers —
  * nothing else (no cookies, no client addresses, none of ours) — and never a header that
- * holds the fleet secret.
+ * holds a tokenwarden secret: the fleet's or admin secret in any letter case or
+ * percent-encoded, an agent credential (`twa1.…`) or a lease handle (`tw1.…`, `tw2.…`).
  */
 const FORWARDED = /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+)$/
-export function forwardedHeaders(incoming, secret) {
+const OURS = /(?:^|[^A-Za-z0-9])tw(?:a1|1|2)\.[A-Za-z0-9_-]+\./
+export function forwardedHeaders(incoming, secrets) {
+  const lowered = (Array.isArray(secrets) ? secrets : [secrets]).filter((x) => typeof x === 'string' && x.length > 0).map((x) => x.toLowerCase())
   const out = new Headers()
   for (const [name, value] of incoming) {
     if (!FORWARDED.test(name)) continue
-    if (typeof secret === 'string' && value.includes(secret)) continue
+    if (holdsSecret(value, lowered)) continue
     out.set(name, value)
   }
   return out
+}
+
+/** Whether a header value holds one of `secrets` (lower-cased) or a credential or handle. */
+function holdsSecret(value, secrets) {
+  const forms = [value]
+  try {
+    const decoded = decodeURIComponent(value)
+    if (decoded !== value) forms.push(decoded)
+  } catch {
+    // not percent-encoded
+  }
+  return forms.some((v) => {
+    const lower = v.toLowerCase()
+    return OURS.test(v) || secrets.some((x) => lower.includes(x))
+  })
 }
 
 async function body(request) {
@@ -642,7 +907,7 @@ async function body(request) {
   return b
 }
 
-const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400, closed: 503, unknown_task: 404, too_many_tasks: 409 }
+const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400, closed: 503, unknown_task: 404, too_many_tasks: 409, upstream_timeout: 504, aborted: 499 }
 
 /** Errors as JSON: `{ error: code, message, field? }` with the right status. */
 export function errorResponse(e) {

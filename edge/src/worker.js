@@ -1,8 +1,8 @@
 // The edge limiter's Worker: authenticates callers, turns lease handles into ids (and back),
 // and routes each request to the Durable Object that owns the quota — one object per
 // (fleet, quota), never one global object. See ../API.md for the HTTP API.
-import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName, openHandle, parseFleets, signHandle } from './auth.js'
-import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, limitFrom, readText } from './body.js'
+import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName, isCredential, openHandle, parseFleets, signHandle } from './auth.js'
+import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
 import { QuotaObject, errorResponse, json, taskId } from './quota.js'
@@ -17,7 +17,7 @@ const CREDENTIAL_ROUTE = /^\/v1\/fleets\/([^/]+)\/agents\/([^/]+)\/credential$/
  * here only (a client's own are dropped): the fleet, the quota and, for an agent
  * credential, the one agent the caller may act for.
  */
-async function toObject(env, fleet, quota, path, init = {}, agent = null, client = null) {
+async function toObject(env, fleet, quota, path, init = {}, { agent = null, client = null, epoch = null } = {}) {
   const id = env.QUOTAS.idFromName(`${fleet}/${quota}`)
   const headers = new Headers(init.headers)
   for (const name of [...headers.keys()]) if (name.startsWith('x-tw-')) headers.delete(name)
@@ -25,13 +25,16 @@ async function toObject(env, fleet, quota, path, init = {}, agent = null, client
   headers.set('x-tw-quota', quota)
   if (agent !== null) headers.set('x-tw-agent', agent)
   if (client !== null) headers.set('x-tw-client', client)
-  return env.QUOTAS.get(id).fetch(`https://quota${path}`, { ...init, headers })
+  if (epoch !== null) headers.set('x-tw-epoch', epoch)
+  // A redirect in the object's answer (a provider's 3xx in proxy mode) is the client's to see.
+  return env.QUOTAS.get(id).fetch(`https://quota${path}`, { ...init, headers, redirect: 'manual' })
 }
 
-/** Replaces the lease id in a decision by its signed handle. */
+/** Replaces the lease id in a decision by its signed handle (the object says its epoch). */
 async function withHandle(res, secret, fleet, quota) {
   const body = await res.json()
-  if (typeof body.lease === 'number') body.lease = await signHandle(secret, fleet, quota, body.lease)
+  if (typeof body.lease === 'number' && typeof body.epoch === 'string') body.lease = await signHandle(secret, fleet, quota, body.lease, body.epoch)
+  delete body.epoch
   return json(res.status, body)
 }
 
@@ -55,7 +58,10 @@ const ROLES = new Set(['planner', 'reviewer', 'worker'])
 function agentPath(rest) {
   const p = rest.split('/')
   if (p[1] !== 'agents' || p.length < 5) return null
-  const [agent, role] = [p[2], p[3]]
+  // An agent credential in place of the name: the call is that agent's, authenticated.
+  const credential = isCredential(p[2]) ? p[2] : null
+  if (credential !== null) p[2] = credential.split('.')[2] ?? ''
+  const role = p[3]
   if (!ROLES.has(role)) throw new HttpError(404, 'not_found', `no such route: the role in /agents/<agent>/<role>/… must be planner, reviewer or worker, got ${JSON.stringify(role)}`)
   let i = 4
   const extra = []
@@ -69,7 +75,7 @@ function agentPath(rest) {
   if (provider !== 'anthropic' && provider !== 'openai') {
     throw new HttpError(404, 'not_found', 'no such route: /agents/<agent>/<role>/[task/<t>/][unblocks/<n>/] must be followed by anthropic or openai')
   }
-  return ['/proxy/agent', agent, 'role', role, ...extra].join('/') + tail
+  return { path: ['/proxy/agent', p[2], 'role', role, ...extra].join('/') + tail, credential }
 }
 
 async function handle(request, env) {
@@ -103,7 +109,7 @@ async function handle(request, env) {
   // `/agents/<agent>/<role>[/task/<t>][/unblocks/<n>]/<anthropic|openai>/…` is proxy mode
   // with the agent, role and task in the path.
   const viaAgentPath = agentPath(rest)
-  if (viaAgentPath !== null) rest = viaAgentPath
+  if (viaAgentPath !== null) rest = viaAgentPath.path
   const parts = rest.split('/').filter(Boolean)
   const proxy = request.method === 'POST' && parts[0] === 'proxy'
   const fleets = parseFleets(env.TOKENWARDEN_FLEETS)
@@ -113,11 +119,13 @@ async function handle(request, env) {
     if (request.method === 'POST' && rest === '/admin/reset') return toObject(env, fleet, quota, '/reset', { method: 'POST' })
     throw new HttpError(404, 'not_found', 'no such admin route; see API.md')
   }
-  const { fleet: f, agent } = await authenticate(fleets, fleet, request, { proxy })
-  // A remote driver names its process, so the limiter can tell how many share the quota.
-  const named = request.headers.get('x-tokenwarden-client')
+  const credential = proxy && viaAgentPath?.credential !== null && request.headers.get('x-tokenwarden-token') === null ? (viaAgentPath?.credential ?? null) : null
+  const { fleet: f, agent, open } = await authenticate(fleets, fleet, request, { proxy, credential })
+  // A remote driver names its process, so the limiter can tell how many share the quota
+  // (only an authenticated caller is counted: a secretless one cannot inflate the count).
+  const named = open ? null : request.headers.get('x-tokenwarden-client')
   const client = named !== null && /^[A-Za-z0-9_-]{1,64}$/.test(named) ? named : null
-  const object = (path, init = {}) => toObject(env, fleet, quota, path, init, agent, client)
+  const object = (path, init = {}, epoch = null) => toObject(env, fleet, quota, path, init, { agent, client, epoch })
   if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
   const secret = f.secret
   const maxBody = limitFrom(env, 'TOKENWARDEN_MAX_BODY_BYTES', DEFAULT_MAX_BODY_BYTES)
@@ -128,21 +136,18 @@ async function handle(request, env) {
     return withHandle(res, secret, fleet, quota)
   }
   if (parts[0] === 'leases' && parts.length >= 2) {
-    const lease = await openHandle(secret, fleet, quota, parts[1])
+    const { id: lease, epoch } = await openHandle(secret, fleet, quota, parts[1])
     if (request.method === 'GET' && parts.length === 2) {
       const timeout = url.searchParams.get('wait') ?? '0'
       if (!/^\d{1,6}$/.test(timeout)) throw new HttpError(400, 'invalid_argument', '`wait` must be milliseconds (0 to 30000)')
-      const res = await object(`/wait/${lease}?timeout=${timeout}`)
+      const res = await object(`/wait/${lease}?timeout=${timeout}`, {}, epoch)
       return withHandle(res, secret, fleet, quota)
     }
     if (request.method === 'DELETE' && parts.length === 2) {
-      return object(`/cancel/${lease}`, { method: 'POST' })
+      return object(`/cancel/${lease}`, { method: 'POST' }, epoch)
     }
-    if (request.method === 'POST' && parts.length === 3 && parts[2] === 'settle') {
-      return object(`/settle/${lease}`, { method: 'POST', body: await text() })
-    }
-    if (request.method === 'POST' && parts.length === 3 && parts[2] === 'interrupted') {
-      return object(`/interrupted/${lease}`, { method: 'POST', body: await text() })
+    if (request.method === 'POST' && parts.length === 3 && ['settle', 'interrupted', 'renew'].includes(parts[2])) {
+      return object(`/${parts[2]}/${lease}`, { method: 'POST', body: await text() }, epoch)
     }
   }
   // Tasks: open (or update), a failed attempt, the end.
@@ -161,8 +166,13 @@ async function handle(request, env) {
     } catch {
       throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
     }
-    if (body?.lease !== undefined && body.lease !== null) body.lease = await openHandle(secret, fleet, quota, body.lease)
-    return object('/response', { method: 'POST', body: JSON.stringify(body) })
+    if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
+    // A report is evidence about one call: it names that call's lease by its handle (the
+    // object refuses one without; see API.md). Anything but a handle names no lease.
+    let epoch = null
+    if (typeof body.lease === 'string') ({ id: body.lease, epoch } = await openHandle(secret, fleet, quota, body.lease))
+    else body.lease = null
+    return object('/response', { method: 'POST', body: JSON.stringify(body) }, epoch)
   }
   if (request.method === 'GET' && rest === '/metrics') {
     const res = await object('/metrics')
@@ -174,7 +184,7 @@ async function handle(request, env) {
     const max = limitFrom(env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES)
     const declared = request.headers.get('content-length')
     if (declared !== null && Number(declared) > max) throw new HttpError(413, 'body_too_large', `the request body is larger than ${max} bytes`)
-    return object(rest, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
+    return object(rest + url.search, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
   }
   throw new HttpError(404, 'not_found', 'no such route; see API.md')
 }
@@ -184,6 +194,9 @@ export default {
     try {
       return await handle(request, env)
     } catch (e) {
+      // An answer given before the body was read: read it first (up to a bound), so the
+      // connection stays usable for the client's next request.
+      await drain(request)
       return errorResponse(e)
     }
   },

@@ -164,7 +164,7 @@ describe('redirects through the proxy (issue 25, item 11)', () => {
   // The wrapper forwards with `redirect: 'manual'` and hands the 307 back; the Worker's own
   // fetch of the Durable Object (edge/src/worker.js, toObject) must not follow it either
   // (today it tries, and fails on the streamed request body: 500).
-  test('a 307 to another origin is handed to the client as it is; the API key goes nowhere else; nothing is charged', { todo: 'needs redirect: "manual" on the Worker -> Durable Object fetch in edge/src/worker.js' }, async () => {
+  test('a 307 to another origin is handed to the client as it is; the API key goes nowhere else; nothing is charged', async () => {
     elsewhere.handler = (req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"usage":{"input_tokens":1,"output_tokens":1}}')
     const body = '{"type":"error","error":{"type":"moved","message":"see elsewhere"}}'
     answer(body, { status: 307, extra: { location: `${elsewhere.url}/steal` } })

@@ -1,0 +1,436 @@
+// What a hostile or careless caller can do to the edge limiter, under workerd (miniflare):
+// memory on unauthenticated input, agents told apart by their full name, handles across a
+// reset, what a report may do, malformed bodies and kept-alive connections, secrets in
+// forwarded headers, a secretless fleet, an upstream that cannot be reached, and a streamed
+// proxied call whose client gives up while it waits. Each test here failed on the limiter
+// before these rules (API.md, "What one member can do to the quota").
+import assert from 'node:assert/strict'
+import { execFileSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import net from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, before, describe, test } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
+import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+
+const here = (p) => fileURLToPath(new URL(p, import.meta.url))
+const outdir = here('../.build/hostile/')
+const SECRET = 'hostile-fleet-secret-0123456789'
+const ADMIN = 'hostile-admin-secret-0123456789'
+const OPEN_SECRET = 'open-fleet-secret-0123456789ab'
+const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 4 }
+// 6,000 input tokens a minute: a second call of ~300 tokens waits for refill behind a 5,000-token lease.
+const SLOW = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 6_000, output_tokens_per_minute: 100_000, requests_per_minute: 1_000 }
+
+let mock
+let persist
+let mf
+let base
+
+before(async () => {
+  rmSync(outdir, { recursive: true, force: true })
+  await buildWorker(outdir, { entry: here('../src/worker.js') })
+  mock = await startMockProvider({ inputTokensPerMinute: 10_000_000, outputTokensPerMinute: 10_000_000, concurrency: 64, replyTokens: 30, chunkDelayMs: 2, recordHeaders: true })
+  persist = mkdtempSync(join(tmpdir(), 'tokenwarden-hostile-'))
+  const fleets = {
+    f: {
+      secret: SECRET,
+      admin_secret: ADMIN,
+      quotas: {
+        main: { config: { pools: [POOL] }, upstream: mock.url },
+        reports: { config: { pools: [POOL] } },
+        reset: { config: { pools: [POOL] } },
+        slow: { config: { pools: [SLOW] }, upstream: mock.url },
+        slow2: { config: { pools: [SLOW] }, upstream: mock.url },
+        slow3: { config: { pools: [SLOW] }, upstream: mock.url },
+        nowhere: { config: { pools: [POOL] }, upstream: 'http://127.0.0.1:1' },
+      },
+    },
+    noadmin: { secret: 'noadmin-secret-0123456789', quotas: { main: { config: { pools: [POOL] } } } },
+    open: { secret: OPEN_SECRET, proxy_open: true, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, tasks: { config: { pools: [POOL], max_tasks: 64 }, upstream: mock.url } } },
+    bound: { secret: 'bound-fleet-secret-0123456789', proxy_open: 'credential', quotas: { main: { config: { pools: [POOL] }, upstream: mock.url } } },
+  }
+  ;({ mf, base } = await startWorker({ outdir, persist, fleets }))
+})
+
+after(async () => {
+  await mf?.dispose()
+  await mock?.close()
+  if (persist) rmSync(persist, { recursive: true, force: true })
+})
+
+const api = (path, { secret = SECRET, fleet = 'f', quota = 'main', ...init } = {}) =>
+  fetch(`${base}/v1/fleets/${fleet}/quotas/${quota}${path}`, {
+    ...init,
+    headers: { ...(secret === null ? {} : { authorization: `Bearer ${secret}` }), 'content-type': 'application/json', ...init.headers },
+  })
+const post = (path, body, opts = {}) => api(path, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), ...opts })
+const lease = (body, opts) => post('/leases', { agent: 'a1', pool: 'claude-sonnet-4-6', inputTokens: 1000, maxTokens: 100, ...body }, opts)
+const metrics = async (opts) => (await api('/metrics', opts)).json()
+const credential = async (agent, { fleet = 'f', secret = SECRET } = {}) =>
+  (await (await fetch(`${base}/v1/fleets/${fleet}/agents/${agent}/credential`, { method: 'POST', headers: { authorization: `Bearer ${secret}` } })).json()).credential
+const messages = (extra = {}) => JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: 'hello '.repeat(200) }], ...extra })
+const anthropicHeaders = { 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }
+
+/** workerd's resident memory, MiB (the runtime miniflare started for this file). */
+function workerdRss() {
+  const pids = execFileSync('ps', ['-o', 'pid=,args=', '--ppid', String(process.pid)], { encoding: 'utf8' })
+    .split('\n')
+    .filter((l) => l.includes('workerd'))
+    .map((l) => Number(l.trim().split(/\s+/)[0]))
+  assert.equal(pids.length, 1, 'one workerd child')
+  const status = readFileSync(`/proc/${pids[0]}/status`, 'utf8')
+  return Number(/VmRSS:\s+(\d+) kB/.exec(status)[1]) / 1024
+}
+
+/** Runs `n` requests made by `make(i)`, `width` at a time; answers the statuses seen. */
+async function flood(n, width, make) {
+  const statuses = new Map()
+  let next = 0
+  const worker = async () => {
+    for (let i = next++; i < n; i = next++) {
+      const [url, init] = make(i)
+      let status
+      try {
+        const r = await fetch(url, init)
+        status = r.status
+        await r.arrayBuffer()
+      } catch (e) {
+        status = `fetch failed: ${e.cause?.code ?? e.message}`
+      }
+      statuses.set(status, (statuses.get(status) ?? 0) + 1)
+    }
+  }
+  await Promise.all(Array.from({ length: width }, worker))
+  return statuses
+}
+
+const randomText = (n, seed) => {
+  let s = seed >>> 0 || 1
+  let out = ''
+  const abc = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_'
+  while (out.length < n) {
+    s ^= s << 13
+    s ^= s >>> 17
+    s ^= s << 5
+    out += abc[(s >>> 0) % 64]
+  }
+  return out
+}
+
+describe('memory on unauthenticated input', () => {
+  // The heap the limiter keeps is measured exactly in test/auth.test.mjs (Node, after a
+  // forced GC); here the same shapes go through workerd, where every one must be a 401, and
+  // the runtime's resident memory is reported (it grows with large request headers even on
+  // /healthz, which reads none: garbage the isolate collects under its memory limit).
+  test('10,000 hostile requests (60 kB bearers, unknown fleets, admin probes, forged credentials) are all 401', { timeout: 300_000 }, async (t) => {
+    const shapes = [
+      // A random 60 kB bearer for an unknown fleet.
+      (i) => [`${base}/v1/fleets/nofleet/quotas/x/metrics`, { headers: { authorization: `Bearer ${randomText(60_000, i + 1)}` } }],
+      // The admin route of a fleet that has no admin secret, a new bearer each time.
+      (i) => [`${base}/v1/fleets/noadmin/quotas/main/admin/reset`, { method: 'POST', headers: { authorization: `Bearer ${randomText(300, i + 7)}` } }],
+      // An agent credential naming a random fleet.
+      (i) => [`${base}/v1/fleets/${randomText(40, i + 3)}/quotas/x/metrics`, { headers: { authorization: `Bearer twa1.${randomText(40, i + 3)}.y.${randomText(43, i)}` } }],
+      // A wrong secret of a known fleet, in the token header.
+      (i) => [`${base}/v1/fleets/f/quotas/main/leases`, { method: 'POST', headers: { 'x-tokenwarden-token': randomText(200, i + 11) }, body: '{}' }],
+    ]
+    const before = workerdRss()
+    const statuses = await flood(10_000, 16, (i) => shapes[i % shapes.length](i))
+    assert.deepEqual([...statuses.keys()], [401], `every hostile request is a 401: ${JSON.stringify([...statuses])}`)
+    t.diagnostic(`workerd resident memory ${before.toFixed(0)} -> ${workerdRss().toFixed(0)} MiB`)
+  })
+
+  test('an oversized bearer is refused before any work, naming the bound', async () => {
+    const r = await api('/metrics', { secret: 'x'.repeat(513) })
+    assert.equal(r.status, 401)
+    assert.match((await r.json()).message, /longer than 512 characters/)
+    const t = await api('/metrics', { secret: null, headers: { 'x-tokenwarden-token': 'y'.repeat(2_000) } })
+    assert.equal(t.status, 401)
+    assert.match((await t.json()).message, /longer than 512 characters/)
+  })
+})
+
+describe('agents are told apart by their full name', () => {
+  // 'w-X-MF1M' has alice's 32-bit FNV-1a id (2267157479): under the old ids its credential
+  // acted on alice's leases.
+  test("a name with alice's 32-bit hash cannot long-poll, cancel, settle or report on her leases", async () => {
+    const alice = await credential('alice')
+    const mallory = await credential('w-X-MF1M')
+    const held = await (await lease({ agent: 'alice', inputTokens: 1_000 }, { secret: alice })).json()
+    assert.equal(held.kind, 'grant', JSON.stringify(held))
+    for (const [method, path, body] of [
+      ['GET', `/leases/${held.lease}?wait=0`],
+      ['POST', `/leases/${held.lease}/settle`, {}],
+      ['POST', `/leases/${held.lease}/interrupted`, {}],
+      ['POST', '/responses', { lease: held.lease, status: 200, headers: [] }],
+      ['DELETE', `/leases/${held.lease}`],
+    ]) {
+      const r = await api(path, { method, secret: mallory, ...(body === undefined ? {} : { body: JSON.stringify(body) }) })
+      assert.equal(r.status, 403, `${method} ${path} by another agent`)
+    }
+    // Leasing as itself, it is another agent to the core.
+    const own = await (await lease({ agent: 'w-X-MF1M' }, { secret: mallory })).json()
+    assert.equal(own.kind, 'grant')
+    const m = await metrics()
+    assert.equal(m.agents.length, 2, 'two agents, not one')
+    assert.equal((await post(`/leases/${held.lease}/settle`, { inputTokens: 10, outputTokens: 1 }, { secret: alice })).status, 200, 'alice still settles her own')
+    assert.equal((await post(`/leases/${own.lease}/settle`, { inputTokens: 10, outputTokens: 1 }, { secret: mallory })).status, 200)
+  })
+
+  test("in proxy mode a credential may name only its own agent, by the full name", async () => {
+    const mallory = await credential('w-X-MF1M')
+    const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': mallory, 'x-tokenwarden-agent': 'alice' }, body: messages() })
+    assert.equal(r.status, 403)
+    await r.arrayBuffer()
+  })
+})
+
+describe('lease handles never repeat', () => {
+  test('after an admin reset the new leases have new handles, and an old handle ends nothing', async () => {
+    const quota = 'reset'
+    const old = await (await lease({}, { quota })).json()
+    assert.equal(old.kind, 'grant')
+    assert.match(old.lease, /^tw2\.f\.reset\.\d+\.[0-9a-z]+\.[A-Za-z0-9_-]{27}$/)
+    assert.equal((await post(`/leases/${old.lease}/settle`, { inputTokens: 10 }, { quota })).status, 200)
+    const held = await (await lease({}, { quota })).json()
+    assert.equal((await post('/admin/reset', {}, { quota, secret: ADMIN })).status, 200)
+    const fresh = await (await lease({}, { quota })).json()
+    const fresh2 = await (await lease({}, { quota })).json()
+    assert.notEqual(fresh.lease, old.lease)
+    assert.notEqual(fresh2.lease, held.lease)
+    assert.equal(fresh.lease.split('.')[3], old.lease.split('.')[3], 'the core hands out the same id again after a reset')
+    for (const h of [old.lease, held.lease]) {
+      const r = await post(`/leases/${h}/settle`, { inputTokens: 10 }, { quota })
+      assert.equal(r.status, 404, 'a handle from before the reset names no lease')
+      assert.match((await r.json()).message, /before the quota was reset/)
+    }
+    assert.equal((await metrics({ quota })).liveLeases, 2, 'the new leases are untouched')
+  })
+})
+
+describe('what a report may do', () => {
+  const quota = 'reports'
+  test('a report names a granted lease its reporter holds; a 429 pauses for at most a minute; a ticket cannot be reported on', async () => {
+    const agent = await credential('reporter')
+    // No lease: refused, and nothing paused.
+    const none = await post('/responses', { pool: 'claude-sonnet-4-6', status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })
+    assert.equal(none.status, 400)
+    assert.equal((await none.json()).field, 'lease')
+    let m = await metrics({ quota })
+    assert.ok(Number(m.pools[0].pausedUntil ?? 0) <= Date.now(), 'not paused')
+    // Another agent's lease: 403.
+    const other = await (await lease({ agent: 'someone-else' }, { quota })).json()
+    assert.equal((await post('/responses', { lease: other.lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })).status, 403)
+    // A ticket (queued, nothing sent): 409.
+    const fill = []
+    for (let i = 0; i < 3; i++) fill.push(await (await lease({ agent: 'reporter' }, { quota, secret: agent })).json())
+    const ticket = await (await lease({ agent: 'reporter' }, { quota, secret: agent })).json()
+    assert.equal(ticket.kind, 'queued')
+    const t = await post('/responses', { lease: ticket.lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })
+    assert.equal(t.status, 409)
+    // Its own granted lease: the 429 pauses the quota for at most the edge's minute, and ends the lease.
+    const at = Date.now()
+    const r = await post('/responses', { lease: fill[0].lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })
+    assert.equal(r.status, 200)
+    m = await metrics({ quota })
+    const paused = Number(m.pools[0].pausedUntil) - at
+    assert.ok(paused > 30_000 && paused <= 61_000, `paused for ${paused} ms`)
+    assert.equal((await post('/responses', { lease: fill[0].lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })).status, 404, 'the report ended the lease: one pause per lease')
+    assert.equal((await post('/admin/reset', {}, { quota, secret: ADMIN })).status, 200)
+  })
+})
+
+/** Sends raw bytes on one kept-alive connection; answers the responses' status lines in order. */
+async function rawExchange(requests, { expect = requests.length } = {}) {
+  const { hostname, port } = new URL(base)
+  const socket = net.connect(Number(port), hostname)
+  await new Promise((resolve, reject) => socket.once('connect', resolve).once('error', reject))
+  let seen = ''
+  const statuses = []
+  let closedEarly = null
+  socket.on('error', (e) => {
+    closedEarly = e.code
+  })
+  const done = new Promise((resolve) => {
+    socket.on('data', (d) => {
+      seen += d.toString('latin1')
+      const found = seen.match(/HTTP\/1\.1 (\d{3})/g) ?? []
+      statuses.splice(0, statuses.length, ...found.map((s) => Number(s.slice(9))))
+      if (statuses.length >= expect) resolve()
+    })
+    socket.on('close', resolve)
+  })
+  for (const r of requests) {
+    socket.write(r)
+    await new Promise((res) => setTimeout(res, 100))
+  }
+  await Promise.race([done, new Promise((r) => setTimeout(r, 5_000))])
+  socket.destroy()
+  return { statuses, closedEarly, text: seen }
+}
+
+describe('malformed bodies and kept-alive connections', () => {
+  const host = () => new URL(base).host
+  test('a malformed chunked body is a 400, for the API and for a proxied call of an open fleet', async () => {
+    const bad = (path, token) =>
+      `POST ${path} HTTP/1.1\r\nhost: ${host()}\r\ncontent-type: application/json\r\n${token === null ? '' : `x-tokenwarden-token: ${token}\r\n`}transfer-encoding: chunked\r\n\r\nzz\r\n{"agent":1}\r\n0\r\n\r\n`
+    for (const [path, token] of [
+      ['/v1/fleets/f/quotas/main/leases', SECRET],
+      ['/v1/fleets/open/quotas/main/agents/a1/worker/anthropic/v1/messages', null],
+    ]) {
+      const { statuses, text } = await rawExchange([bad(path, token)], { expect: 1 })
+      assert.ok(statuses.length >= 1, `an answer for ${path}: ${text.slice(0, 200)}`)
+      assert.ok(statuses[0] >= 400 && statuses[0] < 500, `${path}: ${statuses[0]} ${text.slice(0, 300)}`)
+    }
+  })
+
+  test('an error answered before the body was read leaves the connection usable for the next request', async () => {
+    const body = JSON.stringify({ agent: 'a1', pool: 0, inputTokens: 1, pad: 'x'.repeat(20_000) })
+    const wrong = `POST /v1/fleets/f/quotas/main/leases HTTP/1.1\r\nhost: ${host()}\r\nauthorization: Bearer wrong-secret-0000000000\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+    const health = `GET /healthz HTTP/1.1\r\nhost: ${host()}\r\n\r\n`
+    const { statuses, closedEarly } = await rawExchange([wrong, health, wrong, health])
+    assert.deepEqual(statuses, [401, 200, 401, 200], `answers on one connection (error: ${closedEarly})`)
+  })
+})
+
+describe('secrets never reach the provider', () => {
+  test('the admin secret, an agent credential, and the fleet secret upper-cased or percent-encoded are not forwarded', async () => {
+    const agent = await credential('sender')
+    const before = mock.log.length
+    const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/messages`, {
+      method: 'POST',
+      headers: {
+        ...anthropicHeaders,
+        'x-tokenwarden-token': agent,
+        'anthropic-admin': ADMIN,
+        'anthropic-upper': SECRET.toUpperCase(),
+        'anthropic-encoded': encodeURIComponent(`${SECRET}/`).replace(/-/g, '%2D'),
+        'openai-credential': agent,
+        'anthropic-beta': 'prompt-caching-2024-07-31',
+      },
+      body: messages(),
+    })
+    assert.equal(r.status, 200)
+    await r.arrayBuffer()
+    assert.equal(mock.log.length, before + 1)
+    const sent = mock.log.at(-1).headers
+    assert.equal(sent['anthropic-beta'], 'prompt-caching-2024-07-31', 'the provider headers pass')
+    for (const name of ['anthropic-admin', 'anthropic-upper', 'anthropic-encoded', 'openai-credential']) assert.equal(sent[name], undefined, `${name} is not forwarded`)
+    // A credential in Authorization on an open fleet (where Authorization is the provider's).
+    const cred = await credential('o1', { fleet: 'open', secret: OPEN_SECRET })
+    const o = await fetch(`${base}/v1/fleets/open/quotas/main/agents/o1/worker/anthropic/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, authorization: `Bearer ${cred}` }, body: messages() })
+    assert.equal(o.status, 200)
+    await o.arrayBuffer()
+    assert.equal(mock.log.at(-1).headers.authorization, undefined, 'a credential in Authorization is not forwarded')
+  })
+})
+
+describe('a fleet without a secret for proxied calls (proxy_open)', () => {
+  test('secretless callers are not counted as clients', async () => {
+    await flood(50, 5, (i) => [`${base}/v1/fleets/open/quotas/main/agents/c${i}/worker/anthropic/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-client': `proc-${i}` }, body: messages() }])
+    const l = await (await lease({ agent: 'counted' }, { fleet: 'open', secret: OPEN_SECRET, headers: { 'x-tokenwarden-client': 'real-one' } })).json()
+    assert.equal(l.clients, 1, 'only the authenticated remote driver is counted')
+  })
+
+  test('proxy_open "credential": a secretless call must carry an agent credential in the path, and acts as its agent', async () => {
+    const plain = await fetch(`${base}/v1/fleets/bound/quotas/main/agents/alice/worker/anthropic/v1/messages`, { method: 'POST', headers: anthropicHeaders, body: messages() })
+    assert.equal(plain.status, 401)
+    assert.match((await plain.json()).message, /agent credential/)
+    const cred = await credential('alice', { fleet: 'bound', secret: 'bound-fleet-secret-0123456789' })
+    const ok = await fetch(`${base}/v1/fleets/bound/quotas/main/agents/${cred}/worker/anthropic/v1/messages`, { method: 'POST', headers: anthropicHeaders, body: messages() })
+    assert.equal(ok.status, 200)
+    await ok.arrayBuffer()
+    const forged = `${cred.slice(0, -4)}AAAA`
+    const bad = await fetch(`${base}/v1/fleets/bound/quotas/main/agents/${forged}/worker/anthropic/v1/messages`, { method: 'POST', headers: anthropicHeaders, body: messages() })
+    assert.equal(bad.status, 401)
+    await bad.arrayBuffer()
+    const m = await metrics({ fleet: 'bound', secret: 'bound-fleet-secret-0123456789' })
+    assert.equal(m.agents.length, 1)
+    assert.equal(mock.log.at(-1).headers['x-tokenwarden-token'], undefined)
+  })
+})
+
+describe('an upstream that cannot be reached', () => {
+  test("is a 502 in the provider's error format, not a 500, and the lease is ended", async () => {
+    const r = await fetch(`${base}/v1/fleets/f/quotas/nowhere/proxy/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET }, body: messages() })
+    assert.equal(r.status, 502)
+    const b = await r.json()
+    assert.equal(b.type, 'error')
+    assert.equal(b.error.type, 'api_error')
+    assert.match(b.error.message, /could not be reached/)
+    const o = await fetch(`${base}/v1/fleets/f/quotas/nowhere/proxy/v1/chat/completions`, { method: 'POST', headers: { authorization: 'Bearer sk-test', 'content-type': 'application/json', 'x-tokenwarden-token': SECRET }, body: JSON.stringify({ model: 'claude-sonnet-4-6', messages: [{ role: 'user', content: 'hi' }] }) })
+    assert.equal(o.status, 502)
+    assert.equal((await o.json()).error.code, 'upstream_unreachable')
+    const m = await metrics({ quota: 'nowhere' })
+    assert.equal(m.liveLeases, 0, 'no lease left held')
+  })
+})
+
+describe('a streamed proxied call whose client gives up while it waits', () => {
+  const held = async (quota) => {
+    const l = await (await lease({ inputTokens: 5_000, maxTokens: 1 }, { quota })).json()
+    assert.equal(l.kind, 'grant')
+    return l
+  }
+  const depth = async (quota) => (await metrics({ quota })).pools[0].queueDepth
+  const until = async (fn, ms) => {
+    for (const end = Date.now() + ms; Date.now() < end; ) {
+      if (await fn()) return true
+      await new Promise((r) => setTimeout(r, 50))
+    }
+    return fn()
+  }
+
+  test('an aborted Node fetch: the ticket is withdrawn and nothing is forwarded', { timeout: 60_000 }, async () => {
+    const quota = 'slow'
+    await held(quota)
+    const before = mock.log.length
+    const ac = new AbortController()
+    const r = await fetch(`${base}/v1/fleets/f/quotas/${quota}/proxy/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET }, body: messages({ stream: true }), signal: ac.signal })
+    // The head comes while the call waits in line: a live stream of keep-alive comments.
+    assert.equal(r.status, 200)
+    assert.equal(r.headers.get('x-tokenwarden-kept-alive'), '1')
+    const reader = r.body.getReader()
+    const { value } = await reader.read()
+    assert.match(Buffer.from(value).toString(), /^: tokenwarden: waiting for quota/)
+    assert.equal(await depth(quota), 1, 'queued behind the held lease')
+    ac.abort()
+    assert.ok(await until(async () => (await depth(quota)) === 0, 15_000), 'the ticket was withdrawn once a write to the gone client failed')
+    await new Promise((res) => setTimeout(res, 5_000))
+    assert.equal(mock.log.length, before, 'nothing was forwarded')
+    assert.equal((await metrics({ quota })).liveLeases, 1, 'only the held lease is live')
+  })
+
+  test('the official Anthropic SDK aborted while its stream waits: withdrawn, nothing forwarded', { timeout: 60_000, skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false }, async () => {
+    const { default: Anthropic } = await import('@anthropic-ai/sdk')
+    const quota = 'slow2'
+    await held(quota)
+    const before = mock.log.length
+    // The SDK's own timeout covers the time to the response head, which now comes at once;
+    // an AbortSignal (a user's Ctrl-C, an orchestrator's deadline) is how a streamed call is
+    // given up.
+    const client = new Anthropic({ apiKey: 'sk-ant-test-key', baseURL: `${base}/v1/fleets/f/quotas/${quota}/proxy`, defaultHeaders: { 'x-tokenwarden-token': SECRET }, maxRetries: 0 })
+    const ac = new AbortController()
+    const stream = client.messages.stream({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: 'hello '.repeat(200) }] }, { signal: ac.signal })
+    setTimeout(() => ac.abort(), 1_500)
+    await assert.rejects(stream.finalMessage(), (e) => /abort/i.test(`${e.name} ${e.message}`))
+    assert.ok(await until(async () => (await depth(quota)) === 0, 15_000), 'the ticket was withdrawn')
+    await new Promise((res) => setTimeout(res, 5_000))
+    assert.equal(mock.log.length, before, 'nothing was forwarded')
+  })
+
+  test('a client that waits gets the provider stream after the keep-alive comments, through the official SDK', { timeout: 60_000, skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false }, async () => {
+    const { default: Anthropic } = await import('@anthropic-ai/sdk')
+    const quota = 'slow3'
+    await held(quota)
+    const client = new Anthropic({ apiKey: 'sk-ant-test-key', baseURL: `${base}/v1/fleets/f/quotas/${quota}/proxy`, defaultHeaders: { 'x-tokenwarden-token': SECRET }, maxRetries: 0 })
+    const t0 = Date.now()
+    const msg = await client.messages.stream({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: 'hello '.repeat(200) }] }).finalMessage()
+    assert.ok(msg.content.length > 0)
+    assert.ok(Date.now() - t0 >= 1_000, 'it waited for refill')
+    assert.equal(Number((await metrics({ quota })).pools[0].counters.grantedFromQueue), 1, 'queued, then granted')
+    assert.ok(await until(async () => (await metrics({ quota })).liveLeases === 1, 5_000), 'settled when the stream ended')
+  })
+})
