@@ -64,6 +64,14 @@ function parseFleetsUncached(text) {
     for (const [q, quota] of Object.entries(fleet.quotas)) {
       if (!NAME.test(q)) throw new Error(`quota name ${JSON.stringify(q)} in fleet ${name} must match ${NAME}`)
       if (quota?.config === null || typeof quota?.config !== 'object' || Array.isArray(quota.config)) throw new Error(`fleets.${name}.quotas.${q}.config must be the core configuration object`)
+      if (quota.timeouts !== undefined) {
+        const t = quota.timeouts
+        if (t === null || typeof t !== 'object' || Array.isArray(t)) throw new Error(`fleets.${name}.quotas.${q}.timeouts must be an object: { "firstByteMs"?, "idleMs"? }`)
+        for (const [k, v] of Object.entries(t)) {
+          if (k !== 'firstByteMs' && k !== 'idleMs') throw new Error(`fleets.${name}.quotas.${q}.timeouts.${k} is not a timeout: use firstByteMs or idleMs`)
+          if (!Number.isSafeInteger(v) || v < 1 || v > 2 ** 31 - 1) throw new Error(`fleets.${name}.quotas.${q}.timeouts.${k} must be milliseconds from 1 to 2147483647`)
+        }
+      }
       if (quota.upstream !== undefined) {
         let u
         try {
