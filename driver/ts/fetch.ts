@@ -16,7 +16,7 @@
  */
 import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
-import { type ErrorCode, LeaseRejectedError, TokenwardenError } from './errors.js'
+import { LeaseRejectedError, TokenwardenError } from './errors.js'
 import type { Estimate, Estimator } from './estimator.js'
 import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, detectProvider, promptTokens } from './providers.js'
 import { type CallStep, type Role, type U64, type Usage, newCall } from './types.js'
@@ -348,7 +348,7 @@ function messageOf(e: unknown): string {
 
 /** The error a timed-out call fails with. */
 function upstreamTimeout(what: string, ms: number): TokenwardenError {
-  return new TokenwardenError('upstream_timeout' as ErrorCode, `the provider sent ${what} in ${ms} ms (fetch() timeouts); the request was aborted`)
+  return new TokenwardenError('upstream_timeout', `the provider sent ${what} in ${ms} ms (fetch() timeouts); the request was aborted`)
 }
 
 /**

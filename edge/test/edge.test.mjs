@@ -305,7 +305,7 @@ describe('the alarm', () => {
 })
 
 describe('no client input gets a 500', () => {
-  test('a bounded randomized walk over methods, paths, bodies and headers finds no 500', { timeout: 120_000 }, async () => {
+  test('a bounded randomized walk of 3,000 requests over methods, paths, bodies and headers finds no 500', { timeout: 300_000 }, async () => {
     // A small seeded PRNG, so a failure names a reproducible case.
     let state = 0x2545f491
     const rnd = (n) => {
@@ -317,10 +317,10 @@ describe('no client input gets a 500', () => {
     const pick = (xs) => xs[rnd(xs.length)]
     const deep = (d) => (d === 0 ? 1 : [deep(d - 1)])
     const values = () => [null, 0, -1, 1.5, 2 ** 64, 'x', '', true, [], {}, [null], [[1, 2]], [['a', null]], { a: 1 }, deep(200), 'a'.repeat(5000), Number.MAX_SAFE_INTEGER]
-    const segments = ['leases', 'proxy', 'metrics', 'dashboard', 'responses', 'settle', 'cancel', 'v1', 'messages', '%E0%A4%A', '%', '%zz', '..', '.', '', 'tw1.fleet-a.main.1.abc', 'a'.repeat(300), '%00', '%2F']
+    const segments = ['leases', 'proxy', 'metrics', 'dashboard', 'responses', 'settle', 'cancel', 'renew', 'interrupted', 'tasks', 'done', 'failed', 'admin', 'reset', 'agents', 'worker', 'anthropic', 'openai', 'chat', 'completions', 'v1', 'messages', '%E0%A4%A', '%', '%zz', '..', '.', '', 'tw1.fleet-a.main.1.abc', 'tw2.fleet-a.main.1.zz.abc', 'twa1.fleet-a.x.abc', 'a'.repeat(300), '%00', '%2F']
     const fields = ['agent', 'pool', 'inputTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'status', 'headers', 'lease', 'model', 'messages', 'max_tokens', 'stream', 'cachedPrefixTokens', 'outputTokens']
     const failures = []
-    for (let i = 0; i < 400; i++) {
+    for (let i = 0; i < 3_000; i++) {
       const method = pick(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD'])
       const depth = 1 + rnd(4)
       const tail = Array.from({ length: depth }, () => pick(segments)).join('/')
