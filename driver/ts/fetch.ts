@@ -298,12 +298,17 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       const upstream = new AbortController()
       const sendSignal = signal === null ? upstream.signal : AbortSignal.any([signal, upstream.signal])
       let res: Response
+      // While the provider works on the answer (a non-streamed call sends nothing until it
+      // is ready), the lease is kept alive as it is while a body flows.
+      const waiting = keptAliveWhile(lease, driver)
       try {
         res = await firstByte(driver, send(url.href, { ...forward, signal: sendSignal }), upstream, timeouts.firstByteMs)
       } catch (err) {
         // Nothing came back: the provider may have processed all of it.
         interruptedQuietly(lease, null, driver)
         throw err
+      } finally {
+        waiting.stop()
       }
 
       let answer: Awaited<ReturnType<Lease['respond']>>
@@ -511,6 +516,34 @@ function sseMeter(provider: Provider): Meter {
 function bodyMeter(provider: Provider): Meter {
   const body = new BodyUsage(provider)
   return { push: (chunk) => body.push(chunk), end: () => body.usage(), seen: () => null }
+}
+
+/**
+ * Keeps a lease alive while nothing arrives (the wait for the response headers): the
+ * {@link renewer}, asked on a timer every quarter of the lease's remaining time, until
+ * `stop()` (the renewer renews once a third of the span has passed).
+ */
+function keptAliveWhile(lease: Lease, driver: Driver): { stop(): void } {
+  const clock = driver.clock
+  const remote = typeof (lease as { handle?: unknown }).handle === 'string'
+  const span = Number(lease.expiresAt) - (remote ? clock.unixNow() : clock.now())
+  if (!(span > 0)) return { stop() {} }
+  const renew = renewer(lease, driver)
+  const every = Math.max(10, Math.floor(span / 4))
+  let timer: unknown = null
+  let stopped = false
+  const tick = (): void => {
+    if (stopped || lease.done) return
+    renew()
+    timer = clock.setTimer(tick, every)
+  }
+  timer = clock.setTimer(tick, every)
+  return {
+    stop() {
+      stopped = true
+      if (timer !== null) clock.clearTimer(timer)
+    },
+  }
 }
 
 /**

@@ -414,6 +414,30 @@ describe('upstream handling (issue 25, item 11)', () => {
     h.tw.close()
   })
 
+  test('a non-streamed answer whose headers take longer than the lease TTL keeps its slot while the provider works', async () => {
+    // lease_ttl_ms 1000, one call at a time, headers after 3 s.
+    const h = setup({ pools: [{ ...POOL, max_concurrent: 1 }], config: { lease_ttl_ms: 1000 } })
+    const other = h.tw.fetch({ agent: 'second' })
+    upstream.requests.length = 0
+    let firstAnswered = null
+    upstream.handler = async (req, res, r) => {
+      if (upstream.requests.indexOf(r) === 0) await delay(3_000)
+      if (upstream.requests.indexOf(r) === 0) firstAnswered = performance.now()
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"m","content":[],"usage":{"input_tokens":10,"output_tokens":2}}')
+    }
+    const first = post(h.fetch)
+    await delay(500)
+    const second = post(other)
+    assert.equal((await first).status, 200)
+    assert.equal((await second).status, 200)
+    assert.equal(upstream.requests.length, 2)
+    assert.ok(firstAnswered !== null && upstream.requests[1].at >= firstAnswered, 'the second call was sent only after the first was answered')
+    assert.deepEqual(h.expired, [], 'no lease was reaped')
+    await settlement(h, 2)
+    assert.equal(h.tw.metrics().liveLeases, 0)
+    h.tw.close()
+  })
+
   test('timeouts must be whole milliseconds (or Infinity): a clear error naming the field', () => {
     const tw = createTokenwarden({ config: { pools: [POOL] } })
     for (const bad of [{ idleMs: -1 }, { firstByteMs: 0 }, { firstByteMs: 1.5 }, { idleMs: '100' }, { idleMs: Number.NaN }]) {
