@@ -9,7 +9,7 @@
 // Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, newCall, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
+import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, newCall, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
@@ -409,9 +409,10 @@ export class QuotaObject {
       const agent = checkAgent(given)
       return typeof agent === 'number' ? { id: agent, name: null } : { id: await this.agentIds.id(agent), name: agent }
     }
-    if (given !== undefined && given !== null && given !== who.name) {
-      throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: it leases only for that agent`)
-    }
+    // A remote driver sends the number its fetch wrapper derives from the name
+    // (`agentIdFor`): that number stands for the credential's own agent, nothing more.
+    const same = given === undefined || given === null || given === who.name || given === who.id || (typeof given === 'number' && given === agentIdFor(who.name))
+    if (!same) throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: it leases only for that agent`)
     return who
   }
 
@@ -686,7 +687,11 @@ function keptAlive(answer, provider, gone, sent) {
       answer.then(
         async (res) => {
           clearInterval(timer)
-          if (gone.signal.aborted) return
+          if (gone.signal.aborted) {
+            // Gone just as the answer came: let the wrapper end the call (cut short).
+            res.body?.cancel().catch(() => {})
+            return
+          }
           if (res.ok && (res.headers.get('content-type') ?? '').includes('text/event-stream') && res.body !== null) {
             upstreamBody = res.body.getReader()
             try {

@@ -179,6 +179,15 @@ describe('agents are told apart by their full name', () => {
     assert.equal((await post(`/leases/${own.lease}/settle`, { inputTokens: 10, outputTokens: 1 }, { secret: mallory })).status, 200)
   })
 
+  test("a credential's lease may name its agent by the number a remote driver derives from the name, and no other number", async () => {
+    const { agentIdFor } = await import('tokenwarden-wasm')
+    const bob = await credential('bob')
+    const ok = await (await lease({ agent: agentIdFor('bob') }, { secret: bob })).json()
+    assert.equal(ok.kind, 'grant')
+    assert.equal((await lease({ agent: agentIdFor('bob') + 1 }, { secret: bob })).status, 403)
+    assert.equal((await post(`/leases/${ok.lease}/settle`, { inputTokens: 1 }, { secret: bob })).status, 200)
+  })
+
   test("in proxy mode a credential may name only its own agent, by the full name", async () => {
     const mallory = await credential('w-X-MF1M')
     const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': mallory, 'x-tokenwarden-agent': 'alice' }, body: messages() })
