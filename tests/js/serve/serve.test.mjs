@@ -4,7 +4,7 @@
 // against the mock provider on 127.0.0.1. Needs WORKERD (the workerd binary) and
 // TOKENWARDEN_PYTHON (a Python with both SDKs); the test script sets both.
 import assert from 'node:assert/strict'
-import { execFile, spawn } from 'node:child_process'
+import { execFile, execFileSync, spawn } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -213,6 +213,52 @@ describe('tokenwarden serve', { skip }, () => {
     assert.deepEqual(next, [200, 200, 200, 200, 200, 200, 200, 200])
     assert.ok(Date.now() - t0 < 20_000, 'none waited for a TTL')
     assert.equal(mock.stats().overLimit, false)
+  })
+
+  test('a load run through two SIGKILLs of workerd admits nothing beyond the limits at the provider', { timeout: 120_000 }, async (t) => {
+    mock.reset()
+    const url = (agent) => `${origin}/v1/fleets/ci/quotas/anthropic/agents/${agent}/worker/anthropic/v1/messages`
+    const init = (i) => ({
+      method: 'POST',
+      headers: { 'x-api-key': 'sk-test-kill', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 60, stream: i % 2 === 0, messages: [{ role: 'user', content: 'load '.repeat(400) }] }),
+    })
+    const outcomes = { ok: 0, failed: 0, other: 0 }
+    let running = true
+    const agent = async (n) => {
+      for (let i = 0; running; i++) {
+        try {
+          const r = await fetch(url(`kill-${n}`), init(i))
+          await r.text()
+          if (r.status === 200) outcomes.ok++
+          else outcomes.other++
+        } catch {
+          // cut by the kill, or refused while serve restarts
+          outcomes.failed++
+          await new Promise((res) => setTimeout(res, 200))
+        }
+      }
+    }
+    const agents = Array.from({ length: 12 }, (_, n) => agent(n))
+    const workerdOf = (child) =>
+      execFileSync('ps', ['-o', 'pid=,args=', '--ppid', String(child.pid)], { encoding: 'utf8' })
+        .split('\n')
+        .filter((l) => l.includes('workerd'))
+        .map((l) => Number(l.trim().split(/\s+/)[0]))[0]
+    for (let round = 0; round < 2; round++) {
+      await new Promise((res) => setTimeout(res, 6_000))
+      const exited = new Promise((res) => server.child.once('exit', res))
+      process.kill(workerdOf(server.child), 'SIGKILL')
+      await exited
+      server = await serve(['--config', config, '--port', String(port), '--data', join(data, 'state')])
+    }
+    await new Promise((res) => setTimeout(res, 6_000))
+    running = false
+    await Promise.all(agents)
+    const stats = mock.stats()
+    assert.equal(stats.overLimit, false, `the provider's limits held: ${JSON.stringify(stats.minLevel)} peak in flight ${stats.peakInFlight}`)
+    assert.ok(outcomes.ok > 24, `calls were served between the kills: ${JSON.stringify(outcomes)}`)
+    t.diagnostic(`12 agents, 2 SIGKILLs: ${JSON.stringify(outcomes)}; at the provider ${stats.requests} requests, ${stats.rejected429} answered 429, peak in flight ${stats.peakInFlight} of 8`)
   })
 
   test('a restart keeps leases, tickets and debt; Ctrl-C stops it cleanly', { timeout: 60_000 }, async () => {
