@@ -25,6 +25,8 @@ const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, outp
 const SLOW = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 6_000, output_tokens_per_minute: 100_000, requests_per_minute: 1_000 }
 
 let mock
+/** An upstream that accepts a connection and drops it once the request arrives. */
+let dropper
 let persist
 let mf
 let base
@@ -33,6 +35,8 @@ before(async () => {
   rmSync(outdir, { recursive: true, force: true })
   await buildWorker(outdir, { entry: here('../src/worker.js') })
   mock = await startMockProvider({ inputTokensPerMinute: 10_000_000, outputTokensPerMinute: 10_000_000, concurrency: 64, replyTokens: 30, chunkDelayMs: 2, recordHeaders: true })
+  dropper = net.createServer((socket) => socket.once('data', () => socket.destroy()))
+  await new Promise((r) => dropper.listen(0, '127.0.0.1', r))
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-hostile-'))
   const fleets = {
     f: {
@@ -46,6 +50,7 @@ before(async () => {
         slow2: { config: { pools: [SLOW] }, upstream: mock.url },
         slow3: { config: { pools: [SLOW] }, upstream: mock.url },
         nowhere: { config: { pools: [POOL] }, upstream: 'http://127.0.0.1:1' },
+        dropping: { config: { pools: [POOL] }, upstream: `http://127.0.0.1:${dropper.address().port}` },
       },
     },
     noadmin: { secret: 'noadmin-secret-0123456789', quotas: { main: { config: { pools: [POOL] } } } },
@@ -58,6 +63,7 @@ before(async () => {
 after(async () => {
   await mf?.dispose()
   await mock?.close()
+  await new Promise((r) => (dropper ? dropper.close(r) : r()))
   if (persist) rmSync(persist, { recursive: true, force: true })
 })
 
@@ -374,6 +380,17 @@ describe('an upstream that cannot be reached', () => {
     assert.equal((await o.json()).error.code, 'upstream_unreachable')
     const m = await metrics({ quota: 'nowhere' })
     assert.equal(m.liveLeases, 0, 'no lease left held')
+  })
+})
+
+describe('an upstream that drops the connection', () => {
+  test("is a 502 in the provider's error format, and the lease is ended", async () => {
+    const r = await fetch(`${base}/v1/fleets/f/quotas/dropping/proxy/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET }, body: messages() })
+    assert.equal(r.status, 502)
+    const b = await r.json()
+    assert.equal(b.error.type, 'api_error')
+    assert.match(b.error.message, /could not be reached/)
+    assert.equal((await metrics({ quota: 'dropping' })).liveLeases, 0)
   })
 })
 
