@@ -116,6 +116,10 @@ pub(crate) struct Agent {
     pub(crate) last_failure: Option<u64>,
     pub(crate) repeats: u32,
     pub(crate) settled: u64,
+    /// Settles that were samples of estimate error (calls that completed with the
+    /// provider's usage report): what the moving averages below are over.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) samples: u64,
     pub(crate) input_error: u32,
     pub(crate) output_error: u32,
     pub(crate) misses: u32,
@@ -135,6 +139,7 @@ impl Agent {
             last_failure: None,
             repeats: 0,
             settled: 0,
+            samples: 0,
             input_error: 0,
             output_error: 0,
             misses: 0,
@@ -167,8 +172,9 @@ impl Agent {
     }
 
     /// Notes a settled lease: the slot is free, the prompt cache is warm until
-    /// `cache_warm_until` when the call used it, and the estimate errors move. Returns the
-    /// agent's moving-average input error when it has just started alerting.
+    /// `cache_warm_until` when the call used it, and, when the settle is a
+    /// [`Sample::Completed`] call, the estimate errors move. Returns the agent's
+    /// moving-average input error when it has just started alerting.
     #[inline]
     pub(crate) fn record_settle(
         &mut self,
@@ -176,6 +182,7 @@ impl Agent {
         pool: u32,
         cache_warm_until: Option<Millis>,
         (charged, actual): (&Demand, &Demand),
+        sample: Sample,
         alert: &AlertConfig,
     ) -> Option<u32> {
         self.in_flight = self.in_flight.saturating_sub(1);
@@ -185,6 +192,12 @@ impl Agent {
         if let (Some(until), Some(ap)) = (cache_warm_until, self.pools.get_mut(pool as usize)) {
             ap.cache_warm_until = Some(until);
         }
+        // A call the provider refused, one that ended without a usage report, or a report
+        // of nothing at all says nothing about how good the estimate was.
+        let reported = actual.get(Axis::InputTokens) > 0 || actual.get(Axis::OutputTokens) > 0;
+        if sample == Sample::NotCompleted || !reported {
+            return None;
+        }
         let in_err = error_permille(
             charged.get(Axis::InputTokens),
             actual.get(Axis::InputTokens),
@@ -193,7 +206,8 @@ impl Agent {
             charged.get(Axis::OutputTokens),
             actual.get(Axis::OutputTokens),
         );
-        let first = self.settled == 1;
+        self.samples = self.samples.saturating_add(1);
+        let first = self.samples == 1;
         let ewma = |old: u32, x: u32| {
             if first {
                 x
@@ -219,6 +233,19 @@ impl Agent {
     fn is_idle(&self) -> bool {
         self.queued == 0 && self.in_flight == 0
     }
+}
+
+/// Whether a settle is a sample of estimate error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sample {
+    /// The call completed and the usage is the provider's report
+    /// ([`crate::Coordinator::settle`]).
+    Completed,
+    /// The provider refused the call (a non-2xx response settled by
+    /// [`crate::Coordinator::call_response`]) or it ended without a usage report
+    /// ([`crate::Coordinator::call_interrupted`]): the usage is the core's rule, not a
+    /// measure.
+    NotCompleted,
 }
 
 /// How far an estimate missed, in thousandths of the actual figure (at most 1000×).

@@ -8,7 +8,7 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::agents::{Agents, Held};
+use crate::agents::{Agents, Held, Sample};
 use crate::backoff::{Backoff, BackoffStep};
 use crate::bucket::{Axis, Demand};
 use crate::config::{Config, Counting};
@@ -571,11 +571,29 @@ impl Coordinator {
     /// Reports what a granted lease really used. The difference from the reservation is
     /// refunded or charged at once (debt allowed), the concurrency slot is released, and
     /// queued tickets that now fit are granted (see [`Coordinator::poll_event`]).
+    ///
+    /// This is the report of a call that completed with the provider's usage: it is a
+    /// sample of estimate error (the agent's error figures in [`Coordinator::metrics`] and
+    /// [`Event::EstimateAlert`]), unless it reports no tokens at all. A call the provider
+    /// refused is settled by [`Coordinator::call_response`] and one that ended without a
+    /// usage report by [`Coordinator::call_interrupted`]; neither is a sample, nor is a
+    /// cancelled or expired lease.
     pub fn settle(
         &mut self,
         now: Millis,
         lease: LeaseId,
         usage: &Usage,
+    ) -> Result<Settlement, LeaseError> {
+        self.settle_as(now, lease, usage, Sample::Completed)
+    }
+
+    /// [`Coordinator::settle`], saying whether the usage is a sample of estimate error.
+    pub(crate) fn settle_as(
+        &mut self,
+        now: Millis,
+        lease: LeaseId,
+        usage: &Usage,
+        sample: Sample,
     ) -> Result<Settlement, LeaseError> {
         usage.check_sizes()?;
         match self.live(lease, now) {
@@ -633,7 +651,7 @@ impl Coordinator {
         if let Some(a) = self.agents.get_mut(entry.agent_slot) {
             let alert = &self.config.estimate_alert;
             if let Some(error_permille) =
-                a.record_settle(now, p, warm_until, (&charged, &actual), alert)
+                a.record_settle(now, p, warm_until, (&charged, &actual), sample, alert)
             {
                 self.events.push_back(Event::EstimateAlert {
                     agent: entry.agent,

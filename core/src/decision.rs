@@ -125,7 +125,9 @@ pub enum Event {
         since: Millis,
     },
     /// An agent's input estimates have missed by more than the threshold for
-    /// `estimate_alert.consecutive` settles in a row.
+    /// `estimate_alert.consecutive` samples in a row (calls that completed with the
+    /// provider's usage, see [`crate::Coordinator::settle`]; a refused, interrupted,
+    /// cancelled or expired call is not one).
     EstimateAlert {
         /// The agent.
         agent: AgentId,

@@ -175,7 +175,9 @@ pub struct AgentMetrics {
     pub in_flight: u32,
     /// Leases settled.
     pub settled: u64,
-    /// Moving average of |estimate − actual| / actual for input tokens, thousandths.
+    /// Moving average of |estimate − actual| / actual for input tokens, thousandths, over
+    /// the calls that completed with the provider's usage (a 429, an interrupted call, a
+    /// cancel or an expiry is not a sample; see [`crate::Coordinator::settle`]).
     pub input_error_permille: u32,
     /// The same for output tokens (max_tokens against actual output: usually large).
     pub output_error_permille: u32,

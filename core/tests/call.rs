@@ -391,3 +391,106 @@ fn an_interrupted_call_is_charged_conservatively() {
         Err(LeaseError::UnknownLease)
     );
 }
+
+fn agent_errors(c: &Coordinator, now: u64, agent: u64) -> (u32, u32, bool, u64) {
+    let m = c.metrics(Millis(now));
+    let a = m
+        .agents
+        .iter()
+        .find(|a| a.agent == AgentId(agent))
+        .expect("agent");
+    (
+        a.input_error_permille,
+        a.output_error_permille,
+        a.alerting,
+        a.settled,
+    )
+}
+
+#[test]
+fn a_429_is_not_an_estimate_miss() {
+    // One alerting miss is enough to raise the alert, so a 429 counted as a sample would
+    // show at once.
+    let mut c = coord(r#","estimate_alert":{"threshold_permille":200,"consecutive":1}"#);
+    let mut call = Call::new();
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let r = c
+        .call_response(
+            Millis(10),
+            &mut call,
+            PoolId(0),
+            Some(lease),
+            429,
+            &headers(&[("retry-after", "1")]),
+        )
+        .unwrap();
+    assert!(
+        r.settled.is_some(),
+        "the 429 settles its lease as nothing used"
+    );
+    let until = match r.step {
+        CallStep::Wait { until, .. } => until,
+        other => panic!("expected a wait, got {other:?}"),
+    };
+    let lease = sent(c.call_lease(until, &mut call, &ask(1, 1000, 100)).unwrap());
+    let usage = Usage {
+        input_tokens: 1000,
+        output_tokens: 100,
+        ..Usage::default()
+    };
+    c.settle(until.plus(10), lease, &usage).unwrap();
+    let now = until.plus(20).0;
+    // Both leases ended; only the completed call is a sample, and it was exact.
+    assert_eq!(agent_errors(&c, now, 1), (0, 0, false, 2));
+    while let Some(e) = c.poll_event() {
+        assert!(
+            !matches!(e, Event::EstimateAlert { .. }),
+            "no estimate alert: {e:?}"
+        );
+    }
+}
+
+#[test]
+fn an_interrupted_call_is_not_an_estimate_sample() {
+    let mut c = coord(r#","estimate_alert":{"threshold_permille":200,"consecutive":1}"#);
+    let mut call = Call::new();
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let usage = Usage {
+        input_tokens: 1000,
+        output_tokens: 50,
+        ..Usage::default()
+    };
+    c.settle(Millis(10), lease, &usage).unwrap();
+    let first = agent_errors(&c, 10, 1);
+    assert_eq!(first.0, 0);
+    // Charged as the whole reservation, or from what a stream showed: neither is what the
+    // provider counted, so neither moves the figures.
+    let lease = sent(
+        c.call_lease(Millis(20), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    c.call_interrupted(Millis(30), lease, None).unwrap();
+    let lease = sent(
+        c.call_lease(Millis(40), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let seen = Usage {
+        input_tokens: 40,
+        output_tokens: 3,
+        ..Usage::default()
+    };
+    c.call_interrupted(Millis(50), lease, Some(&seen)).unwrap();
+    assert_eq!(agent_errors(&c, 60, 1), (first.0, first.1, false, 3));
+    while let Some(e) = c.poll_event() {
+        assert!(
+            !matches!(e, Event::EstimateAlert { .. }),
+            "no estimate alert: {e:?}"
+        );
+    }
+}

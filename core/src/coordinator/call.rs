@@ -1,6 +1,7 @@
 //! The call lifecycle's decisions (see [`crate::call`]).
 
 use super::Coordinator;
+use crate::agents::Sample;
 use crate::backoff::ceiling;
 use crate::call::{Call, CallResponse, CallStep, GiveUpReason, WaitReason};
 use crate::decision::Decision;
@@ -80,9 +81,9 @@ impl Coordinator {
         // Refused before any generation: the call cost no tokens. (`handle_response` checked
         // the lease is live; settling it cannot fail but for a queued ticket.)
         let settled = match lease {
-            Some(id) if !(200..300).contains(&status) => {
-                self.settle(now, id, &Usage::default()).ok()
-            }
+            Some(id) if !(200..300).contains(&status) => self
+                .settle_as(now, id, &Usage::default(), Sample::NotCompleted)
+                .ok(),
             _ => None,
         };
         let step = self.response_step(now, call, status, report);
@@ -181,7 +182,7 @@ impl Coordinator {
                 usage
             }
         };
-        self.settle(now, lease, &usage)
+        self.settle_as(now, lease, &usage, Sample::NotCompleted)
     }
 
     fn wait(
