@@ -356,7 +356,16 @@ export class QuotaObject {
           response = await this.#reset()
           break
         case 'POST proxy':
-          return await this.#proxy(tw, request, url, who)
+        case 'GET proxy':
+        case 'PUT proxy':
+        case 'DELETE proxy':
+        case 'PATCH proxy':
+          try {
+            return await this.#proxy(tw, request, url, who)
+          } catch (e) {
+            await drain(request)
+            return errorResponse(e, providerOf(proxyPath(url.pathname.slice('/proxy'.length)).path, request.headers))
+          }
         default:
           throw new HttpError(404, 'not_found', 'no such route')
       }
@@ -578,8 +587,10 @@ export class QuotaObject {
     const q = fleet?.quotas?.[request.headers.get('x-tw-quota')]
     if (q?.upstream === undefined) throw new HttpError(404, 'not_found', 'this quota has no upstream configured for proxy mode')
     const { path, given } = proxyPath(url.pathname.slice('/proxy'.length))
-    if (path !== '/v1/messages' && path !== '/v1/chat/completions') throw new HttpError(404, 'not_found', 'proxy mode serves /v1/messages and /v1/chat/completions (after optional /agent/<a>, /role/<r>, /task/<t>, /unblocks/<n> segments)')
-    const provider = path === '/v1/messages' ? 'anthropic' : 'openai'
+    // Model calls are leased; any other route of the provider's API (token counting, model
+    // lists, embeddings) passes through unleased, with the agent's own key.
+    if (!path.startsWith('/v1/')) throw new HttpError(404, 'not_found', "proxy mode forwards the provider's /v1/… routes (after optional /agent/<a>, /role/<r>, /task/<t>, /unblocks/<n> segments)")
+    const provider = providerOf(path, request.headers)
     const headers = forwardedHeaders(request.headers, [fleet.secret, fleet.admin_secret])
     // Each of agent, role, task and unblocks from the path (for tools that can set only a
     // base URL) or else from its header.
@@ -631,7 +642,8 @@ export class QuotaObject {
     // withdraws a queued ticket, ends a wait and forwards nothing. `gone` is the same for a
     // streamed call whose client stopped reading the keep-alive (below).
     const signal = AbortSignal.any([request.signal, gone.signal])
-    const answer = f(upstream.href, { method: 'POST', headers, body: text, signal })
+    const method = request.method
+    const answer = f(upstream.href, { method, headers, ...(method === 'GET' || method === 'HEAD' ? {} : { body: text }), signal })
     if (!wantsStream(text)) return answer.catch((e) => upstreamFailure(e, provider))
     // A streamed call that has no answer within KEEPALIVE_AFTER_MS (waiting in line, or for a
     // 429 to clear) gets its response head now and SSE comments until the provider's stream
@@ -771,8 +783,8 @@ function sseError(provider, status, type, message) {
 function failureOf(err) {
   if (err?.upstream === true) return { status: 502, type: 'api_error', message: `tokenwarden: ${err.message}` }
   if (err?.code === 'upstream_timeout') return { status: 504, type: 'timeout_error', message: `tokenwarden: ${err.message}` }
-  const res = errorResponse(err)
-  return { status: res.status, type: errorType(res.status), message: `tokenwarden: ${err?.message ?? 'internal error'}` }
+  const { status, body } = errorParts(err)
+  return { status, type: errorType(status), message: `tokenwarden: ${body.message}` }
 }
 
 /**
@@ -868,12 +880,16 @@ function checkHeaderPairs(headers) {
 
 /**
  * What proxy mode forwards to the provider: the provider's own headers (its key in
- * `x-api-key` or `Authorization`, `anthropic-*`, `openai-*`) and the content headers —
- * nothing else (no cookies, no client addresses, none of ours) — and never a header that
- * holds a tokenwarden secret: the fleet's or admin secret in any letter case or
- * percent-encoded, an agent credential (`twa1.…`) or a lease handle (`tw1.…`, `tw2.…`).
+ * `x-api-key` or `Authorization`, `anthropic-*`, `openai-*`, organization and project), the
+ * content headers, and what identifies the client to the provider — its user agent and the
+ * SDKs' and agents' metadata (`x-stainless-*`, Claude Code's `x-app` and `x-claude-code-*`,
+ * Codex's `originator`, `session-id` and `x-codex-*`) — nothing else (no cookies, no client
+ * addresses, none of ours), and never a header that holds a tokenwarden secret: the fleet's
+ * or admin secret in any letter case or percent-encoded, an agent credential (`twa1.…`) or a
+ * lease handle (`tw1.…`, `tw2.…`).
  */
-const FORWARDED = /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+)$/
+const FORWARDED =
+  /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+|user-agent|x-stainless-[a-z0-9-]+|x-app|x-claude-code-[a-z0-9-]+|originator|session-id|x-codex-[a-z0-9-]+|chatgpt-account-id)$/
 const OURS = /(?:^|[^A-Za-z0-9])tw(?:a1|1|2)\.[A-Za-z0-9_-]+\./
 export function forwardedHeaders(incoming, secrets) {
   const lowered = (Array.isArray(secrets) ? secrets : [secrets]).filter((x) => typeof x === 'string' && x.length > 0).map((x) => x.toLowerCase())
@@ -914,19 +930,44 @@ async function body(request) {
 
 const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400, closed: 503, unknown_task: 404, too_many_tasks: 409, upstream_timeout: 504, aborted: 499 }
 
-/** Errors as JSON: `{ error: code, message, field? }` with the right status. */
-export function errorResponse(e) {
-  if (e instanceof HttpError) return json(e.status, { error: e.code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) })
+/**
+ * Errors as JSON: `{ error: code, message, field? }` with the right status. With a
+ * `provider` (a proxied call), in that provider's own error format, which the official SDKs
+ * parse and show (`{"type":"error","error":{"type":"rate_limit_error","message":…}}`,
+ * `{"error":{"message":…,"type":…,"code":…}}`), tokenwarden's fields under `tokenwarden`; a
+ * refusal a retry can cure also says `x-should-retry: true` beside its `retry-after`.
+ */
+export function errorResponse(e, provider = null) {
+  const { status, body, headers } = errorParts(e)
+  if (provider === null) return json(status, body, headers)
+  const type = errorType(status)
+  const message = `tokenwarden: ${body.message}`
+  const wrapped =
+    provider === 'anthropic' ? { type: 'error', error: { type, message }, tokenwarden: body } : { error: { message, type, code: body.error }, tokenwarden: body }
+  return json(status, wrapped, status === 429 || status === 503 ? { ...headers, 'x-should-retry': 'true' } : { ...headers, 'x-should-retry': 'false' })
+}
+
+/** An error's status, tokenwarden body and headers. */
+function errorParts(e) {
+  if (e instanceof HttpError) return { status: e.status, body: { error: e.code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) }, headers: {} }
   if (e instanceof LeaseRejectedError) {
     // A refusal in proxy mode: 429 with when to come back, or 400 for a call that can
     // never be served as asked (more than the pool allows in a window).
     const body = { error: 'rejected', reason: e.reason, retryAt: e.retryAt, retryAfterMs: e.retryAfterMs, message: e.message }
-    if (e.retryAfterMs === null) return json(400, body)
-    return json(429, body, { 'retry-after': String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))) })
+    if (e.retryAfterMs === null) return { status: 400, body, headers: {} }
+    return { status: 429, body, headers: { 'retry-after': String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))) } }
   }
   const code = e?.code
   if (typeof code === 'string' && Object.hasOwn(STATUS, code)) {
-    return json(STATUS[code], { error: code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) })
+    return { status: STATUS[code], body: { error: code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) }, headers: {} }
   }
-  return json(500, { error: 'internal', message: 'internal error' })
+  return { status: 500, body: { error: 'internal', message: 'internal error' }, headers: {} }
+}
+
+/**
+ * The provider a proxied request speaks: Anthropic for its paths (`/v1/messages…`) or its
+ * version header, else OpenAI.
+ */
+export function providerOf(path, headers) {
+  return path.startsWith('/v1/messages') || headers.has('anthropic-version') ? 'anthropic' : 'openai'
 }

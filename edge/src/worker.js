@@ -5,7 +5,7 @@ import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName,
 import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
-import { QuotaObject, errorResponse, json, taskId } from './quota.js'
+import { QuotaObject, errorResponse, json, providerOf, proxyPath, taskId } from './quota.js'
 
 export { QuotaObject }
 
@@ -111,7 +111,7 @@ async function handle(request, env) {
   const viaAgentPath = agentPath(rest)
   if (viaAgentPath !== null) rest = viaAgentPath.path
   const parts = rest.split('/').filter(Boolean)
-  const proxy = request.method === 'POST' && parts[0] === 'proxy'
+  const proxy = parts[0] === 'proxy' && request.method !== 'OPTIONS' && request.method !== 'HEAD'
   const fleets = parseFleets(env.TOKENWARDEN_FLEETS)
   if (parts[0] === 'admin') {
     const f = await authenticateAdmin(fleets, fleet, request)
@@ -184,9 +184,28 @@ async function handle(request, env) {
     const max = limitFrom(env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES)
     const declared = request.headers.get('content-length')
     if (declared !== null && Number(declared) > max) throw new HttpError(413, 'body_too_large', `the request body is larger than ${max} bytes`)
-    return object(rest + url.search, { method: 'POST', headers: request.headers, body: request.body, signal: request.signal })
+    return object(rest + url.search, { method: request.method, headers: request.headers, body: request.body, signal: request.signal })
   }
   throw new HttpError(404, 'not_found', 'no such route; see API.md')
+}
+
+/**
+ * The provider a request speaks when it is a proxied call (its errors are answered in that
+ * provider's format, which the SDKs show), else null.
+ */
+function proxiedProvider(request) {
+  try {
+    const url = new URL(request.url)
+    const m = ROUTE.exec(url.pathname)
+    if (m === null) return null
+    let rest = m[3] ?? '/'
+    const viaAgentPath = agentPath(rest)
+    if (viaAgentPath !== null) rest = viaAgentPath.path
+    if (!rest.startsWith('/proxy/')) return null
+    return providerOf(proxyPath(rest.slice('/proxy'.length)).path, request.headers)
+  } catch {
+    return null
+  }
 }
 
 export default {
@@ -197,7 +216,7 @@ export default {
       // An answer given before the body was read: read it first (up to a bound), so the
       // connection stays usable for the client's next request.
       await drain(request)
-      return errorResponse(e)
+      return errorResponse(e, proxiedProvider(request))
     }
   },
 }

@@ -396,9 +396,12 @@ describe('client mistakes are 4xx naming what was wrong', () => {
     })
     assert.equal(r.status, 400)
     const b = await r.json()
-    assert.equal(b.error, 'rejected')
-    assert.deepEqual(b.reason, { kind: 'exceeds_capacity', axis: 'output_tokens' })
-    assert.equal(b.retryAt, null)
+    assert.equal(b.error.type, 'invalid_request_error')
+    assert.match(b.error.message, /^tokenwarden: lease rejected/)
+    assert.equal(b.tokenwarden.error, 'rejected')
+    assert.deepEqual(b.tokenwarden.reason, { kind: 'exceeds_capacity', axis: 'output_tokens' })
+    assert.equal(b.tokenwarden.retryAt, null)
+    assert.equal(r.headers.get('x-should-retry'), 'false')
   })
 })
 
@@ -550,12 +553,17 @@ describe('proxy mode', () => {
     const before = mock.log.length
     const viaAuth = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers: { authorization: `Bearer ${SECRET_A}`, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }, body: body() })
     assert.equal(viaAuth.status, 401)
-    assert.match((await viaAuth.json()).message, /x-tokenwarden-token/)
+    // In the provider's error format, which the SDKs show: tokenwarden's reason in its message.
+    const refused = await viaAuth.json()
+    assert.equal(refused.type, 'error')
+    assert.equal(refused.error.type, 'authentication_error')
+    assert.match(refused.error.message, /^tokenwarden: .*x-tokenwarden-token/)
+    assert.equal(refused.tokenwarden.error, 'unauthorized')
     assert.equal(mock.log.length, before, 'nothing was forwarded')
-    // With the token header, only the provider's headers go through.
-    const r = await fetch(`${proxyBase()}/v1/messages`, {
+    // With the token header, only the provider's headers and the client's identity go through.
+    const r = await fetch(`${proxyBase()}/v1/messages?beta=true`, {
       method: 'POST',
-      headers: { ...headers, 'anthropic-beta': 'prompt-caching-2024-07-31', cookie: 'session=agent-cookie', 'user-agent': 'agent/1.0', 'x-forwarded-for': '10.1.2.3', 'x-echo': SECRET_A },
+      headers: { ...headers, 'anthropic-beta': 'prompt-caching-2024-07-31', cookie: 'session=agent-cookie', 'user-agent': 'claude-cli/2.1.332 (external, cli)', 'x-app': 'cli', 'x-stainless-lang': 'js', 'x-claude-code-session-id': 'sess-1', 'x-forwarded-for': '10.1.2.3', 'x-echo': SECRET_A },
       body: body(),
     })
     assert.equal(r.status, 200)
@@ -564,6 +572,10 @@ describe('proxy mode', () => {
     assert.equal(sent['x-api-key'], 'sk-ant-test-key', 'the provider key passes through')
     assert.equal(sent['anthropic-version'], '2023-06-01')
     assert.equal(sent['anthropic-beta'], 'prompt-caching-2024-07-31')
+    assert.equal(sent['user-agent'], 'claude-cli/2.1.332 (external, cli)', 'the client identity passes through')
+    assert.equal(sent['x-app'], 'cli')
+    assert.equal(sent['x-stainless-lang'], 'js')
+    assert.equal(sent['x-claude-code-session-id'], 'sess-1')
     for (const name of ['x-tokenwarden-token', 'cookie', 'x-forwarded-for', 'x-echo', 'x-tokenwarden-agent']) assert.equal(sent[name], undefined, `${name} is not forwarded`)
     for (const [name, value] of Object.entries(sent)) assert.ok(!String(value).includes(SECRET_A), `the secret is not in ${name}`)
   })

@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict'
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import http from 'node:http'
 import net from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -27,6 +28,9 @@ const SLOW = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 6_000, output
 let mock
 /** An upstream that accepts a connection and drops it once the request arrives. */
 let dropper
+/** An upstream that records each request and answers it 200 with a small JSON body. */
+let echo
+const echoed = []
 let persist
 let mf
 let base
@@ -37,6 +41,15 @@ before(async () => {
   mock = await startMockProvider({ inputTokensPerMinute: 10_000_000, outputTokensPerMinute: 10_000_000, concurrency: 64, replyTokens: 30, chunkDelayMs: 2, recordHeaders: true })
   dropper = net.createServer((socket) => socket.once('data', () => socket.destroy()))
   await new Promise((r) => dropper.listen(0, '127.0.0.1', r))
+  echo = http.createServer((req, res) => {
+    const chunks = []
+    req.on('data', (c) => chunks.push(c))
+    req.on('end', () => {
+      echoed.push({ method: req.method, url: req.url, headers: req.headers, body: Buffer.concat(chunks).toString() })
+      res.writeHead(200, { 'content-type': 'application/json', 'x-provider-header': 'kept' }).end(req.url.includes('count_tokens') ? '{"input_tokens":42}' : '{"data":[{"id":"claude-sonnet-4-6"}]}')
+    })
+  })
+  await new Promise((r) => echo.listen(0, '127.0.0.1', r))
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-hostile-'))
   const fleets = {
     f: {
@@ -50,6 +63,7 @@ before(async () => {
         slow2: { config: { pools: [SLOW] }, upstream: mock.url },
         slow3: { config: { pools: [SLOW] }, upstream: mock.url },
         nowhere: { config: { pools: [POOL] }, upstream: 'http://127.0.0.1:1' },
+        echo: { config: { pools: [POOL] }, upstream: `http://127.0.0.1:${echo.address().port}` },
         dropping: { config: { pools: [POOL] }, upstream: `http://127.0.0.1:${dropper.address().port}` },
       },
     },
@@ -64,6 +78,8 @@ after(async () => {
   await mf?.dispose()
   await mock?.close()
   await new Promise((r) => (dropper ? dropper.close(r) : r()))
+  echo?.closeAllConnections()
+  await new Promise((r) => (echo ? echo.close(r) : r()))
   if (persist) rmSync(persist, { recursive: true, force: true })
 })
 
@@ -352,7 +368,7 @@ describe('a fleet without a secret for proxied calls (proxy_open)', () => {
   test('proxy_open "credential": a secretless call must carry an agent credential in the path, and acts as its agent', async () => {
     const plain = await fetch(`${base}/v1/fleets/bound/quotas/main/agents/alice/worker/anthropic/v1/messages`, { method: 'POST', headers: anthropicHeaders, body: messages() })
     assert.equal(plain.status, 401)
-    assert.match((await plain.json()).message, /agent credential/)
+    assert.match((await plain.json()).error.message, /agent credential/)
     const cred = await credential('alice', { fleet: 'bound', secret: 'bound-fleet-secret-0123456789' })
     const ok = await fetch(`${base}/v1/fleets/bound/quotas/main/agents/${cred}/worker/anthropic/v1/messages`, { method: 'POST', headers: anthropicHeaders, body: messages() })
     assert.equal(ok.status, 200)
@@ -380,6 +396,63 @@ describe('an upstream that cannot be reached', () => {
     assert.equal((await o.json()).error.code, 'upstream_unreachable')
     const m = await metrics({ quota: 'nowhere' })
     assert.equal(m.liveLeases, 0, 'no lease left held')
+  })
+})
+
+describe("the provider's other routes and what agents send", () => {
+  test('token counting and model lists pass through unleased, with the query string and the provider key; the key is never taken for a tokenwarden secret', async () => {
+    const openBase = `${base}/v1/fleets/open/quotas/main/agents/cc-1/worker/anthropic`
+    const fBase = `${base}/v1/fleets/f/quotas/echo/proxy`
+    echoed.length = 0
+    // count_tokens through the secret-holding proxy, and a model list with the provider's key in Authorization.
+    const count = await fetch(`${fBase}/v1/messages/count_tokens?beta=true`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET }, body: messages() })
+    assert.equal(count.status, 200)
+    assert.deepEqual(await count.json(), { input_tokens: 42 })
+    const models = await fetch(`${fBase}/v1/models?limit=5`, { headers: { authorization: 'Bearer sk-provider-key', 'x-tokenwarden-token': SECRET } })
+    assert.equal(models.status, 200)
+    assert.equal(models.headers.get('x-provider-header'), 'kept', "the provider's response headers pass")
+    await models.arrayBuffer()
+    assert.deepEqual(echoed.map((r) => [r.method, r.url]), [['POST', '/v1/messages/count_tokens?beta=true'], ['GET', '/v1/models?limit=5']])
+    assert.equal(echoed[1].headers.authorization, 'Bearer sk-provider-key')
+    const m = await metrics({ quota: 'echo' })
+    assert.equal(Number(m.pools[0].counters.granted ?? 0), 0, 'nothing was leased')
+    // On the secretless base-URL form, a GET with the provider key in Authorization is not a 401.
+    const open = await fetch(`${openBase}/v1/models`, { headers: { authorization: 'Bearer sk-provider-key' } })
+    assert.notEqual(open.status, 401)
+    await open.arrayBuffer()
+  })
+
+  test("a model call's query string and the client's identity headers reach the provider", async () => {
+    echoed.length = 0
+    const r = await fetch(`${base}/v1/fleets/f/quotas/echo/proxy/v1/messages?beta=true`, {
+      method: 'POST',
+      headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET, 'user-agent': 'claude-cli/2.1.332 (external, cli)', 'x-app': 'cli', 'x-stainless-retry-count': '0', 'x-claude-code-session-id': 's-1', originator: 'codex_cli_rs', 'session-id': 'codex-1', 'x-codex-beta-features': 'x', cookie: 'c=1' },
+      body: messages(),
+    })
+    assert.equal(r.status, 200)
+    await r.arrayBuffer()
+    const sent = echoed.at(-1)
+    assert.equal(sent.url, '/v1/messages?beta=true')
+    for (const [name, value] of [['user-agent', 'claude-cli/2.1.332 (external, cli)'], ['x-app', 'cli'], ['x-stainless-retry-count', '0'], ['x-claude-code-session-id', 's-1'], ['originator', 'codex_cli_rs'], ['session-id', 'codex-1'], ['x-codex-beta-features', 'x']]) {
+      assert.equal(sent.headers[name], value, `${name} is forwarded`)
+    }
+    assert.equal(sent.headers.cookie, undefined)
+    assert.equal(sent.headers['x-tokenwarden-token'], undefined)
+  })
+
+  test("a refusal in proxy mode is in OpenAI's error format for an OpenAI call (edge.test.mjs checks Anthropic's)", async () => {
+    const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer sk-test', 'content-type': 'application/json', 'x-tokenwarden-token': SECRET },
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 1_000_000, messages: [{ role: 'user', content: 'hi' }] }),
+    })
+    assert.equal(r.status, 400)
+    const b = await r.json()
+    assert.equal(b.error.type, 'invalid_request_error')
+    assert.equal(b.error.code, 'rejected')
+    assert.match(b.error.message, /^tokenwarden: lease rejected/)
+    assert.equal(b.tokenwarden.retryAt, null)
+    assert.equal(r.headers.get('x-should-retry'), 'false')
   })
 })
 
