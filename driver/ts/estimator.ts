@@ -74,24 +74,244 @@ function bytes(s: string): number {
   return n
 }
 
-/** Text bytes of a message `content` (a string or an array of blocks). */
-function contentBytes(content: unknown): number {
-  if (typeof content === 'string') return bytes(content)
-  if (!Array.isArray(content)) return content === undefined || content === null ? 0 : bytes(JSON.stringify(content))
-  let n = 0
-  for (const block of content) n += blockBytes(block)
-  return n
+/** What a block costs: bytes counted at the learned ratio, and tokens counted by a provider's rule. */
+interface Cost {
+  bytes: number
+  tokens: number
 }
 
-function blockBytes(block: unknown): number {
-  if (typeof block === 'string') return bytes(block)
-  if (block === null || typeof block !== 'object') return 0
+/** Text bytes (and media tokens) of a message `content` (a string or an array of blocks). */
+function contentCost(provider: Provider, content: unknown): Cost {
+  if (typeof content === 'string') return { bytes: bytes(content), tokens: 0 }
+  if (!Array.isArray(content)) return { bytes: content === undefined || content === null ? 0 : bytes(JSON.stringify(content)), tokens: 0 }
+  const c = { bytes: 0, tokens: 0 }
+  for (const block of content) {
+    const b = blockCost(provider, block)
+    c.bytes += b.bytes
+    c.tokens += b.tokens
+  }
+  return c
+}
+
+const textCost = (s: string): Cost => ({ bytes: bytes(s), tokens: 0 })
+const tokensCost = (tokens: number): Cost => ({ bytes: 0, tokens })
+
+function blockCost(provider: Provider, block: unknown): Cost {
+  if (typeof block === 'string') return textCost(block)
+  if (block === null || typeof block !== 'object') return { bytes: 0, tokens: 0 }
   const b = block as Record<string, unknown>
-  if (typeof b.text === 'string') return bytes(b.text)
-  // Tool calls, tool results, images: count their JSON, a fair upper bound for text parts.
-  if (b.type === 'tool_result' && b.content !== undefined) return contentBytes(b.content)
-  if (b.type === 'image' || b.type === 'image_url' || b.type === 'document') return 1600 * 4
-  return bytes(JSON.stringify(b))
+  if (typeof b.text === 'string') return textCost(b.text)
+  // Tool results (Anthropic's content, the Responses API's output) may hold images too.
+  if (b.type === 'tool_result' && b.content !== undefined) return contentCost(provider, b.content)
+  if (b.type === 'function_call_output' && typeof b.output !== 'string' && b.output !== undefined) return contentCost(provider, b.output)
+  if (b.type === 'message' && b.content !== undefined) return contentCost(provider, b.content)
+  const media = mediaCost(provider, b)
+  if (media !== null) return media
+  // Tool calls and anything else: their JSON, a fair upper bound for text parts.
+  return textCost(JSON.stringify(b))
+}
+
+// ---- Images and documents, by each provider's published rules ----------------------------
+
+/**
+ * Anthropic (docs, "Vision"): an image costs width × height / 750 tokens, after it is scaled
+ * down (aspect kept) to at most 1568 px on its long edge and about 1.19 megapixels (1092²,
+ * "~1,600 tokens"). An image whose size cannot be read costs that most: 1,590.
+ */
+function anthropicImageTokens(size: Size | null): number {
+  if (size === null) return ANTHROPIC_IMAGE_MAX
+  let { w, h } = size
+  const long = Math.max(w, h)
+  if (long > 1568) {
+    w = (w * 1568) / long
+    h = (h * 1568) / long
+  }
+  const area = w * h
+  const scaled = area > 1092 * 1092 ? 1092 * 1092 : area
+  return Math.max(1, Math.ceil(scaled / 750))
+}
+const ANTHROPIC_IMAGE_MAX = Math.ceil((1092 * 1092) / 750)
+
+/**
+ * OpenAI (docs, "Images and vision", the tile rule of GPT-4o, GPT-4.1 and the o-series):
+ * `detail: 'low'` costs 85 tokens; otherwise the image is scaled to fit 2048 × 2048, then
+ * its shortest side to 768 px, and costs 170 per 512-px tile plus 85. An image whose size
+ * cannot be read costs the most a high-detail image can: 8 tiles, 1,445.
+ */
+function openaiImageTokens(size: Size | null, detail: unknown): number {
+  if (detail === 'low') return 85
+  if (size === null) return 85 + 170 * 8
+  let { w, h } = size
+  const fit = Math.min(1, 2048 / Math.max(w, h))
+  w *= fit
+  h *= fit
+  const short = Math.min(w, h)
+  if (short > 768) {
+    w = (w * 768) / short
+    h = (h * 768) / short
+  }
+  return 85 + 170 * Math.ceil(w / 512) * Math.ceil(h / 512)
+}
+
+/**
+ * A PDF page, by Anthropic's published ranges (docs, "PDF support"): "1,500–3,000 tokens per
+ * page" of text, plus the page as an image (a letter page at the image limit, 1,590). The top
+ * of the text range is used: an estimate short of the provider's count is a 429.
+ */
+const PDF_PAGE_TOKENS = 3000 + ANTHROPIC_IMAGE_MAX
+
+interface Size {
+  w: number
+  h: number
+}
+
+/** Media costs by provider, detail and digest of the data, so a file in a history is read once. */
+const mediaCosts = new Map<string, Cost | null>()
+const MEDIA_COSTS = 256
+
+/** The cost of an image or document block, or null when the block is neither (memoized for large files). */
+function mediaCost(provider: Provider, b: Record<string, unknown>): Cost | null {
+  if (b.type !== 'image' && b.type !== 'image_url' && b.type !== 'input_image' && b.type !== 'document' && b.type !== 'file' && b.type !== 'input_file') return null
+  const json = JSON.stringify(b, shorten)
+  if (json.length > LONG) return readMedia(provider, b)
+  const key = `${provider}\u0000${json}`
+  const known = mediaCosts.get(key)
+  if (known !== undefined) return known
+  const cost = readMedia(provider, b)
+  if (mediaCosts.size >= MEDIA_COSTS) mediaCosts.delete(mediaCosts.keys().next().value as string)
+  mediaCosts.set(key, cost)
+  return cost
+}
+
+function readMedia(provider: Provider, b: Record<string, unknown>): Cost | null {
+  const image = (size: Size | null, detail?: unknown): Cost =>
+    tokensCost(provider === 'openai' ? openaiImageTokens(size, detail) : anthropicImageTokens(size))
+  if (b.type === 'image') {
+    // Anthropic: { source: { type: 'base64', data } | { type: 'url' } | { type: 'file' } }.
+    const source = b.source as Record<string, unknown> | undefined
+    return image(typeof source?.data === 'string' ? imageSize(decodeBase64(source.data, IMAGE_HEAD)) : null)
+  }
+  if (b.type === 'image_url') {
+    // OpenAI chat: { image_url: { url: 'data:…;base64,…' | 'https://…', detail } } (or a string).
+    const iu = b.image_url
+    const url = typeof iu === 'string' ? iu : typeof (iu as Record<string, unknown> | null)?.url === 'string' ? String((iu as Record<string, unknown>).url) : ''
+    const detail = typeof iu === 'object' && iu !== null ? (iu as Record<string, unknown>).detail : undefined
+    return image(dataUrlSize(url), detail)
+  }
+  if (b.type === 'input_image') {
+    // OpenAI Responses: { image_url: 'data:…' | 'https://…', detail }.
+    return image(typeof b.image_url === 'string' ? dataUrlSize(b.image_url) : null, b.detail)
+  }
+  if (b.type === 'document') {
+    const source = b.source as Record<string, unknown> | undefined
+    if (source?.type === 'text' && typeof source.data === 'string') return textCost(source.data)
+    if (source?.type === 'content') return contentCost(provider, source.content)
+    if (source?.type === 'base64' && typeof source.data === 'string') return tokensCost(pdfPages(source.data) * PDF_PAGE_TOKENS)
+    // A URL or file id: the document is not in the request; one page at the least.
+    return tokensCost(PDF_PAGE_TOKENS)
+  }
+  if (b.type === 'file' || b.type === 'input_file') {
+    // OpenAI: { file: { file_data: 'data:application/pdf;base64,…' } } or { file_data } (Responses).
+    const f = (b.type === 'file' ? b.file : b) as Record<string, unknown> | undefined
+    const data = typeof f?.file_data === 'string' ? f.file_data : null
+    return tokensCost(data === null ? PDF_PAGE_TOKENS : pdfPages(data.slice(data.indexOf(',') + 1)) * PDF_PAGE_TOKENS)
+  }
+  return null
+}
+
+/** How much of an image is decoded to find its size (a JPEG's size follows its metadata). */
+const IMAGE_HEAD = 256 * 1024
+
+function dataUrlSize(url: string): Size | null {
+  if (!url.startsWith('data:')) return null
+  return imageSize(decodeBase64(url.slice(url.indexOf(',') + 1), IMAGE_HEAD))
+}
+
+const B64 = (() => {
+  const t = new Int16Array(128).fill(-1)
+  const abc = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+  for (let i = 0; i < abc.length; i++) t[abc.charCodeAt(i)] = i
+  t['-'.charCodeAt(0)] = 62
+  t['_'.charCodeAt(0)] = 63
+  return t
+})()
+
+/** The first `limit` bytes of base64 text (whitespace and padding skipped; stops at anything else). */
+function decodeBase64(s: string, limit: number): Uint8Array {
+  const out = new Uint8Array(Math.min(limit, Math.floor((s.length * 3) / 4)))
+  let n = 0
+  let acc = 0
+  let bits = 0
+  for (let i = 0; i < s.length && n < out.length; i++) {
+    const c = s.charCodeAt(i)
+    const v = c < 128 ? (B64[c] as number) : -1
+    if (v < 0) {
+      if (c === 61 || c === 10 || c === 13 || c === 32) continue
+      break
+    }
+    acc = (acc << 6) | v
+    bits += 6
+    if (bits >= 8) {
+      bits -= 8
+      out[n++] = (acc >> bits) & 0xff
+    }
+  }
+  return out.subarray(0, n)
+}
+
+/** Width and height of a PNG, GIF, JPEG or WebP image from its first bytes, or null. */
+function imageSize(d: Uint8Array): Size | null {
+  const u16be = (i: number): number => ((d[i] as number) << 8) | (d[i + 1] as number)
+  const u16le = (i: number): number => (d[i] as number) | ((d[i + 1] as number) << 8)
+  const u32be = (i: number): number => u16be(i) * 65536 + u16be(i + 2)
+  const ok = (s: Size): Size | null => (s.w > 0 && s.h > 0 ? s : null)
+  if (d.length >= 24 && d[0] === 0x89 && d[1] === 0x50 && d[2] === 0x4e && d[3] === 0x47) return ok({ w: u32be(16), h: u32be(20) })
+  if (d.length >= 10 && d[0] === 0x47 && d[1] === 0x49 && d[2] === 0x46) return ok({ w: u16le(6), h: u16le(8) })
+  if (d.length >= 30 && d[0] === 0x52 && d[1] === 0x49 && d[2] === 0x46 && d[3] === 0x46 && d[8] === 0x57 && d[9] === 0x45 && d[10] === 0x42 && d[11] === 0x50) {
+    const kind = String.fromCharCode(d[12] as number, d[13] as number, d[14] as number, d[15] as number)
+    if (kind === 'VP8 ') return ok({ w: u16le(26) & 0x3fff, h: u16le(28) & 0x3fff })
+    if (kind === 'VP8L') {
+      const b = (i: number): number => d[21 + i] as number
+      return ok({ w: 1 + (b(0) | ((b(1) & 0x3f) << 8)), h: 1 + ((b(1) >> 6) | (b(2) << 2) | ((b(3) & 0x0f) << 10)) })
+    }
+    if (kind === 'VP8X') {
+      const u24 = (i: number): number => (d[i] as number) | ((d[i + 1] as number) << 8) | ((d[i + 2] as number) << 16)
+      return ok({ w: 1 + u24(24), h: 1 + u24(27) })
+    }
+    return null
+  }
+  if (d.length >= 4 && d[0] === 0xff && d[1] === 0xd8) {
+    // JPEG: walk the segments to the first start-of-frame (SOF0–SOF15 but DHT, JPG, DAC).
+    let i = 2
+    while (i + 9 < d.length) {
+      if (d[i] !== 0xff) return null
+      const marker = d[i + 1] as number
+      if (marker === 0xff) {
+        i++
+        continue
+      }
+      if (marker >= 0xc0 && marker <= 0xcf && marker !== 0xc4 && marker !== 0xc8 && marker !== 0xcc) return ok({ w: u16be(i + 7), h: u16be(i + 5) })
+      i += 2 + u16be(i + 2)
+    }
+  }
+  return null
+}
+
+/**
+ * A PDF's page count from its bytes: the page objects (`/Type /Page`) or the page tree's
+ * largest `/Count`, whichever is more. When neither can be read (compressed object streams),
+ * one page per 50 KB of file, at least one: a guess that errs high for text-heavy files.
+ */
+function pdfPages(b64: string): number {
+  const data = decodeBase64(b64, Number.MAX_SAFE_INTEGER)
+  // windows-1252 keeps every ASCII byte as it is, which is all the page markers are.
+  const text = new TextDecoder('latin1').decode(data)
+  let pages = 0
+  for (const _ of text.matchAll(/\/Type\s*\/Page(?![a-zA-Z])/g)) pages++
+  for (const m of text.matchAll(/\/Type\s*\/Pages\b[^>]*?\/Count\s+(\d+)|\/Count\s+(\d+)[^>]*?\/Type\s*\/Pages\b/g)) {
+    pages = Math.max(pages, Number(m[1] ?? m[2]))
+  }
+  return pages > 0 ? pages : Math.max(1, Math.ceil(data.length / 50_000))
 }
 
 function cacheControl(block: unknown): Record<string, unknown> | null {
@@ -139,17 +359,41 @@ class PrefixHash {
   }
 }
 
-/** A block's content without its `cache_control` (which moves from turn to turn). */
+/** Strings longer than this (images, documents) are hashed by a sample, not char by char. */
+const LONG = 64 * 1024
+
+/**
+ * A digest of a long string: its length, its first and last 4 KB and every 61st character
+ * (base64 of two different files of one length differs nearly everywhere).
+ */
+function digest(s: string): string {
+  let a = 0x811c9dc5
+  let b = 0x2545f491
+  const step = (c: number): void => {
+    a = Math.imul(a ^ c, 0x01000193)
+    b = Math.imul(b ^ c, 0x01000193) ^ (b >>> 15)
+  }
+  for (let i = 0; i < 4096; i++) step(s.charCodeAt(i))
+  for (let i = 4096; i < s.length - 4096; i += 61) step(s.charCodeAt(i))
+  for (let i = s.length - 4096; i < s.length; i++) step(s.charCodeAt(i))
+  return `\u0000${s.length}:${(a >>> 0).toString(36)}.${(b >>> 0).toString(36)}`
+}
+
+const shorten = (_key: string, v: unknown): unknown => (typeof v === 'string' && v.length > LONG ? digest(v) : v)
+
+/** A block's content without its `cache_control` (which moves from turn to turn); long strings digested. */
 function canonical(block: unknown): string {
-  if (block === null || typeof block !== 'object' || Array.isArray(block)) return JSON.stringify(block) ?? ''
+  if (block === null || typeof block !== 'object' || Array.isArray(block)) return JSON.stringify(block, shorten) ?? ''
   const { cache_control: _moved, ...rest } = block as Record<string, unknown>
-  return JSON.stringify(rest)
+  return JSON.stringify(rest, shorten)
 }
 
 /** One block of the prompt in the provider's cache order (tools, system, messages). */
 interface Piece {
-  /** Prompt bytes up to and including this block. */
+  /** Prompt bytes up to and including this block (text, counted at the learned ratio). */
   end: number
+  /** Tokens up to and including this block counted by a provider's rule (images, documents). */
+  fixed: number
   /** The hash of the prompt up to and including this block (content, not `cache_control`). */
   key: string
   /** This block's cache lifetime when it is a breakpoint, else 0. */
@@ -159,7 +403,10 @@ interface Piece {
 /** A request's prompt as blocks, with its breakpoints. */
 interface Prompt {
   pieces: Piece[]
+  /** Text bytes of the whole prompt. */
   total: number
+  /** Tokens of its images and documents. */
+  fixed: number
   /** Index of the last breakpoint, or -1. */
   last: number
 }
@@ -169,43 +416,50 @@ function analyze(provider: Provider, model: string, body: Record<string, unknown
   const hash = new PrefixHash()
   hash.push(`${provider}\u0000${model}`)
   let total = 0
+  let fixed = 0
   let last = -1
-  const piece = (n: number, text: string, control: Record<string, unknown> | null): void => {
-    total += n
+  const piece = (cost: Cost, extra: number, text: string, control: Record<string, unknown> | null): void => {
+    total += cost.bytes + extra
+    fixed += cost.tokens
     hash.push(text)
     if (control !== null) last = pieces.length
-    pieces.push({ end: total, key: hash.key(), ttlMs: control === null ? 0 : ttlOf(control) })
+    pieces.push({ end: total, fixed, key: hash.key(), ttlMs: control === null ? 0 : ttlOf(control) })
   }
   const tools = body.tools
   if (Array.isArray(tools)) {
-    for (const t of tools) piece(bytes(JSON.stringify(t) ?? ''), canonical(t), cacheControl(t))
+    for (const t of tools) piece(textCost(JSON.stringify(t) ?? ''), 0, canonical(t), cacheControl(t))
   }
   const system = body.system
-  if (typeof system === 'string') piece(bytes(system), `s${system}`, null)
+  if (typeof system === 'string') piece(textCost(system), 0, `s${system}`, null)
   else if (Array.isArray(system)) {
-    for (const block of system) piece(blockBytes(block), canonical(block), cacheControl(block))
+    for (const block of system) piece(blockCost(provider, block), 0, canonical(block), cacheControl(block))
   }
-  const messages = body.messages
-  if (Array.isArray(messages)) {
-    for (const m of messages) {
-      if (m === null || typeof m !== 'object') continue
-      const msg = m as Record<string, unknown>
-      const content = msg.content
-      // A few bytes of framing per message (role, separators), counted with its first block.
-      let framing = 8
-      const role = `r${String(msg.role)}`
-      if (Array.isArray(content)) {
-        content.forEach((block, i) => {
-          piece(blockBytes(block) + framing, i === 0 ? role + canonical(block) : canonical(block), cacheControl(block))
-          framing = 0
-        })
-        if (content.length === 0) piece(framing, role, null)
-      } else {
-        piece(contentBytes(content) + framing, role + (JSON.stringify(content) ?? ''), cacheControl(m))
-      }
+  // The Responses API: `instructions`, then `input` (a string or a list of items).
+  if (typeof body.instructions === 'string') piece(textCost(body.instructions), 0, `i${body.instructions}`, null)
+  const messages = Array.isArray(body.messages) ? body.messages : typeof body.input === 'string' ? [{ role: 'user', content: body.input }] : Array.isArray(body.input) ? body.input : []
+  for (const m of messages) {
+    if (m === null || typeof m !== 'object') continue
+    const msg = m as Record<string, unknown>
+    // A Responses API item that is not a message (a function call or its output) is one block.
+    if (msg.content === undefined && msg.role === undefined) {
+      piece(blockCost(provider, msg), 8, canonical(msg), null)
+      continue
+    }
+    const content = msg.content
+    // A few bytes of framing per message (role, separators), counted with its first block.
+    let framing = 8
+    const role = `r${String(msg.role)}`
+    if (Array.isArray(content)) {
+      content.forEach((block, i) => {
+        piece(blockCost(provider, block), framing, i === 0 ? role + canonical(block) : canonical(block), cacheControl(block))
+        framing = 0
+      })
+      if (content.length === 0) piece({ bytes: 0, tokens: 0 }, framing, role, null)
+    } else {
+      piece(contentCost(provider, content), framing, role + (JSON.stringify(content) ?? ''), cacheControl(m))
     }
   }
-  return { pieces, total, last }
+  return { pieces, total, fixed, last }
 }
 
 /**
@@ -318,8 +572,8 @@ export class BytesPerTokenEstimator implements Estimator {
         break
       }
     }
-    const readBytes = read < 0 ? 0 : (prompt.pieces[read] as Piece).end
-    const estimate = { inputTokens: Math.ceil((prompt.total - readBytes) / ratio), cachedPrefixTokens: cached }
+    const upTo = read < 0 ? { end: 0, fixed: 0 } : (prompt.pieces[read] as Piece)
+    const estimate = { inputTokens: Math.ceil((prompt.total - upTo.end) / ratio) + prompt.fixed - upTo.fixed, cachedPrefixTokens: cached }
     this.#asked.set(estimate, { prompt, at, read })
     return estimate
   }
@@ -327,18 +581,21 @@ export class BytesPerTokenEstimator implements Estimator {
   observe({ provider, model, body, estimate, actualInputTokens }: Observation): void {
     if (!(actualInputTokens > 0) || !Number.isFinite(actualInputTokens)) return
     const asked = this.#asked.get(estimate) ?? { prompt: analyze(provider, model, body), at: this.#now(), read: -1 }
-    const { pieces, total } = asked.prompt
-    const seen = total / actualInputTokens
-    if (!(seen > 0) || !Number.isFinite(seen)) return
-    const key = `${provider}:${model}`
-    const old = this.#ratio.get(key)
-    this.#ratio.set(key, old === undefined ? seen : old + this.#rate * (seen - old))
+    const { pieces, total, fixed } = asked.prompt
+    // The text's share: what the provider counted beyond the images' and documents' rule.
+    const textTokens = actualInputTokens - fixed
+    const seen = total / textTokens
+    if (textTokens > 0 && seen > 0 && Number.isFinite(seen)) {
+      const key = `${provider}:${model}`
+      const old = this.#ratio.get(key)
+      this.#ratio.set(key, old === undefined ? seen : old + this.#rate * (seen - old))
+    }
     if (provider !== 'anthropic') return
     // The provider cached the prompt up to each breakpoint (written, or read and renewed)
     // when it took the call in: this call's own tokens per byte place each prefix's tokens.
     const remember = (i: number, ttlMs: number): void => {
       const p = pieces[i] as Piece
-      const tokens = Math.round((actualInputTokens * p.end) / total)
+      const tokens = textTokens > 0 && total > 0 ? p.fixed + Math.round((textTokens * p.end) / total) : Math.round((actualInputTokens * p.fixed) / Math.max(1, fixed))
       if (tokens < this.#minCache) return
       this.#cache.delete(p.key)
       this.#cache.set(p.key, { tokens, ttlMs, expiresAt: asked.at + ttlMs })

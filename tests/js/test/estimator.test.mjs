@@ -292,3 +292,86 @@ describe('BytesPerTokenEstimator and the prompt cache', () => {
     assert.equal(next(e, small(4)).cachedPrefixTokens, 0)
   })
 })
+
+describe('images and documents by the providers\' published rules', () => {
+  const filler = (n) => Buffer.from(Array.from({ length: n }, (_, i) => (i * 7919) & 0xff))
+  const be32 = (v) => [(v >>> 24) & 0xff, (v >>> 16) & 0xff, (v >>> 8) & 0xff, v & 0xff]
+  const png = (w, h) => Buffer.concat([Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13, 0x49, 0x48, 0x44, 0x52, ...be32(w), ...be32(h), 8, 6, 0, 0, 0]), filler(300_000)])
+  const jpeg = (w, h) =>
+    Buffer.concat([
+      Buffer.from([0xff, 0xd8, 0xff, 0xe1, 0x10, 0x02]), // an EXIF segment of 4,098 bytes before the frame
+      filler(4096),
+      Buffer.from([0xff, 0xc0, 0, 17, 8, h >> 8, h & 0xff, w >> 8, w & 0xff, 3, 1, 0x22, 0, 2, 0x11, 1, 3, 0x11, 1]),
+      filler(200_000),
+    ])
+  const gif = (w, h) => Buffer.concat([Buffer.from('GIF89a'), Buffer.from([w & 0xff, w >> 8, h & 0xff, h >> 8]), filler(50_000)])
+  const webp = (w, h) => {
+    const u24 = (v) => [v & 0xff, (v >> 8) & 0xff, (v >> 16) & 0xff]
+    return Buffer.concat([Buffer.from('RIFF'), Buffer.from([0, 0, 0, 0]), Buffer.from('WEBPVP8X'), Buffer.from([10, 0, 0, 0, 0, 0, 0, 0, ...u24(w - 1), ...u24(h - 1)]), filler(80_000)])
+  }
+  const text = { type: 'text', text: prose(50, 4_000) }
+  const anthropic = (block) => ({ model: MODEL, max_tokens: 100, messages: [{ role: 'user', content: [text, block] }] })
+  const extra = (provider, body, without) => {
+    const e = new BytesPerTokenEstimator()
+    return e.estimate({ provider, model: MODEL, body }).inputTokens - e.estimate({ provider, model: MODEL, body: without }).inputTokens
+  }
+  const plain = { model: MODEL, max_tokens: 100, messages: [{ role: 'user', content: [text] }] }
+  const image = (buf, media_type) => ({ type: 'image', source: { type: 'base64', media_type, data: buf.toString('base64') } })
+
+  test('Anthropic images cost width × height / 750 after scaling to 1568 px and ~1.19 MP', () => {
+    assert.equal(extra('anthropic', anthropic(image(png(200, 100), 'image/png')), plain), 27, '200×100 PNG: 27 tokens')
+    assert.equal(extra('anthropic', anthropic(image(gif(1000, 1000), 'image/gif')), plain), 1334, '1000×1000 GIF')
+    assert.equal(extra('anthropic', anthropic(image(webp(800, 600), 'image/webp')), plain), 640, '800×600 WebP')
+    assert.equal(extra('anthropic', anthropic(image(jpeg(4000, 3000), 'image/jpeg')), plain), 1590, '4000×3000 JPEG: scaled to the limit')
+    assert.equal(extra('anthropic', anthropic({ type: 'image', source: { type: 'url', url: 'https://example.com/a.png' } }), plain), 1590, 'a URL: the most')
+    // A screenshot in a tool result, as Claude Code sends it.
+    const shot = { model: MODEL, max_tokens: 100, messages: [{ role: 'user', content: [text, { type: 'tool_result', tool_use_id: 't', content: [image(png(1280, 800), 'image/png')] }] }] }
+    assert.equal(extra('anthropic', shot, plain), Math.ceil((1280 * 800) / 750))
+  })
+
+  test('OpenAI images: 85 at low detail, else 170 per 512-px tile after 2048 and 768 scaling, plus 85', () => {
+    const chat = (url, detail) => ({ model: 'gpt-4o', messages: [{ role: 'user', content: [text, { type: 'image_url', image_url: { url, ...(detail ? { detail } : {}) } }] }] })
+    const chatPlain = { model: 'gpt-4o', messages: [{ role: 'user', content: [text] }] }
+    const dataUrl = `data:image/png;base64,${png(1024, 1024).toString('base64')}`
+    assert.equal(extra('openai', chat(dataUrl), chatPlain), 765, '1024×1024: 4 tiles')
+    assert.equal(extra('openai', chat(dataUrl, 'low'), chatPlain), 85)
+    assert.equal(extra('openai', chat(`data:image/jpeg;base64,${jpeg(4096, 2048).toString('base64')}`), chatPlain), 85 + 170 * 6, '4096×2048 → 1536×768: 6 tiles')
+    assert.equal(extra('openai', chat('https://example.com/a.png'), chatPlain), 1445, 'a URL: the most (8 tiles)')
+    const responses = { model: 'gpt-4o', input: [{ role: 'user', content: [{ type: 'input_text', text: text.text }, { type: 'input_image', image_url: dataUrl }] }] }
+    const responsesPlain = { model: 'gpt-4o', input: [{ role: 'user', content: [{ type: 'input_text', text: text.text }] }] }
+    assert.equal(extra('openai', responses, responsesPlain), 765, 'Responses input_image')
+  })
+
+  test('a PDF costs its pages (3,000 text tokens and one page image each), not its bytes', () => {
+    const pages = 40
+    const objects = Array.from({ length: pages }, (_, i) => `${i + 3} 0 obj\n<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>\nendobj\n`).join('')
+    const pdf = Buffer.concat([Buffer.from(`%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n2 0 obj\n<< /Type /Pages /Count ${pages} /Kids [] >>\nendobj\n${objects}`), filler(4_000_000)])
+    const doc = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: pdf.toString('base64') } }
+    assert.equal(extra('anthropic', anthropic(doc), plain), pages * 4590, '40 pages')
+    // Page objects hidden in compressed object streams: one page per 50 KB of file.
+    const opaque = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: Buffer.concat([Buffer.from('%PDF-1.7\n'), filler(4_000_000)]).toString('base64') } }
+    assert.equal(extra('anthropic', anthropic(opaque), plain), 81 * 4590, 'a 4 MB PDF of unreadable pages: 81')
+    const chatFile = { model: 'gpt-4o', messages: [{ role: 'user', content: [text, { type: 'file', file: { filename: 'a.pdf', file_data: `data:application/pdf;base64,${pdf.toString('base64')}` } }] }] }
+    assert.equal(extra('openai', chatFile, { model: 'gpt-4o', messages: [{ role: 'user', content: [text] }] }), pages * 4590, 'OpenAI file_data')
+    const textDoc = { type: 'document', source: { type: 'text', media_type: 'text/plain', data: prose(60, 3_000) } }
+    const e = new BytesPerTokenEstimator()
+    assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: anthropic(textDoc) }).inputTokens, Math.ceil((4_000 + 3_000 + 8) / (3 / 1.05)), 'a text document is its text')
+  })
+
+  test('bytes per token are learned from the text alone (image tokens taken out of the count)', () => {
+    const e = new BytesPerTokenEstimator()
+    const body = anthropic(image(png(1280, 800), 'image/png'))
+    const imageTokens = Math.ceil((1280 * 800) / 750)
+    const estimate = e.estimate({ provider: 'anthropic', model: MODEL, body })
+    e.observe({ provider: 'anthropic', model: MODEL, body, estimate, actualInputTokens: 1000 + imageTokens })
+    assert.equal(e.bytesPerToken('anthropic', MODEL), (4_000 + 8) / 1000)
+  })
+
+  test('a Responses API call counts its instructions and input', () => {
+    const e = new BytesPerTokenEstimator()
+    const body = { model: 'gpt-4o', instructions: prose(70, 1_000), input: [{ role: 'user', content: [{ type: 'input_text', text: prose(71, 2_000) }] }, { type: 'function_call_output', call_id: 'c', output: prose(72, 1_000) }] }
+    const got = e.estimate({ provider: 'openai', model: 'gpt-4o', body }).inputTokens
+    assert.ok(got >= Math.ceil(4_000 / (3 / 1.05)), `instructions and input counted: ${got}`)
+    assert.ok(e.estimate({ provider: 'openai', model: 'gpt-4o', body: { model: 'gpt-4o', input: prose(73, 3_000) } }).inputTokens >= 1050, 'a string input')
+  })
+})
