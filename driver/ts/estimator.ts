@@ -411,6 +411,15 @@ interface Prompt {
   last: number
 }
 
+/**
+ * The tool-use system prompt Anthropic adds to a call with tools (docs, "Tool use", pricing:
+ * the Claude 4 models and Sonnet 3.7): 346 tokens with `tool_choice` auto or none, 313 with
+ * any or tool. Older models add other amounts (Claude 3 Opus 530, Haiku 3.5 264); these are
+ * used for every model.
+ */
+const TOOL_USE_AUTO = 346
+const TOOL_USE_FORCED = 313
+
 function analyze(provider: Provider, model: string, body: Record<string, unknown>): Prompt {
   const pieces: Piece[] = []
   const hash = new PrefixHash()
@@ -427,6 +436,12 @@ function analyze(provider: Provider, model: string, body: Record<string, unknown
   }
   const tools = body.tools
   if (Array.isArray(tools)) {
+    if (provider === 'anthropic' && tools.length > 0) {
+      // The system prompt Anthropic adds for tool use, by `tool_choice`.
+      const choice = (body.tool_choice as Record<string, unknown> | undefined)?.type
+      const forced = choice === 'any' || choice === 'tool'
+      piece(tokensCost(forced ? TOOL_USE_FORCED : TOOL_USE_AUTO), 0, `t${forced ? 'forced' : 'auto'}`, null)
+    }
     for (const t of tools) piece(textCost(JSON.stringify(t) ?? ''), 0, canonical(t), cacheControl(t))
   }
   const system = body.system

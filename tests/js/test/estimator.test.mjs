@@ -9,7 +9,7 @@ import assert from 'node:assert/strict'
 import { createHash } from 'node:crypto'
 import http from 'node:http'
 import { after, before, describe, test } from 'node:test'
-import { BytesPerTokenEstimator } from 'tokenwarden-driver'
+import { BytesPerTokenEstimator, promptBytes } from 'tokenwarden-driver'
 import { createTokenwarden } from '../support/engine.mjs'
 
 const MODEL = 'claude-sonnet-4-6'
@@ -373,5 +373,23 @@ describe('images and documents by the providers\' published rules', () => {
     const got = e.estimate({ provider: 'openai', model: 'gpt-4o', body }).inputTokens
     assert.ok(got >= Math.ceil(4_000 / (3 / 1.05)), `instructions and input counted: ${got}`)
     assert.ok(e.estimate({ provider: 'openai', model: 'gpt-4o', body: { model: 'gpt-4o', input: prose(73, 3_000) } }).inputTokens >= 1050, 'a string input')
+  })
+})
+
+describe('tool definitions', () => {
+  test('an Anthropic call with tools counts the tool-use system prompt (346 tokens, 313 when a tool is forced); OpenAI publishes none', () => {
+    const e = new BytesPerTokenEstimator()
+    const ratio = 3 / 1.05
+    const body = { model: MODEL, max_tokens: 100, tools: TOOLS, messages: [{ role: 'user', content: prose(80, 2_000) }] }
+    const text = (b) => {
+      const { prefix, rest } = promptBytes('anthropic', b)
+      return Math.ceil((prefix + rest) / ratio)
+    }
+    assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body }).inputTokens, text(body) + 346)
+    const forced = { ...body, tool_choice: { type: 'any' } }
+    assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: forced }).inputTokens, text(forced) + 313)
+    const none = { ...body, tools: [] }
+    assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: none }).inputTokens, text(none), 'no tools, no tool-use prompt')
+    assert.equal(e.estimate({ provider: 'openai', model: MODEL, body }).inputTokens, text(body))
   })
 })
