@@ -130,6 +130,9 @@ pub struct WeightConfig {
     /// Lowest weight after decay.
     pub floor: u32,
     /// Bonus for an agent whose warm prompt cache is about to expire: weight × (1 + bump).
+    /// A request queued earlier gets it while it waits: when its agent's cache comes
+    /// within `cache_bump_window_ms` (a wake-up of [`crate::Coordinator::poll_timeout`]),
+    /// its virtual finish is recomputed from its virtual start with the bumped weight.
     pub cache_bump: u32,
     /// "About to expire": the cache expires within this many ms.
     pub cache_bump_window_ms: u64,

@@ -15,7 +15,7 @@ use crate::config::{Config, Counting};
 use crate::decision::{Decision, Event, RejectReason, Settlement};
 use crate::error::LeaseError;
 use crate::ids::{AgentId, PoolId};
-use crate::lease::{Ask, Entry, LeaseId, LeaseTable, Phase};
+use crate::lease::{Ask, Bump, Entry, LeaseId, LeaseTable, Phase};
 use crate::metrics::{self, Metrics};
 use crate::pool::Pool;
 use crate::queue::Key;
@@ -23,7 +23,7 @@ use crate::request::{LeaseRequest, Usage, charge, used};
 use crate::rng::Rng;
 use crate::tasks::{TaskId, TaskSpec, Tasks};
 use crate::time::Millis;
-use crate::weight::{virtual_cost, weight};
+use crate::weight::{pending_bump, virtual_cost, weight};
 
 mod call;
 mod check;
@@ -138,6 +138,9 @@ impl Coordinator {
         while let Some(id) = self.leases.pop_expired(now) {
             self.reap(id, now);
         }
+        while let Some((id, bump)) = self.leases.pop_bump(now) {
+            self.bump_queued(id, bump, now);
+        }
         for p in 0..self.pools.len() {
             self.drain(u32::try_from(p).unwrap_or(u32::MAX), now);
         }
@@ -233,6 +236,7 @@ impl Coordinator {
             pool.waits.record(waited_ms);
             pool.counters.granted_from_queue = pool.counters.granted_from_queue.saturating_add(1);
             let expires_at = now.plus(ttl);
+            self.leases.schedule_bump(id, None);
             if let Some(e) = self.leases.get_mut(id) {
                 e.phase = phase;
             }
@@ -254,6 +258,76 @@ impl Coordinator {
                 waited_ms,
             });
         }
+    }
+
+    /// A queued ticket's agent's prompt cache has come within the bump window (or was due
+    /// to): its place is recomputed as if it had asked now, with the bump, from the virtual
+    /// start it has (it only moves ahead). A cache refreshed since is rescheduled; one gone
+    /// cold earns nothing.
+    fn bump_queued(&mut self, id: LeaseId, bump: Bump, now: Millis) {
+        let window = self.config.weights.cache_bump_window_ms;
+        let Some(&Entry {
+            agent_slot,
+            pool: p,
+            ask,
+            phase: Phase::Queued { key, vstart, .. },
+            ..
+        }) = self.leases.get(id)
+        else {
+            return;
+        };
+        let Some(agent) = self.agents.get(agent_slot) else {
+            return;
+        };
+        let Some(warm_until) = agent.pools.get(p as usize).and_then(|a| a.cache_warm_until) else {
+            return;
+        };
+        if now >= warm_until {
+            return;
+        }
+        if warm_until.since(now) > window {
+            let at = Millis(warm_until.0.saturating_sub(window));
+            self.leases.schedule_bump(id, Some(Bump { at, ..bump }));
+            return;
+        }
+        // Queued warm (a bump is only scheduled then), so its demand in the queue is the
+        // warm one.
+        let counting = self.counting(p).unwrap_or_default();
+        let demand = charge(counting, &ask, false);
+        let weight = u128::from(bump.weight);
+        let vfinish = vstart.saturating_add(virtual_cost(demand.get(Axis::Tokens), weight));
+        if vfinish >= key.vfinish {
+            return;
+        }
+        let Some(pool) = self.pools.get_mut(p as usize) else {
+            return;
+        };
+        let Some(slot) = pool.queue.remove(key) else {
+            return;
+        };
+        let new = Key {
+            vfinish,
+            seq: key.seq,
+        };
+        pool.queue.insert(new, demand, slot);
+        if let Some(Entry {
+            phase: Phase::Queued { key: k, .. },
+            ..
+        }) = self.leases.get_mut(id)
+        {
+            *k = new;
+        }
+        if let Some(ap) = self
+            .agents
+            .get_mut(agent_slot)
+            .and_then(|a| a.pools.get_mut(p as usize))
+        {
+            if ap.last_vfinish == key.vfinish {
+                ap.last_vfinish = vfinish;
+            }
+        }
+        self.agents
+            .note_ask(agent_slot, p, weight, demand.get(Axis::Tokens));
     }
 
     fn reject(
@@ -325,7 +399,8 @@ impl Coordinator {
     /// largest request `sᵢ`), and `R` is the binding axis's refill rate (limit × margin /
     /// window), under these assumptions: settled usage equals the reservation (no debt),
     /// the limits and margin do not change, no 429 pauses the pool, and weights are as at
-    /// the first ask. (Weighted fair queueing by virtual finish: each other agent can be
+    /// the first ask (a warm-cache bump given while a ticket waits, see
+    /// `weights.cache_bump`, is a weight change: it moves that ticket ahead). (Weighted fair queueing by virtual finish: each other agent can be
     /// served at most its weight's share of the same span of virtual time, plus one request
     /// it had started.) `core/tests/starvation.rs` checks the bound over arbitrary mixes of
     /// other agents; a big request among forty looping small ones, which a refusal used to
@@ -427,10 +502,10 @@ impl Coordinator {
             task.and_then(|t| self.tasks.get(t)),
             now,
         );
-        let (last_vfinish, held) = agent
-            .pools
-            .get(p as usize)
-            .map_or((0, None), |a| (a.last_vfinish, a.held_vstart(now)));
+        let (last_vfinish, held, warm_until) =
+            agent.pools.get(p as usize).map_or((0, None, None), |a| {
+                (a.last_vfinish, a.held_vstart(now), a.cache_warm_until)
+            });
         self.agents
             .note_ask(agent_slot, p, weight, demand.get(Axis::Tokens));
 
@@ -514,8 +589,12 @@ impl Coordinator {
             key,
             vstart,
             enqueued_at: now,
+            bump: pending_bump(&self.config.weights, &ask, warm_until, weight, now),
         };
         let lease = self.insert_lease(req.agent, agent_slot, p, ask, phase, vfinish, now, task);
+        if let Phase::Queued { bump, .. } = phase {
+            self.leases.schedule_bump(lease, bump);
+        }
         let pool = &mut self.pools[p as usize];
         pool.queue.set_slot(inserted, LeaseTable::slot_of(lease));
         pool.counters.queued = pool.counters.queued.saturating_add(1);
@@ -689,6 +768,7 @@ impl Coordinator {
                 key,
                 vstart,
                 enqueued_at,
+                ..
             } => {
                 pool.queue.remove(key);
                 if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
@@ -791,6 +871,7 @@ impl Coordinator {
             consider(self.pool_wake(u32::try_from(p).unwrap_or(u32::MAX)));
         }
         consider(self.next_floor_alert());
+        consider(self.leases.next_bump());
         next.map(|t| t.max(self.now))
     }
 

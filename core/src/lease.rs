@@ -1,7 +1,7 @@
 //! The lease table: a slab of live leases and queued tickets with generation-checked ids,
 //! and the expiry queue.
 
-use alloc::collections::VecDeque;
+use alloc::collections::{BTreeSet, VecDeque};
 use alloc::vec::Vec;
 use core::fmt;
 use serde::{Deserialize, Serialize};
@@ -58,6 +58,10 @@ pub(crate) enum Phase {
         key: Key,
         vstart: u128,
         enqueued_at: Millis,
+        /// A warm-cache bump the ticket is due while it waits (see
+        /// [`LeaseTable::schedule_bump`]); in the table's bump set at the same instant.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bump: Option<Bump>,
     },
     Active {
         granted_at: Millis,
@@ -71,6 +75,14 @@ pub(crate) enum Phase {
         /// which bounds a late refund (see `Bucket::refund_room`).
         grant_level: i128,
     },
+}
+
+/// A queued ticket's pending warm-cache bump: at `at` its agent's prompt cache comes within
+/// the bump window, and the ticket's place is recomputed with weight `weight`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Bump {
+    pub(crate) at: Millis,
+    pub(crate) weight: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,6 +114,10 @@ pub(crate) struct LeaseTable {
     /// is fixed and time never goes back. Entries of leases that ended early, or were
     /// renewed since, are skipped when reached.
     expiries: VecDeque<(Millis, LeaseId)>,
+    /// (at, id) of every queued ticket with a pending [`Bump`], earliest first: exactly
+    /// the tickets whose phase names one, at the same instant.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    bumps: BTreeSet<(Millis, LeaseId)>,
 }
 
 impl LeaseTable {
@@ -111,6 +127,7 @@ impl LeaseTable {
             free: Vec::new(),
             live: 0,
             expiries: VecDeque::new(),
+            bumps: BTreeSet::new(),
         }
     }
 
@@ -175,6 +192,9 @@ impl LeaseTable {
             return None;
         }
         let e = s.entry.take()?;
+        if let Phase::Queued { bump: Some(b), .. } = e.phase {
+            self.bumps.remove(&(b.at, id));
+        }
         self.free.push(id.slot());
         self.live = self.live.saturating_sub(1);
         Some(e)
@@ -235,6 +255,47 @@ impl LeaseTable {
         None
     }
 
+    /// Gives queued ticket `id` a pending bump (replacing any it had).
+    pub(crate) fn schedule_bump(&mut self, id: LeaseId, bump: Option<Bump>) {
+        let Some(Entry {
+            phase: Phase::Queued { bump: old, .. },
+            ..
+        }) = self.get_mut(id)
+        else {
+            return;
+        };
+        let prev = core::mem::replace(old, bump);
+        if let Some(b) = prev {
+            self.bumps.remove(&(b.at, id));
+        }
+        if let Some(b) = bump {
+            self.bumps.insert((b.at, id));
+        }
+    }
+
+    /// The earliest pending bump.
+    pub(crate) fn next_bump(&self) -> Option<Millis> {
+        self.bumps.first().map(|(at, _)| *at)
+    }
+
+    /// Takes the earliest pending bump due at or before `now`: the ticket and its bump,
+    /// which is no longer pending.
+    pub(crate) fn pop_bump(&mut self, now: Millis) -> Option<(LeaseId, Bump)> {
+        while let Some(&(at, id)) = self.bumps.first().filter(|(at, _)| *at <= now) {
+            self.bumps.remove(&(at, id));
+            if let Some(Entry {
+                phase: Phase::Queued { bump, .. },
+                ..
+            }) = self.get_mut(id)
+            {
+                if let Some(b) = bump.take() {
+                    return Some((id, b));
+                }
+            }
+        }
+        None
+    }
+
     /// Live entries in slot order (allocates; for metrics and checks).
     pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.slots.iter().filter_map(|s| s.entry.as_ref())
@@ -277,7 +338,17 @@ impl LeaseTable {
                 Phase::Active { expires_at, .. } => queued.contains(&(expires_at, e.id)),
                 Phase::Queued { .. } => true,
             });
+        // The bump set and the tickets' pending bumps one to one.
+        let pending = self
+            .entries()
+            .filter(|e| match e.phase {
+                Phase::Queued { bump: Some(b), .. } => self.bumps.contains(&(b.at, e.id)),
+                _ => false,
+            })
+            .count();
+        let bumps_ok = pending == self.bumps.len();
         live == self.live as usize
+            && bumps_ok
             && free_ok
             && ids_ok
             && expiries_ok
@@ -304,6 +375,7 @@ mod tests {
                 key: Key { vfinish: 0, seq: 0 },
                 vstart: 0,
                 enqueued_at: Millis(0),
+                bump: None,
             },
             task: None,
         }

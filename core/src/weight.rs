@@ -2,6 +2,7 @@
 
 use crate::agents::Agent;
 use crate::config::WeightConfig;
+use crate::lease::{Ask, Bump};
 use crate::request::{LeaseRequest, Role};
 use crate::tasks::Task;
 use crate::time::Millis;
@@ -53,6 +54,33 @@ pub(crate) fn weight(
         }
     }
     weight.max(1)
+}
+
+/// The warm-cache bump a request queued at `now` without one is due while it waits: when
+/// its agent's cache (warm until `warm_until`) comes within `cache_bump_window_ms`, with
+/// its weight then (`weight`, bumped). `None` when the request was bumped at the ask, is
+/// not eligible (a cached prefix below `cache_bump_min_tokens`, no bump configured) or
+/// its cache is cold.
+pub(crate) fn pending_bump(
+    w: &WeightConfig,
+    ask: &Ask,
+    warm_until: Option<Millis>,
+    weight: u128,
+    now: Millis,
+) -> Option<Bump> {
+    if w.cache_bump == 0
+        || ask.cached_prefix_tokens == 0
+        || ask.cached_prefix_tokens < w.cache_bump_min_tokens
+    {
+        return None;
+    }
+    let warm_until = warm_until.filter(|u| *u > now)?;
+    let at = Millis(warm_until.0.saturating_sub(w.cache_bump_window_ms));
+    (at > now).then(|| Bump {
+        at,
+        weight: u64::try_from(mul_permille(weight, 1000 + u128::from(w.cache_bump)))
+            .unwrap_or(u64::MAX),
+    })
 }
 
 /// `a × b / 1000`, in 64-bit arithmetic when the product fits (it does for every valid

@@ -1036,3 +1036,51 @@ fn renewing_keeps_the_expiry_queue_in_order() {
         .collect();
     assert_eq!(reaped, [(Millis(1_100), b), (Millis(1_500), a)]);
 }
+
+#[test]
+fn a_warm_cache_bump_is_given_while_the_ticket_waits() {
+    // One concurrency slot, held by agent 9 well past agent 1's bump window.
+    let json = r#"{"pools":[{"name":"p","input_tokens_per_minute":100000,
+        "output_tokens_per_minute":20000,"requests_per_minute":1000,"max_concurrent":1}],
+        "lease_ttl_ms":400000}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 7, Millis(0)).unwrap();
+    let warm = |input| LeaseRequest {
+        cached_prefix_tokens: 2000,
+        ..ask(1, input, 100)
+    };
+    let first = grant(c.request_lease(Millis(0), &warm(100)).unwrap());
+    let read = Usage {
+        input_tokens: 100,
+        cache_read_input_tokens: 2000,
+        output_tokens: 100,
+        ..Usage::default()
+    };
+    c.settle(Millis(10), first, &read).unwrap(); // warm until 300,010
+    let slot = grant(c.request_lease(Millis(20), &ask(9, 100, 100)).unwrap());
+    // Agent 2 asks first for less; agent 1 then asks with 200 s of cache left: no bump at
+    // the ask, so it is behind agent 2.
+    queued(
+        c.request_lease(Millis(100_000), &ask(2, 1000, 100))
+            .unwrap(),
+    );
+    let (one, _) = queued(c.request_lease(Millis(100_001), &warm(1200)).unwrap());
+    // The pending bump survives a snapshot, and the core wakes when the cache comes within
+    // the 60 s window (240,010).
+    let mut c = Coordinator::restore_json(&c.snapshot_json()).unwrap();
+    assert!(c.poll_timeout() <= Some(Millis(240_010)));
+    let events = drive(&mut c, Millis(240_010));
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(c.check(), Ok(()));
+    c.settle(Millis(250_000), slot, &used(100, 100)).unwrap();
+    let granted: Vec<LeaseId> = core::iter::from_fn(|| c.poll_event())
+        .filter_map(|e| match e {
+            Event::Granted { lease, .. } => Some(lease),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        granted,
+        vec![one],
+        "agent 1, bumped while it waited, goes first"
+    );
+}
