@@ -18,7 +18,7 @@ import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
 import { LeaseRejectedError, TokenwardenError } from './errors.js'
 import type { Estimate, Estimator } from './estimator.js'
-import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, detectProvider, promptTokens } from './providers.js'
+import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, detectProvider, promptTokens, providerErrorBody } from './providers.js'
 import { type CallStep, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
@@ -57,6 +57,17 @@ export interface FetchOptions {
    * cancelled) and the error is the call's.
    */
   onLongWait?: (wait: LongWait) => void | Promise<void>
+  /**
+   * How a call tokenwarden refuses or gives up on reaches the caller. `true` (the default):
+   * as a `Response` in the provider's own error format — `429` with `retry-after` for a
+   * refusal a later retry can cure, `400` for a call that can never be served as asked or a
+   * model with no pool, `503` once the driver is closed — so an SDK raises an API error that
+   * shows tokenwarden's reason (a thrown error reaches its user as "Connection error.").
+   * `false`: thrown (`LeaseRejectedError`, `TokenwardenError`), for code that calls the
+   * wrapped `fetch` itself. An abort, a network error and an upstream timeout are thrown
+   * either way.
+   */
+  errorResponses?: boolean
   /**
    * How long the provider may keep a call waiting, ms (see {@link UpstreamTimeouts}). On
    * expiry the request is aborted, the lease ends by the core's rule for an interrupted
@@ -221,7 +232,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
     idleMs: timeoutOption(options, 'idleMs', DEFAULT_IDLE_MS),
   }
 
-  const wrapped = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
+  const call = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
     const send = options.fetch ?? globalThis.fetch
     const url = new URL(input instanceof Request ? input.url : String(input))
     const method = init?.method ?? (input instanceof Request ? input.method : 'GET')
@@ -344,6 +355,18 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       return relay(res, lease, driver, stream ? sseMeter(provider) : bodyMeter(provider), upstream, timeouts.idleMs, stream ? 0 : HOLD_BYTES, onUsage)
     }
   }
+  const wrapped = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
+    try {
+      return await call(input, init)
+    } catch (e) {
+      if (options.errorResponses === false) throw e
+      const url = new URL(input instanceof Request ? input.url : String(input))
+      const provider = detectProvider(url, init?.method ?? (input instanceof Request ? input.method : 'GET'))
+      const answer = provider === null ? null : refusalResponse(e, provider)
+      if (answer === null) throw e
+      return answer
+    }
+  }
   return wrapped as typeof fetch
 }
 
@@ -382,6 +405,34 @@ function firstByte(driver: Driver, sent: Promise<Response>, upstream: AbortContr
       },
     )
   })
+}
+
+/**
+ * A refusal, a give-up or a limiter failure as the provider would answer it (see
+ * {@link FetchOptions.errorResponses}), or `null` for an error that is not one (an abort, a
+ * network error, an upstream timeout, an error of the caller's own hook).
+ */
+function refusalResponse(e: unknown, provider: Provider): Response | null {
+  let status: number
+  const headers: Record<string, string> = { 'content-type': 'application/json', 'x-tokenwarden-refusal': '1' }
+  let fields: { error: string } & Record<string, unknown>
+  if (e instanceof LeaseRejectedError) {
+    fields = { error: 'rejected', reason: e.reason, retryAt: e.retryAt === null ? null : Number(e.retryAt), retryAfterMs: e.retryAfterMs, gaveUp: e.gaveUp, message: e.message }
+    if (e.retryAfterMs === null) {
+      status = 400
+    } else {
+      status = 429
+      headers['retry-after'] = String(Math.max(1, Math.ceil(e.retryAfterMs / 1000)))
+    }
+  } else if (e instanceof TokenwardenError && ['rejected', 'closed', 'unknown_pool'].includes(e.code)) {
+    status = e.code === 'closed' ? 503 : e.code === 'unknown_pool' ? 400 : 429
+    fields = { error: e.code, message: e.message }
+  } else {
+    return null
+  }
+  // A retry helps only where a retry time was given.
+  headers['x-should-retry'] = headers['retry-after'] !== undefined || status === 503 ? 'true' : 'false'
+  return new Response(JSON.stringify(providerErrorBody(provider, status, `tokenwarden: ${fields.message as string}`, fields)), { status, headers })
 }
 
 /** Says the call is waiting (a visible "waiting on rate limit, retrying in N s"), then waits. */

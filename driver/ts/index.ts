@@ -15,7 +15,7 @@ export { createFetch, agentIdFor, failureSignature, taskIdFor, DEFAULT_FIRST_BYT
 export type { FetchContext, FetchOptions, LongWait, UpstreamTimeouts } from './fetch.js'
 export { BytesPerTokenEstimator, promptBytes } from './estimator.js'
 export type { BytesPerTokenOptions, Estimate, EstimateInput, Estimator, Observation } from './estimator.js'
-export { SseUsage, callShape, detectProvider, usageFromBody } from './providers.js'
+export { SseUsage, callShape, detectProvider, errorTypeFor, providerErrorBody, usageFromBody } from './providers.js'
 export type { CallShape, Provider } from './providers.js'
 export { ManualClock, sleep, systemClock } from './clock.js'
 export type { Clock } from './clock.js'

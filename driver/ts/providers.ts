@@ -429,3 +429,44 @@ export function lastTopLevelMember(text: string, key: string): string | null {
   }
   return null
 }
+
+/** The provider's error type for an HTTP status (both providers use these names). */
+export function errorTypeFor(status: number): string {
+  switch (status) {
+    case 400:
+      return 'invalid_request_error'
+    case 401:
+      return 'authentication_error'
+    case 403:
+      return 'permission_error'
+    case 404:
+      return 'not_found_error'
+    case 413:
+      return 'request_too_large'
+    case 429:
+      return 'rate_limit_error'
+    case 504:
+      return 'timeout_error'
+    case 529:
+      return 'overloaded_error'
+    default:
+      return 'api_error'
+  }
+}
+
+/**
+ * An error body in the provider's own format, which its official SDKs parse and show
+ * (Anthropic `{"type":"error","error":{"type","message"}}`, OpenAI
+ * `{"error":{"message","type","code"}}`), with tokenwarden's own fields under `tokenwarden`.
+ */
+export function providerErrorBody(
+  provider: Provider,
+  status: number,
+  message: string,
+  tokenwarden: { error: string } & Record<string, unknown>,
+): Record<string, unknown> {
+  const type = errorTypeFor(status)
+  return provider === 'anthropic'
+    ? { type: 'error', error: { type, message }, tokenwarden }
+    : { error: { message, type, code: tokenwarden.error }, tokenwarden }
+}

@@ -9,7 +9,7 @@
 // Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, newCall, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
+import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, errorTypeFor, newCall, providerErrorBody, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
@@ -722,7 +722,7 @@ function keptAlive(answer, provider, gone, sent) {
           // its error in the provider's event format.
           const raw = await res.text().catch(() => '')
           const parsed = errorOf(raw)
-          fail(res.status, parsed?.type ?? errorType(res.status), parsed?.message ?? `the provider answered ${res.status}${raw === '' ? '' : `: ${raw.slice(0, 512)}`}`)
+          fail(res.status, parsed?.type ?? errorTypeFor(res.status), parsed?.message ?? `the provider answered ${res.status}${raw === '' ? '' : `: ${raw.slice(0, 512)}`}`)
         },
         (err) => {
           clearInterval(timer)
@@ -753,25 +753,10 @@ function errorOf(raw) {
   return null
 }
 
-/** The provider's error type for an HTTP status. */
-function errorType(status) {
-  return (
-    {
-      400: 'invalid_request_error',
-      401: 'authentication_error',
-      403: 'permission_error',
-      404: 'not_found_error',
-      413: 'request_too_large',
-      429: 'rate_limit_error',
-      504: 'timeout_error',
-      529: 'overloaded_error',
-    }[status] ?? 'api_error'
-  )
-}
-
 /** One SSE error event in the provider's stream format. */
-function sseError(provider, status, type, message) {
-  const data = provider === 'anthropic' ? { type: 'error', error: { type, message } } : { error: { message, type, code: String(status) } }
+function sseError(provider, status, type, message, code) {
+  const data = providerErrorBody(provider, status, message, { error: code ?? type, message })
+  if (provider === 'anthropic') data.error.type = type
   return provider === 'anthropic' ? `event: error\ndata: ${JSON.stringify(data)}\n\n` : `data: ${JSON.stringify(data)}\n\n`
 }
 
@@ -784,7 +769,7 @@ function failureOf(err) {
   if (err?.upstream === true) return { status: 502, type: 'api_error', message: `tokenwarden: ${err.message}` }
   if (err?.code === 'upstream_timeout') return { status: 504, type: 'timeout_error', message: `tokenwarden: ${err.message}` }
   const { status, body } = errorParts(err)
-  return { status, type: errorType(status), message: `tokenwarden: ${body.message}` }
+  return { status, type: errorTypeFor(status), message: `tokenwarden: ${body.message}` }
 }
 
 /**
@@ -793,9 +778,9 @@ function failureOf(err) {
  */
 function upstreamFailure(err, provider) {
   if (err?.upstream !== true && err?.code !== 'upstream_timeout') throw err
-  const { status, type, message } = failureOf(err)
-  const body = provider === 'anthropic' ? { type: 'error', error: { type, message } } : { error: { message, type, code: err?.upstream === true ? 'upstream_unreachable' : 'upstream_timeout' } }
-  return json(status, body)
+  const { status, message } = failureOf(err)
+  const code = err?.upstream === true ? 'upstream_unreachable' : 'upstream_timeout'
+  return json(status, providerErrorBody(provider, status, message, { error: code, message: message.replace(/^tokenwarden: /, '') }))
 }
 
 /**
@@ -940,10 +925,7 @@ const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_la
 export function errorResponse(e, provider = null) {
   const { status, body, headers } = errorParts(e)
   if (provider === null) return json(status, body, headers)
-  const type = errorType(status)
-  const message = `tokenwarden: ${body.message}`
-  const wrapped =
-    provider === 'anthropic' ? { type: 'error', error: { type, message }, tokenwarden: body } : { error: { message, type, code: body.error }, tokenwarden: body }
+  const wrapped = providerErrorBody(provider, status, `tokenwarden: ${body.message}`, body)
   return json(status, wrapped, status === 429 || status === 503 ? { ...headers, 'x-should-retry': 'true' } : { ...headers, 'x-should-retry': 'false' })
 }
 

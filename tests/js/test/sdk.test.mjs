@@ -133,6 +133,22 @@ describe('official SDKs through tw.fetch() against the mock provider', { skip },
     tw.close()
   })
 
+  test("a refusal reaches the SDK's user as an API error with tokenwarden's reason, not \"Connection error.\"", async () => {
+    const tw = createTokenwarden({ config: config('claude-sonnet-4-6') })
+    const client = new Anthropic({ apiKey: KEY, baseURL: mock.url, fetch: tw.fetch({ agent: 'too-big' }), maxRetries: 0 })
+    // More output than the pool allows in a window: it can never be served as asked.
+    const err = await client.messages.create({ model: 'claude-sonnet-4-6', max_tokens: 21_000, messages: [{ role: 'user', content: 'hi' }] }).then(
+      () => null,
+      (e) => e,
+    )
+    assert.ok(err !== null, 'refused')
+    assert.equal(err.status, 400)
+    assert.equal(err.name, 'BadRequestError')
+    assert.match(err.message, /tokenwarden: lease rejected/)
+    assert.doesNotMatch(err.message, /Connection error/)
+    tw.close()
+  })
+
   test('a 429 is retried after the core backoff, visibly, and never reaches the SDK', async () => {
     mock.reset()
     const tw = createTokenwarden({ config: config('claude-sonnet-4-6') })
