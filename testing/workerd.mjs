@@ -26,9 +26,9 @@ export async function buildWorker(outdir, { entry, name = 'worker' }) {
 /**
  * Starts a bundled Worker on 127.0.0.1; resolves to `{ mf, base }`. With `fleets` it is the
  * edge limiter (its Durable Object class bound as QUOTAS, storage persisted in `persist`,
- * `bindings` as further environment variables; `inspectorPort` opens the V8 inspector).
+ * `bindings` as further environment variables).
  */
-export async function startWorker({ outdir, name = 'worker', persist, fleets, port, bindings = {}, inspectorPort }) {
+export async function startWorker({ outdir, name = 'worker', persist, fleets, port, bindings = {} }) {
   const edge =
     fleets === undefined
       ? {}
@@ -44,8 +44,6 @@ export async function startWorker({ outdir, name = 'worker', persist, fleets, po
     host: '127.0.0.1',
     ...edge,
     ...(port === undefined ? {} : { port }),
-    // The V8 inspector on 127.0.0.1 (tests read the isolate's heap through it).
-    ...(inspectorPort === undefined ? {} : { inspectorPort }),
   })
   const base = (await mf.ready).href.replace(/\/$/, '')
   return { mf, base }

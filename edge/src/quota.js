@@ -59,6 +59,10 @@ function newEpoch() {
   return `${Date.now().toString(36)}${crypto.getRandomValues(new Uint32Array(1))[0].toString(36)}`
 }
 
+/** Task owners remembered per object, and the core's default `max_tasks`. */
+const MAX_TASK_OWNERS = 8192
+const DEFAULT_MAX_TASKS = 4096
+
 /** Agent ids remembered per object (names are bounded: 1 to 128 characters). */
 const MAX_AGENT_IDS = 4096
 const MASK53 = (1n << 53n) - 1n
@@ -166,12 +170,15 @@ export class QuotaObject {
     this.epoch = null
     /** @type {AgentIds | null} */
     this.agentIds = null
+    /** Task id → the agent credential's name that opened it (at most MAX_TASK_OWNERS). */
+    this.taskOwners = new Map()
     this.ctx.blockConcurrencyWhile(async () => {
       const saved = await readState(this.ctx.storage)
       if (saved === null) return
       this.written = saved.written
       const { snapshot, leases } = saved.value
       this.epoch = typeof saved.value.epoch === 'string' ? saved.value.epoch : '0'
+      this.taskOwners = new Map(Array.isArray(saved.value.taskOwners) ? saved.value.taskOwners : [])
       this.#start(wasmEngines.restore(typeof snapshot === 'string' ? snapshot : JSON.stringify(snapshot)), leases)
       // Proxied calls in flight when the object stopped died with it: nobody will settle
       // their leases or take their tickets. End them now (a granted one charged as the core
@@ -275,7 +282,7 @@ export class QuotaObject {
     // A small snapshot is stored as its text in the head; a large one is taken apart so
     // that its tables are chunked (parsing costs about 15 % of the throughput of small ones).
     const text = this.tw.engine.snapshot()
-    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases], epoch: this.epoch }
+    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases], epoch: this.epoch, taskOwners: [...this.taskOwners] }
     const w = writeChanged(this.ctx.storage, this.written, state)
     this.lastWrite = { put: w.put, deleted: w.deleted, bytes: w.bytes, pieces: this.written.size }
     const writes = [w.done]
@@ -342,13 +349,13 @@ export class QuotaObject {
           response = this.#response(tw, await body(request), who)
           break
         case 'POST task':
-          response = this.#openTask(tw, await body(request))
+          response = this.#openTask(tw, await body(request), who, fleet, quota)
           break
         case 'POST task-failed':
-          response = this.#taskFailed(tw, id, await body(request))
+          response = this.#taskFailed(tw, id, await body(request), who)
           break
         case 'POST task-done':
-          response = this.#taskDone(tw, id, await body(request))
+          response = this.#taskDone(tw, id, await body(request), who)
           break
         case 'GET metrics':
           return json(200, tw.metrics())
@@ -439,8 +446,11 @@ export class QuotaObject {
     const agent = await this.#agentFor(fields.agent, who)
     const request = { ...fields, agent: agent.id, pool }
     if (fields.task === undefined || fields.task === null) delete request.task
-    else request.task = taskId(fields.task)
+    else {
+      request.task = taskId(fields.task)
+    }
     const ask = tw.callLease(call, request)
+    if (request.task !== undefined) this.#own(request.task, who)
     const step = ask.step
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
     const { lease: _l, ticket: _t, ...shown } = step
@@ -462,28 +472,66 @@ export class QuotaObject {
     return json(200, { kind: 'reject', retryAt, retryAfterMs: refused.retryAfterMs, reason: step.refusal, message: refused.message, ...out })
   }
 
-  /** Opens a task (or updates an open one): `{ task, role?, unblocks? }`. */
-  #openTask(tw, b) {
+  /**
+   * Who may change, fail or end a task: the fleet secret any; an agent credential the tasks
+   * its agent opened (through `POST /tasks`, or a lease or proxied call naming a new task),
+   * never another agent's or the operator's (403). Any caller may lease for any task.
+   */
+  #mayAct(task, who) {
+    if (who === null) return
+    const owner = this.taskOwners.get(task)
+    if (owner !== who.name) throw new HttpError(403, 'forbidden', `task ${task} is not ${who.name}'s: an agent credential acts only on the tasks its agent opened`)
+  }
+
+  /**
+   * Remembers who first named `task`: an agent credential's name, or `''` for the fleet
+   * secret or a secretless proxied call (no credential may act on those).
+   */
+  #own(task, who) {
+    if (this.taskOwners.has(task)) return
+    if (this.taskOwners.size >= MAX_TASK_OWNERS) this.taskOwners.delete(this.taskOwners.keys().next().value)
+    this.taskOwners.set(task, who?.name ?? '')
+  }
+
+  /**
+   * Opens a task (or updates an open one): `{ task, role?, unblocks? }`. An agent
+   * credential opens a new task only while fewer than three quarters of `max_tasks` are
+   * open, as a lease naming one does: the last quarter is the operator's.
+   */
+  #openTask(tw, b, who, fleet, quota) {
     for (const k of Object.keys(b)) if (!['task', 'role', 'unblocks'].includes(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the task`)
     const spec = { task: taskId(b.task), role: roleOf(b.role), unblocks: b.unblocks === undefined ? 0 : unblocksOf(b.unblocks) }
+    if (who !== null) {
+      if (this.taskOwners.has(spec.task)) this.#mayAct(spec.task, who)
+      else {
+        const max = parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.quotas?.[quota]?.config?.max_tasks ?? DEFAULT_MAX_TASKS
+        const open = Number(tw.metrics().tasks.open)
+        if (open >= Math.floor((max * 3) / 4)) throw new HttpError(409, 'too_many_tasks', `${open} tasks are open: an agent credential opens new ones only below three quarters of max_tasks (${max}); the rest is the operator's`)
+      }
+    }
     tw.openTask(spec)
+    this.#own(spec.task, who)
     return json(200, { task: spec.task, open: true })
   }
 
   /** A failed attempt of an open task: `{ signature }` (a hash the client computed; never the test or diff itself). */
-  #taskFailed(tw, id, b) {
+  #taskFailed(tw, id, b, who) {
+    this.#mayAct(Number(id), who)
     for (const k of Object.keys(b)) if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
     if (!Number.isSafeInteger(b.signature) || b.signature < 0) throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
     return json(200, { task: Number(id), repeats: tw.taskFailed(Number(id), b.signature) })
   }
 
   /** Ends an open task: `{ outcome }` (merged, abandoned or failed) or `{ merged }`; answers its figures. */
-  #taskDone(tw, id, b) {
+  #taskDone(tw, id, b, who) {
+    this.#mayAct(Number(id), who)
     for (const k of Object.keys(b)) if (k !== 'outcome' && k !== 'merged') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body`)
     if (b.merged !== undefined && typeof b.merged !== 'boolean') throw Object.assign(new HttpError(400, 'invalid_argument', '`merged` must be true or false'), { field: 'merged' })
     const outcome = b.outcome ?? (b.merged === false ? 'abandoned' : 'merged')
     if (!['merged', 'abandoned', 'failed'].includes(outcome)) throw Object.assign(new HttpError(400, 'invalid_argument', '`outcome` must be merged, abandoned or failed'), { field: 'outcome' })
-    return json(200, tw.endTask(Number(id), outcome))
+    const summary = tw.endTask(Number(id), outcome)
+    this.taskOwners.delete(Number(id))
+    return json(200, summary)
   }
 
   /**
@@ -496,6 +544,7 @@ export class QuotaObject {
     this.tw?.close()
     this.tw = null
     this.leases = new Map()
+    this.taskOwners = new Map()
     for (const wakes of this.waiters.values()) for (const wake of wakes) wake()
     this.waiters.clear()
     await this.ctx.storage.deleteAlarm()
@@ -604,6 +653,9 @@ export class QuotaObject {
     const agent = who?.id ?? (await this.agentIds.id(agentName))
     const role = roleOf(pick('role') ?? undefined, 'x-tokenwarden-role')
     const task = pick('task')
+    if (task !== null) {
+      this.#own(taskId(task, 'x-tokenwarden-task'), who)
+    }
     const unblocks = pick('unblocks')
     const signature = request.headers.get('x-tokenwarden-failure-signature')
     if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature)))) throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
@@ -649,7 +701,10 @@ export class QuotaObject {
     // 429 to clear) gets its response head now and SSE comments until the provider's stream
     // follows: the client sees a live connection, and a client that went away is noticed
     // when a write to it fails — the call is then withdrawn, not forwarded for nobody.
-    const first = await Promise.race([answer.then((res) => ({ res }), (err) => ({ err })), new Promise((r) => setTimeout(() => r(null), KEEPALIVE_AFTER_MS))])
+    const settled = answer.then((res) => ({ res }), (err) => ({ err }))
+    let first = await Promise.race([settled, new Promise((r) => setTimeout(() => r(null), KEEPALIVE_AFTER_MS))])
+    // Already with the provider: its own status and headers are what the client gets.
+    if (first === null && sent) first = await settled
     if (first !== null) return first.err === undefined ? first.res : upstreamFailure(first.err, provider)
     return keptAlive(answer, provider, gone, () => sent)
   }
@@ -875,7 +930,7 @@ function checkHeaderPairs(headers) {
  */
 const FORWARDED =
   /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+|user-agent|x-stainless-[a-z0-9-]+|x-app|x-claude-code-[a-z0-9-]+|originator|session-id|x-codex-[a-z0-9-]+|chatgpt-account-id)$/
-const OURS = /(?:^|[^A-Za-z0-9])tw(?:a1|1|2)\.[A-Za-z0-9_-]+\./
+const OURS = /(?:^|[^A-Za-z0-9])tw(?:a1|1|2)\.[A-Za-z0-9_-]+\./i
 export function forwardedHeaders(incoming, secrets) {
   const lowered = (Array.isArray(secrets) ? secrets : [secrets]).filter((x) => typeof x === 'string' && x.length > 0).map((x) => x.toLowerCase())
   const out = new Headers()
@@ -890,11 +945,14 @@ export function forwardedHeaders(incoming, secrets) {
 /** Whether a header value holds one of `secrets` (lower-cased) or a credential or handle. */
 function holdsSecret(value, secrets) {
   const forms = [value]
-  try {
-    const decoded = decodeURIComponent(value)
-    if (decoded !== value) forms.push(decoded)
-  } catch {
-    // not percent-encoded
+  // Every well-formed %XX decoded, leaving stray `%`s as they are (decodeURIComponent would
+  // give up on the whole value at the first one); twice, for a value encoded twice.
+  let v = value
+  for (let i = 0; i < 2; i++) {
+    const decoded = v.replace(/%([0-9A-Fa-f]{2})/g, (_m, h) => String.fromCharCode(Number.parseInt(h, 16)))
+    if (decoded === v) break
+    forms.push(decoded)
+    v = decoded
   }
   return forms.some((v) => {
     const lower = v.toLowerCase()

@@ -211,7 +211,11 @@ function proxiedProvider(request) {
 export default {
   async fetch(request, env) {
     try {
-      return await handle(request, env)
+      const res = await handle(request, env)
+      // A route that takes no body (a reset, a mint, a DELETE) answers after reading any
+      // sent anyway, so the connection stays usable.
+      await drain(request)
+      return res
     } catch (e) {
       // An answer given before the body was read: read it first (up to a bound), so the
       // connection stays usable for the client's next request.

@@ -46,6 +46,11 @@ before(async () => {
     req.on('data', (c) => chunks.push(c))
     req.on('end', () => {
       echoed.push({ method: req.method, url: req.url, headers: req.headers, body: Buffer.concat(chunks).toString() })
+      if (req.url.includes('slow-overload')) {
+        // A provider that takes 1.5 s to say it is overloaded.
+        setTimeout(() => res.writeHead(529, { 'content-type': 'application/json', 'request-id': 'req-1' }).end('{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'), 1_500)
+        return
+      }
       res.writeHead(200, { 'content-type': 'application/json', 'x-provider-header': 'kept' }).end(req.url.includes('count_tokens') ? '{"input_tokens":42}' : '{"data":[{"id":"claude-sonnet-4-6"}]}')
     })
   })
@@ -58,6 +63,7 @@ before(async () => {
       quotas: {
         main: { config: { pools: [POOL] }, upstream: mock.url },
         reports: { config: { pools: [POOL] } },
+        tasks: { config: { pools: [POOL], max_tasks: 8 } },
         reset: { config: { pools: [POOL] } },
         slow: { config: { pools: [SLOW] }, upstream: mock.url },
         slow2: { config: { pools: [SLOW] }, upstream: mock.url },
@@ -218,6 +224,38 @@ describe('agents are told apart by their full name', () => {
   })
 })
 
+describe('tasks and agent credentials', () => {
+  const quota = 'tasks'
+  test("a credential fails, ends or re-weights only its own agent's tasks, and opens new ones only below three quarters of max_tasks", async () => {
+    const alice = await credential('alice')
+    const mallory = await credential('mallory')
+    assert.equal((await post('/tasks', { task: 'alice-1', role: 'planner', unblocks: 4 }, { quota, secret: alice })).status, 200)
+    assert.equal((await post('/tasks', { task: 'ops-1' }, { quota })).status, 200, "the operator's")
+    for (const [path, b] of [
+      ['/tasks', { task: 'alice-1', role: 'worker' }],
+      ['/tasks/alice-1/failed', { signature: 1 }],
+      ['/tasks/alice-1/done', {}],
+      ['/tasks/ops-1/done', {}],
+    ]) {
+      const r = await post(path, b, { quota, secret: mallory })
+      assert.equal(r.status, 403, `${path} by mallory`)
+      await r.arrayBuffer()
+    }
+    // Anyone may lease for any task; the owner ends hers.
+    const l = await (await lease({ agent: 'mallory', task: 'alice-1' }, { quota, secret: mallory })).json()
+    assert.equal(l.kind, 'grant')
+    assert.equal((await post(`/leases/${l.lease}/settle`, { inputTokens: 10 }, { quota, secret: mallory })).status, 200)
+    assert.equal((await post('/tasks/alice-1/failed', { signature: 1 }, { quota, secret: alice })).status, 200)
+    assert.equal((await post('/tasks/alice-1/done', {}, { quota, secret: alice })).status, 200)
+    // max_tasks 8: a credential opens up to 6 (three quarters), the operator the rest.
+    const opened = []
+    for (let i = 0; i < 8; i++) opened.push((await post('/tasks', { task: `m-${i}` }, { quota, secret: mallory })).status)
+    assert.deepEqual(opened, [200, 200, 200, 200, 200, 409, 409, 409], 'ops-1 and five of mallory: six open')
+    assert.equal((await post('/tasks', { task: 'ops-2' }, { quota })).status, 200, 'the operator still has room')
+    assert.equal((await post('/admin/reset', {}, { quota, secret: ADMIN })).status, 200)
+  })
+})
+
 describe('lease handles never repeat', () => {
   test('after an admin reset the new leases have new handles, and an old handle ends nothing', async () => {
     const quota = 'reset'
@@ -323,6 +361,10 @@ describe('malformed bodies and kept-alive connections', () => {
     const health = `GET /healthz HTTP/1.1\r\nhost: ${host()}\r\n\r\n`
     const { statuses, closedEarly } = await rawExchange([wrong, health, wrong, health])
     assert.deepEqual(statuses, [401, 200, 401, 200], `answers on one connection (error: ${closedEarly})`)
+    // A route that takes no body, answered 200 with one sent anyway: the same.
+    const mint = `POST /v1/fleets/f/agents/kept/credential HTTP/1.1\r\nhost: ${host()}\r\nauthorization: Bearer ${SECRET}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`
+    const again = await rawExchange([mint, health, mint, health])
+    assert.deepEqual(again.statuses, [200, 200, 200, 200], `a mint with a body, then /healthz (error: ${again.closedEarly})`)
   })
 })
 
@@ -339,6 +381,9 @@ describe('secrets never reach the provider', () => {
         'anthropic-upper': SECRET.toUpperCase(),
         'anthropic-encoded': encodeURIComponent(`${SECRET}/`).replace(/-/g, '%2D'),
         'openai-credential': agent,
+        'anthropic-stray': `100% ${encodeURIComponent(SECRET)}`,
+        'anthropic-twice': encodeURIComponent(encodeURIComponent(SECRET)),
+        'anthropic-shouting': agent.toUpperCase(),
         'anthropic-beta': 'prompt-caching-2024-07-31',
       },
       body: messages(),
@@ -348,7 +393,7 @@ describe('secrets never reach the provider', () => {
     assert.equal(mock.log.length, before + 1)
     const sent = mock.log.at(-1).headers
     assert.equal(sent['anthropic-beta'], 'prompt-caching-2024-07-31', 'the provider headers pass')
-    for (const name of ['anthropic-admin', 'anthropic-upper', 'anthropic-encoded', 'openai-credential']) assert.equal(sent[name], undefined, `${name} is not forwarded`)
+    for (const name of ['anthropic-admin', 'anthropic-upper', 'anthropic-encoded', 'openai-credential', 'anthropic-stray', 'anthropic-twice', 'anthropic-shouting']) assert.equal(sent[name], undefined, `${name} is not forwarded`)
     // A credential in Authorization on an open fleet (where Authorization is the provider's).
     const cred = await credential('o1', { fleet: 'open', secret: OPEN_SECRET })
     const o = await fetch(`${base}/v1/fleets/open/quotas/main/agents/o1/worker/anthropic/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, authorization: `Bearer ${cred}` }, body: messages() })
@@ -438,6 +483,14 @@ describe("the provider's other routes and what agents send", () => {
     }
     assert.equal(sent.headers.cookie, undefined)
     assert.equal(sent.headers['x-tokenwarden-token'], undefined)
+  })
+
+  test("a streamed call already with the provider gets the provider's own status and headers, even when they take over a second", async () => {
+    const r = await fetch(`${base}/v1/fleets/f/quotas/echo/proxy/v1/messages?slow-overload=1`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET }, body: messages({ stream: true }) })
+    assert.equal(r.status, 529, 'not a 200 keep-alive stream')
+    assert.equal(r.headers.get('request-id'), 'req-1')
+    assert.equal(r.headers.get('x-tokenwarden-kept-alive'), null)
+    assert.equal((await r.json()).error.type, 'overloaded_error')
   })
 
   test("a refusal in proxy mode is in OpenAI's error format for an OpenAI call (edge.test.mjs checks Anthropic's)", async () => {
