@@ -30,7 +30,7 @@ async function refused(promise) {
   await assert.rejects(promise, (e) => e instanceof HttpError && e.status === 401)
 }
 
-test('10,000 hostile authentications keep under 20 MiB of heap: nothing is keyed by what a caller sends', async () => {
+test('10,000 hostile authentications keep under 20 MiB of heap: nothing is keyed by what a caller sends', async (t) => {
   const shapes = [
     (i) => authenticate(fleets, 'nofleet', request({ authorization: `Bearer ${random(500, i + 1)}` })),
     (i) => authenticateAdmin(fleets, 'f', request({ authorization: `Bearer ${random(400, i + 7)}` })),
@@ -45,6 +45,7 @@ test('10,000 hostile authentications keep under 20 MiB of heap: nothing is keyed
   gc()
   const grown = (process.memoryUsage().heapUsed - before) / 1048576
   assert.ok(grown < 20, `the heap grew by ${grown.toFixed(1)} MiB`)
+  t.diagnostic(`the heap grew by ${grown.toFixed(2)} MiB over 10,000 hostile authentications`)
 })
 
 test('an oversized secret is refused before it is hashed, in every place a secret is read', async () => {
