@@ -40,6 +40,11 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_i32(n: &i32) -> bool {
+    *n == 0
+}
+
 /// A place in the fair order kept across a refusal (`wait_too_long`, `queue_full`,
 /// `too_many_leases`), so the request that comes back at its `retry_at` is not overtaken
 /// by everything that arrived meanwhile.
@@ -122,6 +127,12 @@ pub(crate) struct Agent {
     pub(crate) samples: u64,
     pub(crate) input_error: u32,
     pub(crate) output_error: u32,
+    /// The signed counterparts of `input_error` and `output_error`: estimate above the
+    /// actual figure positive.
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub(crate) input_bias: i32,
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub(crate) output_bias: i32,
     pub(crate) misses: u32,
     pub(crate) alerting: bool,
     pub(crate) pools: Vec<AgentPool>,
@@ -142,6 +153,8 @@ impl Agent {
             samples: 0,
             input_error: 0,
             output_error: 0,
+            input_bias: 0,
+            output_bias: 0,
             misses: 0,
             alerting: false,
             pools: alloc::vec![AgentPool::default(); pools],
@@ -198,14 +211,18 @@ impl Agent {
         if sample == Sample::NotCompleted || !reported {
             return None;
         }
-        let in_err = error_permille(
-            charged.get(Axis::InputTokens),
-            actual.get(Axis::InputTokens),
-        );
-        let out_err = error_permille(
-            charged.get(Axis::OutputTokens),
-            actual.get(Axis::OutputTokens),
-        );
+        let (input, output) = (Axis::InputTokens, Axis::OutputTokens);
+        let in_err = error_permille(charged.get(input), actual.get(input));
+        let out_err = error_permille(charged.get(output), actual.get(output));
+        let signed = |axis: Axis, err: u32| {
+            let e = i32::try_from(err).unwrap_or(i32::MAX);
+            if charged.get(axis) < actual.get(axis) {
+                -e
+            } else {
+                e
+            }
+        };
+        let (in_bias, out_bias) = (signed(input, in_err), signed(output, out_err));
         self.samples = self.samples.saturating_add(1);
         let first = self.samples == 1;
         let ewma = |old: u32, x: u32| {
@@ -217,6 +234,16 @@ impl Agent {
         };
         self.input_error = ewma(self.input_error, in_err);
         self.output_error = ewma(self.output_error, out_err);
+        let ewma_signed = |old: i32, x: i32| {
+            if first {
+                x
+            } else {
+                // |x| ≤ 10^6, so the sum stays far inside i64 and the result inside i32.
+                i32::try_from((i64::from(old) * 7 + i64::from(x)) / 8).unwrap_or(x)
+            }
+        };
+        self.input_bias = ewma_signed(self.input_bias, in_bias);
+        self.output_bias = ewma_signed(self.output_bias, out_bias);
         if in_err > alert.threshold_permille {
             self.misses = self.misses.saturating_add(1);
             if self.misses >= alert.consecutive && !self.alerting {

@@ -181,6 +181,13 @@ pub struct AgentMetrics {
     pub input_error_permille: u32,
     /// The same for output tokens (max_tokens against actual output: usually large).
     pub output_error_permille: u32,
+    /// Moving average of (estimate − actual) / actual for input tokens, thousandths, over
+    /// the same samples: positive when the estimates are above what the provider counted,
+    /// negative below (the signed side of `input_error_permille`; each sample within
+    /// ±1,000,000).
+    pub input_bias_permille: i32,
+    /// The same for output tokens.
+    pub output_bias_permille: i32,
     /// Whether the estimate-error alert is raised.
     pub alerting: bool,
     /// Current weight multiplier from repeated identical failures (thousandths).
@@ -420,6 +427,8 @@ pub(crate) fn agent_metrics(a: &Agent) -> AgentMetrics {
         settled: a.settled,
         input_error_permille: a.input_error,
         output_error_permille: a.output_error,
+        input_bias_permille: a.input_bias,
+        output_bias_permille: a.output_bias,
         alerting: a.alerting,
         repeat_failures: a.repeats,
         last_seen: a.last_seen,

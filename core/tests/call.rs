@@ -494,3 +494,27 @@ fn an_interrupted_call_is_not_an_estimate_sample() {
         );
     }
 }
+
+#[test]
+fn estimate_error_is_reported_signed_and_absolute_per_axis() {
+    let mut c = coord("");
+    let mut call = Call::new();
+    // Input estimated a third low, output reserved at twice what was produced.
+    let lease = sent(
+        c.call_lease(Millis(0), &mut call, &ask(1, 1000, 100))
+            .unwrap(),
+    );
+    let usage = Usage {
+        input_tokens: 1500,
+        output_tokens: 50,
+        ..Usage::default()
+    };
+    c.settle(Millis(10), lease, &usage).unwrap();
+    let m = c.metrics(Millis(20));
+    let a = &m.agents[0];
+    assert_eq!((a.input_error_permille, a.input_bias_permille), (333, -333));
+    assert_eq!(
+        (a.output_error_permille, a.output_bias_permille),
+        (1000, 1000)
+    );
+}

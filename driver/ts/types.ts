@@ -302,8 +302,12 @@ export interface AgentMetrics {
   queued: number
   settled: U64
   lastSeen: U64
+  /** Moving average of |estimate − actual| / actual, thousandths, over calls that completed with the provider's usage. */
   inputErrorPermille: number
   outputErrorPermille: number
+  /** The signed side of the same figures: positive when estimates are above what the provider counted. */
+  inputBiasPermille: number
+  outputBiasPermille: number
   alerting: boolean
   repeatFailures: number
 }
