@@ -7,6 +7,9 @@
 //   POST /v1/messages                 Anthropic Messages (also POST /messages)
 //   POST /v1/messages/count_tokens    Anthropic token counting (also /messages/count_tokens)
 //   POST /v1/chat/completions         OpenAI Chat Completions (also POST /chat/completions)
+//   POST /v1/responses                OpenAI Responses (also POST /responses), JSON or SSE with
+//                                     OpenAI's event sequence (response.created … response.completed,
+//                                     or response.incomplete when max_output_tokens cuts it short)
 // The Anthropic SDK takes baseURL `http://127.0.0.1:PORT`; the OpenAI SDK takes
 // `http://127.0.0.1:PORT/v1`.
 //
@@ -16,12 +19,22 @@
 //                   each `{type:'text'}` block of an array) and then, in order, each message's
 //                   `content` (a string, or the `text` of each `{type:'text'}` block of an
 //                   array). Other blocks (images, tool_use, tool_result, ...) and other fields
-//                   (roles, names, tools) count nothing.
+//                   (roles, names, tools) count nothing. For /v1/responses the text is
+//                   `instructions` and then `input` (a string, or each item's `content` — a
+//                   string or the `text` of its input_text/output_text/text parts — and each
+//                   function_call_output's string `output`). The `x-mock-cached-tokens` header
+//                   (at most the input tokens) reports that many of them as cached
+//                   (`input_tokens_details.cached_tokens`); cached tokens still count against
+//                   the limits, as OpenAI counts them.
 //   output tokens = min(max tokens, reply length). Max tokens is Anthropic `max_tokens`, or
 //                   OpenAI `max_completion_tokens` ?? `max_tokens`, default 1024. Reply length
 //                   is the `x-mock-reply-tokens` request header, else the `replyTokens`
 //                   option (default 50). The reply text is that many words (one word = one
 //                   token); a stream carries it in at most `maxDeltas` (default 20) deltas.
+//                   For /v1/responses max tokens is `max_output_tokens`, and the
+//                   `x-mock-reasoning-tokens` header adds that many reasoning tokens before the
+//                   reply (part of output_tokens, `output_tokens_details.reasoning_tokens`); a
+//                   reply cut by max_output_tokens is `status: "incomplete"`.
 //
 // Limits (all optional, per server instance, shared by every endpoint like one account):
 //   requestsPerMinute, inputTokensPerMinute, outputTokensPerMinute, tokensPerMinute (combined,
@@ -65,7 +78,7 @@ const WORDS = ['mock', 'reply', 'from', 'the', 'local', 'provider', 'with', 'som
 
 /**
  * @typedef {'anthropic' | 'openai'} Flavour
- * @typedef {{kind: 'messages' | 'count_tokens' | 'chat', flavour: Flavour}} Route
+ * @typedef {{kind: 'messages' | 'count_tokens' | 'chat' | 'responses', flavour: Flavour}} Route
  */
 
 /** @type {Map<string, Route>} */
@@ -76,7 +89,10 @@ const ROUTES = new Map([
   ['/messages/count_tokens', { kind: 'count_tokens', flavour: 'anthropic' }],
   ['/v1/chat/completions', { kind: 'chat', flavour: 'openai' }],
   ['/chat/completions', { kind: 'chat', flavour: 'openai' }],
+  ['/v1/responses', { kind: 'responses', flavour: 'openai' }],
+  ['/responses', { kind: 'responses', flavour: 'openai' }],
 ]);
+
 
 /**
  * A continuous token bucket. The level is kept in "token-milliseconds per minute" units
@@ -192,6 +208,33 @@ export function countInputTokens(body) {
   if (Array.isArray(body?.messages)) {
     for (const message of body.messages) {
       if (message && typeof message === 'object') text += textOf(message.content);
+    }
+  }
+  return Math.ceil(Buffer.byteLength(text, 'utf8') / 4);
+}
+
+/**
+ * Input tokens of a Responses API body: ceil(UTF-8 bytes of `instructions` and the text of
+ * `input` / 4) (see the header comment).
+ * @param {{instructions?: unknown, input?: unknown}} body
+ * @returns {number}
+ */
+export function countResponsesInputTokens(body) {
+  let text = typeof body?.instructions === 'string' ? body.instructions : '';
+  const input = body?.input;
+  if (typeof input === 'string') text += input;
+  else if (Array.isArray(input)) {
+    for (const item of input) {
+      if (!item || typeof item !== 'object') continue;
+      if (typeof item.content === 'string') text += item.content;
+      else if (Array.isArray(item.content)) {
+        for (const part of item.content) {
+          if (part && typeof part === 'object' && ['input_text', 'output_text', 'text'].includes(part.type) && typeof part.text === 'string') {
+            text += part.text;
+          }
+        }
+      }
+      if (item.type === 'function_call_output' && typeof item.output === 'string') text += item.output;
     }
   }
   return Math.ceil(Buffer.byteLength(text, 'utf8') / 4);
@@ -463,7 +506,7 @@ export async function startMockProvider(options = {}) {
   async function handle(req, res) {
     const path = (req.url ?? '/').split('?')[0];
     const route = req.method === 'POST' ? ROUTES.get(path) : undefined;
-    const flavour = route?.flavour ?? (path.includes('chat/completions') ? 'openai' : 'anthropic');
+    const flavour = route?.flavour ?? (path.includes('chat/completions') || path.includes('responses') ? 'openai' : 'anthropic');
     /** @type {import('./provider.d.ts').MockLogEntry} */
     const entry = { path, model: null, stream: false, inputTokens: 0, outputTokens: 0, status: 0 };
     // Only on request (a proxy's tests check what it forwards): headers hold API keys.
@@ -531,12 +574,21 @@ export async function startMockProvider(options = {}) {
     }
     entry.model = typeof body.model === 'string' ? body.model : null;
     entry.stream = route.kind !== 'count_tokens' && body.stream === true;
-    if (!Array.isArray(body.messages)) {
+    if (route.kind === 'responses') {
+      if (typeof body.input !== 'string' && !Array.isArray(body.input)) {
+        fail(400, 'invalid_request_error', 'input: field required (a string or an array of input items).');
+        return;
+      }
+    } else if (!Array.isArray(body.messages)) {
       fail(400, 'invalid_request_error', 'messages: field required (an array).');
       return;
     }
     const maxField =
-      route.flavour === 'anthropic' ? body.max_tokens : (body.max_completion_tokens ?? body.max_tokens);
+      route.kind === 'responses'
+        ? body.max_output_tokens
+        : route.flavour === 'anthropic'
+          ? body.max_tokens
+          : (body.max_completion_tokens ?? body.max_tokens);
     if (maxField !== undefined && maxField !== null && !(Number.isInteger(maxField) && maxField >= 0)) {
       fail(400, 'invalid_request_error', 'max_tokens must be a non-negative integer.');
       return;
@@ -548,8 +600,16 @@ export async function startMockProvider(options = {}) {
       fail(400, 'invalid_request_error', 'x-mock-reply-tokens and x-mock-delay-ms must be non-negative integers.');
       return;
     }
-    const inputTokens = countInputTokens(body);
+    const inputTokens = route.kind === 'responses' ? countResponsesInputTokens(body) : countInputTokens(body);
     entry.inputTokens = inputTokens;
+    const cachedHeader = intHeader(req, 'x-mock-cached-tokens');
+    const reasoningHeader = intHeader(req, 'x-mock-reasoning-tokens');
+    if (cachedHeader === null || reasoningHeader === null) {
+      fail(400, 'invalid_request_error', 'x-mock-cached-tokens and x-mock-reasoning-tokens must be non-negative integers.');
+      return;
+    }
+    const cachedTokens = Math.min(cachedHeader ?? 0, inputTokens);
+    const reasoningWanted = route.kind === 'responses' ? (reasoningHeader ?? 0) : 0;
 
     if (route.kind === 'count_tokens') {
       entry.status = 200;
@@ -665,10 +725,12 @@ export async function startMockProvider(options = {}) {
     entry.status = 200;
     log.push(entry);
 
-    const wanted = replyHeader ?? replyTokens;
+    const wanted = (replyHeader ?? replyTokens) + reasoningWanted;
     const outputTokens = Math.min(maxTokens, wanted);
     const truncated = wanted > maxTokens;
-    const reply = makeReply(outputTokens, maxDeltas);
+    // Reasoning comes first and counts in the output; the reply is what is left of it.
+    const reasoningTokens = Math.min(reasoningWanted, outputTokens);
+    const reply = makeReply(outputTokens - reasoningTokens, maxDeltas);
     const model = entry.model ?? 'mock-model';
 
     // Completion bookkeeping; runs exactly once (normal end or client abort).
@@ -691,6 +753,127 @@ export async function startMockProvider(options = {}) {
       emit(entry);
     };
 
+    /**
+     * The Responses API answer: the response object as JSON, or OpenAI's event stream
+     * (response.created, response.in_progress, a reasoning item when reasoning tokens were
+     * asked for, the message item with its output_text part and deltas, then
+     * response.completed, or response.incomplete when max_output_tokens cut it short).
+     */
+    const respondResponses = async () => {
+      const responseId = makeId('resp_mock_');
+      const createdAt = Math.floor(Date.now() / 1000);
+      const messageId = makeId('msg_mock_');
+      const reasoningId = makeId('rs_mock_');
+      const status = truncated ? 'incomplete' : 'completed';
+      const usage = {
+        input_tokens: inputTokens,
+        input_tokens_details: { cached_tokens: cachedTokens },
+        output_tokens: outputTokens,
+        output_tokens_details: { reasoning_tokens: reasoningTokens },
+        total_tokens: inputTokens + outputTokens,
+      };
+      const reasoningItem = { id: reasoningId, type: 'reasoning', summary: [] };
+      /** @param {string} text @param {string} itemStatus */
+      const messageItem = (text, itemStatus) => ({
+        id: messageId,
+        type: 'message',
+        status: itemStatus,
+        role: 'assistant',
+        content: text === null ? [] : [{ type: 'output_text', text, annotations: [], logprobs: [] }],
+      });
+      const withReasoning = reasoningTokens > 0;
+      /** @param {string} st @param {object[]} output @param {object | null} u */
+      const responseObject = (st, output, u) => ({
+        id: responseId,
+        object: 'response',
+        created_at: createdAt,
+        status: st,
+        background: false,
+        error: null,
+        incomplete_details: st === 'incomplete' ? { reason: 'max_output_tokens' } : null,
+        instructions: typeof body.instructions === 'string' ? body.instructions : null,
+        max_output_tokens: maxField ?? null,
+        model,
+        output,
+        parallel_tool_calls: true,
+        previous_response_id: typeof body.previous_response_id === 'string' ? body.previous_response_id : null,
+        reasoning: { effort: body.reasoning?.effort ?? null, summary: null },
+        service_tier: 'default',
+        store: body.store !== false,
+        temperature: 1,
+        text: { format: { type: 'text' }, verbosity: 'medium' },
+        tool_choice: 'auto',
+        tools: [],
+        top_p: 1,
+        truncation: 'disabled',
+        usage: u,
+        user: null,
+        metadata: {},
+      });
+      const itemStatus = truncated ? 'incomplete' : 'completed';
+      const finalOutput = [...(withReasoning ? [reasoningItem] : []), messageItem(reply.text, itemStatus)];
+
+      if (!entry.stream) {
+        finish(outputTokens);
+        sendJson(res, 200, responseObject(status, finalOutput, usage), rateHeaders(flavour));
+        return;
+      }
+
+      res.writeHead(200, {
+        ...rateHeaders(flavour),
+        'content-type': 'text/event-stream; charset=utf-8',
+        'cache-control': 'no-cache',
+      });
+      let sequence = 0;
+      /** @param {Record<string, unknown>} data */
+      const send = (data) => {
+        const event = { ...data, sequence_number: sequence++ };
+        res.write(`event: ${data.type}\ndata: ${JSON.stringify(event)}\n\n`);
+      };
+      const pause = async () => {
+        if (chunkDelayMs > 0) await sleep(chunkDelayMs, abort.signal);
+      };
+      send({ type: 'response.created', response: responseObject('in_progress', [], null) });
+      send({ type: 'response.in_progress', response: responseObject('in_progress', [], null) });
+      let index = 0;
+      if (withReasoning) {
+        send({ type: 'response.output_item.added', output_index: index, item: reasoningItem });
+        await pause();
+        if (abort.signal.aborted) return;
+        produced += reasoningTokens;
+        send({ type: 'response.output_item.done', output_index: index, item: reasoningItem });
+        index++;
+      }
+      send({ type: 'response.output_item.added', output_index: index, item: messageItem(null, 'in_progress') });
+      send({
+        type: 'response.content_part.added',
+        item_id: messageId,
+        output_index: index,
+        content_index: 0,
+        part: { type: 'output_text', text: '', annotations: [], logprobs: [] },
+      });
+      for (let i = 0; i < reply.deltas.length; i++) {
+        await pause();
+        if (abort.signal.aborted) return;
+        send({ type: 'response.output_text.delta', item_id: messageId, output_index: index, content_index: 0, delta: reply.deltas[i], logprobs: [] });
+        produced += reply.deltas[i].trim() === '' ? 0 : reply.deltas[i].trim().split(' ').length;
+      }
+      await pause();
+      if (abort.signal.aborted) return;
+      send({ type: 'response.output_text.done', item_id: messageId, output_index: index, content_index: 0, text: reply.text, logprobs: [] });
+      send({
+        type: 'response.content_part.done',
+        item_id: messageId,
+        output_index: index,
+        content_index: 0,
+        part: { type: 'output_text', text: reply.text, annotations: [], logprobs: [] },
+      });
+      send({ type: 'response.output_item.done', output_index: index, item: messageItem(reply.text, itemStatus) });
+      finish(outputTokens);
+      send({ type: truncated ? 'response.incomplete' : 'response.completed', response: responseObject(status, finalOutput, usage) });
+      res.end();
+    };
+
     const abort = new AbortController();
     let produced = 0;
     const onClose = () => {
@@ -703,6 +886,11 @@ export async function startMockProvider(options = {}) {
     const delay = delayHeader ?? delayMs;
     if (delay > 0) await sleep(delay, abort.signal);
     if (abort.signal.aborted) return;
+
+    if (route.kind === 'responses') {
+      await respondResponses();
+      return;
+    }
 
     if (!entry.stream) {
       finish(outputTokens);

@@ -1,19 +1,26 @@
 /**
  * What the `fetch` wrapper knows about each provider's API: which requests are model
  * calls, where the model and `max_tokens` are, and where usage comes back (a JSON body or
- * a server-sent-event stream).
+ * a server-sent-event stream). Three APIs: Anthropic Messages, OpenAI Chat Completions and
+ * the OpenAI Responses API (both `openai`: the usage and event shapes tell them apart).
  */
 import type { Usage } from './types.js'
 
 /** A provider API the wrapper understands. */
 export type Provider = 'anthropic' | 'openai'
 
-/** Which provider API a request URL is a model call of, or `null` (passed through). */
+/**
+ * Which provider API a request URL is a model call of, or `null` (passed through): `POST`
+ * to `…/messages` (Anthropic), `…/chat/completions` or `…/responses` (OpenAI), whatever the
+ * query string. The Responses API's other routes (`GET`/`DELETE /responses/{id}`,
+ * `…/input_items`, `POST /responses/{id}/cancel`, `/responses/input_tokens`,
+ * `/responses/compact`) are not model calls here and pass through.
+ */
 export function detectProvider(url: URL, method: string): Provider | null {
   if (method.toUpperCase() !== 'POST') return null
   const path = url.pathname.replace(/\/+$/, '')
   if (path.endsWith('/messages') && !path.endsWith('/count_tokens')) return 'anthropic'
-  if (path.endsWith('/chat/completions')) return 'openai'
+  if (path.endsWith('/chat/completions') || path.endsWith('/responses')) return 'openai'
   return null
 }
 
@@ -28,11 +35,15 @@ export interface CallShape {
 /** Default output reservation when a request names none (OpenAI allows that). */
 export const DEFAULT_MAX_TOKENS = 4096
 
-/** Reads model, max tokens and stream flag from a parsed request body. */
+/**
+ * Reads model, max tokens and stream flag from a parsed request body. The output cap is
+ * Anthropic's `max_tokens`; OpenAI's `max_output_tokens` (Responses), else
+ * `max_completion_tokens` ?? `max_tokens` (Chat Completions).
+ */
 export function callShape(provider: Provider, body: Record<string, unknown>): CallShape {
   const model = typeof body.model === 'string' ? body.model : ''
   const raw =
-    provider === 'anthropic' ? body.max_tokens : (body.max_completion_tokens ?? body.max_tokens)
+    provider === 'anthropic' ? body.max_tokens : (body.max_output_tokens ?? body.max_completion_tokens ?? body.max_tokens)
   const maxTokens =
     typeof raw === 'number' && Number.isSafeInteger(raw) && raw >= 0 ? raw : DEFAULT_MAX_TOKENS
   return { model, maxTokens, stream: body.stream === true }
@@ -94,13 +105,18 @@ function anthropicUsage(u: Record<string, unknown>): Usage | null {
 }
 
 /**
- * OpenAI's usage object (prompt and completion counts required). OpenAI reports cached
- * tokens inside `prompt_tokens`: the core wants them apart.
+ * OpenAI's usage object: Chat Completions' (`prompt_tokens`, `completion_tokens`,
+ * `prompt_tokens_details.cached_tokens`) or, when it has no `prompt_tokens` but has
+ * `input_tokens`, the Responses API's (`input_tokens`, `output_tokens`,
+ * `input_tokens_details.cached_tokens`; its reasoning tokens are part of `output_tokens`).
+ * Both counts are required. OpenAI reports cached tokens inside the prompt count: the core
+ * wants them apart (uncached input, and cache reads).
  */
 function openaiUsage(u: Record<string, unknown>): Usage | null {
-  const prompt = required(u.prompt_tokens)
-  const completion = required(u.completion_tokens)
-  const details = u.prompt_tokens_details
+  const responses = (u.prompt_tokens === undefined || u.prompt_tokens === null) && u.input_tokens !== undefined && u.input_tokens !== null
+  const prompt = required(responses ? u.input_tokens : u.prompt_tokens)
+  const completion = required(responses ? u.output_tokens : u.completion_tokens)
+  const details = responses ? u.input_tokens_details : u.prompt_tokens_details
   if (details !== undefined && details !== null && !isObject(details)) return null
   const cachedCount = optional(isObject(details) ? details.cached_tokens : undefined, 0)
   if (prompt === null || completion === null || cachedCount === null) return null
@@ -119,12 +135,15 @@ const MAX_EVENT_CHARS = 1 << 20
 /**
  * Follows a server-sent-event stream as it passes through and collects usage:
  * Anthropic's `message_start` (input and cache counts) and `message_delta` (cumulative
- * output), OpenAI's final chunk with `usage` (sent with `stream_options.include_usage`).
- * It also counts the characters of generated text, for a fallback when no usage arrives.
+ * output), OpenAI's final chunk with `usage` (sent with `stream_options.include_usage`),
+ * the Responses API's `response.completed`, `response.incomplete` or `response.failed`
+ * (the `usage` of the response it carries). It also counts the characters of generated
+ * text (and reasoning, tool arguments), for a fallback when no usage arrives.
  *
  * {@link complete} says whether the stream gave its final usage: Anthropic's
- * `message_delta` usage (input counts known from `message_start` or repeated there), or
- * OpenAI's usage chunk, and no `error` event. A stream that ends without it was cut short,
+ * `message_delta` usage (input counts known from `message_start` or repeated there),
+ * OpenAI's usage chunk, or a Responses stream's terminal event with its usage, and no
+ * `error` event (a `response.failed` without usage counts as one). A stream that ends without it was cut short,
  * whatever its transport did: settle it with `lease.interrupted(seen)`, not with
  * {@link usage}. Memory is bounded: a line or event above 1 MiB is skipped (its
  * characters counted as text).
@@ -286,6 +305,11 @@ export class SseUsage {
   }
 
   #openai(json: Record<string, unknown>): void {
+    // The Responses API's events say their type; Chat Completions chunks do not.
+    if (typeof json.type === 'string') {
+      this.#responses(json.type, json)
+      return
+    }
     if (json.error !== undefined && json.error !== null) this.errored = true
     const u = json.usage
     if (isObject(u)) {
@@ -305,6 +329,39 @@ export class SseUsage {
         const content = isObject(c) && isObject(c.delta) ? c.delta.content : undefined
         if (typeof content === 'string') this.textBytes += content.length
       }
+    }
+  }
+
+  /**
+   * One Responses API event: its terminal events carry the response with its usage
+   * (`response.completed`; `response.incomplete` when `max_output_tokens` or a content
+   * filter cut it short, still a full report; `response.failed`, a report when it has
+   * usage); `error` ends the stream without one. Deltas of text, reasoning and tool
+   * arguments count as text seen.
+   */
+  #responses(type: string, json: Record<string, unknown>): void {
+    if (type === 'response.completed' || type === 'response.incomplete' || type === 'response.failed') {
+      this.finished = true
+      const response = json.response
+      const u = isObject(response) ? response.usage : undefined
+      if (isObject(u)) {
+        const usage = openaiUsage(u)
+        if (usage === null) {
+          this.malformed = true
+        } else {
+          this.usage = usage
+          this.#final = true
+        }
+      } else if (u !== undefined && u !== null) {
+        this.malformed = true
+      } else if (type === 'response.failed') {
+        this.errored = true
+      }
+    } else if (type === 'error') {
+      this.errored = true
+    } else if (type.endsWith('.delta') && !type.includes('audio')) {
+      const delta = json.delta
+      if (typeof delta === 'string') this.textBytes += delta.length
     }
   }
 }
@@ -443,6 +500,8 @@ export function errorTypeFor(status: number): string {
       return 'not_found_error'
     case 413:
       return 'request_too_large'
+    case 426:
+      return 'invalid_request_error'
     case 429:
       return 'rate_limit_error'
     case 504:
