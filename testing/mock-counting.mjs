@@ -247,7 +247,9 @@ function anthropicBlocks(body, tok) {
     }
     blocks.push({ tokens, key, ttlMs: ttlOf(t, where) });
   });
-  if (typeof body.system === 'string') blocks.push({ tokens: tok(body.system), key: `s${body.system}`, ttlMs: 0 });
+  // A string is the same prompt as one text block holding it (Claude Code sends a message
+  // as blocks on one turn and as a string on the next): it hashes the same.
+  if (typeof body.system === 'string') blocks.push({ tokens: tok(body.system), key: canonical({ type: 'text', text: body.system }), ttlMs: 0 });
   else if (Array.isArray(body.system)) {
     body.system.forEach((/** @type {any} */ b, /** @type {number} */ i) => {
       blocks.push({ tokens: anthropicBlockTokens(b, tok, `system.${i}`), key: canonical(b), ttlMs: ttlOf(b, `system.${i}`) });
@@ -258,7 +260,7 @@ function anthropicBlocks(body, tok) {
     if (!m || typeof m !== 'object') throw new CountError(`${where}: must be an object`);
     const framing = PER_MESSAGE;
     if (typeof m.content === 'string') {
-      blocks.push({ tokens: framing + tok(m.content), key: `r${m.role}\u0000${m.content}`, ttlMs: 0 });
+      blocks.push({ tokens: framing + tok(m.content), key: `r${m.role}\u0000${canonical({ type: 'text', text: m.content })}`, ttlMs: 0 });
     } else if (Array.isArray(m.content)) {
       if (m.content.length === 0) blocks.push({ tokens: framing, key: `r${m.role}`, ttlMs: 0 });
       m.content.forEach((/** @type {any} */ b, /** @type {number} */ j) => {

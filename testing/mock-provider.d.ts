@@ -31,6 +31,21 @@ export interface MockProviderOptions {
   onRequest?: (entry: MockLogEntry) => void;
   /** Keep each request's headers in its log entry (API keys included); default false. */
   recordHeaders?: boolean;
+  /**
+   * How prompt tokens are counted. `'bytes'` (default): ceil(UTF-8 bytes of the text / 4),
+   * no prompt cache. `'bpe'`: a real BPE tokenizer (js-tiktoken; o200k_base for OpenAI
+   * routes, cl100k_base as a stand-in for Claude, whose tokenizer is not public) over
+   * everything the provider counts — tools, system, messages, tool calls and results,
+   * thinking, Responses `instructions` and `input` items, images by each provider's size
+   * rule, PDFs per page (text + the page as an image) — and the providers' prompt caches:
+   * Anthropic's `cache_control` breakpoints (5m / 1h, 20-block lookback, 1,024-token
+   * minimum) reported as cache reads and creations, OpenAI's automatic prefix cache as
+   * `cached_tokens`. Anthropic's input limit is charged input + cache creation, OpenAI's
+   * every prompt token. A request it cannot count (an image by URL, an unreadable PDF,
+   * more than 4 breakpoints) is a 400. The rules in full: the header of mock-provider.mjs.
+   * Starting the mock loads both tokenizers (a second or two, once per process).
+   */
+  counting?: 'bytes' | 'bpe';
 }
 
 /** What `x-mock-limit` says on a 429. */
@@ -55,8 +70,18 @@ export interface MockLogEntry {
   model: string | null;
   /** Whether the request asked for a stream. */
   stream: boolean;
-  /** Input tokens by the counting rule (0 if the body was not understood). */
+  /**
+   * Input tokens by the counting rule (0 if the body was not understood): the figure charged
+   * against the input limit. With `counting: 'bpe'` that is input + cache creation tokens for
+   * Anthropic, every prompt token for OpenAI.
+   */
   inputTokens: number;
+  /** `counting: 'bpe'` only: every prompt token (uncached, cache creation, cache read). */
+  promptTokens?: number;
+  /** `counting: 'bpe'` only: prompt tokens served from the prompt cache. */
+  cacheReadInputTokens?: number;
+  /** `counting: 'bpe'` only: prompt tokens written to the cache (Anthropic). */
+  cacheCreationInputTokens?: number;
   /** Output tokens produced and charged (0 until completion, and for errors). */
   outputTokens: number;
   /** HTTP status sent. */

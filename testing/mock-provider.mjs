@@ -36,6 +36,49 @@
 //                   reply (part of output_tokens, `output_tokens_details.reasoning_tokens`); a
 //                   reply cut by max_output_tokens is `status: "incomplete"`.
 //
+// Counting mode `counting: 'bpe'` (opt-in; the default, 'bytes', is the rule above). Prompt
+// tokens come from a real BPE tokenizer (js-tiktoken, which the product's estimator does not
+// use): o200k_base for OpenAI routes, and cl100k_base as a stand-in for Claude — Anthropic's
+// tokenizer is not public, so no mock counts as Anthropic does. What is counted (the code is
+// mock-counting.mjs):
+//   Anthropic  tools: name + description + JSON of input_schema (a tool with
+//              defer_loading: true counts nothing), plus the tool-use system prompt
+//              Anthropic adds when tools are sent (346 tokens, 313 with tool_choice any/tool);
+//              system (string or text blocks); per message 3 tokens of framing (Anthropic
+//              publishes none: OpenAI's cookbook figure) and each block: text, thinking,
+//              redacted_thinking's data, tool_use name + JSON of input, tool_result content
+//              (text and images); any other block its JSON. Images (base64 only: the mock
+//              fetches nothing, a URL is a 400): scaled to a long edge of at most 1568 px,
+//              then w × h / 750, at most 1,600 tokens. PDFs (document, base64): per page the
+//              tokens of the page's text (Tj/TJ in plain or Flate streams) plus the page
+//              rendered at 150 dpi as an image by that rule (a US-letter page: 1,600).
+//              Text and content documents: their text.
+//   OpenAI     chat: per message 3 + role (+ 1 + name) + content parts + each tool call's
+//              name and arguments; tools: the JSON of {name, description, parameters}; plus 3
+//              priming the reply. Responses: the same for `instructions` (a developer
+//              message) and each `input` item — messages, function_call (name + arguments),
+//              function_call_output (its output), reasoning (summary text and
+//              encrypted_content) — and function tools. Images: `detail: 'low'` 85, else fit
+//              in 2048², short side down to 768, 85 + 170 per 512-px tile. PDF files: per
+//              page its text plus the page at 150 dpi by the tile rule (high detail).
+//   Prompt cache, Anthropic: each cache_control breakpoint (on a tool, a system block or a
+//              message content block; ttl '5m' default or '1h'; more than 4 is a 400) caches
+//              the prompt up to it (tools, system, messages; exact content, cache_control
+//              itself ignored) when that prefix is at least 1,024 tokens. A later call that
+//              finds an unexpired cached prefix at one of its breakpoints or up to 20 blocks
+//              before one reports it as cache_read_input_tokens (and renews its TTL);
+//              cache_creation_input_tokens is from there to its last breakpoint (split by TTL
+//              in cache_creation), input_tokens what follows. Cached on admission only.
+//   Prompt cache, OpenAI (automatic): the longest prefix of whole blocks (a tool, a message,
+//              an input item) an earlier call sent, if at least 1,024 tokens, rounded down to
+//              1,024 + a multiple of 128, is prompt_tokens_details.cached_tokens (Responses:
+//              input_tokens_details.cached_tokens); kept 5 minutes after its last use.
+//   Limits     Anthropic's input bucket (ITPM) is charged input + cache creation tokens (reads
+//              are free); OpenAI's all prompt tokens, cached or not. The log entry's
+//              inputTokens is that charged figure; it also gets promptTokens,
+//              cacheReadInputTokens and cacheCreationInputTokens. count_tokens answers every
+//              prompt token (no cache), by the same rule. The TTLs run on the `now` clock.
+//
 // Limits (all optional, per server instance, shared by every endpoint like one account):
 //   requestsPerMinute, inputTokensPerMinute, outputTokensPerMinute, tokensPerMinute (combined,
 //   OpenAI style) are continuous token buckets: capacity = the limit, refilled at limit/60000
@@ -49,6 +92,7 @@
 import http from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
+import { CountError, createBpeCounter } from './mock-counting.mjs';
 
 const MINUTE_MS = 60_000;
 const DEFAULT_MAX_TOKENS = 1024;
@@ -92,7 +136,6 @@ const ROUTES = new Map([
   ['/v1/responses', { kind: 'responses', flavour: 'openai' }],
   ['/responses', { kind: 'responses', flavour: 'openai' }],
 ]);
-
 
 /**
  * A continuous token bucket. The level is kept in "token-milliseconds per minute" units
@@ -342,6 +385,12 @@ export async function startMockProvider(options = {}) {
   if (typeof now !== 'function') throw new TypeError('startMockProvider: now must be a function');
   const onRequest = options.onRequest;
   const recordHeaders = options.recordHeaders === true;
+  const counting = options.counting ?? 'bytes';
+  if (counting !== 'bytes' && counting !== 'bpe') {
+    throw new RangeError(`startMockProvider: counting must be 'bytes' or 'bpe', got ${String(counting)}`);
+  }
+  const bpe = counting === 'bpe' ? createBpeCounter(now) : null;
+  await bpe?.ready();
 
   /** @type {Record<string, number | undefined>} */
   const limits = {
@@ -600,15 +649,51 @@ export async function startMockProvider(options = {}) {
       fail(400, 'invalid_request_error', 'x-mock-reply-tokens and x-mock-delay-ms must be non-negative integers.');
       return;
     }
-    const inputTokens = route.kind === 'responses' ? countResponsesInputTokens(body) : countInputTokens(body);
+    // counting: 'bpe': the tokenizer's counts and the prompt cache (see the header comment).
+    let counted = null;
+    if (bpe) {
+      try {
+        counted = await bpe.measure(route.kind, body);
+      } catch (err) {
+        if (!(err instanceof CountError)) throw err;
+        fail(400, 'invalid_request_error', err.message);
+        return;
+      }
+    }
+    const promptUsage = counted?.usage ?? null;
+    const inputTokens = promptUsage
+      ? flavour === 'anthropic'
+        ? promptUsage.input + promptUsage.cacheCreation
+        : promptUsage.prompt
+      : route.kind === 'responses'
+        ? countResponsesInputTokens(body)
+        : countInputTokens(body);
     entry.inputTokens = inputTokens;
+    if (promptUsage) {
+      entry.promptTokens = promptUsage.prompt;
+      entry.cacheReadInputTokens = promptUsage.cacheRead;
+      entry.cacheCreationInputTokens = promptUsage.cacheCreation;
+    }
+    // The prompt part of each usage object.
+    const anthropicInput = promptUsage
+      ? {
+          input_tokens: promptUsage.input,
+          cache_creation_input_tokens: promptUsage.cacheCreation,
+          cache_read_input_tokens: promptUsage.cacheRead,
+          cache_creation: {
+            ephemeral_5m_input_tokens: promptUsage.cacheCreation5m,
+            ephemeral_1h_input_tokens: promptUsage.cacheCreation1h,
+          },
+        }
+      : { input_tokens: inputTokens, cache_creation_input_tokens: 0, cache_read_input_tokens: 0 };
+    const openaiCached = promptUsage ? promptUsage.cacheRead : 0;
     const cachedHeader = intHeader(req, 'x-mock-cached-tokens');
     const reasoningHeader = intHeader(req, 'x-mock-reasoning-tokens');
     if (cachedHeader === null || reasoningHeader === null) {
       fail(400, 'invalid_request_error', 'x-mock-cached-tokens and x-mock-reasoning-tokens must be non-negative integers.');
       return;
     }
-    const cachedTokens = Math.min(cachedHeader ?? 0, inputTokens);
+    const cachedTokens = promptUsage ? promptUsage.cacheRead : Math.min(cachedHeader ?? 0, inputTokens);
     const reasoningWanted = route.kind === 'responses' ? (reasoningHeader ?? 0) : 0;
 
     if (route.kind === 'count_tokens') {
@@ -719,6 +804,7 @@ export async function startMockProvider(options = {}) {
     noteLevel('input_tokens');
     noteLevel('tokens');
     counters.admitted++;
+    counted?.commit();
     counters.inputTokens += inputTokens;
     inFlight++;
     if (inFlight > counters.peakInFlight) counters.peakInFlight = inFlight;
@@ -905,12 +991,7 @@ export async function startMockProvider(options = {}) {
               content: [{ type: 'text', text: reply.text }],
               stop_reason: truncated ? 'max_tokens' : 'end_turn',
               stop_sequence: null,
-              usage: {
-                input_tokens: inputTokens,
-                output_tokens: outputTokens,
-                cache_creation_input_tokens: 0,
-                cache_read_input_tokens: 0,
-              },
+              usage: { ...anthropicInput, output_tokens: outputTokens },
             }
           : {
               id: makeId('chatcmpl-mock'),
@@ -929,7 +1010,7 @@ export async function startMockProvider(options = {}) {
                 prompt_tokens: inputTokens,
                 completion_tokens: outputTokens,
                 total_tokens: inputTokens + outputTokens,
-                prompt_tokens_details: { cached_tokens: 0 },
+                prompt_tokens_details: { cached_tokens: openaiCached },
                 completion_tokens_details: { reasoning_tokens: 0 },
               },
               system_fingerprint: null,
@@ -963,12 +1044,7 @@ export async function startMockProvider(options = {}) {
           content: [],
           stop_reason: null,
           stop_sequence: null,
-          usage: {
-            input_tokens: inputTokens,
-            cache_creation_input_tokens: 0,
-            cache_read_input_tokens: 0,
-            output_tokens: 1,
-          },
+          usage: { ...anthropicInput, output_tokens: 1 },
         },
       });
       send('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
@@ -1023,7 +1099,7 @@ export async function startMockProvider(options = {}) {
         prompt_tokens: inputTokens,
         completion_tokens: outputTokens,
         total_tokens: inputTokens + outputTokens,
-        prompt_tokens_details: { cached_tokens: 0 },
+        prompt_tokens_details: { cached_tokens: openaiCached },
         completion_tokens_details: { reasoning_tokens: 0 },
       });
     }
