@@ -401,7 +401,9 @@ function responsesBlocks(body, tok) {
       else if (Array.isArray(it.output)) it.output.forEach((/** @type {any} */ p, /** @type {number} */ j) => (tokens += openaiPartTokens(p, tok, `${where}.output.${j}`)));
     } else if (it.type === 'reasoning') {
       for (const s of Array.isArray(it.summary) ? it.summary : []) tokens += tok(s?.text);
-      tokens += tok(it.encrypted_content);
+      // The reasoning it carries back counts as input; OpenAI publishes no size rule, and the
+      // ciphertext's size is the only sign of it: a token per 4 bytes of it.
+      if (typeof it.encrypted_content === 'string') tokens += Math.ceil(Buffer.from(it.encrypted_content, 'base64').length / 4);
     } else if (it.type === 'message' || (it.type === undefined && it.role !== undefined)) {
       tokens += tok(it.role);
       if (typeof it.content === 'string') tokens += tok(it.content);

@@ -57,8 +57,8 @@
 //              name and arguments; tools: the JSON of {name, description, parameters}; plus 3
 //              priming the reply. Responses: the same for `instructions` (a developer
 //              message) and each `input` item — messages, function_call (name + arguments),
-//              function_call_output (its output), reasoning (summary text and
-//              encrypted_content) — and function tools. Images: `detail: 'low'` 85, else fit
+//              function_call_output (its output), reasoning (summary text, and
+//              encrypted_content as a token per 4 decoded bytes) — and function tools. Images: `detail: 'low'` 85, else fit
 //              in 2048², short side down to 768, 85 + 170 per 512-px tile. PDF files: per
 //              page its text plus the page at 150 dpi by the tile rule (high detail).
 //   Prompt cache, Anthropic: each cache_control breakpoint (on a tool, a system block or a

@@ -342,7 +342,7 @@ describe("mock provider, counting: 'bpe'", () => {
       3 + g('user') + g('fix the test') + 3;
     assert.equal(r1.json.usage.input_tokens, want);
     const r4 = await post('/v1/responses', resp(4));
-    assert.equal(r4.json.usage.input_tokens, want + 3 + g('look first') + g('gAAAAB') + 3 + g('shell') + g('{"cmd":"ls"}') + 3 + g('src\ntests'));
+    assert.equal(r4.json.usage.input_tokens, want + 3 + g('look first') + Math.ceil(Buffer.from('gAAAAB', 'base64').length / 4) + 3 + g('shell') + g('{"cmd":"ls"}') + 3 + g('src\ntests'));
     assert.equal(r4.json.usage.input_tokens_details.cached_tokens, 1024 + Math.floor((want - 3 - 1024) / 128) * 128);
   });
 });
