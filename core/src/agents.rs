@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bucket::{Axis, Demand};
 use crate::config::AlertConfig;
+use crate::history::History;
 use crate::ids::AgentId;
 use crate::time::Millis;
 use crate::weight::SCALE;
@@ -33,6 +34,10 @@ pub(crate) struct AgentPool {
     /// its first ask): what bounds how many requests it can send in a span of virtual time.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) smallest: u64,
+    /// Output tokens of its latest completed calls here: what its output reservation is
+    /// learned from.
+    #[serde(default, skip_serializing_if = "History::is_empty")]
+    pub(crate) outputs: History,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -135,6 +140,10 @@ pub(crate) struct Agent {
     pub(crate) output_bias: i32,
     pub(crate) misses: u32,
     pub(crate) alerting: bool,
+    /// Absolute input-estimate errors (thousandths) of its latest completed calls: the
+    /// alert watches their median.
+    #[serde(default, skip_serializing_if = "History::is_empty")]
+    pub(crate) errors: History,
     pub(crate) pools: Vec<AgentPool>,
 }
 
@@ -157,6 +166,7 @@ impl Agent {
             output_bias: 0,
             misses: 0,
             alerting: false,
+            errors: History::default(),
             pools: alloc::vec![AgentPool::default(); pools],
         }
     }
@@ -196,7 +206,7 @@ impl Agent {
         cache_warm_until: Option<Millis>,
         (charged, actual): (&Demand, &Demand),
         sample: Sample,
-        alert: &AlertConfig,
+        (alert, keep_outputs): (&AlertConfig, u32),
     ) -> Option<u32> {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.last_seen = now;
@@ -244,11 +254,26 @@ impl Agent {
         };
         self.input_bias = ewma_signed(self.input_bias, in_bias);
         self.output_bias = ewma_signed(self.output_bias, out_bias);
-        if in_err > alert.threshold_permille {
+        if let Some(ap) = self.pools.get_mut(pool as usize) {
+            ap.outputs.push(
+                actual.get(output),
+                usize::try_from(keep_outputs).unwrap_or(1),
+            );
+        }
+        // The alert watches the median of the latest completed calls' errors: one call far
+        // off (a new conversation, a pasted file) does not raise it, an estimator that keeps
+        // missing does.
+        let window = usize::try_from(alert.samples).unwrap_or(1);
+        self.errors.push(u64::from(in_err), window);
+        let median = match self.errors.median() {
+            Some(m) if self.errors.len() >= window => u32::try_from(m).unwrap_or(u32::MAX),
+            _ => return None,
+        };
+        if median > alert.threshold_permille {
             self.misses = self.misses.saturating_add(1);
             if self.misses >= alert.consecutive && !self.alerting {
                 self.alerting = true;
-                return Some(self.input_error);
+                return Some(median);
             }
         } else {
             self.misses = 0;

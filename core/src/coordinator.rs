@@ -19,7 +19,7 @@ use crate::lease::{Ask, Bump, Entry, LeaseId, LeaseTable, Phase};
 use crate::metrics::{self, Metrics};
 use crate::pool::Pool;
 use crate::queue::Key;
-use crate::request::{LeaseRequest, Usage, charge, used};
+use crate::request::{LeaseRequest, Usage, charge, output_reserve, used};
 use crate::rng::Rng;
 use crate::tasks::{TaskId, TaskSpec, Tasks};
 use crate::time::Millis;
@@ -309,7 +309,8 @@ impl Coordinator {
             vfinish,
             seq: key.seq,
         };
-        pool.queue.insert(new, demand, slot);
+        let in_line = pool.within_caps(&demand);
+        pool.queue.insert(new, in_line, slot);
         if let Some(Entry {
             phase: Phase::Queued { key: k, .. },
             ..
@@ -493,7 +494,19 @@ impl Coordinator {
             return self.reject(p, now, Some(retry_at), RejectReason::TooManyAgents);
         };
         agent.note_request(now, req.failure_signature);
-        let ask = req.ask();
+        let own = agent
+            .pools
+            .get(p as usize)
+            .map(|a| a.outputs)
+            .unwrap_or_default();
+        let pool = &self.pools[p as usize];
+        let ask = req.ask(output_reserve(
+            counting,
+            &self.config.output_reserve,
+            (&own, &pool.outputs),
+            req.max_tokens,
+            pool.bucket(Axis::OutputTokens).limit,
+        ));
         let demand = charge(counting, &ask, agent.cache_cold(p, now));
         let weight = weight(
             &self.config.weights,
@@ -513,8 +526,8 @@ impl Coordinator {
         // see its cache expire and be charged the whole prefix when it is granted.
         let pool = &self.pools[p as usize];
         let worst = charge(counting, &ask, true);
-        if let Some((axis, retry_at)) = pool.exceeds_capacity(&worst, &self.config.margin) {
-            return self.reject(p, now, retry_at, RejectReason::ExceedsCapacity { axis });
+        if let Some(axis) = pool.exceeds_limit(&worst) {
+            return self.reject(p, now, None, RejectReason::ExceedsCapacity { axis });
         }
 
         // A request refused earlier comes back to the place it had; any other starts where
@@ -571,8 +584,9 @@ impl Coordinator {
         // expected wait. A ticket expected to wait too long is taken back out.
         let max_wait = self.config.max_queue_wait_ms;
         let pool = &mut self.pools[p as usize];
-        let inserted = pool.queue.insert(key, demand, u32::MAX);
-        let ahead = inserted.before.saturating_add(demand);
+        let in_line = pool.within_caps(&demand);
+        let inserted = pool.queue.insert(key, in_line, u32::MAX);
+        let ahead = inserted.before.saturating_add(in_line);
         let expected = pool.eta(now, &ahead, window);
         // A request back at its kept place is queued whatever its wait: it was already sent
         // away once, and coming back at `retry_at` is served.
@@ -727,8 +741,18 @@ impl Coordinator {
             || usage.cache_read_input_tokens > 0
             || usage.cache_creation_input_tokens > 0;
         let warm_until = cache_used.then(|| now.plus(self.config.prompt_cache_ttl_ms));
+        let reported = actual.get(Axis::InputTokens) > 0 || actual.get(Axis::OutputTokens) > 0;
+        let keep = self.config.output_reserve.samples;
+        if sample == Sample::Completed && reported {
+            if let Some(pool) = self.pools.get_mut(p as usize) {
+                pool.outputs.push(
+                    actual.get(Axis::OutputTokens),
+                    usize::try_from(keep).unwrap_or(1),
+                );
+            }
+        }
         if let Some(a) = self.agents.get_mut(entry.agent_slot) {
-            let alert = &self.config.estimate_alert;
+            let alert = (&self.config.estimate_alert, keep);
             if let Some(error_permille) =
                 a.record_settle(now, p, warm_until, (&charged, &actual), sample, alert)
             {

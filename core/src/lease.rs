@@ -48,6 +48,22 @@ pub(crate) struct Ask {
     pub(crate) input_tokens: u64,
     pub(crate) cached_prefix_tokens: u64,
     pub(crate) max_tokens: u64,
+    /// The output reserved, decided at the ask (see [`crate::OutputReserveConfig`]); at
+    /// most `max_tokens`. A lease stored before it existed reserves `max_tokens`.
+    #[serde(default = "no_reserve")]
+    pub(crate) output: u64,
+}
+
+fn no_reserve() -> u64 {
+    u64::MAX
+}
+
+impl Ask {
+    /// The output this lease reserves: its decided reservation, at most `max_tokens`.
+    #[inline]
+    pub(crate) fn output_reserve(&self) -> u64 {
+        self.output.min(self.max_tokens)
+    }
 }
 
 // Externally tagged: serde's buffering of internally tagged enums cannot hold a u128.
@@ -370,6 +386,7 @@ mod tests {
                 input_tokens: 1,
                 cached_prefix_tokens: 0,
                 max_tokens: 1,
+                output: 1,
             },
             phase: Phase::Queued {
                 key: Key { vfinish: 0, seq: 0 },

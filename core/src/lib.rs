@@ -117,6 +117,7 @@ mod coordinator;
 mod decision;
 mod error;
 pub mod headers;
+mod history;
 mod ids;
 mod lease;
 mod metrics;
@@ -133,7 +134,7 @@ pub use bucket::{Axis, Demand, Denied, TokenBucket};
 pub use call::{Call, CallResponse, CallStep, GiveUpReason, WaitReason};
 pub use config::{
     AlertConfig, BackoffConfig, CallConfig, Config, Counting, FeedbackConfig, MAX_DURATION_MS,
-    MAX_TOKENS, MarginConfig, PoolConfig, SlowStartConfig, WeightConfig,
+    MAX_TOKENS, MarginConfig, OutputReserveConfig, PoolConfig, SlowStartConfig, WeightConfig,
 };
 pub use coordinator::{Coordinator, Snapshot};
 pub use decision::{Decision, Event, RejectReason, Settlement};

@@ -6,8 +6,9 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use crate::bucket::{Axis, Bucket, Demand};
-use crate::config::{Config, Counting, MarginConfig};
+use crate::config::{Config, Counting};
 use crate::decision::Event;
+use crate::history::History;
 use crate::ids::PoolId;
 use crate::lease::Phase;
 use crate::metrics::{MINUTE_MS, MinuteStats, PoolCounters, WaitHistogram};
@@ -48,6 +49,10 @@ pub(crate) struct Pool {
     /// paused) starts the stretch again.
     #[serde(default)]
     pub(crate) floor_level: u32,
+    /// Output tokens of the pool's latest completed calls, any agent's: the output
+    /// reservation of an agent with no history of its own here.
+    #[serde(default, skip_serializing_if = "History::is_empty")]
+    pub(crate) outputs: History,
 }
 
 pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
@@ -86,9 +91,11 @@ impl Pool {
             floor_since: None,
             floor_alerted: false,
             floor_level: 0,
+            outputs: History::default(),
         };
-        // Anthropic charges input when a call arrives (output is reserved at max_tokens and
-        // corrected, like ours; OpenAI pre-charges its one figure the same way).
+        // Anthropic charges input when a call arrives (output as it is produced: ours is
+        // reserved as a learned figure and corrected on settle; OpenAI pre-charges its one
+        // figure at arrival the way we reserve it).
         pool.bucket_mut(Axis::InputTokens).charged_on_arrival =
             p.is_some_and(|p| p.counting == Counting::Anthropic);
         pool.set_caps(config, true);
@@ -312,37 +319,31 @@ impl Pool {
         now >= self.paused_until && now.plus(ttl) > now && self.concurrency_free()
     }
 
-    /// The first axis on which `worst` (the cold-cache reservation) exceeds what the pool
-    /// hands out in a whole window at this margin, with when the margin will have recovered
-    /// enough for it to fit (`None`: never, not even at the margin's ceiling).
+    /// The first axis on which `worst` (the cold-cache reservation) exceeds the limit
+    /// itself: a call the provider refuses as well, whatever the wait (a single request
+    /// above a per-minute limit gets a 429 that no retry clears). A call within the limit
+    /// but above what the margin hands out in a window is not refused: it is granted when
+    /// the bucket is full (see [`Bucket::fits`]), so it waits at most the time the bucket
+    /// takes to fill, one window from empty.
     #[inline]
-    pub(crate) fn exceeds_capacity(
-        &self,
-        worst: &Demand,
-        margin: &MarginConfig,
-    ) -> Option<(Axis, Option<Millis>)> {
-        Axis::ALL.into_iter().find_map(|axis| {
-            let b = self.bucket(axis);
-            let limit = b.limit?;
-            let need = worst.get(axis);
-            if need <= b.nominal {
-                return None;
+    pub(crate) fn exceeds_limit(&self, worst: &Demand) -> Option<Axis> {
+        Axis::ALL
+            .into_iter()
+            .find(|&axis| self.bucket(axis).limit.is_some_and(|l| worst.get(axis) > l))
+    }
+
+    /// `d` with each gating axis at most its capacity: what a request waits for in line
+    /// (one larger than the capacity is granted once the bucket is full).
+    #[inline]
+    pub(crate) fn within_caps(&self, d: &Demand) -> Demand {
+        let mut out = *d;
+        for a in Axis::ALL {
+            let b = self.bucket(a);
+            if b.gates() {
+                out.0[a.index()] = out.get(a).min(b.cap);
             }
-            let ceiling = u128::from(limit) * u128::from(margin.ceiling_permille) / 1000;
-            if u128::from(need) > ceiling || margin.increase_permille == 0 {
-                return Some((axis, None));
-            }
-            let needed = ceil_div(u128::from(need) * 1000, u128::from(limit));
-            let steps = ceil_div(
-                needed.saturating_sub(u128::from(self.margin)),
-                u128::from(margin.increase_permille),
-            );
-            let wait = steps.saturating_mul(u128::from(margin.clean_interval_ms));
-            let at = self
-                .margin_clock
-                .plus(u64::try_from(wait).unwrap_or(u64::MAX));
-            Some((axis, Some(at)))
-        })
+        }
+        out
     }
 
     /// When a ticket with `need` (its own demand plus all queued ahead of it) in line would

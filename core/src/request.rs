@@ -4,8 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::bucket::Demand;
-use crate::config::{Counting, MAX_TOKENS};
+use crate::config::{Counting, MAX_TOKENS, OutputReserveConfig};
 use crate::error::LeaseError;
+use crate::history::History;
 use crate::ids::{AgentId, PoolId};
 use crate::lease::Ask;
 use crate::tasks::TaskId;
@@ -36,7 +37,11 @@ pub struct LeaseRequest {
     /// Tokens of the prompt covered by the agent's prompt cache. Charged as input when the
     /// cache has probably expired (or always, under OpenAI counting).
     pub cached_prefix_tokens: u64,
-    /// The call's `max_tokens`: the output reservation, refunded on settle.
+    /// The call's `max_tokens`. Under OpenAI counting it is the output reservation, as the
+    /// provider pre-charges it; under Anthropic counting, which counts output as it is
+    /// produced, the reservation is a learned high percentile of the agent's settled
+    /// output, at most this (see [`OutputReserveConfig`](crate::OutputReserveConfig)).
+    /// Either way the difference is refunded or charged on settle.
     pub max_tokens: u64,
     /// The agent's role.
     pub role: Role,
@@ -84,12 +89,14 @@ impl LeaseRequest {
         check_sizes(&self.sizes())
     }
 
-    /// The figures a lease keeps to recompute its reservation.
-    pub(crate) fn ask(&self) -> Ask {
+    /// The figures a lease keeps to recompute its reservation, with the output reserved
+    /// (`output`, at most `max_tokens`).
+    pub(crate) fn ask(&self, output: u64) -> Ask {
         Ask {
             input_tokens: self.input_tokens,
             cached_prefix_tokens: self.cached_prefix_tokens,
             max_tokens: self.max_tokens,
+            output: output.min(self.max_tokens),
         }
     }
 }
@@ -120,20 +127,52 @@ fn check_sizes(sizes: &[(&'static str, u64)]) -> Result<(), LeaseError> {
 }
 
 /// Reservation for an ask under a pool's counting rules, given whether the cache is cold.
+///
+/// Anthropic: input is the uncached part (the whole prefix when the cache is cold), output
+/// the reservation decided at the ask. OpenAI: every prompt token, and the combined axis
+/// pre-charged `max(max_tokens, input)` as the provider does.
 pub(crate) fn charge(counting: Counting, ask: &Ask, cold: bool) -> Demand {
+    let output = ask.output_reserve();
     let (input, tokens) = match counting {
         Counting::Anthropic => {
             let input =
                 ask.input_tokens
                     .saturating_add(if cold { ask.cached_prefix_tokens } else { 0 });
-            (input, input.saturating_add(ask.max_tokens))
+            (input, input.saturating_add(output))
         }
         Counting::Openai => {
             let input = ask.input_tokens.saturating_add(ask.cached_prefix_tokens);
-            (input, input.max(ask.max_tokens))
+            (input, input.max(output))
         }
     };
-    Demand([input, ask.max_tokens, tokens, 1])
+    Demand([input, output, tokens, 1])
+}
+
+/// The output a call reserves (see [`OutputReserveConfig`]): under OpenAI counting its
+/// `max_tokens`; under Anthropic counting the configured percentile of the agent's own
+/// recent output in the pool (`own`), else of the pool's (`pool`), else the initial
+/// figure — at most `max_tokens`, and at most the output limit when one is known, so that
+/// no call is refused for the size of its `max_tokens`.
+pub(crate) fn output_reserve(
+    counting: Counting,
+    cfg: &OutputReserveConfig,
+    (own, pool): (&History, &History),
+    max_tokens: u64,
+    output_limit: Option<u64>,
+) -> u64 {
+    match counting {
+        Counting::Openai => max_tokens,
+        Counting::Anthropic => {
+            let learned = own
+                .percentile(cfg.percentile_permille)
+                .or_else(|| pool.percentile(cfg.percentile_permille))
+                .unwrap_or(cfg.initial_tokens);
+            // A call that produced nothing still reserves one token: the bound on how many
+            // calls a span of virtual time holds needs every reservation above zero.
+            let reserve = learned.max(1).min(max_tokens);
+            output_limit.map_or(reserve, |l| reserve.min(l))
+        }
+    }
 }
 
 /// Usage under a pool's counting rules.

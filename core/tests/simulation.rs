@@ -115,9 +115,10 @@ impl Provider {
         }
     }
 
-    /// A call arrives charging `charge` per axis: accepted only if every axis has room and
-    /// a concurrency slot is free (a 429 otherwise, described in the error).
-    fn send(&mut self, now: u64, charge: [u64; 4]) -> Result<(), String> {
+    /// A call arrives needing `need` per axis and charging `charge`: accepted only if every
+    /// axis has room for its need and a concurrency slot is free (a 429 otherwise,
+    /// described in the error).
+    fn send(&mut self, now: u64, (need, charge): ([u64; 4], [u64; 4])) -> Result<(), String> {
         self.advance(now);
         if self.max_concurrent.is_some_and(|m| self.in_flight >= m) {
             return Err(format!(
@@ -127,12 +128,12 @@ impl Provider {
         }
         for (i, m) in self.meters.iter().enumerate() {
             if let Some(m) = m {
-                let need = i128::from(charge[i]) * i128::from(self.window);
-                if m.level < need {
+                let room = i128::from(need[i]) * i128::from(self.window);
+                if m.level < room {
                     return Err(format!(
                         "{:?}: needs {} tokens, {} left of {}",
                         Axis::ALL[i],
-                        charge[i],
+                        need[i],
                         m.level.div_euclid(i128::from(self.window)),
                         m.limit
                     ));
@@ -179,6 +180,8 @@ struct Lease {
     req: LeaseRequest,
     /// Reserved per axis at grant, as the coordinator's counting rules say.
     reserved: [u64; 4],
+    /// The output reservation, decided at the ask from the outputs seen so far.
+    output: u64,
     expires_at: Millis,
 }
 
@@ -325,6 +328,9 @@ struct Sim {
     leases: BTreeMap<LeaseId, Lease>,
     /// Prompt caches the coordinator believes warm: (agent, pool) → until.
     warm: BTreeMap<(usize, usize), u64>,
+    /// Output tokens of settled calls, newest last: per (agent, pool), and per pool.
+    outputs: BTreeMap<(usize, usize), Vec<u64>>,
+    pool_outputs: BTreeMap<usize, Vec<u64>>,
     now: u64,
     end: u64,
     rejections: Vec<String>,
@@ -434,6 +440,8 @@ impl Sim {
             agents,
             leases: BTreeMap::new(),
             warm: BTreeMap::new(),
+            outputs: BTreeMap::new(),
+            pool_outputs: BTreeMap::new(),
             now: 0,
             end,
             rejections: Vec::new(),
@@ -444,20 +452,46 @@ impl Sim {
     }
 
     /// The coordinator's reservation for `req` if granted now, per axis.
-    fn reservation(&self, agent: usize, req: &LeaseRequest) -> [u64; 4] {
+    /// The output a request reserves, by the core's documented rule: `max_tokens` under
+    /// OpenAI counting; else the 95th percentile (nearest rank) of the agent's last 16
+    /// settled outputs in the pool, else of the pool's, else 4096 — at least 1, at most
+    /// `max_tokens` and the output limit.
+    fn output_reserve(&self, agent: usize, req: &LeaseRequest) -> u64 {
+        let p = req.pool.0 as usize;
+        let spec = self.pools[p];
+        if spec.counting == Counting::Openai {
+            return req.max_tokens;
+        }
+        let p95 = |v: &Vec<u64>| {
+            let mut v = v[v.len().saturating_sub(16)..].to_vec();
+            v.sort_unstable();
+            let rank = (950 * v.len()).div_ceil(1000);
+            v[rank.max(1) - 1]
+        };
+        let learned = self
+            .outputs
+            .get(&(agent, p))
+            .filter(|v| !v.is_empty())
+            .or_else(|| self.pool_outputs.get(&p).filter(|v| !v.is_empty()))
+            .map_or(4096, p95);
+        let r = learned.max(1).min(req.max_tokens);
+        spec.limits[Axis::OutputTokens as usize].map_or(r, |l| r.min(l))
+    }
+
+    fn reservation(&self, agent: usize, req: &LeaseRequest, output: u64) -> [u64; 4] {
         let p = req.pool.0 as usize;
         let cold = self.warm.get(&(agent, p)).is_none_or(|w| self.now >= *w);
         let (input, tokens) = match self.pools[p].counting {
             Counting::Anthropic => {
                 let input = req.input_tokens + if cold { req.cached_prefix_tokens } else { 0 };
-                (input, input + req.max_tokens)
+                (input, input + output)
             }
             Counting::Openai => {
                 let input = req.input_tokens + req.cached_prefix_tokens;
-                (input, input.max(req.max_tokens))
+                (input, input.max(output))
             }
         };
-        [input, req.max_tokens, tokens, 1]
+        [input, output, tokens, 1]
     }
 
     /// A new request from agent `a`, sized against its pool.
@@ -525,6 +559,7 @@ impl Sim {
                 agent,
                 req,
                 reserved: [0; 4],
+                output: self.output_reserve(agent, &req),
                 expires_at: Millis::MAX,
             },
         );
@@ -542,8 +577,8 @@ impl Sim {
     /// Agent `a`'s lease `id` is granted now: it sends the call (or, rarely, changes its
     /// mind and cancels).
     fn granted(&mut self, a: usize, id: LeaseId, expires_at: Millis) {
-        let req = self.leases[&id].req;
-        let reserved = self.reservation(a, &req);
+        let (req, output) = (self.leases[&id].req, self.leases[&id].output);
+        let reserved = self.reservation(a, &req, output);
         {
             let l = self.leases.get_mut(&id).expect("known lease");
             if l.life != Life::Queued {
@@ -591,7 +626,7 @@ impl Sim {
                 } else {
                     uncached + creation
                 };
-                let refund = if crash { 0 } else { req.max_tokens - output };
+                let produced = -i128::from(output);
                 (
                     Usage {
                         input_tokens: uncached,
@@ -599,10 +634,12 @@ impl Sim {
                         cache_read_input_tokens: read,
                         output_tokens: output,
                     },
-                    // Anthropic meters input on arrival and output by max_tokens, corrected
-                    // when the call ends.
-                    [input, req.max_tokens, input + req.max_tokens, 1],
-                    [0, i128::from(refund), i128::from(refund), 0],
+                    // Anthropic meters input on arrival and output as it is produced
+                    // (`max_tokens` does not factor in): a call is admitted while the output
+                    // meter is above zero, and charged its output when it ends, crashed or
+                    // not (the provider produced it either way).
+                    ([input, 1, input + 1, 1], [input, 0, input, 1]),
+                    [0, produced, produced, 0],
                 )
             }
             Counting::Openai => {
@@ -623,7 +660,10 @@ impl Sim {
                         output_tokens: output,
                     },
                     // OpenAI pre-charges max(prompt, max_tokens), corrected at the end.
-                    [input, req.max_tokens, charge, 1],
+                    (
+                        [input, req.max_tokens, charge, 1],
+                        [input, req.max_tokens, charge, 1],
+                    ),
                     [0, 0, correction, 0],
                 )
             }
@@ -792,6 +832,12 @@ impl Sim {
                                     ));
                                 }
                                 self.end_lease(lease, Life::Active, "settled");
+                                let p = l.req.pool.0 as usize;
+                                if s.used.0[0] > 0 || s.used.0[1] > 0 {
+                                    let out = s.used.0[1];
+                                    self.outputs.entry((a, p)).or_default().push(out);
+                                    self.pool_outputs.entry(p).or_default().push(out);
+                                }
                                 if l.req.cached_prefix_tokens > 0 {
                                     self.warm.insert(
                                         (a, l.req.pool.0 as usize),

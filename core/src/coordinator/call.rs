@@ -144,7 +144,8 @@ impl Coordinator {
     /// the stream had reported so far, with output tokens counted from the text received),
     /// or `None` when nothing came back: the input is charged as reported, else as
     /// reserved (cached prefix included, as uncached); the output as seen plus 16, up to
-    /// `max_tokens`, or the whole `max_tokens` when nothing was seen.
+    /// `max_tokens`, or the whole output reservation when nothing was seen (`max_tokens`
+    /// under OpenAI counting, the learned reservation under Anthropic's).
     pub fn call_interrupted(
         &mut self,
         now: Millis,
@@ -162,7 +163,7 @@ impl Coordinator {
         let usage = match seen {
             None => Usage {
                 input_tokens: reserved_input,
-                output_tokens: ask.max_tokens,
+                output_tokens: ask.output_reserve(),
                 ..Usage::default()
             },
             Some(u) => {
