@@ -64,7 +64,8 @@
 //   Prompt cache, Anthropic: each cache_control breakpoint (on a tool, a system block or a
 //              message content block; ttl '5m' default or '1h'; more than 4 is a 400) caches
 //              the prompt up to it (tools, system, messages; exact content, cache_control
-//              itself ignored) when that prefix is at least 1,024 tokens. A later call that
+//              itself ignored, a string content the same as one text block holding it)
+//              when that prefix is at least 1,024 tokens. A later call that
 //              finds an unexpired cached prefix at one of its breakpoints or up to 20 blocks
 //              before one reports it as cache_read_input_tokens (and renews its TTL);
 //              cache_creation_input_tokens is from there to its last breakpoint (split by TTL
