@@ -114,7 +114,8 @@ describe('the HTTP API', () => {
   })
 
   test('a request that can never fit is a rejection with no retry time', async () => {
-    const d = await (await lease({ inputTokens: 95_000 })).json()
+    // Above the 100k input limit itself (95k, within the limit, would wait for a full bucket).
+    const d = await (await lease({ inputTokens: 100_001 })).json()
     assert.equal(d.kind, 'reject')
     assert.equal(d.retryAt, null)
     assert.deepEqual(d.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
@@ -392,16 +393,31 @@ describe('client mistakes are 4xx naming what was wrong', () => {
     const r = await fetch(`${base}/v1/fleets/fleet-a/quotas/main/proxy/v1/messages`, {
       method: 'POST',
       headers: { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 1_000_000, messages: [{ role: 'user', content: 'hi' }] }),
+      // A prompt above the 100k input limit (the provider refuses it too). A max_tokens above
+      // the output limit is not refused under Anthropic counting: see the test below.
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 1_000, messages: [{ role: 'user', content: 'x'.repeat(400_000) }] }),
     })
     assert.equal(r.status, 400)
     const b = await r.json()
     assert.equal(b.error.type, 'invalid_request_error')
     assert.match(b.error.message, /^tokenwarden: lease rejected/)
     assert.equal(b.tokenwarden.error, 'rejected')
-    assert.deepEqual(b.tokenwarden.reason, { kind: 'exceeds_capacity', axis: 'output_tokens' })
+    assert.deepEqual(b.tokenwarden.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
     assert.equal(b.tokenwarden.retryAt, null)
     assert.equal(r.headers.get('x-should-retry'), 'false')
+  })
+
+  test("a proxied call with Claude Code's max_tokens 128000 on a 20k output limit is served", async () => {
+    for (let i = 0; i < 2; i++) {
+      const r = await fetch(`${base}/v1/fleets/fleet-a/quotas/main/proxy/v1/messages?beta=true`, {
+        method: 'POST',
+        headers: { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 128_000, messages: [{ role: 'user', content: 'hi' }] }),
+      })
+      assert.equal(r.status, 200, `call ${i}: ${r.status}`)
+      const b = await r.json()
+      assert.ok(b.usage.output_tokens > 0)
+    }
   })
 })
 

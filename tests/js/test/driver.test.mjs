@@ -82,7 +82,9 @@ describe('acquire', () => {
 
   test('a request that can never fit rejects with retryAt null', async () => {
     const { driver, events } = setup()
-    const r = await settled(driver.acquire(req(1, 90_000)))
+    // Above the 100k input limit itself: the provider refuses such a call too. (90k, within
+    // the limit but above the 85 % margin, is served from a full bucket.)
+    const r = await settled(driver.acquire(req(1, 100_001)))
     assert.ok(r.err instanceof LeaseRejectedError)
     assert.equal(r.err.code, 'rejected')
     assert.equal(r.err.retryAt, null)
@@ -90,6 +92,17 @@ describe('acquire', () => {
     assert.deepEqual(r.err.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
     assert.match(r.err.message, /never be served/)
     assert.equal(events.at(-1).name, 'rejected')
+  })
+
+  test('max_tokens above the output limit is granted under Anthropic counting, its output reservation learned', async () => {
+    const { driver } = setup()
+    const first = await driver.acquire(req(1, 1000, { maxTokens: 128_000 }))
+    const s1 = first.settle({ inputTokens: 1000, outputTokens: 900 })
+    assert.equal(Number(s1.reserved[1]), 4096, 'before any call settled')
+    const second = await driver.acquire(req(1, 1000, { maxTokens: 128_000 }))
+    const s2 = second.settle({ inputTokens: 1000, outputTokens: 2500 })
+    assert.equal(Number(s2.reserved[1]), 900, "the agent's own history")
+    assert.equal(Number(s2.used[1]), 2500, "beyond the reservation: charged on settle")
   })
 
   test('a wait longer than max_queue_wait_ms rejects with the retry time', async () => {
@@ -201,7 +214,8 @@ describe('responses and events', () => {
 
   test('estimates that keep missing raise estimate_alert', async () => {
     const { driver, events } = setup()
-    for (let i = 0; i < 6; i++) {
+    // The alert watches the median error of the last nine completed calls.
+    for (let i = 0; i < 10; i++) {
       const lease = await driver.acquire(req(5, 3000))
       lease.settle({ inputTokens: 2000, outputTokens: 100 })
     }

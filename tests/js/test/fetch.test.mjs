@@ -141,21 +141,47 @@ describe('fetch wrapper', () => {
     tw.close()
   })
 
-  test("a call that can never fit is the provider's 400, and a refusal for now its 429 with retry-after (OpenAI's format for an OpenAI call)", async () => {
-    const { tw, fetch, sent } = harness([], [{ name: 'm1', input_tokens_per_minute: 1_000_000, output_tokens_per_minute: 1_000, max_concurrent: 10 }])
-    const never = await post(fetch, 'https://api.example/v1/messages', body({ max_tokens: 50_000 }))
+  test("a call that can never fit is the provider's 400 (OpenAI's format for an OpenAI call)", async () => {
+    // 4,000 bytes of prompt is well above a 1,000-token input limit, which the provider
+    // refuses too; an OpenAI pool pre-charges max(max_tokens, input) against its TPM.
+    const pools = [
+      { name: 'm1', input_tokens_per_minute: 1_000, output_tokens_per_minute: 1_000, max_concurrent: 10 },
+      { name: 'gpt', counting: 'openai', tokens_per_minute: 10_000, max_concurrent: 10 },
+    ]
+    const { tw, fetch, sent } = harness([], pools)
+    const never = await post(fetch, 'https://api.example/v1/messages', body({ messages: [{ role: 'user', content: 'x'.repeat(4_000) }] }))
     assert.equal(never.status, 400)
     assert.equal(never.headers.get('x-should-retry'), 'false')
     const b = await never.json()
     assert.equal(b.error.type, 'invalid_request_error')
     assert.match(b.error.message, /^tokenwarden: lease rejected: .*can never be served as asked/)
-    assert.deepEqual(b.tokenwarden.reason, { kind: 'exceeds_capacity', axis: 'output_tokens' })
-    const o = await fetch('https://api.example/v1/chat/completions', { method: 'POST', headers: { authorization: 'Bearer k', 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm1', max_tokens: 50_000, messages: [{ role: 'user', content: 'hi' }] }) })
+    assert.deepEqual(b.tokenwarden.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
+    const o = await fetch('https://api.example/v1/chat/completions', { method: 'POST', headers: { authorization: 'Bearer k', 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt', max_tokens: 50_000, messages: [{ role: 'user', content: 'hi' }] }) })
     assert.equal(o.status, 400)
     const ob = await o.json()
     assert.equal(ob.error.code, 'rejected')
     assert.equal(ob.error.type, 'invalid_request_error')
+    assert.deepEqual(ob.tokenwarden.reason, { kind: 'exceeds_capacity', axis: 'tokens' })
     assert.equal(sent.length, 0)
+    tw.close()
+  })
+
+  test('max_tokens above the output limit is served under Anthropic counting (Claude Code sends 128000)', async () => {
+    const { tw, fetch, sent } = harness(
+      [anthropicOk({ input_tokens: 100, output_tokens: 300 }), anthropicOk({ input_tokens: 100, output_tokens: 200 })],
+      [{ name: 'm1', input_tokens_per_minute: 100_000, output_tokens_per_minute: 8_000, max_concurrent: 10 }],
+    )
+    const settled = []
+    tw.on('settled', (e) => settled.push(e))
+    for (let i = 0; i < 2; i++) {
+      const r = await post(fetch, 'https://api.example/v1/messages?beta=true', body({ max_tokens: 128_000 }))
+      assert.equal(r.status, 200)
+      await r.json()
+    }
+    assert.equal(sent.length, 2, 'both forwarded')
+    const m = tw.metrics()
+    assert.equal(m.pools[0].counters.settled, 2)
+    assert.equal(m.pools[0].counters.rejected, 0)
     tw.close()
   })
 })

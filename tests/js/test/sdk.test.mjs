@@ -136,8 +136,9 @@ describe('official SDKs through tw.fetch() against the mock provider', { skip },
   test("a refusal reaches the SDK's user as an API error with tokenwarden's reason, not \"Connection error.\"", async () => {
     const tw = createTokenwarden({ config: config('claude-sonnet-4-6') })
     const client = new Anthropic({ apiKey: KEY, baseURL: mock.url, fetch: tw.fetch({ agent: 'too-big' }), maxRetries: 0 })
-    // More output than the pool allows in a window: it can never be served as asked.
-    const err = await client.messages.create({ model: 'claude-sonnet-4-6', max_tokens: 21_000, messages: [{ role: 'user', content: 'hi' }] }).then(
+    // A prompt above the 60k input limit itself (the provider refuses it too): it can never
+    // be served as asked. (A max_tokens above the output limit is served: see the fetch suite.)
+    const err = await client.messages.create({ model: 'claude-sonnet-4-6', max_tokens: 1_000, messages: [{ role: 'user', content: 'x'.repeat(400_000) }] }).then(
       () => null,
       (e) => e,
     )
