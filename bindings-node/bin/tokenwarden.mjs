@@ -356,6 +356,7 @@ const limiter :Workerd.Worker = (
   compatibilityFlags = ["enable_request_signal"],
   bindings = [
     (name = "TOKENWARDEN_FLEETS", text = embed "fleets.json"),
+    (name = "TOKENWARDEN_WAIT_LOG", text = "1"),
     (name = "QUOTAS", durableObjectNamespace = "QuotaObject"),
   ],
   durableObjectNamespaces = [(className = "QuotaObject", uniqueKey = "tokenwarden-quota-v1")],

@@ -13,6 +13,7 @@ import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, ag
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
+import { WaitLog } from './waitlog.js'
 
 const MAX_WAIT_MS = 30_000
 /** Processes remembered per quota, and for how long after they were last seen. */
@@ -90,6 +91,12 @@ class AgentIds {
     if (this.#ids.size >= MAX_AGENT_IDS) this.#ids.delete(this.#ids.keys().next().value)
     this.#ids.set(name, id)
     return id
+  }
+
+  /** The name an id was made from, if it is still remembered (a scan: for log lines only). */
+  nameOf(id) {
+    for (const [name, known] of this.#ids) if (known === id) return name
+    return null
   }
 }
 
@@ -226,6 +233,8 @@ export class QuotaObject {
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
     for (const name of ['paused', 'margin_changed', 'estimate_alert', 'settled']) this.tw.on(name, () => this.#persistSoon(BACKGROUND_FLUSH_MS))
+    // `tokenwarden serve` prints waits where its operator looks (its terminal).
+    if (this.env?.TOKENWARDEN_WAIT_LOG === '1') new WaitLog(this.tw, (id) => this.agentIds?.nameOf(id) ?? `agent ${id}`)
   }
 
   /**
@@ -923,13 +932,14 @@ function checkHeaderPairs(headers) {
  * `x-api-key` or `Authorization`, `anthropic-*`, `openai-*`, organization and project), the
  * content headers, and what identifies the client to the provider — its user agent and the
  * SDKs' and agents' metadata (`x-stainless-*`, Claude Code's `x-app` and `x-claude-code-*`,
- * Codex's `originator`, `session-id` and `x-codex-*`) — nothing else (no cookies, no client
+ * Codex's `originator`, `version`, `session-id` / `session_id`, `thread-id` / `thread_id`,
+ * `x-client-request-id`, `x-openai-subagent` and `x-codex-*`) — nothing else (no cookies, no client
  * addresses, none of ours), and never a header that holds a tokenwarden secret: the fleet's
  * or admin secret in any letter case or percent-encoded, an agent credential (`twa1.…`) or a
  * lease handle (`tw1.…`, `tw2.…`).
  */
 const FORWARDED =
-  /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+|user-agent|x-stainless-[a-z0-9-]+|x-app|x-claude-code-[a-z0-9-]+|originator|session-id|x-codex-[a-z0-9-]+|chatgpt-account-id)$/
+  /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+|user-agent|x-stainless-[a-z0-9-]+|x-app|x-claude-code-[a-z0-9-]+|originator|version|session[-_]id|thread[-_]id|x-client-request-id|x-openai-subagent|x-codex-[a-z0-9-]+|chatgpt-account-id)$/
 const OURS = /(?:^|[^A-Za-z0-9])tw(?:a1|1|2)\.[A-Za-z0-9_-]+\./i
 export function forwardedHeaders(incoming, secrets) {
   const lowered = (Array.isArray(secrets) ? secrets : [secrets]).filter((x) => typeof x === 'string' && x.length > 0).map((x) => x.toLowerCase())
