@@ -124,14 +124,15 @@ pub enum Event {
         /// Since when it has been at the floor.
         since: Millis,
     },
-    /// An agent's input estimates have missed by more than the threshold for
-    /// `estimate_alert.consecutive` samples in a row (calls that completed with the
-    /// provider's usage, see [`crate::Coordinator::settle`]; a refused, interrupted,
-    /// cancelled or expired call is not one).
+    /// The median input-estimate error of an agent's last `estimate_alert.samples` calls
+    /// that completed with the provider's usage (see [`crate::Coordinator::settle`]; a
+    /// refused, interrupted, cancelled or expired call is not one) has been above the
+    /// threshold for `estimate_alert.consecutive` of them in a row. Raised once until the
+    /// median falls back.
     EstimateAlert {
         /// The agent.
         agent: AgentId,
-        /// Its moving-average input error, thousandths.
+        /// The median input error it was raised on, thousandths.
         error_permille: u32,
     },
 }
