@@ -1,9 +1,13 @@
 /**
- * Input-token estimation before a call. The default learns each model's bytes per token
- * from settled usage and follows each provider's prompt-cache rules; plug in your own
- * (a real tokenizer, say) through {@link Estimator}.
+ * Input-token estimation before a call. The default ({@link DefaultEstimator}) counts an
+ * OpenAI prompt with the model's tokenizer, and an Anthropic prompt by each model's bytes
+ * per token learned from settled usage (or, opted in, by Anthropic's `count_tokens`
+ * endpoint), following each provider's prompt-cache rules; plug in your own through
+ * {@link Estimator}.
  */
+import { type CountTokensOptions, CountTokensClient } from './counttokens.js'
 import type { Provider } from './providers.js'
+import { type CountText, type PromptCounter, loadTokenizer, openaiEncoding, openaiPromptTokens, tokenizerState } from './tokenize.js'
 
 /** What the estimator sees of a request. */
 export interface EstimateInput {
@@ -21,6 +25,17 @@ export interface Estimate {
   cachedPrefixTokens: number
 }
 
+/** A settled call's usage as the provider reported it, in tokens. */
+export interface ObservedUsage {
+  /** Uncached input (Anthropic: after the last cache breakpoint; OpenAI: the prompt less its cached part). */
+  inputTokens: number
+  /** Read from the prompt cache. */
+  cacheReadInputTokens: number
+  /** Written to the prompt cache (Anthropic). */
+  cacheCreationInputTokens: number
+  outputTokens: number
+}
+
 /** What a call turned out to use, for learning. */
 export interface Observation {
   provider: Provider
@@ -29,12 +44,24 @@ export interface Observation {
   estimate: Estimate
   /** Every prompt token the provider counted (cached or not). */
   actualInputTokens: number
+  /**
+   * The whole usage (the `fetch` wrapper always gives it): with it the estimator knows the
+   * prompt's prefixes exactly (Anthropic: cache read + cache write are the tokens up to the
+   * last breakpoint). Optional for observations made by hand.
+   */
+  usage?: ObservedUsage
 }
 
-/** Estimates input tokens; `observe` is called after each settled call with real usage. */
+/**
+ * Estimates input tokens; `observe` is called after each settled call with real usage.
+ * Either may be asynchronous: the `fetch` wrapper awaits a promise (and only a promise:
+ * a plain value costs no extra turn). An estimate that throws or rejects costs the caller
+ * nothing: the call is estimated by the byte rule instead, with a `remote_error` event
+ * (`operation: 'estimator'`); so is an `observe` that throws or rejects.
+ */
 export interface Estimator {
-  estimate(input: EstimateInput): Estimate
-  observe?(observation: Observation): void
+  estimate(input: EstimateInput): Estimate | Promise<Estimate>
+  observe?(observation: Observation): void | Promise<void>
 }
 
 /** Options for {@link BytesPerTokenEstimator}. */
@@ -509,15 +536,27 @@ interface Asked {
   read: number
 }
 
+/** A prompt analyzed once per request body (the wrapper estimates one body again on a retry). */
+interface Analyzed {
+  provider: Provider
+  model: string
+  prompt: Prompt
+}
+
 /**
- * The default estimator: tokens = bytes / (bytes per token), learned per model as a moving
- * average of what settled calls really counted.
+ * The byte rule: tokens = bytes / (bytes per token), learned per model as a moving average
+ * of what settled calls really counted — except for what is known exactly: a prompt prefix
+ * a settled call (or a count, see {@link BytesPerTokenEstimator.recordPromptTokens})
+ * showed. A conversation's previous turn is such a prefix: its prompt tokens are the
+ * previous call's usage (input + cache read + cache write), so only what is new since (the
+ * reply now in the history, the new message) is estimated by the ratio.
  *
  * Under Anthropic counting it follows the prompt cache as the provider does: after each
  * settled call it remembers, by the hash of the prompt's content up to each `cache_control`
- * breakpoint (not by agent), how many prompt tokens that prefix held (this call's own
- * tokens per byte) and until when it stays cached (its `ttl`, `5m` or `1h`, from the call;
- * a read renews it). A new call's prompt is then split as the provider counts it:
+ * breakpoint (not by agent), how many prompt tokens that prefix held (exactly at the last
+ * breakpoint: the call's cache read + cache write; at an earlier one, this call's own tokens
+ * per byte) and until when it stays cached (its `ttl`, `5m` or `1h`, from the call; a read
+ * renews it). A new call's prompt is then split as the provider counts it:
  *
  * - up to the longest remembered, unexpired prefix at or before its last breakpoint (within
  *   Anthropic's 20-block lookback of a breakpoint): a cache **read**, `cachedPrefixTokens`;
@@ -540,7 +579,10 @@ export class BytesPerTokenEstimator implements Estimator {
   readonly #minCache: number
   /** Cached prefixes by content hash, least recently used first. */
   readonly #cache = new Map<string, Cached>()
+  /** Prompt tokens known exactly, by the content hash of the prefix they count, least recently used first. */
+  readonly #known = new Map<string, number>()
   readonly #asked = new WeakMap<Estimate, Asked>()
+  readonly #analyzed = new WeakMap<Record<string, unknown>, Analyzed>()
 
   constructor(options: BytesPerTokenOptions = {}) {
     this.#initial = options.initialBytesPerToken ?? 3
@@ -567,9 +609,70 @@ export class BytesPerTokenEstimator implements Estimator {
     return this.#cache.size
   }
 
+  #analyze(provider: Provider, model: string, body: Record<string, unknown>): Prompt {
+    const a = this.#analyzed.get(body)
+    if (a !== undefined && a.provider === provider && a.model === model) return a.prompt
+    const prompt = analyze(provider, model, body)
+    this.#analyzed.set(body, { provider, model, prompt })
+    return prompt
+  }
+
+  /** The longest prefix of `prompt` whose tokens are known exactly: its piece and tokens, or null. */
+  #knownPrefix(prompt: Prompt): { at: number; tokens: number } | null {
+    for (let i = prompt.pieces.length - 1; i >= 0; i--) {
+      const key = (prompt.pieces[i] as Piece).key
+      const tokens = this.#known.get(key)
+      if (tokens === undefined) continue
+      this.#known.delete(key)
+      this.#known.set(key, tokens)
+      return { at: i, tokens }
+    }
+    return null
+  }
+
+  #know(key: string, tokens: number): void {
+    this.#known.delete(key)
+    this.#known.set(key, tokens)
+    while (this.#known.size > this.#capacity) this.#known.delete(this.#known.keys().next().value as string)
+  }
+
+  #learn(provider: Provider, model: string, prompt: Prompt, tokens: number): void {
+    const textTokens = tokens - prompt.fixed
+    const seen = prompt.total / textTokens
+    if (textTokens > 0 && seen > 0 && Number.isFinite(seen)) {
+      const key = `${provider}:${model}`
+      const old = this.#ratio.get(key)
+      this.#ratio.set(key, old === undefined ? seen : old + this.#rate * (seen - old))
+    }
+  }
+
+  /**
+   * Whether some prefix of this request's prompt (or all of it) has a known token count:
+   * from a settled call's usage or from {@link recordPromptTokens}. An estimate then counts
+   * only the rest by the ratio.
+   */
+  knowsPrefixOf({ provider, model, body }: EstimateInput): boolean {
+    const prompt = this.#analyze(provider, model, body)
+    return prompt.pieces.some((p) => this.#known.has(p.key))
+  }
+
+  /**
+   * Records an exact count of a request's whole prompt (Anthropic's `count_tokens`, say):
+   * estimates of this prompt, and of every later prompt that begins with it, use it. The
+   * model's bytes per token learn from it as from a settled call.
+   */
+  recordPromptTokens({ provider, model, body }: EstimateInput, tokens: number): void {
+    if (!(Number.isSafeInteger(tokens) && tokens >= 0)) throw new RangeError(`recordPromptTokens: tokens must be a non-negative integer, got ${tokens}`)
+    const prompt = this.#analyze(provider, model, body)
+    const last = prompt.pieces[prompt.pieces.length - 1]
+    if (last === undefined || tokens === 0) return
+    this.#learn(provider, model, prompt, tokens)
+    this.#know(last.key, tokens)
+  }
+
   estimate({ provider, model, body }: EstimateInput): Estimate {
     const ratio = this.bytesPerToken(provider, model) / this.#safety
-    const prompt = analyze(provider, model, body)
+    const prompt = this.#analyze(provider, model, body)
     const at = this.#now()
     let read = -1
     let cached = 0
@@ -588,29 +691,46 @@ export class BytesPerTokenEstimator implements Estimator {
       }
     }
     const upTo = read < 0 ? { end: 0, fixed: 0 } : (prompt.pieces[read] as Piece)
-    const estimate = { inputTokens: Math.ceil((prompt.total - upTo.end) / ratio) + prompt.fixed - upTo.fixed, cachedPrefixTokens: cached }
+    let inputTokens = Math.ceil((prompt.total - upTo.end) / ratio) + prompt.fixed - upTo.fixed
+    const known = this.#knownPrefix(prompt)
+    if (known !== null && known.at >= read) {
+      // Exact up to the known prefix, the ratio for what follows it; the cache read is part of the prefix.
+      const p = prompt.pieces[known.at] as Piece
+      const total = known.tokens + Math.ceil((prompt.total - p.end) / ratio) + prompt.fixed - p.fixed
+      inputTokens = Math.max(0, total - cached)
+    }
+    const estimate = { inputTokens, cachedPrefixTokens: cached }
     this.#asked.set(estimate, { prompt, at, read })
     return estimate
   }
 
-  observe({ provider, model, body, estimate, actualInputTokens }: Observation): void {
+  observe({ provider, model, body, estimate, actualInputTokens, usage }: Observation): void {
     if (!(actualInputTokens > 0) || !Number.isFinite(actualInputTokens)) return
-    const asked = this.#asked.get(estimate) ?? { prompt: analyze(provider, model, body), at: this.#now(), read: -1 }
-    const { pieces, total, fixed } = asked.prompt
+    const asked = this.#asked.get(estimate) ?? { prompt: this.#analyze(provider, model, body), at: this.#now(), read: -1 }
+    const { pieces, total, fixed, last } = asked.prompt
     // The text's share: what the provider counted beyond the images' and documents' rule.
     const textTokens = actualInputTokens - fixed
-    const seen = total / textTokens
-    if (textTokens > 0 && seen > 0 && Number.isFinite(seen)) {
-      const key = `${provider}:${model}`
-      const old = this.#ratio.get(key)
-      this.#ratio.set(key, old === undefined ? seen : old + this.#rate * (seen - old))
-    }
+    this.#learn(provider, model, asked.prompt, actualInputTokens)
+    // The whole prompt is now known exactly, and so is the next turn's prefix.
+    const whole = pieces[pieces.length - 1]
+    if (whole !== undefined && Number.isSafeInteger(actualInputTokens)) this.#know(whole.key, actualInputTokens)
     if (provider !== 'anthropic') return
+    // Anthropic's cache read + cache write are the tokens up to the last breakpoint, exactly
+    // (its `input_tokens` are what follows): when the provider cached, that prefix is known.
+    const toLast = usage === undefined ? 0 : Number(usage.cacheReadInputTokens) + Number(usage.cacheCreationInputTokens)
+    const exactLast = last >= 0 && toLast > 0 && Number.isSafeInteger(toLast) && toLast <= actualInputTokens ? toLast : null
+    // (A breakpoint on the prompt's last block: the whole prompt's count is the one to know.)
+    if (exactLast !== null && last < pieces.length - 1) this.#know((pieces[last] as Piece).key, exactLast)
     // The provider cached the prompt up to each breakpoint (written, or read and renewed)
-    // when it took the call in: this call's own tokens per byte place each prefix's tokens.
+    // when it took the call in: this call's own tokens per byte place each earlier prefix's tokens.
     const remember = (i: number, ttlMs: number): void => {
       const p = pieces[i] as Piece
-      const tokens = textTokens > 0 && total > 0 ? p.fixed + Math.round((textTokens * p.end) / total) : Math.round((actualInputTokens * p.fixed) / Math.max(1, fixed))
+      const tokens =
+        i === last && exactLast !== null
+          ? exactLast
+          : textTokens > 0 && total > 0
+            ? p.fixed + Math.round((textTokens * p.end) / total)
+            : Math.round((actualInputTokens * p.fixed) / Math.max(1, fixed))
       if (tokens < this.#minCache) return
       this.#cache.delete(p.key)
       this.#cache.set(p.key, { tokens, ttlMs, expiresAt: asked.at + ttlMs })
@@ -623,5 +743,192 @@ export class BytesPerTokenEstimator implements Estimator {
     pieces.forEach((p, i) => {
       if (p.ttlMs > 0) remember(i, p.ttlMs)
     })
+  }
+}
+
+// ---- The default: the tokenizer for OpenAI, the byte rule (or count_tokens) for Anthropic -----
+
+/** Options for {@link DefaultEstimator}: those of the byte rule, and the two counters. */
+export interface DefaultEstimatorOptions extends BytesPerTokenOptions {
+  /**
+   * Count OpenAI prompts with the model's tokenizer (default `true`): o200k_base or
+   * cl100k_base by model (see `openaiEncoding`), from the `gpt-tokenizer` package, loaded
+   * the first time an OpenAI call is estimated (that estimate waits for it, about 0.4 s;
+   * the others are synchronous). Where it cannot be loaded, the byte rule.
+   */
+  tokenizer?: boolean
+  /**
+   * Count Anthropic prompts with Anthropic's `count_tokens` endpoint (opt-in): a prompt of
+   * which no prefix is known yet is counted once (the estimate waits for it, at most
+   * `timeoutMs`), and a later prompt that begins with one known (the next turn of the
+   * conversation, or the same prompt again) is not: its new part goes by the byte rule. A
+   * failed count (timeout, network, 429, 5xx) falls back to the byte rule at once and
+   * pauses counting for a while.
+   */
+  countTokens?: CountTokensOptions
+}
+
+/** Strings at least this long have their counts remembered (shorter ones are cheaper to count again). */
+const MEMO_MIN_CHARS = 256
+/** The most characters of remembered strings per encoding (about 8 MB), least recently used dropped first. */
+const MEMO_CHARS = 4 << 20
+
+/** A counter that remembers the counts of long strings: a conversation's turns share most of their text. */
+function memoized(count: CountText): CountText {
+  const memo = new Map<string, number>()
+  let chars = 0
+  return (s) => {
+    if (s.length < MEMO_MIN_CHARS) return count(s)
+    const key = s.length > LONG ? digest(s) : s
+    const known = memo.get(key)
+    if (known !== undefined) {
+      memo.delete(key)
+      memo.set(key, known)
+      return known
+    }
+    const n = count(s)
+    memo.set(key, n)
+    chars += key.length
+    while (chars > MEMO_CHARS) {
+      const oldest = memo.keys().next().value as string
+      memo.delete(oldest)
+      chars -= oldest.length
+    }
+    return n
+  }
+}
+
+/** OpenAI image and file blocks by the published rules (the same as the byte rule's). */
+const openaiMedia = (block: Record<string, unknown>): number | null => {
+  const c = mediaCost('openai', block)
+  return c === null ? null : c.tokens + Math.ceil(c.bytes / 4)
+}
+
+/**
+ * tokenwarden's default estimator (what `Tokenwarden` uses unless given another):
+ *
+ * - **OpenAI**: the prompt is counted, not guessed: each text with the model's tokenizer
+ *   (o200k_base, or cl100k_base for GPT-4 and GPT-3.5), plus OpenAI's published per-message,
+ *   reply and tool-definition overheads (see `openaiPromptTokens`), images and files by the
+ *   published rules. Counts of long strings are remembered, so a conversation's next turn
+ *   tokenizes only its new messages.
+ * - **Anthropic**: the byte rule of {@link BytesPerTokenEstimator} (bytes per token learned
+ *   per model, prefixes known exactly from the previous turn's usage, the prompt cache as
+ *   the provider keeps it), or, with `countTokens`, the `count_tokens` endpoint for a
+ *   prompt of which nothing is known yet.
+ */
+export class DefaultEstimator implements Estimator {
+  /** The byte rule this estimator falls back on (and uses for Anthropic): its learned ratios and known prefixes. */
+  readonly bytes: BytesPerTokenEstimator
+  readonly #tokenizer: boolean
+  readonly #counter: CountTokensClient | null
+  readonly #counters = new Map<string, PromptCounter>()
+  /** Estimates made by the tokenizer: the count, and the hash of the whole prompt. */
+  readonly #counted = new WeakMap<Estimate, { counted: number; key: string | null }>()
+  /**
+   * OpenAI: what the provider counted beyond the tokenizer's count (negative when less), by
+   * the hash of the prompt it was for, least recently used first. A later prompt that begins
+   * with that one (the conversation's next turn) carries it over: the prefix is then exact,
+   * and only the new part is the tokenizer's (and the rule's) alone.
+   */
+  readonly #residuals = new Map<string, number>()
+  readonly #capacity: number
+
+  constructor(options: DefaultEstimatorOptions = {}) {
+    this.bytes = new BytesPerTokenEstimator(options)
+    this.#capacity = options.cachedPrefixes ?? 4096
+    if (options.tokenizer !== undefined && typeof options.tokenizer !== 'boolean') throw new TypeError('tokenizer must be true or false')
+    this.#tokenizer = options.tokenizer ?? true
+    this.#counter = options.countTokens === undefined ? null : new CountTokensClient(options.countTokens)
+  }
+
+  /** `count_tokens` requests sent, and how many failed (0 and 0 without `countTokens`). */
+  get countTokensRequests(): { sent: number; failed: number } {
+    return { sent: this.#counter?.sent ?? 0, failed: this.#counter?.failed ?? 0 }
+  }
+
+  #promptCounter(encoding: PromptCounter['encoding'], count: CountText): PromptCounter {
+    let c = this.#counters.get(encoding)
+    if (c === undefined) {
+      c = { encoding, count: memoized(count), media: openaiMedia }
+      this.#counters.set(encoding, c)
+    }
+    return c
+  }
+
+  #counted_(c: PromptCounter, { model, body }: EstimateInput): Estimate {
+    const counted = openaiPromptTokens(c, body)
+    const { pieces } = analyze('openai', model, body)
+    let residual = 0
+    for (let i = pieces.length - 1; i >= 0; i--) {
+      const key = (pieces[i] as Piece).key
+      const r = this.#residuals.get(key)
+      if (r === undefined) continue
+      this.#residuals.delete(key)
+      this.#residuals.set(key, r)
+      residual = r
+      break
+    }
+    const estimate = { inputTokens: Math.max(0, counted + residual), cachedPrefixTokens: 0 }
+    this.#counted.set(estimate, { counted, key: pieces.length === 0 ? null : (pieces[pieces.length - 1] as Piece).key })
+    return estimate
+  }
+
+  /** The learned bytes per token for a model (see {@link BytesPerTokenEstimator.bytesPerToken}). */
+  bytesPerToken(provider: Provider, model: string): number {
+    return this.bytes.bytesPerToken(provider, model)
+  }
+
+  /** How many prompt prefixes are remembered as cached. */
+  get cachedPrefixCount(): number {
+    return this.bytes.cachedPrefixCount
+  }
+
+  estimate(input: EstimateInput): Estimate | Promise<Estimate> {
+    const bytes = this.bytes
+    if (input.provider === 'openai' && this.#tokenizer) {
+      const encoding = openaiEncoding(input.model)
+      const t = tokenizerState(encoding)
+      if (t.state === 'ready') return this.#counted_(this.#promptCounter(encoding, t.counter), input)
+      if (t.state === 'failed') return bytes.estimate(input)
+      return loadTokenizer(encoding).then(
+        (count) => this.#counted_(this.#promptCounter(encoding, count), input),
+        () => bytes.estimate(input),
+      )
+    }
+    const counter = this.#counter
+    if (input.provider === 'anthropic' && counter !== null && counter.available() && !bytes.knowsPrefixOf(input)) {
+      return counter.count(input.body).then(
+        (tokens) => {
+          bytes.recordPromptTokens(input, tokens)
+          return bytes.estimate(input)
+        },
+        () => bytes.estimate(input),
+      )
+    }
+    return bytes.estimate(input)
+  }
+
+  observe(observation: Observation): void {
+    const counted = this.#counted.get(observation.estimate)
+    if (counted === undefined) {
+      this.bytes.observe(observation)
+      return
+    }
+    const actual = observation.actualInputTokens
+    if (counted.key === null || !(Number.isSafeInteger(actual) && actual > 0)) return
+    this.#residuals.delete(counted.key)
+    this.#residuals.set(counted.key, actual - counted.counted)
+    while (this.#residuals.size > this.#capacity) this.#residuals.delete(this.#residuals.keys().next().value as string)
+  }
+}
+
+/**
+ * The default estimator with Anthropic's `count_tokens` on: `new CountTokensEstimator({
+ * apiKey })` is `new DefaultEstimator({ countTokens: { apiKey } })`.
+ */
+export class CountTokensEstimator extends DefaultEstimator {
+  constructor(countTokens: CountTokensOptions, options: Omit<DefaultEstimatorOptions, 'countTokens'> = {}) {
+    super({ ...options, countTokens })
   }
 }

@@ -17,7 +17,7 @@
 import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
 import { LeaseRejectedError, TokenwardenError } from './errors.js'
-import type { Estimate, Estimator } from './estimator.js'
+import { BytesPerTokenEstimator, type Estimate, type EstimateInput, type Estimator } from './estimator.js'
 import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, detectProvider, promptTokens, providerErrorBody } from './providers.js'
 import { type CallStep, type Role, type U64, type Usage, newCall } from './types.js'
 
@@ -278,7 +278,8 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
 
     // A loop that does what the core says: every retry, wait and give-up is its decision.
     for (;;) {
-      const estimate = estimator.estimate({ provider, model: shape.model, body })
+      const estimated = estimateOf(driver, estimator, { provider, model: shape.model, body })
+      const estimate = estimated instanceof Promise ? await estimated : estimated
       const request = {
         agent,
         pool,
@@ -346,7 +347,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         // as nothing used.
         return res
       }
-      const onUsage = (usage: Usage): void => learn(estimator, provider, shape.model, body, estimate, usage)
+      const onUsage = (usage: Usage): void => learn(driver, estimator, provider, shape.model, body, estimate, usage)
       if (res.body === null) {
         endLease(lease, null, null, driver)
         return res
@@ -457,7 +458,39 @@ async function waitUntil(
   await sleep(driver.clock, delayMs, signal)
 }
 
+/** The byte rule, for a call whose estimator failed. */
+let fallbackEstimator: BytesPerTokenEstimator | null = null
+
+const isThenable = (v: unknown): v is PromiseLike<unknown> => v !== null && typeof v === 'object' && typeof (v as { then?: unknown }).then === 'function'
+
+/**
+ * The estimator's estimate: a promise only when the estimator answered one (a synchronous
+ * estimator costs no extra turn). One that throws, rejects or answers something that is
+ * not an estimate costs the caller nothing: the call is estimated by the byte rule, and a
+ * `remote_error` event (`operation: 'estimator'`) says why.
+ */
+function estimateOf(driver: Driver, estimator: Estimator, input: EstimateInput): Estimate | Promise<Estimate> {
+  const fallback = (err: unknown): Estimate => {
+    driver.emit('remote_error', { operation: 'estimator', message: `${messageOf(err)}; the call is estimated by the byte rule instead` })
+    fallbackEstimator ??= new BytesPerTokenEstimator()
+    return fallbackEstimator.estimate(input)
+  }
+  const checked = (e: Estimate): Estimate => {
+    const { inputTokens, cachedPrefixTokens } = (e ?? {}) as Partial<Estimate>
+    if (Number.isSafeInteger(inputTokens) && (inputTokens as number) >= 0 && Number.isSafeInteger(cachedPrefixTokens) && (cachedPrefixTokens as number) >= 0) return e
+    return fallback(new TypeError(`the estimate must be { inputTokens, cachedPrefixTokens } of non-negative integers, got ${JSON.stringify(e) ?? String(e)}`))
+  }
+  let e: Estimate | Promise<Estimate>
+  try {
+    e = estimator.estimate(input)
+  } catch (err) {
+    return fallback(err)
+  }
+  return isThenable(e) ? Promise.resolve(e).then(checked, fallback) : checked(e)
+}
+
 function learn(
+  driver: Driver,
   estimator: Estimator,
   provider: Provider,
   model: string,
@@ -465,7 +498,16 @@ function learn(
   estimate: Estimate,
   usage: Usage,
 ): void {
-  estimator.observe?.({ provider, model, body, estimate, actualInputTokens: promptTokens(usage) })
+  const n = (v: Usage[keyof Usage]): number => Number(v ?? 0)
+  const observed = {
+    inputTokens: n(usage.inputTokens),
+    cacheReadInputTokens: n(usage.cacheReadInputTokens),
+    cacheCreationInputTokens: n(usage.cacheCreationInputTokens),
+    outputTokens: n(usage.outputTokens),
+  }
+  const r: unknown = estimator.observe?.({ provider, model, body, estimate, actualInputTokens: promptTokens(usage), usage: observed })
+  // An observation that rejects costs the caller nothing either.
+  if (isThenable(r)) r.then(undefined, (e: unknown) => driver.emit('remote_error', { operation: 'estimator', message: messageOf(e) }))
 }
 
 /** Whether a usage figure was clamped: an absurd report, not one to learn from. */

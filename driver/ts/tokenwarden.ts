@@ -1,6 +1,6 @@
 import type { Clock } from './clock.js'
 import { Driver } from './driver.js'
-import { BytesPerTokenEstimator, type Estimator } from './estimator.js'
+import { DefaultEstimator, type Estimator } from './estimator.js'
 import { type FetchOptions, createFetch, failureSignature, taskIdFor } from './fetch.js'
 import type { Engine, EngineFactory, Role, TaskOutcome, TaskSummary, U64 } from './types.js'
 
@@ -17,7 +17,10 @@ export interface TokenwardenOptions {
   seed?: U64
   /** Time and timers (default: the system clock). */
   clock?: Clock
-  /** Input-token estimator shared by every wrapped `fetch` (default: learned bytes per token). */
+  /**
+   * Input-token estimator shared by every wrapped `fetch` (default: a `DefaultEstimator`, the
+   * tokenizer for OpenAI and learned bytes per token for Anthropic).
+   */
   estimator?: Estimator
 }
 
@@ -56,7 +59,7 @@ export class Tokenwarden extends Driver {
       engine = options.engine
     }
     super(engine, clock === undefined ? {} : { clock })
-    this.estimator = options.estimator ?? new BytesPerTokenEstimator()
+    this.estimator = options.estimator ?? new DefaultEstimator()
   }
 
   /**

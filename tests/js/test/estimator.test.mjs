@@ -5,11 +5,20 @@
 // answers with Anthropic's usage (cache read = the prefix an earlier call cached, cache
 // write = the rest up to the last breakpoint); each check compares the lease's input
 // reservation with what that upstream counted against the input limit (input + write).
+//
+// Then counting instead of guessing (issue 26, item 3): OpenAI prompts by the tokenizer,
+// checked against js-tiktoken (an independent implementation, not the estimator's
+// gpt-tokenizer) and OpenAI's published counts; asynchronous estimators through `tw.fetch`;
+// Anthropic's `count_tokens` as an opt-in, against the mock provider.
 import assert from 'node:assert/strict'
 import { createHash } from 'node:crypto'
 import http from 'node:http'
 import { after, before, describe, test } from 'node:test'
-import { BytesPerTokenEstimator, promptBytes } from 'tokenwarden-driver'
+import { Tiktoken } from 'js-tiktoken/lite'
+import cl100kRanks from 'js-tiktoken/ranks/cl100k_base'
+import o200kRanks from 'js-tiktoken/ranks/o200k_base'
+import { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, openaiEncoding, promptBytes } from 'tokenwarden-driver'
+import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 import { createTokenwarden } from '../support/engine.mjs'
 
 const MODEL = 'claude-sonnet-4-6'
@@ -391,5 +400,475 @@ describe('tool definitions', () => {
     const none = { ...body, tools: [] }
     assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: none }).inputTokens, text(none), 'no tools, no tool-use prompt')
     assert.equal(e.estimate({ provider: 'openai', model: MODEL, body }).inputTokens, text(body))
+  })
+})
+
+// ---- Counting instead of guessing (issue 26, item 3) ------------------------------------
+
+/** js-tiktoken: the independent count (special-token strings as ordinary text, as the API takes them). */
+const reference = { o200k_base: new Tiktoken(o200kRanks), cl100k_base: new Tiktoken(cl100kRanks) }
+const tok = (encoding, text) => reference[encoding].encode(text, [], []).length
+
+/**
+ * OpenAI's published rule (Cookbook, "How to count tokens with tiktoken", sections 6 and 7),
+ * restated here over js-tiktoken: 3 per message plus each field's tokens (+1 for a name),
+ * 3 for the reply; per function 7 (o200k) or 10 (cl100k) + name:description, 3 if it has
+ * properties, per property 3 + key:type:description, an enum −3 and 3 + tokens per value,
+ * 12 after the functions.
+ */
+function cookbook(encoding, messages, tools = []) {
+  let n = 3
+  for (const m of messages) {
+    n += 3
+    for (const [k, v] of Object.entries(m)) n += tok(encoding, v) + (k === 'name' ? 1 : 0)
+  }
+  if (tools.length === 0) return n
+  const noDot = (s) => (s.endsWith('.') ? s.slice(0, -1) : s)
+  for (const { function: f } of tools) {
+    n += (encoding === 'o200k_base' ? 7 : 10) + tok(encoding, `${f.name}:${noDot(f.description)}`)
+    const props = Object.entries(f.parameters.properties)
+    if (props.length > 0) n += 3
+    for (const [key, p] of props) {
+      n += 3
+      if (p.enum) n += -3 + p.enum.reduce((a, item) => a + 3 + tok(encoding, item), 0)
+      n += tok(encoding, `${key}:${p.type}:${noDot(p.description)}`)
+    }
+  }
+  return n + 12
+}
+
+/** The cookbook's own examples, with the prompt tokens the OpenAI API answered for them (published in the notebook). */
+const JARGON = [
+  { role: 'system', content: 'You are a helpful, pattern-following assistant that translates corporate jargon into plain English.' },
+  { role: 'system', name: 'example_user', content: 'New synergies will help drive top-line growth.' },
+  { role: 'system', name: 'example_assistant', content: 'Things working well together will increase revenue.' },
+  { role: 'system', name: 'example_user', content: "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage." },
+  { role: 'system', name: 'example_assistant', content: "Let's talk later when we're less busy about how to do better." },
+  { role: 'user', content: "This late pivot means we don't have time to boil the ocean for the client deliverable." },
+]
+const WEATHER_TOOLS = [
+  {
+    type: 'function',
+    function: {
+      name: 'get_current_weather',
+      description: 'Get the current weather in a given location',
+      parameters: {
+        type: 'object',
+        properties: {
+          location: { type: 'string', description: 'The city and state, e.g. San Francisco, CA' },
+          unit: { type: 'string', description: 'The unit of temperature to return', enum: ['celsius', 'fahrenheit'] },
+        },
+        required: ['location'],
+      },
+    },
+  },
+]
+const WEATHER = [
+  { role: 'system', content: 'You are a helpful assistant that can answer to questions about the weather.' },
+  { role: 'user', content: "What's the weather like in San Francisco?" },
+]
+
+/** A coding agent's tools in the cookbook's shape: several functions, enums, long descriptions. */
+const AGENT_TOOLS = Array.from({ length: 8 }, (_, i) => ({
+  type: 'function',
+  function: {
+    name: `tool_${i}`,
+    description: `${prose(500 + i, 600)}.`,
+    parameters: {
+      type: 'object',
+      properties: {
+        path: { type: 'string', description: prose(520 + i, 160) },
+        mode: { type: 'string', description: 'How to open it.', enum: ['read', 'write', 'append', `mode_${i}`] },
+        limit: { type: 'integer', description: prose(540 + i, 80) },
+      },
+      required: ['path'],
+    },
+  },
+}))
+
+const estimateOf = async (e, provider, body) => await e.estimate({ provider, model: body.model, body })
+
+describe('OpenAI prompts counted with the tokenizer', () => {
+  test("the cookbook's examples count what the OpenAI API answered: 124 and 129 tokens, 101 and 105 with a tool", async () => {
+    const e = new DefaultEstimator()
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-4o', messages: JARGON })).inputTokens, 124)
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-4o-mini', messages: JARGON })).inputTokens, 124)
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-4', messages: JARGON })).inputTokens, 129)
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-3.5-turbo', messages: JARGON })).inputTokens, 129)
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-4o', messages: WEATHER, tools: WEATHER_TOOLS })).inputTokens, 101)
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-4', messages: WEATHER, tools: WEATHER_TOOLS })).inputTokens, 105)
+    // The reference restatement agrees with the published figures too.
+    assert.deepEqual([cookbook('o200k_base', JARGON), cookbook('cl100k_base', JARGON), cookbook('o200k_base', WEATHER, WEATHER_TOOLS), cookbook('cl100k_base', WEATHER, WEATHER_TOOLS)], [124, 129, 101, 105])
+  })
+
+  test('a coding-agent chat body with tools is within 2 % of the independent count (o200k and cl100k)', async () => {
+    const e = new DefaultEstimator()
+    const messages = [
+      { role: 'system', content: prose(600, 9_000) },
+      { role: 'user', name: 'dev', content: prose(601, 3_000) },
+      { role: 'assistant', content: prose(602, 1_200) },
+      { role: 'user', content: prose(603, 4_000) },
+    ]
+    for (const model of ['gpt-4.1', 'gpt-5-codex', 'o4-mini', 'gpt-4-turbo']) {
+      const encoding = openaiEncoding(model)
+      const want = cookbook(encoding, messages, AGENT_TOOLS)
+      const got = (await estimateOf(e, 'openai', { model, max_completion_tokens: 4096, messages, tools: AGENT_TOOLS })).inputTokens
+      const error = Math.abs(got - want) / want
+      assert.ok(error <= 0.02, `${model} (${encoding}): estimated ${got}, js-tiktoken by the cookbook's rule ${want} (${(error * 100).toFixed(2)} % off)`)
+      assert.ok(want > 5_000, `a body of some size: ${want}`)
+    }
+    // Content parts count as their text.
+    const parts = messages.map((m) => ({ role: m.role, content: [{ type: 'text', text: m.content }] }))
+    const flat = messages.map(({ name, ...m }) => m)
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-4o', messages: parts })).inputTokens, cookbook('o200k_base', flat))
+  })
+
+  test('Japanese, kanji and emoji, where bytes / 4 is 20–50 % off, are within 2 %', async () => {
+    const e = new DefaultEstimator()
+    const bodies = {
+      // Kana and kanji: o200k takes several characters a token, bytes / 4 over-counts.
+      japanese: 'お誕生日おめでとうございます。今日は東京で新しいプロジェクトの打ち合わせがありました。\n'.repeat(40),
+      // Kanji compounds: a token each or more, bytes / 4 under-counts.
+      kanji: '東京都庁舎総合防災訓練実施計画書概要説明資料\n'.repeat(60),
+      // Emoji with modifiers and joiners: several tokens each, bytes / 4 under-counts by half.
+      emoji: '🎉👍🏽🚀🔥✅❌🤖🧪📦🐛 ship it 💯🙏🏻👩‍💻🧑🏽‍🔬🏳️‍🌈👨‍👩‍👧‍👦🫠🫶🏾\n'.repeat(40),
+    }
+    for (const [what, text] of Object.entries(bodies)) {
+      const messages = [{ role: 'user', content: text }]
+      const want = cookbook('o200k_base', messages)
+      const got = (await estimateOf(e, 'openai', { model: 'gpt-4o', messages })).inputTokens
+      assert.ok(Math.abs(got - want) / want <= 0.02, `${what}: estimated ${got}, js-tiktoken ${want}`)
+      const byRule = Math.ceil(new TextEncoder().encode(text).length / 4)
+      assert.ok(Math.abs(byRule - want) / want > 0.2, `${what}: bytes / 4 is far off here: ${byRule} for ${want}`)
+      const cl = cookbook('cl100k_base', messages)
+      const gotCl = (await estimateOf(e, 'openai', { model: 'gpt-4', messages })).inputTokens
+      assert.ok(Math.abs(gotCl - cl) / cl <= 0.02, `${what}, cl100k: estimated ${gotCl}, js-tiktoken ${cl}`)
+    }
+  })
+
+  test('a Responses API body: instructions and input items by the tokenizer', async () => {
+    const e = new DefaultEstimator()
+    const instructions = prose(610, 3_000)
+    const question = prose(611, 2_000)
+    const output = prose(612, 4_000)
+    const body = {
+      model: 'gpt-5',
+      instructions,
+      input: [
+        { role: 'user', content: [{ type: 'input_text', text: question }] },
+        { type: 'function_call', call_id: 'call_1', name: 'read_file', arguments: '{"path":"src/lexer.rs"}' },
+        { type: 'function_call_output', call_id: 'call_1', output },
+      ],
+    }
+    const want = tok('o200k_base', instructions) + tok('o200k_base', question) + tok('o200k_base', output)
+    const got = (await estimateOf(e, 'openai', body)).inputTokens
+    assert.ok(got >= want && got <= want * 1.02, `estimated ${got}, the text alone ${want}`)
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-5', input: question })).inputTokens, cookbook('o200k_base', [{ role: 'user', content: question }]))
+  })
+
+  test('a special-token string in a prompt is ordinary text', async () => {
+    const e = new DefaultEstimator()
+    const messages = [{ role: 'user', content: 'the tokenizer ends a document with <|endoftext|> and a chat turn with <|im_end|>; '.repeat(20) }]
+    assert.equal((await estimateOf(e, 'openai', { model: 'gpt-4o', messages })).inputTokens, cookbook('o200k_base', messages))
+  })
+
+  test('each model its encoding: o200k_base but for GPT-4 and GPT-3.5; an unknown model o200k_base', () => {
+    for (const m of ['gpt-4o', 'gpt-4o-mini-2024-07-18', 'chatgpt-4o-latest', 'gpt-4.1', 'gpt-4.1-nano', 'gpt-4.5-preview', 'gpt-5', 'gpt-5.2-codex', 'o1', 'o3-mini', 'o4-mini', 'codex-mini-latest', 'gpt-oss-120b', 'ft:gpt-4o-mini:acme::x1', 'some-new-model']) {
+      assert.equal(openaiEncoding(m), 'o200k_base', m)
+    }
+    for (const m of ['gpt-4', 'gpt-4-0613', 'gpt-4-turbo', 'gpt-4-32k', 'gpt-3.5-turbo', 'gpt-3.5-turbo-0125', 'gpt-35-turbo', 'ft:gpt-3.5-turbo:acme::x1', 'text-embedding-3-small']) {
+      assert.equal(openaiEncoding(m), 'cl100k_base', m)
+    }
+  })
+
+  test('the tokenizer off: the byte rule', async () => {
+    const body = { model: 'gpt-4o', messages: JARGON }
+    const off = (await estimateOf(new DefaultEstimator({ tokenizer: false }), 'openai', body)).inputTokens
+    assert.equal(off, new BytesPerTokenEstimator().estimate({ provider: 'openai', model: 'gpt-4o', body }).inputTokens)
+    assert.throws(() => new DefaultEstimator({ tokenizer: 'yes' }), /tokenizer must be true or false/)
+  })
+})
+
+describe('a prefix known from the previous call', () => {
+  test("the same prompt again is its settled count exactly; the next turn that count plus its new part", () => {
+    const e = new BytesPerTokenEstimator()
+    const first = conversation({ turns: 1 })
+    const estimate = e.estimate({ provider: 'anthropic', model: MODEL, body: first })
+    const usage = { inputTokens: 700, cacheReadInputTokens: 0, cacheCreationInputTokens: 8_000, outputTokens: 90 }
+    e.observe({ provider: 'anthropic', model: MODEL, body: first, estimate, actualInputTokens: 8_700, usage })
+    const again = e.estimate({ provider: 'anthropic', model: MODEL, body: conversation({ turns: 1 }) })
+    assert.equal(again.inputTokens + again.cachedPrefixTokens, 8_700, 'the whole prompt, exactly')
+    assert.equal(again.cachedPrefixTokens, 8_000, 'cache read + write of the previous call: the prefix up to its last breakpoint')
+    // The next turn: the previous prompt (exact) and its new messages by the ratio.
+    const next = conversation({ turns: 2 })
+    const { prefix, rest } = promptBytes('anthropic', next)
+    const { prefix: p1, rest: r1 } = promptBytes('anthropic', first)
+    const ratio = e.bytesPerToken('anthropic', MODEL) / 1.05
+    const e2 = e.estimate({ provider: 'anthropic', model: MODEL, body: next })
+    const newPart = Math.ceil((prefix + rest - p1 - r1) / ratio)
+    assert.ok(Math.abs(e2.inputTokens + e2.cachedPrefixTokens - (8_700 + newPart)) <= 2, `${e2.inputTokens} + ${e2.cachedPrefixTokens} for 8,700 + ${newPart}`)
+  })
+})
+
+describe('an OpenAI prefix known from the previous call', () => {
+  test("what the provider counted beyond the tokenizer on a turn carries over to the conversation's next turn", async () => {
+    const e = new DefaultEstimator()
+    const messages = [{ role: 'system', content: prose(900, 4_000) }, { role: 'user', content: prose(901, 1_000) }]
+    const body = { model: 'gpt-4o', messages }
+    const first = await estimateOf(e, 'openai', body)
+    assert.equal(first.inputTokens, cookbook('o200k_base', messages))
+    e.observe({ provider: 'openai', model: 'gpt-4o', body, estimate: first, actualInputTokens: first.inputTokens + 40 })
+    const more = [...messages, { role: 'assistant', content: prose(902, 600) }, { role: 'user', content: prose(903, 800) }]
+    const next = await estimateOf(e, 'openai', { model: 'gpt-4o', messages: more })
+    assert.equal(next.inputTokens, cookbook('o200k_base', more) + 40, 'the prefix as the provider counted it, the new part by the tokenizer')
+    const other = await estimateOf(e, 'openai', { model: 'gpt-4o', messages: [{ role: 'user', content: prose(904, 1_000) }] })
+    assert.equal(other.inputTokens, cookbook('o200k_base', [{ role: 'user', content: prose(904, 1_000) }]), 'another conversation carries nothing')
+  })
+})
+
+describe('asynchronous estimators through tw.fetch (mock provider)', () => {
+  let mock
+  before(async () => {
+    mock = await startMockProvider({ replyTokens: 7 })
+  })
+  after(async () => {
+    await mock?.close()
+  })
+  const pools = [{ name: MODEL, input_tokens_per_minute: 4_000_000, output_tokens_per_minute: 2_000_000, max_concurrent: 4 }]
+  const headers = { 'x-api-key': 'sk-ant-test', 'content-type': 'application/json', 'anthropic-version': '2023-06-01' }
+  /** One Anthropic call through `tw.fetch`; resolves to its settlement and the events seen. */
+  async function call(tw, body, fetch = tw.fetch({ agent: 'a' })) {
+    const settled = []
+    const errors = []
+    const off1 = tw.on('settled', (e) => settled.push(e.settlement))
+    const off2 = tw.on('remote_error', (e) => errors.push(e))
+    try {
+      const res = await fetch(`${mock.url}/v1/messages`, { method: 'POST', headers, body: JSON.stringify(body) })
+      assert.equal(res.status, 200, await res.clone().text())
+      const answer = await res.json()
+      for (let i = 0; i < 100 && settled.length === 0; i++) await delay(5)
+      return { settlement: settled[0], errors, answer }
+    } finally {
+      off1?.()
+      off2?.()
+    }
+  }
+  const simple = (text = prose(700, 4_000)) => ({ model: MODEL, max_tokens: 64, messages: [{ role: 'user', content: text }] })
+
+  test('an estimator that answers a promise is awaited: the lease reserves its figure', async () => {
+    const estimator = { estimate: () => delay(30).then(() => ({ inputTokens: 4_321, cachedPrefixTokens: 0 })) }
+    const tw = createTokenwarden({ config: { pools }, estimator })
+    const { settlement, errors } = await call(tw, simple())
+    assert.equal(settlement.reserved[0], 4_321)
+    assert.deepEqual(errors, [])
+    tw.close()
+  })
+
+  test('an estimator that rejects, throws or answers no estimate costs the call nothing: the byte rule, and a remote_error event', async () => {
+    const body = simple()
+    const byRule = new BytesPerTokenEstimator().estimate({ provider: 'anthropic', model: MODEL, body }).inputTokens
+    for (const [what, estimate] of [
+      ['rejects', () => Promise.reject(new Error('tokenizer service down'))],
+      ['throws', () => {
+        throw new Error('tokenizer crashed')
+      }],
+      ['answers NaN', () => ({ inputTokens: Number.NaN, cachedPrefixTokens: 0 })],
+    ]) {
+      const tw = createTokenwarden({ config: { pools }, estimator: { estimate } })
+      const { settlement, errors } = await call(tw, body)
+      assert.equal(settlement.reserved[0], byRule, `${what}: reserved by the byte rule`)
+      assert.equal(errors.length, 1, `${what}: one remote_error event`)
+      assert.equal(errors[0].operation, 'estimator')
+      assert.match(errors[0].message, /byte rule instead/)
+      tw.close()
+    }
+  })
+
+  test('observe is given the whole usage (input, cache read, cache write, output) and may be asynchronous', async () => {
+    const seen = []
+    const estimator = {
+      estimate: () => ({ inputTokens: 1_000, cachedPrefixTokens: 0 }),
+      observe: async (o) => {
+        seen.push(o)
+        throw new Error('observer down')
+      },
+    }
+    const tw = createTokenwarden({ config: { pools }, estimator })
+    const { answer, errors } = await call(tw, simple())
+    for (let i = 0; i < 50 && errors.length === 0; i++) await delay(5)
+    assert.equal(seen.length, 1)
+    const u = answer.usage
+    assert.deepEqual(seen[0].usage, { inputTokens: u.input_tokens, cacheReadInputTokens: u.cache_read_input_tokens ?? 0, cacheCreationInputTokens: u.cache_creation_input_tokens ?? 0, outputTokens: u.output_tokens })
+    assert.equal(seen[0].usage.outputTokens, 7)
+    assert.equal(seen[0].actualInputTokens, u.input_tokens + (u.cache_read_input_tokens ?? 0) + (u.cache_creation_input_tokens ?? 0))
+    assert.equal(errors.length, 1, 'the rejected observation is a remote_error event, not a failed call')
+    assert.equal(errors[0].operation, 'estimator')
+    tw.close()
+  })
+
+  test('the default estimator on an OpenAI call: the tokenizer, not the byte rule', async () => {
+    const openaiPools = [{ name: 'gpt-4o', counting: 'openai', tokens_per_minute: 4_000_000, max_concurrent: 4 }]
+    const tw = createTokenwarden({ config: { pools: openaiPools } })
+    const settled = []
+    tw.on('settled', (e) => settled.push(e.settlement))
+    const messages = [{ role: 'system', content: prose(710, 6_000) }, { role: 'user', content: 'お誕生日おめでとう 🎉 '.repeat(50) }]
+    const res = await tw.fetch({ agent: 'o' })(`${mock.url}/v1/chat/completions`, { method: 'POST', headers: { authorization: 'Bearer sk-test', 'content-type': 'application/json' }, body: JSON.stringify({ model: 'gpt-4o', max_tokens: 16, messages }) })
+    assert.equal(res.status, 200)
+    await res.text()
+    for (let i = 0; i < 100 && settled.length === 0; i++) await delay(5)
+    assert.equal(settled[0].reserved[0], cookbook('o200k_base', messages))
+    tw.close()
+  })
+})
+
+describe("Anthropic's count_tokens, opted in (mock provider)", () => {
+  let mock
+  before(async () => {
+    mock = await startMockProvider({ replyTokens: 7 })
+  })
+  after(async () => {
+    await mock?.close()
+  })
+  const counts = () => mock.log.filter((e) => e.path === '/v1/messages/count_tokens').length
+  const turn = (system, n) => {
+    const messages = [{ role: 'user', content: prose(800, 3_000) }]
+    for (let t = 0; t < n; t++) messages.push({ role: 'assistant', content: prose(810 + t, 400) }, { role: 'user', content: prose(820 + t, 1_500) })
+    return { model: MODEL, max_tokens: 64, system, tools: TOOLS.slice(0, 3), messages }
+  }
+
+  test("a conversation costs one count: the second turn's unchanged prefix is not counted again", async () => {
+    mock.reset()
+    const e = new CountTokensEstimator({ apiKey: 'sk-ant-test', baseURL: mock.url })
+    const system = prose(830, 8_000)
+    const first = await e.estimate({ provider: 'anthropic', model: MODEL, body: turn(system, 0) })
+    assert.equal(counts(), 1)
+    const counted = mock.log.find((l) => l.path === '/v1/messages/count_tokens').inputTokens
+    assert.equal(first.inputTokens + first.cachedPrefixTokens, counted, "the first turn is the endpoint's count")
+    // The same prompt again (a retry) and the next turn: no new count.
+    await e.estimate({ provider: 'anthropic', model: MODEL, body: turn(system, 0) })
+    const second = await e.estimate({ provider: 'anthropic', model: MODEL, body: turn(system, 1) })
+    assert.equal(counts(), 1, 'no count for a prompt whose prefix is known')
+    assert.ok(second.inputTokens > first.inputTokens, 'the new part is added by the byte rule')
+    // Another conversation (another system prompt) is counted once more.
+    await e.estimate({ provider: 'anthropic', model: MODEL, body: turn(prose(840, 8_000), 0) })
+    assert.equal(counts(), 2)
+    assert.deepEqual(e.countTokensRequests, { sent: 2, failed: 0 })
+  })
+
+  test('through tw.fetch: each turn reserves what the provider counts, with one count for the conversation', async () => {
+    mock.reset()
+    const pools = [{ name: MODEL, input_tokens_per_minute: 4_000_000, output_tokens_per_minute: 2_000_000, max_concurrent: 4 }]
+    const tw = createTokenwarden({ config: { pools }, estimator: new DefaultEstimator({ countTokens: { apiKey: 'sk-ant-test', baseURL: mock.url } }) })
+    const settled = []
+    tw.on('settled', (e) => settled.push(e.settlement))
+    const f = tw.fetch({ agent: 'c' })
+    const system = prose(850, 8_000)
+    for (let t = 0; t < 4; t++) {
+      const res = await f(`${mock.url}/v1/messages`, { method: 'POST', headers: { 'x-api-key': 'sk-ant-test', 'content-type': 'application/json', 'anthropic-version': '2023-06-01' }, body: JSON.stringify(turn(system, t)) })
+      assert.equal(res.status, 200)
+      await res.text()
+      for (let i = 0; i < 100 && settled.length === t; i++) await delay(5)
+      const charged = mock.log.filter((l) => l.path === '/v1/messages').at(-1).inputTokens
+      const reserved = settled[t].reserved[0]
+      assert.ok(Math.abs(reserved - charged) / charged <= (t === 0 ? 0 : 0.05), `turn ${t}: reserved ${reserved}, the provider counted ${charged}`)
+    }
+    assert.equal(counts(), 1, 'one count_tokens request for the whole conversation')
+    tw.close()
+  })
+
+  test('a failed count (5xx, 429, timeout, network) falls back to the byte rule at once and pauses counting', async () => {
+    const body = turn(prose(860, 4_000), 0)
+    const byRule = new BytesPerTokenEstimator().estimate({ provider: 'anthropic', model: MODEL, body }).inputTokens
+    const failures = []
+    const answer = (status, headers = {}) => async () => new Response('{"type":"error"}', { status, headers })
+    for (const [what, fetch, status, paused] of [
+      ['a 500', answer(500), 500, 10_000],
+      ['a 429 with retry-after', answer(429, { 'retry-after': '7' }), 429, 7_000],
+      ['a network error', async () => {
+        throw new TypeError('fetch failed')
+      }, null, 10_000],
+    ]) {
+      failures.length = 0
+      const e = new DefaultEstimator({ countTokens: { apiKey: 'sk-ant-secret-key', fetch, onError: (f) => failures.push(f) } })
+      const got = await e.estimate({ provider: 'anthropic', model: MODEL, body })
+      assert.equal(got.inputTokens, byRule, `${what}: the byte rule`)
+      assert.equal(failures.length, 1)
+      assert.equal(failures[0].status, status)
+      assert.equal(failures[0].pausedMs, paused)
+      assert.ok(!JSON.stringify(failures).includes('sk-ant-secret-key'), 'the key is never in a failure')
+      // Paused: the next prompt is not counted, and its estimate is synchronous.
+      const next = e.estimate({ provider: 'anthropic', model: MODEL, body: turn(prose(861, 4_000), 0) })
+      assert.ok(!(next instanceof Promise), `${what}: no count while paused`)
+      assert.deepEqual(e.countTokensRequests, { sent: 1, failed: 1 })
+    }
+    // A count that does not answer in time: the call goes on after timeoutMs.
+    const hang = (_url, init) => new Promise((_, reject) => init.signal.addEventListener('abort', () => reject(new Error('aborted'))))
+    const e = new DefaultEstimator({ countTokens: { apiKey: 'k', fetch: hang, timeoutMs: 150, onError: (f) => failures.push(f) } })
+    const t0 = performance.now()
+    const got = await e.estimate({ provider: 'anthropic', model: MODEL, body })
+    const waited = performance.now() - t0
+    assert.equal(got.inputTokens, byRule)
+    assert.ok(waited >= 140 && waited < 1_000, `waited ${waited.toFixed(0)} ms for a 150 ms timeout`)
+    assert.match(failures.at(-1).message, /longer than 150 ms/)
+  })
+
+  test('the count request: only the counted fields, the key in x-api-key, the base URL', async () => {
+    const sent = []
+    const fetch = async (url, init) => {
+      sent.push({ url, headers: init.headers, body: JSON.parse(init.body) })
+      return Response.json({ input_tokens: 1_234 })
+    }
+    const e = new DefaultEstimator({ countTokens: { apiKey: 'sk-ant-k', baseURL: 'https://gateway.example/anthropic/', fetch } })
+    const body = { ...turn('sys', 0), stream: true, temperature: 0.2, metadata: { user_id: 'u' }, tool_choice: { type: 'auto' }, thinking: { type: 'enabled', budget_tokens: 2_000 } }
+    const got = await e.estimate({ provider: 'anthropic', model: MODEL, body })
+    assert.equal(got.inputTokens, 1_234)
+    assert.equal(sent.length, 1)
+    assert.equal(sent[0].url, 'https://gateway.example/anthropic/v1/messages/count_tokens')
+    assert.deepEqual(Object.keys(sent[0].body).sort(), ['messages', 'model', 'system', 'thinking', 'tool_choice', 'tools'])
+    assert.equal(sent[0].headers['x-api-key'], 'sk-ant-k')
+    assert.equal(sent[0].headers['anthropic-version'], '2023-06-01')
+    // OpenAI calls never reach count_tokens.
+    await e.estimate({ provider: 'openai', model: 'gpt-4o', body: { model: 'gpt-4o', messages: JARGON } })
+    assert.equal(sent.length, 1)
+    // Bad options are named.
+    assert.throws(() => new DefaultEstimator({ countTokens: {} }), /countTokens\.apiKey or `headers` is required/)
+    assert.throws(() => new DefaultEstimator({ countTokens: { apiKey: 'k', baseURL: 'not a url' } }), /countTokens\.baseURL must be an absolute URL/)
+    assert.throws(() => new DefaultEstimator({ countTokens: { apiKey: 'k', timeoutMs: 0 } }), /countTokens\.timeoutMs/)
+  })
+})
+
+describe('the published types', () => {
+  test('an asynchronous estimator, the whole usage and the new estimators type-check against the packed .d.ts', async () => {
+    const { execFileSync } = await import('node:child_process')
+    const { mkdtempSync, rmSync, writeFileSync, symlinkSync, mkdirSync } = await import('node:fs')
+    const { tmpdir } = await import('node:os')
+    const { join } = await import('node:path')
+    const { fileURLToPath } = await import('node:url')
+    const root = fileURLToPath(new URL('../../../', import.meta.url))
+    const dir = mkdtempSync(join(tmpdir(), 'tw-types-'))
+    try {
+      mkdirSync(join(dir, 'node_modules'))
+      symlinkSync(join(root, 'driver'), join(dir, 'node_modules', 'tokenwarden-driver'))
+      writeFileSync(join(dir, 'package.json'), '{"type":"module"}')
+      writeFileSync(
+        join(dir, 'check.ts'),
+        `import { CountTokensEstimator, DefaultEstimator, type Estimate, type Estimator, type Observation } from 'tokenwarden-driver'
+const async: Estimator = { estimate: async () => ({ inputTokens: 1, cachedPrefixTokens: 0 }), observe: async (o: Observation) => { const n: number = o.usage?.cacheReadInputTokens ?? 0; void n } }
+const sync: Estimator = { estimate: (): Estimate => ({ inputTokens: 1, cachedPrefixTokens: 0 }) }
+const d: Estimator = new DefaultEstimator({ tokenizer: true, countTokens: { apiKey: 'k', timeoutMs: 500, onError: (f) => { const s: number | null = f.status; void s } } })
+const c = new CountTokensEstimator({ headers: { authorization: 'Bearer x' } })
+const r: Estimate | Promise<Estimate> = c.estimate({ provider: 'anthropic', model: 'm', body: {} })
+// @ts-expect-error an estimate is not a bare number
+const bad: Estimator = { estimate: async () => 5 }
+void async; void sync; void d; void r; void bad
+`,
+      )
+      writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions: { strict: true, noEmit: true, module: 'NodeNext', moduleResolution: 'NodeNext', target: 'ES2022', lib: ['ES2022', 'DOM'], types: [], skipLibCheck: true }, files: ['check.ts'] }))
+      execFileSync(process.execPath, [join(root, 'driver/node_modules/typescript/bin/tsc'), '-p', join(dir, 'tsconfig.json')], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
+    } catch (e) {
+      assert.fail(`tsc: ${e.stdout ?? ''}${e.stderr ?? ''}${e.stdout === undefined ? e.message : ''}`)
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
   })
 })
