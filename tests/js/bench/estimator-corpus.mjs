@@ -11,7 +11,7 @@
 // the `inputTokens` the wrapper leased. Then the estimator's cost per call (µs), timed over
 // many calls on the corpus's bodies.
 //
-//   cd tests/js && node bench/estimator-corpus.mjs [--json] [--bounds] [--turns]
+//   cd tests/js && node bench/estimator-corpus.mjs [--json] [--bounds] [--turns] [--estimator <module>#<class>]
 import { performance } from 'node:perf_hooks';
 import { startMockProvider } from 'tokenwarden-testing/mock-provider';
 import { PATTERNS, generateCorpus } from '../../corpus/generate.mjs';
@@ -64,12 +64,12 @@ export function summarize(errors) {
  * learned from another pattern).
  * @returns {Promise<{turns: object[], bodies: {provider: string, model: string, body: object}[], estimator: BytesPerTokenEstimator}>}
  */
-async function runPattern(seqs) {
+async function runPattern(seqs, Estimator) {
   let clock = 0;
   const mock = await startMockProvider({ counting: 'bpe', now: () => clock, replyTokens: 20, chunkDelayMs: 0, maxDeltas: 4 });
   // The default estimator with its default options, on the same virtual clock as the mock
   // (prompt caches expire by it).
-  const Default = defaultEstimatorClass();
+  const Default = Estimator ?? defaultEstimatorClass();
   const estimator = new Default({ now: () => clock });
   /** The estimates the wrapper asked for, in order. */
   const asked = [];
@@ -147,8 +147,9 @@ async function costPerCall(estimator, bodies, minMs = 300) {
 }
 
 /**
- * Measure every pattern (or those named).
- * @param {{patterns?: string[], costMs?: number}} [opts]
+ * Measure every pattern (or those named), with the coordinator's default estimator (or
+ * another class taking the same options).
+ * @param {{patterns?: string[], costMs?: number, estimatorClass?: new (o: object) => object}} [opts]
  */
 export async function measureCorpus(opts = {}) {
   const corpus = generateCorpus();
@@ -157,7 +158,7 @@ export async function measureCorpus(opts = {}) {
   for (const pattern of patterns) {
     const seqs = corpus.filter((s) => s.pattern === pattern);
     if (seqs.length === 0) throw new Error(`no sequences for pattern ${pattern}; patterns: ${PATTERNS.join(', ')}`);
-    const { turns, bodies, estimator, estimatorName } = await runPattern(seqs);
+    const { turns, bodies, estimator, estimatorName } = await runPattern(seqs, opts.estimatorClass);
     results.push({
       pattern,
       estimator: estimatorName,
@@ -206,10 +207,18 @@ export function table(results) {
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const results = await measureCorpus();
+  // --estimator <module>#<export>: measure another estimator class (an older build, say).
+  const at = process.argv.indexOf('--estimator');
+  let estimatorClass;
+  if (at >= 0) {
+    const [file, name] = String(process.argv[at + 1]).split('#');
+    estimatorClass = (await import(new URL(file, `file://${process.cwd()}/`).href))[name];
+    if (typeof estimatorClass !== 'function') throw new Error(`--estimator: ${process.argv[at + 1]} exports no class ${name}`);
+  }
+  const results = await measureCorpus({ estimatorClass });
   if (process.argv.includes('--json')) console.log(JSON.stringify(results, null, 2));
   else {
-    console.log(`estimator: ${results[0]?.estimator} (the coordinator's default), engine: ${engineName}, node ${process.version}\n`);
+    console.log(`estimator: ${results[0]?.estimator}${estimatorClass ? '' : " (the coordinator's default)"}, engine: ${engineName}, node ${process.version}\n`);
     console.log(table(results));
     console.log(`\ngoals: median ≤ ${GOALS.median * 100}%, p95 ≤ ${GOALS.p95 * 100}% (absolute input-estimate error), cold and warm, per pattern`);
     if (process.argv.includes('--bounds')) console.log(`\nbounds for test/corpus.test.mjs:\n${JSON.stringify(boundsOf(results), null, 2)}`);

@@ -8,33 +8,65 @@ import assert from 'node:assert/strict'
 import { readFileSync } from 'node:fs'
 import { before, describe, test } from 'node:test'
 import { MANIFEST_PATH, PATTERNS, generateCorpus, manifestOf } from '../../corpus/generate.mjs'
-import { GOALS, measureCorpus } from '../bench/estimator-corpus.mjs'
+import { measureCorpus } from '../bench/estimator-corpus.mjs'
 
-/** Per pattern and phase: turns counted, and the bound on the median and the p95 (a fraction). */
-const BOUNDS = {
-  'claude-code': {
-    cold: { n: 4, median: 0.05, p95: 0.665 },
-    warm: { n: 92, median: 0.155, p95: 0.695 },
+/**
+ * Per estimator class (the coordinator's default: `BytesPerTokenEstimator` until the
+ * tokenizer for OpenAI, `DefaultEstimator` with it), pattern and phase: turns counted, and
+ * the bound on the median and the p95 (a fraction).
+ */
+const BOUNDS_BY_ESTIMATOR = {
+  DefaultEstimator: {
+    'claude-code': {
+      cold: { n: 4, median: 0.05, p95: 0.665 },
+      warm: { n: 92, median: 0.155, p95: 0.695 },
+    },
+    'openai-chat-tools': {
+      cold: { n: 3, median: 0.05, p95: 0.15 },
+      warm: { n: 57, median: 0.05, p95: 0.15 },
+    },
+    'responses-codex': {
+      cold: { n: 3, median: 0.21, p95: 0.275 },
+      warm: { n: 57, median: 0.21, p95: 0.275 },
+    },
+    'pdf': {
+      cold: { n: 3, median: 0.965, p95: 0.97 },
+      warm: { n: 12, median: 0.62, p95: 0.7 },
+    },
+    'images': {
+      cold: { n: 5, median: 0.05, p95: 0.565 },
+      warm: { n: 19, median: 0.05, p95: 0.15 },
+    },
+    'cjk-code': {
+      cold: { n: 3, median: 0.05, p95: 0.15 },
+      warm: { n: 21, median: 1.015, p95: 11.885 },
+    },
   },
-  'openai-chat-tools': {
-    cold: { n: 3, median: 0.05, p95: 0.15 },
-    warm: { n: 57, median: 0.05, p95: 0.15 },
-  },
-  'responses-codex': {
-    cold: { n: 3, median: 0.21, p95: 0.275 },
-    warm: { n: 57, median: 0.21, p95: 0.275 },
-  },
-  'pdf': {
-    cold: { n: 3, median: 0.965, p95: 0.97 },
-    warm: { n: 12, median: 0.62, p95: 0.7 },
-  },
-  'images': {
-    cold: { n: 5, median: 0.05, p95: 0.565 },
-    warm: { n: 19, median: 0.05, p95: 0.15 },
-  },
-  'cjk-code': {
-    cold: { n: 3, median: 0.05, p95: 0.15 },
-    warm: { n: 21, median: 1.015, p95: 11.885 },
+  BytesPerTokenEstimator: {
+    'claude-code': {
+      cold: { n: 4, median: 0.05, p95: 0.665 },
+      warm: { n: 92, median: 0.155, p95: 0.695 },
+    },
+    'openai-chat-tools': {
+      cold: { n: 3, median: 0.05, p95: 0.67 },
+      warm: { n: 57, median: 0.05, p95: 0.325 },
+    },
+    'responses-codex': {
+      cold: { n: 3, median: 0.05, p95: 0.655 },
+      warm: { n: 57, median: 0.05, p95: 0.3 },
+    },
+    'pdf': {
+      cold: { n: 3, median: 0.965, p95: 0.97 },
+      warm: { n: 12, median: 0.62, p95: 0.7 },
+    },
+    'images': {
+      cold: { n: 5, median: 0.05, p95: 0.565 },
+      warm: { n: 19, median: 0.05, p95: 0.15 },
+    },
+    'cjk-code': {
+      cold: { n: 3, median: 0.145, p95: 0.56 },
+      warm: { n: 21, median: 1.015, p95: 11.885 },
+    },
   },
 }
 
@@ -45,8 +77,12 @@ describe('estimate error on the corpus', () => {
   })
 
   let results
+  let BOUNDS
   before(async () => {
     results = await measureCorpus({ costMs: 20 })
+    const name = results[0].estimator
+    BOUNDS = BOUNDS_BY_ESTIMATOR[name]
+    assert.ok(BOUNDS, `no bounds for the default estimator ${name}: measure it (node bench/estimator-corpus.mjs --bounds) and add them`)
   })
 
   for (const pattern of PATTERNS) {
@@ -57,7 +93,6 @@ describe('estimate error on the corpus', () => {
         const s = r[phase]
         const at = `${pattern} ${phase}`
         assert.equal(s.n, b[phase].n, `${at}: turns`)
-        assert.ok(b[phase].median >= GOALS.median && b[phase].p95 >= GOALS.p95, `${at}: a bound is never tighter than the goal`)
         assert.ok(s.median <= b[phase].median, `${at}: median ${(s.median * 100).toFixed(1)}% > ${(b[phase].median * 100).toFixed(1)}%`)
         assert.ok(s.p95 <= b[phase].p95, `${at}: p95 ${(s.p95 * 100).toFixed(1)}% > ${(b[phase].p95 * 100).toFixed(1)}%`)
       }
