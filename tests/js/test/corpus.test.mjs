@@ -26,8 +26,8 @@ const BOUNDS_BY_ESTIMATOR = {
       warm: { n: 57, median: 0.05, p95: 0.15 },
     },
     'responses-codex': {
-      cold: { n: 3, median: 0.21, p95: 0.275 },
-      warm: { n: 57, median: 0.21, p95: 0.275 },
+      cold: { n: 3, median: 0.05, p95: 0.15 },
+      warm: { n: 57, median: 0.06, p95: 0.175 },
     },
     'pdf': {
       cold: { n: 3, median: 0.965, p95: 0.97 },
