@@ -26,7 +26,7 @@
 //   tr.counter        data-counter (camelCase key), data-value
 //   .fleet-advice     data-axis, data-per-agent-per-minute, data-agents-measured,
 //                     data-agents-at-75-percent
-//   #agents           data-agents (count); tr.agent: data-agent, data-state,
+//   #agents           data-agents (count); tr.agent: data-agent (id), data-agent-name, data-state,
 //                     data-queued-since, data-queued-ms, data-in-flight, data-queued,
 //                     data-settled, data-input-error-permille, data-output-error-permille,
 //                     data-alerting, data-repeat-failures, data-last-seen
@@ -491,6 +491,7 @@ const SCRIPT = `
       return el('tr', {
         class: 'agent' + (a.alerting ? ' alerting' : ''),
         'data-agent': String(a.agent),
+        'data-agent-name': typeof a.name === 'string' ? a.name : null,
         'data-state': act.state,
         'data-queued-since': since,
         'data-queued-ms': since === null ? null : Math.max(0, now - since),
@@ -503,7 +504,7 @@ const SCRIPT = `
         'data-repeat-failures': n(a.repeatFailures),
         'data-last-seen': n(a.lastSeen),
       },
-        el('td', {}, String(a.agent)),
+        el('td', { title: 'id ' + String(a.agent) }, typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent)),
         el('td', { class: 'state' }, state),
         el('td', {}, int(a.inFlight)),
         el('td', {}, int(a.queued)),

@@ -3,7 +3,8 @@
 // one fleet. Plain ECMAScript: runs in workerd, browsers and Node alike.
 //
 // Every sample carries `fleet` and `quota` labels; per-pool families add `pool`, per-axis
-// ones `axis`. Families are written in a fixed order, each as one group (HELP, TYPE, then
+// ones `axis`, per-agent ones `agent` (the agent's name; at most MAX_AGENT_LABELS of them
+// and `other`). Families are written in a fixed order, each as one group (HELP, TYPE, then
 // its samples); a family with no sample (say `tokenwarden_limit` before any limit is known)
 // is left out. No timestamps: the scraper stamps the samples.
 
@@ -57,6 +58,18 @@ export function prometheusText(metrics, labels) {
 
   out.family('tokenwarden_agents_alerting', 'gauge', 'Agents whose token estimates are off enough to raise the estimate-error alert.')
   out.sample('tokenwarden_agents_alerting', base, agents.filter((a) => a.alerting === true).length)
+
+  // Per agent, by name: the MAX_AGENT_LABELS most active agents each under its own `agent`
+  // label, the rest summed under agent="other", so the series stay bounded.
+  out.family('tokenwarden_agent_in_flight', 'gauge', `Leases in flight, per agent (the ${MAX_AGENT_LABELS} most active by name, the rest as "other").`)
+  out.family('tokenwarden_agent_queued', 'gauge', 'Tickets queued, per agent.')
+  out.family('tokenwarden_agent_settled_total', 'counter', 'Leases settled, per agent.')
+  for (const [agent, f] of perAgent(agents)) {
+    const l = [...base, ['agent', agent]]
+    out.sample('tokenwarden_agent_in_flight', l, f.inFlight)
+    out.sample('tokenwarden_agent_queued', l, f.queued)
+    out.sample('tokenwarden_agent_settled_total', l, f.settled)
+  }
 
   out.family('tokenwarden_limit', 'gauge', "The provider's limit per rate window (tokens or requests, by axis), where known.")
   out.family('tokenwarden_capacity', 'gauge', 'Effective capacity per rate window (limit x margin x ramp), for axes with a known limit.')
@@ -154,6 +167,36 @@ export function prometheusText(metrics, labels) {
     }
   }
   return out.toString()
+}
+
+/** Agents labelled by name in the per-agent families; the rest are summed as `other`. */
+export const MAX_AGENT_LABELS = 20
+
+/**
+ * The per-agent figures by label: the MAX_AGENT_LABELS most active agents (most in flight
+ * and queued, then most settled, then the most recently seen), each by its name (its id
+ * where it has none), then `other` holding the sum of the rest, if any.
+ */
+function perAgent(agents) {
+  const ranked = agents
+    .map((a) => ({ label: typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent), inFlight: toNumber(a.inFlight), queued: toNumber(a.queued), settled: toNumber(a.settled), lastSeen: toNumber(a.lastSeen) }))
+    .sort((x, y) => y.inFlight + y.queued - (x.inFlight + x.queued) || y.settled - x.settled || y.lastSeen - x.lastSeen || (x.label < y.label ? -1 : x.label > y.label ? 1 : 0))
+  const out = new Map()
+  ranked.forEach((a, i) => {
+    const label = i < MAX_AGENT_LABELS && !out.has(a.label) ? a.label : 'other'
+    const f = out.get(label) ?? { inFlight: 0, queued: 0, settled: 0 }
+    f.inFlight += a.inFlight
+    f.queued += a.queued
+    f.settled += a.settled
+    out.set(label, f)
+  })
+  // `other` last, whether or not an agent is named so.
+  const other = out.get('other')
+  if (other !== undefined) {
+    out.delete('other')
+    out.set('other', other)
+  }
+  return out
 }
 
 /** Families in declaration order, each with its samples; written out as one group each. */

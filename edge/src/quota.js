@@ -12,6 +12,7 @@
 import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, errorTypeFor, newCall, providerErrorBody, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
+import { Family, sessionIdentity } from './identity.js'
 import { parseExact, readState, writeChanged } from './store.js'
 import { WaitLog } from './waitlog.js'
 
@@ -76,7 +77,9 @@ const MASK53 = (1n << 53n) - 1n
  */
 class AgentIds {
   #key = null
+  /** name → id and id → name, least recently used first (at most MAX_AGENT_IDS each) */
   #ids = new Map()
+  #names = new Map()
 
   constructor(secret) {
     this.secret = secret
@@ -84,19 +87,34 @@ class AgentIds {
 
   async id(name) {
     const known = this.#ids.get(name)
-    if (known !== undefined) return known
+    if (known !== undefined) {
+      this.#remember(name, known)
+      return known
+    }
     this.#key ??= await crypto.subtle.importKey('raw', new TextEncoder().encode(`tokenwarden agent ids\u0000${this.secret}`), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign'])
     const mac = new DataView(await crypto.subtle.sign('HMAC', this.#key, new TextEncoder().encode(name)))
     const id = Number(mac.getBigUint64(0) & MASK53)
-    if (this.#ids.size >= MAX_AGENT_IDS) this.#ids.delete(this.#ids.keys().next().value)
-    this.#ids.set(name, id)
+    this.#remember(name, id)
     return id
+  }
+
+  /** Moves `name` to the most recently used end, forgetting the least recently used past the bound. */
+  #remember(name, id) {
+    this.#ids.delete(name)
+    this.#ids.set(name, id)
+    this.#names.delete(id)
+    this.#names.set(id, name)
+    while (this.#ids.size > MAX_AGENT_IDS) {
+      const [oldName, oldId] = this.#ids.entries().next().value
+      this.#ids.delete(oldName)
+      if (this.#names.get(oldId) === oldName) this.#names.delete(oldId)
+    }
+    while (this.#names.size > MAX_AGENT_IDS) this.#names.delete(this.#names.keys().next().value)
   }
 
   /** The name an id was made from, if it is still remembered (a scan: for log lines only). */
   nameOf(id) {
-    for (const [name, known] of this.#ids) if (known === id) return name
-    return null
+    return this.#names.get(id) ?? null
   }
 }
 
@@ -177,6 +195,8 @@ export class QuotaObject {
     this.epoch = null
     /** @type {AgentIds | null} */
     this.agentIds = null
+    /** Subagents and their parents, as proxied calls' session headers show them (identity.js). */
+    this.family = new Family()
     /** Task id → the agent credential's name that opened it (at most MAX_TASK_OWNERS). */
     this.taskOwners = new Map()
     this.ctx.blockConcurrencyWhile(async () => {
@@ -367,7 +387,7 @@ export class QuotaObject {
           response = this.#taskDone(tw, id, await body(request), who)
           break
         case 'GET metrics':
-          return json(200, tw.metrics())
+          return json(200, this.#named(tw.metrics()))
         case 'POST reset':
           response = await this.#reset()
           break
@@ -411,6 +431,15 @@ export class QuotaObject {
       if (now - at <= CLIENT_TTL_MS) break
       this.clients.delete(c)
     }
+  }
+
+  /**
+   * The metrics with each agent's name beside its id (`name`: the name the id was made from,
+   * or null for a numeric agent or one not seen since the object started).
+   */
+  #named(metrics) {
+    if (Array.isArray(metrics?.agents)) metrics.agents = metrics.agents.map((a) => ({ ...a, name: this.agentIds?.nameOf(Number(a.agent)) ?? null }))
+    return metrics
   }
 
   /** A live lease's record; 404 if there is none, 403 if `who` (an agent credential) is not its agent. */
@@ -657,15 +686,21 @@ export class QuotaObject {
     if (who !== null && named !== null && named !== who.name) {
       throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: x-tokenwarden-agent may only name that agent`)
     }
-    const agentName = who?.name ?? named ?? 'proxy'
+    // Named by nothing above: by the client's session headers (a subagent by its own id).
+    const session = who === null && named === null ? sessionIdentity(request.headers) : null
+    const now = Date.now()
+    if (session !== null) this.family.seen(session, now)
+    // A parent with live subagents plans for them: its calls unblock them (capped by the core).
+    const children = session === null ? 0 : this.family.live(session.name, now)
+    const agentName = who?.name ?? named ?? session?.name ?? 'proxy'
     if (agentName.length > 128) throw Object.assign(new HttpError(400, 'invalid_argument', 'the agent name must be 1 to 128 characters'), { field: 'x-tokenwarden-agent' })
     const agent = who?.id ?? (await this.agentIds.id(agentName))
-    const role = roleOf(pick('role') ?? undefined, 'x-tokenwarden-role')
+    const role = roleOf(pick('role') ?? (children > 0 ? 'planner' : undefined), 'x-tokenwarden-role')
     const task = pick('task')
     if (task !== null) {
       this.#own(taskId(task, 'x-tokenwarden-task'), who)
     }
-    const unblocks = pick('unblocks')
+    const unblocks = pick('unblocks') ?? (children > 0 ? String(children) : null)
     const signature = request.headers.get('x-tokenwarden-failure-signature')
     if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature)))) throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
     const upstream = new URL(q.upstream)

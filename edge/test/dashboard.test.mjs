@@ -91,6 +91,11 @@ test('the dashboard shows the live figures of the quota', { skip }, async () => 
   const states = await page.$$eval('tr.agent', (rows) => rows.map((r) => r.dataset.state))
   assert.equal(states.filter((s) => s === 'queued').length, 2)
   assert.equal(states.filter((s) => s === 'in_flight').length, 2)
+  // Agents by name, not by id: the name in the first cell and in data-agent-name.
+  const rows = await page.$$eval('tr.agent', (rows) => rows.map((r) => ({ name: r.dataset.agentName, shown: r.cells[0].textContent })))
+  assert.deepEqual(rows.map((r) => r.name).sort(), metrics.agents.map((a) => a.name).sort())
+  assert.ok(rows.some((r) => r.shown === 'done-0'), JSON.stringify(rows))
+  for (const r of rows) assert.equal(r.shown, r.name)
   const tasks = await page.$eval('#tasks', (el) => ({ ...el.dataset, hidden: el.hidden }))
   assert.equal(tasks.hidden, false)
   assert.equal(Number(tasks.merged), 4)

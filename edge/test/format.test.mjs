@@ -138,7 +138,10 @@ test('counters are counter families named *_total, one per core counter; nothing
   for (const [name, type] of parsed.types) if (name.endsWith('_total')) assert.equal(type, 'counter', name)
   const keys = Object.keys(metrics.pools[0].counters)
   const taskCounters = ['tokenwarden_tasks_ended_total', 'tokenwarden_tasks_untracked_total', 'tokenwarden_task_tokens_total']
-  assert.equal(counters.length, keys.length + taskCounters.length)
+  // and one per agent (by name): leases settled
+  const agentCounters = metrics.agents.length > 0 ? ['tokenwarden_agent_settled_total'] : []
+  assert.equal(counters.length, keys.length + taskCounters.length + agentCounters.length)
+  for (const name of agentCounters) assert.ok(counters.includes(name), name)
   for (const name of taskCounters) assert.ok(counters.includes(name), name)
   assert.ok(counters.includes('tokenwarden_granted_from_queue_total'))
   assert.ok(counters.includes('tokenwarden_rate_limited_on_lease_total'))

@@ -1,0 +1,75 @@
+// Who a proxied call is when nothing names it (no agent in the path, no
+// `x-tokenwarden-agent`, no credential): the agent's own session headers. Claude Code sends
+// `x-claude-code-session-id` on every call, `x-claude-code-agent-id` on a subagent's and
+// `x-claude-code-parent-agent-id` on a nested subagent's (API.md, "What clients send");
+// Codex sends `session_id` (or `session-id`). A session's main thread is named by the
+// session id, a subagent by `<session>/<agent id>`; its parent is the main thread, or
+// `<session>/<parent agent id>` when the call names one.
+//
+// Everything here is bounded: ids of at most 64 characters of [A-Za-z0-9._:-] (anything
+// else is ignored, as if not sent), at most MAX_PARENTS parents with children remembered
+// (least recently seen forgotten first), each with at most MAX_CHILDREN, each child
+// forgotten CHILD_LIVE_MS after its last call.
+
+const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$/
+
+/** How long after its last call a subagent counts as live. */
+export const CHILD_LIVE_MS = 60_000
+/** Parents whose children are remembered, per quota. */
+export const MAX_PARENTS = 1024
+/** Children remembered per parent (the core counts `unblocks` up to 32 by default). */
+export const MAX_CHILDREN = 32
+
+/** A header's value if it is a well-formed id, else null. */
+function idFrom(headers, ...names) {
+  for (const name of names) {
+    const v = headers.get(name)
+    if (v !== null) return ID.test(v) ? v : null
+  }
+  return null
+}
+
+/**
+ * The agent a call's session headers name: `{ name, parent }` (`parent` null for a
+ * session's main thread), or null when they name none.
+ * @param {Headers} headers
+ */
+export function sessionIdentity(headers) {
+  const session = idFrom(headers, 'x-claude-code-session-id', 'session_id', 'session-id')
+  if (session === null) return null
+  const agent = idFrom(headers, 'x-claude-code-agent-id')
+  if (agent === null) return { name: session, parent: null }
+  const parent = idFrom(headers, 'x-claude-code-parent-agent-id')
+  return { name: `${session}/${agent}`, parent: parent === null ? session : `${session}/${parent}` }
+}
+
+/** Parents and their live children, as their calls show them (bounded, see above). */
+export class Family {
+  /** parent name → Map(child name → last seen, Unix ms), least recently seen first */
+  #parents = new Map()
+
+  /** Records a call of `identity` (from {@link sessionIdentity}) at `now`. */
+  seen(identity, now) {
+    if (identity?.parent == null) return
+    let children = this.#parents.get(identity.parent)
+    if (children === undefined) children = new Map()
+    else this.#parents.delete(identity.parent)
+    this.#parents.set(identity.parent, children)
+    if (this.#parents.size > MAX_PARENTS) this.#parents.delete(this.#parents.keys().next().value)
+    children.delete(identity.name)
+    children.set(identity.name, now)
+    if (children.size > MAX_CHILDREN) children.delete(children.keys().next().value)
+  }
+
+  /** How many children of `name` made a call in the last CHILD_LIVE_MS. */
+  live(name, now) {
+    const children = this.#parents.get(name)
+    if (children === undefined) return 0
+    for (const [child, at] of children) {
+      if (now - at <= CHILD_LIVE_MS) break
+      children.delete(child)
+    }
+    if (children.size === 0) this.#parents.delete(name)
+    return children.size
+  }
+}
