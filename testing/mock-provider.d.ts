@@ -32,6 +32,13 @@ export interface MockProviderOptions {
   /** Keep each request's headers in its log entry (API keys included); default false. */
   recordHeaders?: boolean;
   /**
+   * Tool-use turns (opt-in): an Anthropic Messages call that offers a tool named `name` and
+   * holds fewer than `turns` (default 1) assistant messages is answered with one `tool_use`
+   * of it (`input`, default `{}`; stop_reason `tool_use`), later ones with text — what an
+   * agent such as Claude Code needs to run a tool and finish.
+   */
+  toolUse?: { name: string; input?: Record<string, unknown>; turns?: number };
+  /**
    * How prompt tokens are counted. `'bytes'` (default): ceil(UTF-8 bytes of the text / 4),
    * no prompt cache. `'bpe'`: a real BPE tokenizer (js-tiktoken; o200k_base for OpenAI
    * routes, cl100k_base as a stand-in for Claude, whose tokenizer is not public) over
@@ -66,6 +73,8 @@ export interface MockLogEntry {
    * to check what a proxy forwards. (Otherwise no header, API keys included, is kept.)
    */
   headers?: Record<string, string | string[] | undefined>;
+  /** True when the reply was a tool_use (the `toolUse` option). */
+  toolUse?: boolean;
   /** The body's `model`, or null. */
   model: string | null;
   /** Whether the request asked for a stream. */

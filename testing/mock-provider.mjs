@@ -7,6 +7,7 @@
 //   POST /v1/messages                 Anthropic Messages (also POST /messages)
 //   POST /v1/messages/count_tokens    Anthropic token counting (also /messages/count_tokens)
 //   POST /v1/chat/completions         OpenAI Chat Completions (also POST /chat/completions)
+//   GET  /v1/models                   a list of one model, `mock-model`, in both providers' shapes
 //   POST /v1/responses                OpenAI Responses (also POST /responses), JSON or SSE with
 //                                     OpenAI's event sequence (response.created … response.completed,
 //                                     or response.incomplete when max_output_tokens cuts it short)
@@ -386,6 +387,13 @@ export async function startMockProvider(options = {}) {
   if (typeof now !== 'function') throw new TypeError('startMockProvider: now must be a function');
   const onRequest = options.onRequest;
   const recordHeaders = options.recordHeaders === true;
+  // toolUse (opt-in): an Anthropic Messages call that offers a tool of this name and holds
+  // fewer than `turns` (default 1) assistant messages is answered with a tool_use of it.
+  const toolUse = options.toolUse ?? null;
+  if (toolUse !== null && (typeof toolUse !== 'object' || typeof toolUse.name !== 'string' || toolUse.name === '')) {
+    throw new TypeError('startMockProvider: toolUse must be { name, input?, turns? }');
+  }
+  const toolTurns = toolUse === null ? 0 : (optionalNumber(toolUse.turns, 'toolUse.turns', { integer: true }) ?? 1);
   const counting = options.counting ?? 'bytes';
   if (counting !== 'bytes' && counting !== 'bpe') {
     throw new RangeError(`startMockProvider: counting must be 'bytes' or 'bpe', got ${String(counting)}`);
@@ -589,6 +597,15 @@ export async function startMockProvider(options = {}) {
       return;
     }
 
+    if (!route && req.method === 'GET' && (path === '/v1/models' || path === '/models')) {
+      // A model list in both providers' shapes (the SDKs' models.list()).
+      entry.status = 200;
+      log.push(entry);
+      const model = { type: 'model', object: 'model', id: 'mock-model', display_name: 'Mock model', created_at: '2026-01-01T00:00:00Z', created: 1767225600, owned_by: 'mock' };
+      sendJson(res, 200, { object: 'list', data: [model], has_more: false, first_id: model.id, last_id: model.id }, rateHeaders(flavour));
+      emit(entry);
+      return;
+    }
     if (!route) {
       fail(404, 'not_found_error', `No route for ${req.method} ${path}`);
       return;
@@ -818,6 +835,16 @@ export async function startMockProvider(options = {}) {
     // Reasoning comes first and counts in the output; the reply is what is left of it.
     const reasoningTokens = Math.min(reasoningWanted, outputTokens);
     const reply = makeReply(outputTokens - reasoningTokens, maxDeltas);
+    const tool =
+      toolUse !== null &&
+      route.kind === 'messages' &&
+      Array.isArray(body.tools) &&
+      body.tools.some((t) => t?.name === toolUse.name) &&
+      body.messages.filter((m) => m?.role === 'assistant').length < toolTurns
+        ? { type: 'tool_use', id: makeId('toolu_mock_'), name: toolUse.name, input: toolUse.input ?? {} }
+        : null;
+    if (tool) entry.toolUse = true;
+    const stopReason = tool ? 'tool_use' : truncated ? 'max_tokens' : 'end_turn';
     const model = entry.model ?? 'mock-model';
 
     // Completion bookkeeping; runs exactly once (normal end or client abort).
@@ -989,8 +1016,8 @@ export async function startMockProvider(options = {}) {
               type: 'message',
               role: 'assistant',
               model,
-              content: [{ type: 'text', text: reply.text }],
-              stop_reason: truncated ? 'max_tokens' : 'end_turn',
+              content: tool ? [tool] : [{ type: 'text', text: reply.text }],
+              stop_reason: stopReason,
               stop_sequence: null,
               usage: { ...anthropicInput, output_tokens: outputTokens },
             }
@@ -1048,6 +1075,19 @@ export async function startMockProvider(options = {}) {
           usage: { ...anthropicInput, output_tokens: 1 },
         },
       });
+      if (tool) {
+        // The tool call in one input_json_delta, then the end of the turn.
+        send('content_block_start', { type: 'content_block_start', index: 0, content_block: { ...tool, input: {} } });
+        send('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'input_json_delta', partial_json: JSON.stringify(tool.input) } });
+        await pause();
+        if (abort.signal.aborted) return;
+        send('content_block_stop', { type: 'content_block_stop', index: 0 });
+        finish(outputTokens);
+        send('message_delta', { type: 'message_delta', delta: { stop_reason: 'tool_use', stop_sequence: null }, usage: { output_tokens: outputTokens } });
+        send('message_stop', { type: 'message_stop' });
+        res.end();
+        return;
+      }
       send('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } });
       send('ping', { type: 'ping' });
       for (let i = 0; i < reply.deltas.length; i++) {

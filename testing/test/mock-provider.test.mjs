@@ -702,3 +702,33 @@ describe('errors and injected failures', () => {
     await assert.rejects(startMockProvider({ inputTokensPerMinute: -1 }), RangeError);
   });
 });
+
+describe('toolUse and the model list', () => {
+  test('the first turn of a conversation that offers the tool is a tool_use (JSON and streamed), the next text', async () => {
+    const p = await startMockProvider({ toolUse: { name: 'Bash', input: { command: 'echo hi' } }, chunkDelayMs: 0 });
+    try {
+      const call = (messages, stream = false) =>
+        fetch(`${p.url}/v1/messages`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-api-key': KEY },
+          body: JSON.stringify({ model: 'm', max_tokens: 64, stream, tools: [{ name: 'Bash', input_schema: { type: 'object' } }], messages }),
+        });
+      const first = await (await call([{ role: 'user', content: 'go' }])).json();
+      assert.equal(first.stop_reason, 'tool_use');
+      assert.deepEqual(first.content.map((b) => [b.type, b.name, b.input]), [['tool_use', 'Bash', { command: 'echo hi' }]]);
+      const sse = await (await call([{ role: 'user', content: 'go' }], true)).text();
+      assert.match(sse, /"type":"tool_use"/);
+      assert.match(sse, /"partial_json":"\{\\"command\\":\\"echo hi\\"\}"/);
+      assert.match(sse, /"stop_reason":"tool_use"/);
+      const turn = [{ role: 'user', content: 'go' }, { role: 'assistant', content: first.content }, { role: 'user', content: [{ type: 'tool_result', tool_use_id: first.content[0].id, content: 'hi' }] }];
+      const second = await (await call(turn)).json();
+      assert.equal(second.stop_reason, 'end_turn');
+      assert.equal(second.content[0].type, 'text');
+      assert.deepEqual(p.log.map((e) => e.toolUse === true), [true, true, false]);
+      const models = await (await fetch(`${p.url}/v1/models`, { headers: { 'x-api-key': KEY } })).json();
+      assert.deepEqual(models.data.map((m) => m.id), ['mock-model']);
+    } finally {
+      await p.close();
+    }
+  });
+});
