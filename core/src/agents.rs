@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bucket::{Axis, Demand};
 use crate::config::AlertConfig;
+use crate::headers::RateAxis;
 use crate::history::History;
 use crate::ids::AgentId;
 use crate::time::Millis;
@@ -144,7 +145,29 @@ pub(crate) struct Agent {
     /// alert watches their median.
     #[serde(default, skip_serializing_if = "History::is_empty")]
     pub(crate) errors: History,
+    /// A wait the core told one of its calls to sit out with no ticket (a refusal, a 429,
+    /// an overload), until it asks again or settles: what tells "blocked" from "quiet".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) waiting: Option<Waiting>,
     pub(crate) pools: Vec<AgentPool>,
+}
+
+/// What a call of the agent waits out with no ticket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum WaitKind {
+    Refused,
+    RateLimited,
+    BackingOff,
+}
+
+/// A wait without a ticket, and until when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Waiting {
+    pub(crate) kind: WaitKind,
+    pub(crate) until: Millis,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) axis: Option<RateAxis>,
 }
 
 impl Agent {
@@ -167,6 +190,7 @@ impl Agent {
             misses: 0,
             alerting: false,
             errors: History::default(),
+            waiting: None,
             pools: alloc::vec![AgentPool::default(); pools],
         }
     }
@@ -183,6 +207,8 @@ impl Agent {
     #[inline]
     pub(crate) fn note_request(&mut self, now: Millis, failure_signature: Option<u64>) {
         self.last_seen = now;
+        // Asking again ends whatever wait it was told to sit out.
+        self.waiting = None;
         match failure_signature {
             Some(sig) if self.last_failure == Some(sig) => {
                 self.repeats = self.repeats.saturating_add(1);
@@ -211,6 +237,7 @@ impl Agent {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.last_seen = now;
         self.last_settle = Some(now);
+        self.waiting = None;
         self.settled = self.settled.saturating_add(1);
         if let (Some(until), Some(ap)) = (cache_warm_until, self.pools.get_mut(pool as usize)) {
             ap.cache_warm_until = Some(until);

@@ -983,7 +983,7 @@ impl Coordinator {
             agents: self
                 .agents
                 .in_id_order()
-                .map(metrics::agent_metrics)
+                .map(|a| metrics::agent_metrics(a, now))
                 .collect(),
             live_leases: self.leases.live(),
             tasks: self.task_metrics(now),

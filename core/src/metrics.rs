@@ -11,9 +11,10 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::agents::{Agent, Agents};
+use crate::agents::{Agent, Agents, WaitKind};
 use crate::bucket::{Axis, Demand};
 use crate::config::PoolConfig;
+use crate::headers::RateAxis;
 use crate::ids::AgentId;
 use crate::pool::Pool;
 use crate::tasks::TaskMetrics;
@@ -158,7 +159,27 @@ pub enum AgentActivity {
     },
     /// Holding at least one granted lease.
     InFlight,
-    /// Neither.
+    /// Told to ask again at `until`: refused for now (the queue full, the wait too long, a
+    /// table full). Its place in the fair order is kept. (Waiting, not quiet.)
+    Refused {
+        /// When it may ask again.
+        until: Millis,
+    },
+    /// The provider answered 429: waiting it out until `until`.
+    RateLimited {
+        /// When it retries.
+        until: Millis,
+        /// The limit the provider said was exceeded (its `rate_limit_type`), or else the one
+        /// its headers showed spent; `None` when the response said neither.
+        axis: Option<RateAxis>,
+    },
+    /// The provider was overloaded (a server error it said to retry): backing off until
+    /// `until`.
+    BackingOff {
+        /// When it retries.
+        until: Millis,
+    },
+    /// None of these.
     Idle,
 }
 
@@ -410,7 +431,7 @@ fn fleet_advice(
 }
 
 /// One agent's figures.
-pub(crate) fn agent_metrics(a: &Agent) -> AgentMetrics {
+pub(crate) fn agent_metrics(a: &Agent, now: Millis) -> AgentMetrics {
     AgentMetrics {
         agent: a.id,
         activity: if a.queued > 0 {
@@ -420,7 +441,17 @@ pub(crate) fn agent_metrics(a: &Agent) -> AgentMetrics {
         } else if a.in_flight > 0 {
             AgentActivity::InFlight
         } else {
-            AgentActivity::Idle
+            match a.waiting {
+                Some(w) if w.until > now => match w.kind {
+                    WaitKind::Refused => AgentActivity::Refused { until: w.until },
+                    WaitKind::RateLimited => AgentActivity::RateLimited {
+                        until: w.until,
+                        axis: w.axis,
+                    },
+                    WaitKind::BackingOff => AgentActivity::BackingOff { until: w.until },
+                },
+                _ => AgentActivity::Idle,
+            }
         },
         queued: a.queued,
         in_flight: a.in_flight,

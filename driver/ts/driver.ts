@@ -54,7 +54,14 @@ export interface DriverEvents {
     message: string
   }
   /** A provider answered 429 (reported through `report`). */
-  rate_limited: { pool: number; lease: number | null; status: number; retryAfterMs: number | null }
+  rate_limited: {
+    pool: number
+    lease: number | null
+    status: number
+    retryAfterMs: number | null
+    /** The limit the provider said was exceeded (its `rate_limit_type`), if it said. */
+    exceeded: HeaderReport['exceeded']
+  }
   /** A lease was settled (`agent`/`pool` are null when settled by id). */
   settled: { lease: number; agent: U64 | null; pool: number | null; settlement: Settlement }
   /** A lease was not settled within its TTL and was reaped without refund. */
@@ -390,6 +397,7 @@ export class Driver extends Emitter<DriverEvents> {
         lease,
         status,
         retryAfterMs: report.retryAfterMs === null ? null : Number(report.retryAfterMs),
+        exceeded: report.exceeded,
       })
     }
   }

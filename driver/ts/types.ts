@@ -297,7 +297,16 @@ export interface PoolMetrics {
 /** An agent in {@link Metrics}: what it is doing and how good its estimates are. */
 export interface AgentMetrics {
   agent: U64
-  activity: { state: 'idle' | 'in_flight' } | { state: 'queued'; since: U64 }
+  /**
+   * What it is doing: queued since an instant, in flight, or waiting with no ticket —
+   * refused for now, waiting out a 429 (with the limit the provider named or showed spent,
+   * when it did), or backing off an overload — until an instant; else idle.
+   */
+  activity:
+    | { state: 'idle' | 'in_flight' }
+    | { state: 'queued'; since: U64 }
+    | { state: 'refused' | 'backing_off'; until: U64 }
+    | { state: 'rate_limited'; until: U64; axis: 'requests' | 'tokens' | 'input_tokens' | 'output_tokens' | 'concurrent' | null }
   inFlight: number
   queued: number
   settled: U64

@@ -1,7 +1,7 @@
 //! The call lifecycle's decisions (see [`crate::call`]).
 
 use super::Coordinator;
-use crate::agents::Sample;
+use crate::agents::{Sample, WaitKind, Waiting};
 use crate::backoff::ceiling;
 use crate::call::{Call, CallResponse, CallStep, GiveUpReason, WaitReason};
 use crate::decision::Decision;
@@ -38,7 +38,9 @@ impl Coordinator {
                 if call.refusals > self.config.call.max_refusals {
                     self.give_up(call, GiveUpReason::Refusals, Some(reason))
                 } else {
-                    self.wait(now, call, at, WaitReason::Refused, None, Some(reason))
+                    let step = self.wait(now, call, at, WaitReason::Refused, None, Some(reason));
+                    self.note_wait(self.agents.find(req.agent), &step, None);
+                    step
                 }
             }
             Decision::Reject {
@@ -78,6 +80,9 @@ impl Coordinator {
     ) -> Result<CallResponse, LeaseError> {
         self.handle_response(now, pool, lease, status, report)?;
         let now = self.now;
+        let agent = lease
+            .and_then(|id| self.leases.get(id))
+            .map(|e| e.agent_slot);
         // Refused before any generation: the call cost no tokens. (`handle_response` checked
         // the lease is live; settling it cannot fail but for a queued ticket.)
         let settled = match lease {
@@ -87,7 +92,46 @@ impl Coordinator {
             _ => None,
         };
         let step = self.response_step(now, call, status, report);
+        // The limit the provider named, or else the one its headers showed spent.
+        let axis = report.exceeded.or_else(|| {
+            [
+                RateAxis::InputTokens,
+                RateAxis::OutputTokens,
+                RateAxis::Tokens,
+                RateAxis::Requests,
+            ]
+            .into_iter()
+            .find(|a| report.axis(*a).remaining == Some(0))
+        });
+        self.note_wait(agent, &step, axis);
         Ok(CallResponse { step, settled })
+    }
+
+    /// Keeps a wait without a ticket on the agent, for its activity in the metrics: a
+    /// queued call shows as queued already, a call sent or delivered waits for nothing.
+    fn note_wait(&mut self, agent: Option<u32>, step: &CallStep, axis: Option<RateAxis>) {
+        let CallStep::Wait {
+            until,
+            reason,
+            ticket: None,
+            ..
+        } = *step
+        else {
+            return;
+        };
+        let kind = match reason {
+            WaitReason::Queued => return,
+            WaitReason::Refused => WaitKind::Refused,
+            WaitReason::RateLimited => WaitKind::RateLimited,
+            WaitReason::Overloaded => WaitKind::BackingOff,
+        };
+        if let Some(a) = agent.and_then(|slot| self.agents.get_mut(slot)) {
+            a.waiting = Some(Waiting {
+                kind,
+                until,
+                axis: (kind == WaitKind::RateLimited).then_some(axis).flatten(),
+            });
+        }
     }
 
     fn response_step(
