@@ -181,6 +181,12 @@ async function handle(request, env) {
     return new Response(prometheusText(await res.json(), { fleet, quota }), { headers: { 'content-type': PROMETHEUS_CONTENT_TYPE } })
   }
   if (proxy) {
+    // A WebSocket (Codex asks for the Responses API over one before HTTP) is not proxied:
+    // refused with 426, on which Codex falls back to HTTP streaming at once (after a 404 or
+    // 403 it retries the upgrade five times with backoff first; see API.md).
+    if ((request.headers.get('upgrade') ?? '').toLowerCase() === 'websocket') {
+      throw new HttpError(426, 'websocket_not_supported', 'tokenwarden proxies HTTP only: send the call as an HTTP request (the Responses API streams over server-sent events with "stream": true)')
+    }
     const max = limitFrom(env, 'TOKENWARDEN_MAX_PROXY_BODY_BYTES', DEFAULT_MAX_PROXY_BODY_BYTES)
     const declared = request.headers.get('content-length')
     if (declared !== null && Number(declared) > max) throw new HttpError(413, 'body_too_large', `the request body is larger than ${max} bytes`)
