@@ -550,8 +550,11 @@ impl Agents {
     }
 
     /// Every agent, in id order.
-    pub(crate) fn in_id_order(&self) -> impl Iterator<Item = &Agent> {
-        self.index.values().filter_map(|s| self.get(*s))
+    /// (slot, agent) in id order.
+    pub(crate) fn slots_in_id_order(&self) -> impl Iterator<Item = (u32, &Agent)> {
+        self.index
+            .values()
+            .filter_map(|s| self.get(*s).map(|a| (*s, a)))
     }
 
     /// Structural check used on restore: the index and the slab name each other one to
@@ -678,7 +681,7 @@ mod tests {
         assert_eq!(t.evict_idle(), Some(AgentId(4)));
         let slot = t.insert(agent(1, 5));
         assert_eq!(slot, 2, "the freed slot is reused");
-        let ids: Vec<u64> = t.in_id_order().map(|a| a.id.0).collect();
+        let ids: Vec<u64> = t.slots_in_id_order().map(|(_, a)| a.id.0).collect();
         assert_eq!(ids, [1, 2, 7]);
         assert_eq!(t.find(AgentId(7)), Some(0));
         assert_eq!(t.find(AgentId(4)), None);

@@ -84,7 +84,9 @@ pub enum CallStep {
         attempt: u32,
         /// The wait is long (at least `call.checkpoint_after_ms`, or the prompt cache's
         /// lifetime): the agent should write its turn down before waiting, so that it
-        /// resumes without re-planning.
+        /// resumes without re-planning. For a queued call the wait judged is the expected
+        /// one ([`Coordinator::expected_grant`](crate::Coordinator::expected_grant)), not
+        /// `until`, the bound.
         checkpoint: bool,
     },
     /// The response is the answer: hand it to the agent. A success is settled by the host

@@ -980,11 +980,13 @@ impl Coordinator {
         Metrics {
             now,
             pools,
-            agents: self
-                .agents
-                .in_id_order()
-                .map(|a| metrics::agent_metrics(a, now))
-                .collect(),
+            agents: {
+                let expected = self.expected_grants();
+                self.agents
+                    .slots_in_id_order()
+                    .map(|(slot, a)| metrics::agent_metrics(a, now, expected.get(&slot).copied()))
+                    .collect()
+            },
             live_leases: self.leases.live(),
             tasks: self.task_metrics(now),
         }

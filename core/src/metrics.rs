@@ -156,6 +156,10 @@ pub enum AgentActivity {
     Queued {
         /// When the agent went from no queued ticket to one.
         since: Millis,
+        /// When its first ticket in line is expected to be granted (see
+        /// [`Coordinator::expected_grant`](crate::Coordinator::expected_grant)): the figure
+        /// to show a person. The queued decision's `eta` is the bound.
+        expected_grant: Option<Millis>,
     },
     /// Holding at least one granted lease.
     InFlight,
@@ -431,12 +435,13 @@ fn fleet_advice(
 }
 
 /// One agent's figures.
-pub(crate) fn agent_metrics(a: &Agent, now: Millis) -> AgentMetrics {
+pub(crate) fn agent_metrics(a: &Agent, now: Millis, expected: Option<Millis>) -> AgentMetrics {
     AgentMetrics {
         agent: a.id,
         activity: if a.queued > 0 {
             AgentActivity::Queued {
                 since: a.queued_since,
+                expected_grant: expected,
             }
         } else if a.in_flight > 0 {
             AgentActivity::InFlight

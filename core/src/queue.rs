@@ -478,8 +478,7 @@ impl Queue {
         }
     }
 
-    /// Total demand of tickets with a key below `key`.
-    #[cfg(test)]
+    /// Total demand of tickets with a key below `key` (O(log n)).
     pub(crate) fn demand_before(&self, key: Key) -> Demand {
         let mut acc = Demand::default();
         let mut t = self.root;
@@ -500,6 +499,26 @@ impl Queue {
     #[cfg(test)]
     pub(crate) fn total(&self) -> Demand {
         self.sum_of(self.root)
+    }
+
+    /// (slot, demand) of every ticket in key order: the fair order (for the expected
+    /// waits in the metrics; allocates).
+    pub(crate) fn demands_in_order(&self) -> Vec<(u32, Demand)> {
+        let mut out = Vec::with_capacity(self.len as usize);
+        let mut stack = Vec::new();
+        let mut t = self.root;
+        loop {
+            while let Some(n) = self.node(t) {
+                stack.push(t);
+                t = n.left;
+            }
+            let Some(i) = stack.pop() else { break };
+            if let (Some(n), Some(x)) = (self.node(i), self.ticket(i)) {
+                out.push((x.slot, x.demand));
+                t = n.right;
+            }
+        }
+        out
     }
 
     /// (key, slot) of every ticket in key order (for checks; allocates).

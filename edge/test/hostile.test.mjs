@@ -497,7 +497,9 @@ describe("the provider's other routes and what agents send", () => {
     const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/chat/completions`, {
       method: 'POST',
       headers: { authorization: 'Bearer sk-test', 'content-type': 'application/json', 'x-tokenwarden-token': SECRET },
-      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 1_000_000, messages: [{ role: 'user', content: 'hi' }] }),
+      // A prompt above the pool's input limit itself (the provider refuses it too; a large
+      // max_tokens alone is not refused under Anthropic counting).
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: 'lorem ipsum dolor sit amet '.repeat(40_000) }] }),
     })
     assert.equal(r.status, 400)
     const b = await r.json()

@@ -28,7 +28,14 @@ impl Coordinator {
         Ok(match decision {
             Decision::Grant { lease, expires_at } => CallStep::Send { lease, expires_at },
             Decision::Queued { lease, eta } => {
-                self.wait(now, call, eta, WaitReason::Queued, Some(lease), None)
+                // Told to checkpoint by the wait it is expected to have, not by its bound
+                // (which may be many times longer).
+                let expected = self.expected_grant(lease).unwrap_or(eta).min(eta);
+                let mut step = self.wait(now, call, eta, WaitReason::Queued, Some(lease), None);
+                if let CallStep::Wait { checkpoint, .. } = &mut step {
+                    *checkpoint = self.checkpoint(expected.since(now));
+                }
+                step
             }
             Decision::Reject {
                 retry_at: Some(at),
@@ -240,16 +247,20 @@ impl Coordinator {
         refusal: Option<crate::RejectReason>,
     ) -> CallStep {
         let until = until.max(now);
-        let long = until.since(now);
         CallStep::Wait {
             until,
             reason,
             ticket,
             refusal,
             attempt: call.failed,
-            checkpoint: long >= self.config.call.checkpoint_after_ms
-                || (self.config.prompt_cache_ttl_ms > 0 && long >= self.config.prompt_cache_ttl_ms),
+            checkpoint: self.checkpoint(until.since(now)),
         }
+    }
+
+    /// Whether a wait of `long` ms is long enough to checkpoint the turn before it.
+    fn checkpoint(&self, long: u64) -> bool {
+        long >= self.config.call.checkpoint_after_ms
+            || (self.config.prompt_cache_ttl_ms > 0 && long >= self.config.prompt_cache_ttl_ms)
     }
 
     fn give_up(

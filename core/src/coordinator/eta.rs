@@ -23,9 +23,63 @@
 
 use super::Coordinator;
 use crate::bucket::{Axis, Demand};
+use crate::lease::{LeaseId, Phase};
 use crate::time::Millis;
 
 impl Coordinator {
+    /// When the queued ticket `lease` is expected to be granted: when the pool's refill
+    /// covers the demand queued ahead of it in the fair order and its own, as things stand
+    /// now (no pause past `now`'s, nobody overtaking it, every reservation as asked).
+    /// Granted tickets' refunds make it earlier, later arrivals that overtake it later; a
+    /// wait for a concurrency slot is not in it. It is what a wait is announced as (the
+    /// checkpoint flag follows it); the queued decision's `eta` stays the bound. `None`
+    /// when `lease` is not a queued ticket.
+    #[must_use]
+    pub fn expected_grant(&self, lease: LeaseId) -> Option<Millis> {
+        let entry = self.leases.get(lease)?;
+        let Phase::Queued { key, .. } = entry.phase else {
+            return None;
+        };
+        let pool = self.pools.get(entry.pool as usize)?;
+        let ahead = pool.queue.demand_before(key);
+        let own = self.queued_demand(entry.pool, lease)?;
+        Some(pool.eta(self.now, &ahead.saturating_add(own), self.config.window_ms))
+    }
+
+    /// The demand a queued ticket waits for in line (its reservation as `drain` would
+    /// compute it now, each axis at most its capacity).
+    fn queued_demand(&self, p: u32, lease: LeaseId) -> Option<Demand> {
+        let entry = self.leases.get(lease)?;
+        let counting = self.config.pools.get(p as usize)?.counting;
+        let cold = self
+            .agents
+            .get(entry.agent_slot)
+            .is_none_or(|a| a.cache_cold(p, self.now));
+        let pool = self.pools.get(p as usize)?;
+        Some(pool.within_caps(&crate::request::charge(counting, &entry.ask, cold)))
+    }
+
+    /// Per agent slot, the expected grant of its first ticket in the fair order of any
+    /// pool (the earliest), for the metrics.
+    pub(super) fn expected_grants(&self) -> alloc::collections::BTreeMap<u32, Millis> {
+        let mut out = alloc::collections::BTreeMap::new();
+        let window = self.config.window_ms;
+        for pool in &self.pools {
+            let mut ahead = Demand::default();
+            for (slot, demand) in pool.queue.demands_in_order() {
+                ahead = ahead.saturating_add(demand);
+                let Some(entry) = self.leases.by_slot(slot) else {
+                    continue;
+                };
+                let at = pool.eta(self.now, &ahead, window);
+                out.entry(entry.agent_slot)
+                    .and_modify(|t: &mut Millis| *t = (*t).min(at))
+                    .or_insert(at);
+            }
+        }
+        out
+    }
+
     /// The most the agents in pool `p` other than the one in slot `me` can be served
     /// ahead of a ticket finishing at virtual time `vfinish`, if each keeps the weight and
     /// the smallest size it has asked with so far.
