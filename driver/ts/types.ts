@@ -304,7 +304,8 @@ export interface AgentMetrics {
    */
   activity:
     | { state: 'idle' | 'in_flight' }
-    | { state: 'queued'; since: U64 }
+    /** `expectedGrant`: when its first ticket in line is expected to be granted (the figure to show a person; the queued decision's `eta` is the bound). */
+    | { state: 'queued'; since: U64; expectedGrant: U64 | null }
     | { state: 'refused' | 'backing_off'; until: U64 }
     | { state: 'rate_limited'; until: U64; axis: 'requests' | 'tokens' | 'input_tokens' | 'output_tokens' | 'concurrent' | null }
   inFlight: number

@@ -80,16 +80,30 @@ export class WaitLog {
     }
   }
 
+  /** The metrics of the pool and of the agent, read once. */
+  #look(pool, agent) {
+    try {
+      const m = this.#tw.metrics()
+      return { pool: m.pools[pool], agent: m.agents.find((a) => Number(a.agent) === agent) }
+    } catch {
+      return { pool: undefined, agent: undefined }
+    }
+  }
+
   #queued(e) {
     if (e.etaMs >= LONG_WAIT_MS) {
-      const pool = this.#pool(e.pool)
+      const { pool, agent } = this.#look(e.pool, Number(e.agent))
       const name = this.#nameOf(Number(e.agent))
       if (this.#open.size >= MAX_OPEN) this.#open.delete(this.#open.keys().next().value)
       this.#open.set(e.lease, { name, since: this.#now() })
       const depth = pool?.queueDepth ?? '?'
+      // The expected wait (the core's expected grant for the agent's first ticket in line)
+      // and the bound (the decision's eta).
+      const at = agent?.activity?.state === 'queued' ? agent.activity.expectedGrant : null
+      const expected = at === null || at === undefined ? null : Math.max(0, Number(at) - Number(e.eta) + e.etaMs)
       this.#print(
         `tokenwarden: ${name} waits for quota on ${pool?.name ?? `pool ${e.pool}`} (ceiling: ${ceilingOf(pool)}), ` +
-          `at most ${seconds(e.etaMs)} s, ${depth} in line${e.checkpoint ? '; told to checkpoint its turn' : ''}`,
+          `${expected === null ? '' : `expected ${seconds(expected)} s, `}at most ${seconds(e.etaMs)} s, ${depth} in line${e.checkpoint ? '; told to checkpoint its turn' : ''}`,
       )
     }
     this.#tick()

@@ -93,7 +93,7 @@ describe('serve prints waits where its operator looks', { skip }, () => {
     assert.ok(waited > 3_000, `bob waited ${waited} ms`)
     const wait = out.split('\n').find((l) => l.startsWith('tokenwarden: bob waits for quota'))
     assert.ok(wait, `a wait line for bob in:\n${out}`)
-    assert.match(wait, /^tokenwarden: bob waits for quota on claude-sonnet-4-6 \(ceiling: input tokens\/min\), at most \d+(\.\d)? s, 1 in line/)
+    assert.match(wait, /^tokenwarden: bob waits for quota on claude-sonnet-4-6 \(ceiling: input tokens\/min\), expected \d+(\.\d)? s, at most \d+(\.\d)? s, 1 in line/)
     assert.ok(out.includes('tokenwarden: bob served after'), out)
     assert.ok(!out.includes('tokenwarden: alice waits'), 'alice did not wait')
     // The summary comes with the first event a minute after the first one.
