@@ -80,6 +80,7 @@ python3 scripts/check-wasm-imports.py target/wasm32-unknown-unknown/release/toke
 step "npm packages: npm ci and build the driver layer, the addon + TypeScript (generated types unchanged), the test infrastructure"
 npm_ci() { (cd "$1" && npm ci --no-audit --no-fund --loglevel=error); }
 npm_ci driver && (cd driver && npm run --silent build)
+est_log=$(cargo test --quiet -p tokenwarden-examples --test estimator -- --ignored 2>&1) && echo "fleet simulator on the product's estimator (examples/tests/estimator.rs): $(grep '^test result' <<<"$est_log")" || { echo "$est_log"; echo "FAILED: the simulator's estimator scenario (rerun: cargo test -p tokenwarden-examples --test estimator -- --ignored)" >&2; exit 1; }
 npm_ci testing
 (
   cd bindings-node

@@ -5,6 +5,12 @@
 //! ```
 //! With no arguments it runs every scenario under every strategy and writes
 //! `docs/report/` (the committed report).
+//!
+//! The `estimator` scenario runs the product's own estimator: the built driver under Node
+//! (`examples/estimator-bridge.mjs`; Node is `$TOKENWARDEN_NODE` or `node`). Without Node or
+//! the built driver (`cd driver && npm ci && npm run build`) the default run leaves that
+//! scenario out and says so on stderr and in the report's goals; `--scenario estimator`
+//! fails instead.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -61,6 +67,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    // The product's estimator needs Node and the built driver: a run of every scenario goes
+    // on without them (and says so), a run of that scenario alone fails below.
+    let mut skipped = Vec::new();
+    if only.is_none() {
+        if let Some(why) = sim::bridge::unavailable() {
+            scenarios.retain(|s| {
+                if s.product_estimator {
+                    eprintln!("fleet: scenario {} not run: {why}", s.name);
+                    skipped.push((s.name, why.clone()));
+                }
+                !s.product_estimator
+            });
+        }
+    }
     if let Some(m) = minutes {
         for s in &mut scenarios {
             s.minutes = m;
@@ -85,7 +105,13 @@ fn main() -> ExitCode {
                 strategy.label()
             );
             let _ = std::io::stderr().flush();
-            results.push(sim::run(&sc, strategy, seed));
+            match sim::try_run(&sc, strategy, seed) {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    eprintln!("\nfleet: scenario {}: {e}", sc.name);
+                    return ExitCode::FAILURE;
+                }
+            }
             done += 1;
         }
         runs.push((sc, results));
@@ -99,6 +125,9 @@ fn main() -> ExitCode {
     for (sc, results) in &runs {
         println!("\n## {} — {}\n", sc.name, sc.description);
         print!("{}", report::table(sc, results));
+        for r in results.iter().filter(|r| !r.estimates.is_empty()) {
+            print!("\n{}", report::estimates_table(r));
+        }
     }
     let mut command = String::from("cargo run --release -p tokenwarden-examples --bin fleet");
     for a in std::env::args().skip(1) {
@@ -116,9 +145,12 @@ fn main() -> ExitCode {
     for s in &sweeps {
         print!("{s}");
     }
-    match report::write(&out, &runs, &command, &sweeps) {
+    match report::write(&out, &runs, &command, &sweeps, &skipped) {
         Ok(goals) => {
             println!("\nGoals:");
+            for (name, why) in &skipped {
+                println!("  [NOT RUN] scenario {name}: {why}");
+            }
             for g in &goals {
                 println!(
                     "  [{}] {} — {}",

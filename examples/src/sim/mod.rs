@@ -16,6 +16,8 @@
 //!   call's tokens; the coordinator strategies checkpoint before waiting, so a wait costs
 //!   no re-plan.
 
+pub mod bodies;
+pub mod bridge;
 pub mod provider;
 pub mod report;
 mod scenarios;
@@ -25,9 +27,13 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use tokenwarden_core::{
-    AgentId, Call as CallState, CallStep, Config, Coordinator, Event, LeaseId, LeaseRequest,
+    AgentId, Axis, Call as CallState, CallStep, Config, Coordinator, Event, LeaseId, LeaseRequest,
     Millis, PoolId, Rng, Role, TaskFigures, TaskId, TaskOutcome, TaskSpec, Usage, parse_headers,
 };
+
+use bodies::{Conversation, Preamble, Prompt, PromptCache, Reply, Vocab};
+pub use bridge::BridgeError;
+use bridge::EstimatorBridge;
 
 pub use provider::Limits;
 use provider::{Provider, Send};
@@ -131,6 +137,11 @@ pub struct AgentSpec {
     /// Each call draws its size instead of following `shape`: every fourth call sends
     /// 15–20k fresh tokens with `max_tokens` 2000, the others 1–2k with 500 (`mixed`).
     pub mixed_sizes: bool,
+    /// The model its request bodies name (scenarios with [`Scenario::product_estimator`]).
+    pub model: &'static str,
+    /// A long pause now and then (the developer away, a long build): per turn, the chance
+    /// in thousandths, and its length in ms (uniform between the two).
+    pub pause: (u64, u64, u64),
 }
 
 /// A simulated situation.
@@ -167,6 +178,14 @@ pub struct Scenario {
     pub strategies: Vec<Strategy>,
     /// The goal this scenario checks, for the report.
     pub goal: &'static str,
+    /// The agents send generated Anthropic request bodies ([`bodies`]): the product's own
+    /// estimator (the built driver's, under Node, through [`bridge`]) estimates each one for
+    /// its lease and observes each settled call; the provider counts them exactly and keeps
+    /// the prompt cache by content. `shape.context_start` is the task's first message
+    /// (pasted files), `context_max` the history at which the agent compacts it,
+    /// `max_tokens` and `turns` as elsewhere; a broken turn sends its call again 30 s
+    /// later (no re-plan model). Needs Node and the built driver.
+    pub product_estimator: bool,
 }
 
 /// Per-minute usage at the provider.
@@ -237,6 +256,49 @@ pub struct RunResult {
     /// start) at the end of the run, from the tasks the simulator opened, charged and ended
     /// through the core's task API.
     pub product: Option<TaskFigures>,
+    /// Scenarios with the product's estimator: every settled call's estimate against its
+    /// usage.
+    pub estimates: Vec<EstimateSample>,
+    /// Which estimator made them ([`bridge::EstimatorBridge::describe`]).
+    pub estimator: Option<String>,
+    /// The core's own estimate error per agent at the end of the run
+    /// (`metrics().agents[].input_error_permille`, a moving average), thousandths.
+    pub agent_input_error_permille: Vec<u32>,
+}
+
+/// One settled call of a scenario with the product's estimator.
+#[derive(Clone, Copy, Debug)]
+pub struct EstimateSample {
+    /// The agent.
+    pub agent: usize,
+    /// The estimator's `inputTokens`.
+    pub estimate_input: u64,
+    /// The estimator's `cachedPrefixTokens`.
+    pub estimate_cached: u64,
+    /// Input tokens the core reserved for the call (the estimate as the core charged it:
+    /// the cached prefix too when it took the agent's cache for cold), from its settlement.
+    pub reserved_input: u64,
+    /// Input tokens the call used by the core's counting (uncached input + cache writes),
+    /// from its settlement.
+    pub used_input: u64,
+    /// Every prompt token the provider counted (input + cache writes + cache reads).
+    pub prompt: u64,
+    /// Cache reads among them.
+    pub cache_read: u64,
+}
+
+impl EstimateSample {
+    /// |reserved − used| / used on the input axis: the error the core measures.
+    pub fn input_error(&self) -> f64 {
+        self.reserved_input.abs_diff(self.used_input) as f64 / self.used_input.max(1) as f64
+    }
+
+    /// |estimate − actual| / actual over the whole prompt (the estimator's input + cached
+    /// prefix against every prompt token counted).
+    pub fn prompt_error(&self) -> f64 {
+        (self.estimate_input + self.estimate_cached).abs_diff(self.prompt) as f64
+            / self.prompt.max(1) as f64
+    }
 }
 
 /// One call the provider admitted.
@@ -397,7 +459,11 @@ struct Call {
     max_tokens: u64,
     output: u64,
     estimate_new: u64,
+    /// The cached prefix the lease names (the prefix itself, or the product estimator's).
+    estimate_prefix: u64,
     replan: bool,
+    /// The call's id at the estimator bridge, and whether its body was sent.
+    body_call: Option<(u64, bool)>,
 }
 
 #[derive(Clone, Debug)]
@@ -418,7 +484,27 @@ struct Agent {
     wait_since: u64,
     replan_left: u32,
     pending_usage: Option<Usage>,
+    /// The sent call's estimate (input, cached prefix) and bridge id, for its settlement.
+    pending_estimate: Option<(u64, u64, Option<u64>)>,
     in_task: bool,
+}
+
+/// What a scenario with the product's estimator adds to a run.
+struct Bodies {
+    vocab: Vocab,
+    preamble: Preamble,
+    cache: PromptCache,
+    bridge: EstimatorBridge,
+    convs: Vec<Option<Conversation>>,
+    /// The call being made: its request and the reply it will get.
+    pending: Vec<Option<(Prompt, Reply)>>,
+    next_call: u64,
+}
+
+impl Bodies {
+    fn fail(e: &BridgeError) -> ! {
+        panic!("{e}")
+    }
 }
 
 struct Sim<'a> {
@@ -436,14 +522,31 @@ struct Sim<'a> {
     rpm_updated: u64,
     rpm_queue: std::collections::VecDeque<usize>,
     rpm_wake: bool,
+    bodies: Option<Bodies>,
     r: RunResult,
 }
 
 const HARNESS_PATIENCE_MS: u64 = 60_000;
 
 impl<'a> Sim<'a> {
-    fn new(sc: &'a Scenario, strategy: Strategy, seed: u64) -> Sim<'a> {
+    fn new(sc: &'a Scenario, strategy: Strategy, seed: u64) -> Result<Sim<'a>, BridgeError> {
         let n = sc.agents.len();
+        let bodies = if sc.product_estimator {
+            let vocab = Vocab::new();
+            let preamble = Preamble::new(&vocab);
+            Some(Bodies {
+                vocab,
+                preamble,
+                cache: PromptCache::default(),
+                bridge: EstimatorBridge::spawn()?,
+                convs: vec![None; n],
+                pending: vec![None; n],
+                next_call: 0,
+            })
+        } else {
+            None
+        };
+        let estimator = bodies.as_ref().map(|b| b.bridge.describe.clone());
         let coord = strategy.uses_coordinator().then(|| {
             Coordinator::new(coordinator_config(sc, strategy), seed, Millis(0))
                 .expect("scenario config is valid")
@@ -455,7 +558,7 @@ impl<'a> Sim<'a> {
             .map(|a| a.tenant)
             .max()
             .map_or(0, |t| t + 1);
-        Sim {
+        Ok(Sim {
             sc,
             strategy,
             rng: Rng::new(seed ^ 0x5EED),
@@ -483,6 +586,7 @@ impl<'a> Sim<'a> {
                     wait_since: 0,
                     replan_left: 0,
                     pending_usage: None,
+                    pending_estimate: None,
                     in_task: false,
                 })
                 .collect(),
@@ -490,6 +594,7 @@ impl<'a> Sim<'a> {
             rpm_updated: 0,
             rpm_queue: Default::default(),
             rpm_wake: false,
+            bodies,
             r: RunResult {
                 scenario: sc.name,
                 strategy,
@@ -515,8 +620,11 @@ impl<'a> Sim<'a> {
                 calls: Vec::new(),
                 agent_tokens: vec![0; n],
                 product: None,
+                estimates: Vec::new(),
+                estimator,
+                agent_input_error_permille: Vec::new(),
             },
-        }
+        })
     }
 
     fn at(&mut self, t: u64, ev: Ev) {
@@ -625,6 +733,15 @@ impl<'a> Sim<'a> {
         if let Some(c) = &self.coord {
             self.r.product = Some(c.metrics(Millis(ended_at)).tasks.since_start);
             self.r.margin_floor = c.config().margin.floor_permille;
+            if self.bodies.is_some() {
+                self.r.agent_input_error_permille = c
+                    .metrics(Millis(ended_at))
+                    .agents
+                    .iter()
+                    .filter(|a| a.settled > 0)
+                    .map(|a| a.input_error_permille)
+                    .collect();
+            }
             c.check().expect("coordinator state stays consistent");
         }
         self.r
@@ -694,6 +811,10 @@ impl<'a> Sim<'a> {
             self.agents[i].context = self.sc.agents[i].shape.context_start;
             self.task_update(i);
         }
+        if self.bodies.is_some() {
+            self.begin_body_call(i);
+            return;
+        }
         let spec = &self.sc.agents[i];
         let a = &self.agents[i];
         let replan = a.replan_left > 0;
@@ -735,7 +856,9 @@ impl<'a> Sim<'a> {
             max_tokens,
             output,
             estimate_new,
+            estimate_prefix: prefix,
             replan,
+            body_call: None,
         });
         // A looping agent's later turns fail the same way as the one before: its task reports
         // it once a turn (same signature), which under (e) halves its weight down to the
@@ -748,6 +871,45 @@ impl<'a> Sim<'a> {
                     .expect("the task is open");
             }
         }
+        self.r.turn_starts.push((self.now, i));
+        self.start_attempts(i);
+    }
+
+    /// The next call of an agent of a scenario with the product's estimator: the request
+    /// body its conversation makes (a new conversation on a task's first turn, compacted
+    /// past `context_max`), and the reply it will get.
+    fn begin_body_call(&mut self, i: usize) {
+        let spec = &self.sc.agents[i];
+        let (model, shape) = (spec.model, spec.shape);
+        let context = if shape.context_start == 0 {
+            0
+        } else {
+            self.uniform(shape.context_start / 2, shape.context_start * 3 / 2)
+        };
+        let task = self.agents[i].task;
+        let Some(b) = self.bodies.as_mut() else {
+            return;
+        };
+        let rng = &mut self.rng;
+        let conv =
+            b.convs[i].get_or_insert_with(|| Conversation::new(&b.vocab, rng, i, task, context));
+        if conv.tokens > shape.context_max {
+            conv.compact(&b.vocab, rng);
+        }
+        let reply = conv.reply(&b.vocab, rng);
+        let prompt = conv.prompt(&b.preamble, model, shape.max_tokens);
+        b.next_call += 1;
+        self.agents[i].call = Some(Call {
+            new_tokens: prompt.total,
+            prefix: 0,
+            max_tokens: shape.max_tokens,
+            output: reply.output,
+            estimate_new: 0,
+            estimate_prefix: 0,
+            replan: false,
+            body_call: Some((b.next_call, false)),
+        });
+        b.pending[i] = Some((prompt, reply));
         self.r.turn_starts.push((self.now, i));
         self.start_attempts(i);
     }
@@ -805,15 +967,35 @@ impl<'a> Sim<'a> {
     }
 
     fn request_lease(&mut self, i: usize) {
-        let Some(call) = self.agents[i].call else {
+        let Some(mut call) = self.agents[i].call else {
             return;
         };
+        // The product's estimator estimates the body on every ask, as the `fetch` wrapper
+        // does (the same body object each time: it is sent once).
+        if let (Some(b), Some((id, sent))) = (self.bodies.as_mut(), call.body_call) {
+            let body = match (&b.pending[i], sent) {
+                (Some((p, _)), false) => Some(p.body.as_str()),
+                _ => None,
+            };
+            let e = b
+                .bridge
+                .estimate(id, self.now, body)
+                .unwrap_or_else(|e| Bodies::fail(&e));
+            assert_eq!(
+                e.max_tokens, call.max_tokens,
+                "the driver reads the body's max_tokens"
+            );
+            call.estimate_new = e.input_tokens;
+            call.estimate_prefix = e.cached_prefix_tokens;
+            call.body_call = Some((id, true));
+            self.agents[i].call = Some(call);
+        }
         self.task_update(i);
         let req = LeaseRequest {
             agent: AgentId(i as u64),
             pool: PoolId(0),
             input_tokens: call.estimate_new,
-            cached_prefix_tokens: call.prefix,
+            cached_prefix_tokens: call.estimate_prefix,
             max_tokens: call.max_tokens,
             task: Some(self.task_id(i)),
             ..LeaseRequest::default()
@@ -875,27 +1057,57 @@ impl<'a> Sim<'a> {
         };
         self.r.sent += 1;
         self.agents[i].attempts += 1;
-        let send = Send {
-            caller: i,
-            new_tokens: call.new_tokens,
-            prefix_tokens: call.prefix,
-        };
         let now = self.now;
+        // A generated body: the provider counts it by its prompt cache.
+        let split = self
+            .bodies
+            .as_ref()
+            .and_then(|b| b.pending[i].as_ref().map(|(p, _)| b.cache.split(now, p)));
+        let send = match split {
+            Some(s) => Send {
+                caller: i,
+                new_tokens: s.write + s.uncached,
+                prefix_tokens: 0,
+            },
+            None => Send {
+                caller: i,
+                new_tokens: call.new_tokens,
+                prefix_tokens: call.prefix,
+            },
+        };
         match self.provider.send(now, &send) {
             Ok(adm) => {
+                if let (Some(b), Some(s)) = (self.bodies.as_mut(), split) {
+                    if let Some((p, _)) = &b.pending[i] {
+                        b.cache.commit(now, p, &s);
+                    }
+                }
                 // Waiting is over: charge the critical-path wait of whoever is blocked on us.
                 let waited = now - self.agents[i].wait_since;
                 self.r.critical_path_wait_ms += waited * self.blocked_on(i);
                 self.agents[i].state = State::InFlight;
                 self.agents[i].tag += 1;
                 let tag = self.agents[i].tag;
-                let latency = 1_500 + call.output * 1000 / 60 + call.new_tokens / 50;
-                self.agents[i].pending_usage = Some(Usage {
-                    input_tokens: call.new_tokens,
-                    cache_creation_input_tokens: adm.cache_creation,
-                    cache_read_input_tokens: adm.cache_read,
-                    output_tokens: call.output,
+                let latency = 1_500 + call.output * 1000 / 60 + send.new_tokens / 50;
+                self.agents[i].pending_usage = Some(match split {
+                    Some(s) => Usage {
+                        input_tokens: s.uncached,
+                        cache_creation_input_tokens: s.write,
+                        cache_read_input_tokens: s.read,
+                        output_tokens: call.output,
+                    },
+                    None => Usage {
+                        input_tokens: call.new_tokens,
+                        cache_creation_input_tokens: adm.cache_creation,
+                        cache_read_input_tokens: adm.cache_read,
+                        output_tokens: call.output,
+                    },
                 });
+                self.agents[i].pending_estimate = Some((
+                    call.estimate_new,
+                    call.estimate_prefix,
+                    call.body_call.map(|(id, _)| id),
+                ));
                 let charged = adm.input_tokens;
                 self.r.calls.push(CallRecord {
                     agent: i,
@@ -990,6 +1202,23 @@ impl<'a> Sim<'a> {
         self.r.broken_turns += 1;
         let waited = self.now - self.agents[i].wait_since;
         self.r.critical_path_wait_ms += waited * self.blocked_on(i);
+        if let Some(b) = self.bodies.as_mut() {
+            // A generated body's call is made again (a new request of the same history)
+            // after the harness's 30 s; the estimator never hears of this one.
+            let call = self.agents[i].call.take();
+            b.pending[i] = None;
+            if let Some(Call {
+                body_call: Some((id, true)),
+                ..
+            }) = call
+            {
+                b.bridge.forget(id).unwrap_or_else(|e| Bodies::fail(&e));
+            }
+            self.agents[i].state = State::Tool;
+            let t = self.now + 30_000;
+            self.at(t, Ev::Ready(i));
+            return;
+        }
         let Some(call) = self.agents[i].call.take() else {
             return;
         };
@@ -1054,9 +1283,32 @@ impl<'a> Sim<'a> {
         ) else {
             return;
         };
+        let estimate = self.agents[i].pending_estimate.take();
+        // The usage arrived: the product's estimator observes it, as the `fetch` wrapper
+        // has it do.
+        if let (Some(b), Some((_, _, Some(id)))) = (self.bodies.as_mut(), estimate) {
+            b.bridge
+                .observe(id, now, &usage)
+                .unwrap_or_else(|e| Bodies::fail(&e));
+        }
         if let Some(c) = self.coord.as_mut() {
             // A lease reaped before a very late settle is an expected outcome, not an error here.
-            let _ = c.settle(Millis(now), lease, &usage);
+            let settled = c.settle(Millis(now), lease, &usage);
+            if let (Ok(s), Some((input, cached, _)), true) =
+                (settled, estimate, self.bodies.is_some())
+            {
+                self.r.estimates.push(EstimateSample {
+                    agent: i,
+                    estimate_input: input,
+                    estimate_cached: cached,
+                    reserved_input: s.reserved.get(Axis::InputTokens),
+                    used_input: s.used.get(Axis::InputTokens),
+                    prompt: usage.input_tokens
+                        + usage.cache_creation_input_tokens
+                        + usage.cache_read_input_tokens,
+                    cache_read: usage.cache_read_input_tokens,
+                });
+            }
         }
     }
 
@@ -1064,6 +1316,12 @@ impl<'a> Sim<'a> {
         let spec = self.sc.agents[i].clone();
         let call = self.agents[i].call.take();
         let now = self.now;
+        // The reply and its tool results join the conversation.
+        if let Some(b) = self.bodies.as_mut() {
+            if let (Some((_, reply)), Some(conv)) = (b.pending[i].take(), b.convs[i].as_mut()) {
+                conv.append(reply);
+            }
+        }
         let a = &mut self.agents[i];
         a.state = State::Tool;
         if call.is_some_and(|c| c.replan) {
@@ -1091,6 +1349,9 @@ impl<'a> Sim<'a> {
                 TaskOutcome::Merged
             };
             self.task_end(i, outcome);
+            if let Some(b) = self.bodies.as_mut() {
+                b.convs[i] = None;
+            }
             let a = &mut self.agents[i];
             a.task += 1;
             if !spec.looping {
@@ -1115,6 +1376,12 @@ impl<'a> Sim<'a> {
         } else {
             let jitter = spec.tool_ms / 10;
             self.uniform(spec.tool_ms - jitter, spec.tool_ms + jitter)
+        };
+        let (chance, lo, hi) = spec.pause;
+        let tool = if chance > 0 && self.uniform(0, 999) < chance {
+            self.uniform(lo, hi)
+        } else {
+            tool
         };
         self.at(now + tool, Ev::Ready(i));
     }
@@ -1185,7 +1452,14 @@ pub fn coordinator_config(sc: &Scenario, strategy: Strategy) -> Config {
     Config::from_json(&json).expect("scenario config is valid")
 }
 
-/// Runs one scenario under one strategy.
+/// Runs one scenario under one strategy. Panics with [`try_run`]'s error when the scenario
+/// needs the product's estimator and it cannot be run.
 pub fn run(sc: &Scenario, strategy: Strategy, seed: u64) -> RunResult {
-    Sim::new(sc, strategy, seed).run()
+    try_run(sc, strategy, seed).unwrap_or_else(|e| panic!("scenario {}: {e}", sc.name))
+}
+
+/// Runs one scenario under one strategy; a scenario with the product's estimator first
+/// starts it ([`bridge`]), and says why when it cannot.
+pub fn try_run(sc: &Scenario, strategy: Strategy, seed: u64) -> Result<RunResult, BridgeError> {
+    Ok(Sim::new(sc, strategy, seed)?.run())
 }

@@ -25,6 +25,8 @@ fn agent(name: &str, role: Role, shape: TurnShape, tool_ms: u64) -> AgentSpec {
         tenant: 0,
         tasks: None,
         mixed_sizes: false,
+        model: "claude-sonnet-4-5",
+        pause: (0, 0, 0),
     }
 }
 
@@ -162,6 +164,7 @@ fn base(
         weights: (3000, 2000, 1000),
         strategies: Strategy::ALL.to_vec(),
         goal,
+        product_estimator: false,
     }
 }
 
@@ -335,6 +338,50 @@ pub fn scenarios() -> Vec<Scenario> {
         concurrent: 10,
     };
     s.minutes = 30;
+    out.push(s);
+
+    // Claude-Code-like sessions whose request bodies the simulator generates: the product's
+    // own estimator (the built driver's, under Node) sizes every lease.
+    let agents = (0..12)
+        .map(|i| {
+            let opus = i >= 8;
+            let shape = TurnShape {
+                context_start: if opus { 8_000 } else { 3_000 },
+                growth: 0,
+                new_tokens: 0,
+                context_max: 55_000,
+                max_tokens: if opus { 128_000 } else { 32_000 },
+                turns: if opus { 20 } else { 30 },
+            };
+            let role = if i == 0 { Role::Planner } else { Role::Worker };
+            let mut a = agent(&format!("session-{i}"), role, shape, 6_000);
+            a.model = if opus {
+                "claude-opus-4-1"
+            } else {
+                "claude-sonnet-4-5"
+            };
+            // Now and then the developer is away, or a build runs long: the session's
+            // cache expires.
+            a.pause = (20, 360_000, 900_000);
+            a.tenant = i;
+            a
+        })
+        .collect();
+    let mut s = base(
+        "estimator",
+        "10 Claude-Code-like sessions (6 on one model with max_tokens 32000, 4 on another with 128000) whose Anthropic request bodies the simulator generates: 12 tools, a system prompt in two blocks with a breakpoint, a history growing each turn by a tool_use and its tool_result, the rolling breakpoint on the newest message, compaction at 60k tokens, a 6-15 min pause on 5% of turns. The coordinator leases by the product's estimator (DefaultEstimator of the built driver, under Node, observing every settled call as the fetch wrapper does); the provider counts every token exactly and applies Anthropic's prompt-cache rules.",
+        "<= 1% 429s with the product's estimates; the core's median input-estimate error <= 10%",
+        agents,
+    );
+    s.limits = Limits {
+        input_tpm: 70_000,
+        output_tpm: 24_000,
+        rpm: 100,
+        concurrent: 10,
+    };
+    s.minutes = 30;
+    s.product_estimator = true;
+    s.strategies = vec![Strategy::Coordinator];
     out.push(s);
 
     let mut s = base(

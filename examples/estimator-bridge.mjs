@@ -1,0 +1,104 @@
+// The product's estimator for the fleet simulator (`examples/src/sim/bridge.rs`).
+//
+// The simulator generates request bodies and needs the shipped estimator's figures for
+// them, not a copy of its rules: this program imports the built driver (`driver/dist`,
+// the `tokenwarden-driver` package) and runs its default estimator, `DefaultEstimator`
+// (what `Tokenwarden` uses unless given another), with its clock set to the simulator's
+// virtual time, and calls it the way the `fetch` wrapper does (driver/ts/fetch.ts):
+//
+// - each attempt of a call (the first ask, and each ask again after a refusal or a 429)
+//   estimates the same parsed body object: `estimate({ provider, model, body })`, `model`
+//   and `max_tokens` read by the driver's own `callShape`;
+// - when the provider's usage arrives, the usage is read by the driver's `usageFromBody`
+//   and the estimator observes it exactly as `learn` in fetch.ts does:
+//   `observe({ provider, model, body, estimate, actualInputTokens, usage })`, with the
+//   same body and the same estimate object as the attempt that was sent.
+//
+// Protocol: one JSON object a line on stdin, one answer a line on stdout, in order.
+//   {"op":"hello"}                                   -> {"ok":true,"node":..,"estimator":..}
+//   {"op":"estimate","call":K,"now":MS,"provider":"anthropic","body":{..}}
+//                                                    -> {"input_tokens":N,"cached_prefix_tokens":M,"max_tokens":X}
+//     (`body` only on a call's first estimate: later ones estimate the same object again)
+//   {"op":"observe","call":K,"now":MS,"usage":{"input_tokens":..,"cache_creation_input_tokens":..,
+//     "cache_read_input_tokens":..,"output_tokens":..}} -> {"ok":true}   (the call is then forgotten)
+//   {"op":"forget","call":K}                          -> {"ok":true}   (a call that never settled)
+// An error answers {"error":"..."} and the simulator stops with it.
+//
+//   node examples/estimator-bridge.mjs [path/to/driver/dist/index.js]
+import { createInterface } from 'node:readline'
+import { pathToFileURL } from 'node:url'
+
+const entry = process.argv[2] ?? new URL('../driver/dist/index.js', import.meta.url).href
+let driver
+try {
+  driver = await import(entry.startsWith('file:') ? entry : pathToFileURL(entry).href)
+} catch (e) {
+  process.stderr.write(`estimator-bridge: cannot import the built driver (${entry}): ${e?.message ?? e}\nbuild it: cd driver && npm ci && npm run build\n`)
+  process.exit(3)
+}
+const { DefaultEstimator, callShape, usageFromBody } = driver
+
+// The simulator's virtual time, ms: set by every message that carries `now`.
+let now = 0
+const estimator = new DefaultEstimator({ now: () => now })
+/** Calls estimated and not yet observed or forgotten: their body and last estimate. */
+const calls = new Map()
+
+function handle(msg) {
+  if (typeof msg.now === 'number') now = msg.now
+  switch (msg.op) {
+    case 'hello':
+      return { ok: true, node: process.version, estimator: estimator.constructor.name }
+    case 'estimate': {
+      let c = calls.get(msg.call)
+      if (msg.body !== undefined) {
+        c = { provider: msg.provider, body: msg.body, estimate: null }
+        calls.set(msg.call, c)
+      }
+      if (c === undefined) throw new Error(`estimate of call ${msg.call}: no body sent for it`)
+      const shape = callShape(c.provider, c.body)
+      c.model = shape.model
+      const e = estimator.estimate({ provider: c.provider, model: shape.model, body: c.body })
+      if (typeof e?.then === 'function') throw new Error('the estimate was a promise: the simulator needs a synchronous one (Anthropic without count_tokens)')
+      c.estimate = e
+      return { input_tokens: e.inputTokens, cached_prefix_tokens: e.cachedPrefixTokens, max_tokens: shape.maxTokens }
+    }
+    case 'observe': {
+      const c = calls.get(msg.call)
+      if (c === undefined || c.estimate === null) throw new Error(`observe of call ${msg.call}: never estimated`)
+      calls.delete(msg.call)
+      const usage = usageFromBody(c.provider, { usage: msg.usage })
+      if (usage === null) throw new Error(`observe of call ${msg.call}: usage the driver cannot read: ${JSON.stringify(msg.usage)}`)
+      // As fetch.ts's `learn` (its `actualInputTokens` is `promptTokens(usage)`, every
+      // prompt token the usage counts: uncached, cache writes and cache reads).
+      const n = (v) => Number(v ?? 0)
+      const observed = {
+        inputTokens: n(usage.inputTokens),
+        cacheReadInputTokens: n(usage.cacheReadInputTokens),
+        cacheCreationInputTokens: n(usage.cacheCreationInputTokens),
+        outputTokens: n(usage.outputTokens),
+      }
+      const r = estimator.observe?.({ provider: c.provider, model: c.model, body: c.body, estimate: c.estimate, actualInputTokens: observed.inputTokens + observed.cacheCreationInputTokens + observed.cacheReadInputTokens, usage: observed })
+      if (typeof r?.then === 'function') throw new Error('observe returned a promise: the simulator needs a synchronous one')
+      return { ok: true }
+    }
+    case 'forget':
+      calls.delete(msg.call)
+      return { ok: true }
+    default:
+      throw new Error(`unknown op ${JSON.stringify(msg.op)}`)
+  }
+}
+
+const lines = createInterface({ input: process.stdin, crlfDelay: Infinity })
+lines.on('line', (line) => {
+  if (line.length === 0) return
+  let answer
+  try {
+    answer = handle(JSON.parse(line))
+  } catch (e) {
+    answer = { error: String(e?.stack ?? e) }
+  }
+  // The simulator waits for each answer (a pipe's writes are synchronous on Linux).
+  process.stdout.write(`${JSON.stringify(answer)}\n`)
+})
