@@ -151,7 +151,7 @@ step "edge limiter under workerd: API, auth and isolation, persistence across a 
 npm_ci edge
 (cd edge && node_suite "edge limiter" "$NODE24" test/*.test.mjs)
 
-step "tokenwarden serve on workerd: curl, the official Python SDKs (anthropic, openai) and 5 headless Claude Code processes joining by base URL alone, a restart mid-run, Ctrl-C"
+step "tokenwarden serve on workerd: curl, the official Python SDKs (anthropic, openai) 5 headless Claude Code and 3 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C"
 command -v curl >/dev/null || { if [ "$(id -u)" = 0 ]; then apt-get install -y -qq curl >/dev/null; else sudo apt-get install -y -qq curl >/dev/null; fi; }
 venv=target/serve-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
@@ -159,7 +159,7 @@ venv=target/serve-venv
 (
   cd tests/js
   WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" \
-    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs
+    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs
 )
 
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"
