@@ -151,7 +151,7 @@ step "edge limiter under workerd: API, auth and isolation, persistence across a 
 npm_ci edge
 (cd edge && node_suite "edge limiter" "$NODE24" test/*.test.mjs)
 
-step "tokenwarden serve on workerd: curl, the official Python SDKs (anthropic, openai) 5 headless Claude Code and 3 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C"
+step "tokenwarden serve on workerd: curl, the official Python SDKs (anthropic, openai), 5 headless Claude Code and 3 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C"
 command -v curl >/dev/null || { if [ "$(id -u)" = 0 ]; then apt-get install -y -qq curl >/dev/null; else sudo apt-get install -y -qq curl >/dev/null; fi; }
 venv=target/serve-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
