@@ -274,6 +274,14 @@ export interface LeaseRequest {
   task?: U64
 }
 
+/**
+ * Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's
+ * snake_case JSON: `{ pool, agents: [...], headroom_permille? }`), answered as camelCase
+ * JSON — every limited axis's late-session demand and share, the binding axis, the agents
+ * that fit at the headroom, and how much the turns stretch when the fleet is too big.
+ */
+export declare function planFleet(json: string): string
+
 /** Why a request was rejected. */
 export type RejectReason =
   | { kind: 'exceeds_capacity', /** The axis. */

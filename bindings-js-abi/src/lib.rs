@@ -387,6 +387,29 @@ pub fn camel_value<T: serde::Serialize>(v: &T) -> Result<Value, ArgError> {
         .map_err(|e| ArgError::state("internal", e.to_string()))
 }
 
+/// `planFleet(json)`: the core's fleet sizing ([`core::plan_fleet_json`]) on a fleet
+/// description in the core's snake_case JSON, answered as camelCase JSON; an error names
+/// the field as the description spells it and is `invalid_argument`.
+pub fn plan_fleet(json: &str) -> Result<String, ArgError> {
+    let plan = core::plan_fleet_json(json).map_err(|e| {
+        // The description is the core's snake_case JSON: the field is named as written.
+        let field = e.field.clone();
+        let message = if e.field.is_empty() {
+            format!("not a fleet description: {}", e.reason)
+        } else {
+            format!("`{field}` {}", e.reason)
+        };
+        let err = ArgError::range("invalid_argument", message);
+        if e.field.is_empty() {
+            err
+        } else {
+            err.with_field(field)
+        }
+    })?;
+    camel_json(&plan)
+        .ok_or_else(|| ArgError::range("internal", "the plan does not serialize".into()))
+}
+
 pub mod io {
     //! The register file of the hot calls.
     use super::{ArgError, MAX_SAFE, core, u32_from_f64, u64_from_f64};

@@ -14,7 +14,17 @@ import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 
 const HELP = `usage: tokenwarden serve [--config tokenwarden.json] [--port 8787] [--host 127.0.0.1] [--data DIR]
+       tokenwarden plan FLEET.json [--json]
        tokenwarden --version
+
+plan: sizes a fleet before it runs, with the core's arithmetic. FLEET.json is
+  { "pool": { "name": "key", "input_tokens_per_minute": 400000, ... },
+    "agents": [{ "name": "worker", "count": 20, "calls_per_minute_milli": 667,
+                 "input_tokens_first": 2000, "input_tokens_last": 60000, "output_tokens": 1000,
+                 "cached_permille": 0, "call_ms": 20000, "fan_out": 0 }],
+    "headroom_permille": 750 }
+  and the answer is each limit's late-session demand and share, the binding limit, how
+  many agents of the same mix fit at the headroom, and how much turns stretch if too many.
 
 Runs the edge limiter on workerd (npm i workerd) and prints the base URLs agents use:
   ANTHROPIC_BASE_URL=http://127.0.0.1:8787/v1/fleets/<fleet>/quotas/<quota>/agents/<agent>/<role>/anthropic
@@ -52,7 +62,7 @@ function parseArgs(argv) {
     console.log(`tokenwarden ${version()}`)
     process.exit(0)
   }
-  if (command !== 'serve') fail(`unknown command ${JSON.stringify(command)} (try --help)`)
+  if (command !== 'serve') fail(`unknown command ${JSON.stringify(command)} (try --help: serve, plan)`)
   const opts = { config: null, port: 8787, host: '127.0.0.1', data: '.tokenwarden' }
   for (let i = 0; i < rest.length; i++) {
     const flag = rest[i]
@@ -446,4 +456,44 @@ async function serve(opts) {
   })
 }
 
-await serve(parseArgs(process.argv.slice(2)))
+/** `tokenwarden plan FLEET.json [--json]`: the core's fleet sizing, printed. */
+async function plan(args) {
+  const json = args.includes('--json')
+  const files = args.filter((a) => a !== '--json')
+  for (const a of files) if (a.startsWith('-')) fail(`unknown option ${JSON.stringify(a)} for plan (try --help)`)
+  if (files.length !== 1) fail('plan takes one fleet description file (try --help)')
+  let text
+  try {
+    text = readFileSync(files[0], 'utf8')
+  } catch (e) {
+    fail(`cannot read ${files[0]}: ${e.message}`)
+  }
+  const { planFleet } = await import(pathToFileURL(join(here, '..', 'dist', 'index.js')).href)
+  let p
+  try {
+    p = planFleet(text)
+  } catch (e) {
+    fail(`${files[0]}: ${e.message}`)
+  }
+  if (json) {
+    console.log(JSON.stringify(p, null, 2))
+    return
+  }
+  const described = JSON.parse(text)
+  const headroom = (described.headroom_permille ?? 750) / 10
+  const unit = (axis) => (axis === 'concurrent' ? 'in flight' : '/min')
+  const lines = [`${p.agents} agents, late in their sessions:`]
+  for (const a of p.axes) {
+    lines.push(`  ${a.axis.padEnd(14)} ${String(a.demand).padStart(10)} ${unit(a.axis).padEnd(9)} of ${String(a.limit).padStart(9)}  ${(a.usedPermille / 10).toFixed(1).padStart(6)} %${a.axis === p.bindingAxis ? '  <- binds first' : ''}`)
+  }
+  lines.push(p.fits ? `fits within ${headroom} % of every limit` : `does not fit within ${headroom} % of every limit`)
+  lines.push(`agents of this mix that fit at ${headroom} %: ${p.agentsThatFit}`)
+  if (p.turnStretchPermille > 1000) {
+    lines.push(`over the limit: nobody gets a 429 through tokenwarden, but each turn takes ${(p.turnStretchPermille / 1000).toFixed(2)}x as long, waiting for quota`)
+  }
+  console.log(lines.join('\n'))
+}
+
+const argv = process.argv.slice(2)
+if (argv[0] === 'plan') await plan(argv.slice(1))
+else await serve(parseArgs(argv))

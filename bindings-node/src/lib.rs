@@ -676,3 +676,12 @@ fn registers(io: &mut Option<Float64Array>) -> Result<&mut [f64], Thrown> {
     // single-threaded and blocked in this call, and the slice does not outlive it.
     Ok(unsafe { io.as_mut() })
 }
+
+/// Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's
+/// snake_case JSON: `{ pool, agents: [...], headroom_permille? }`), answered as camelCase
+/// JSON — every limited axis's late-session demand and share, the binding axis, the agents
+/// that fit at the headroom, and how much the turns stretch when the fleet is too big.
+#[napi(js_name = "planFleet")]
+pub fn plan_fleet(env: Env, json: String) -> napi::Result<String> {
+    js(&env, || tokenwarden_js_abi::plan_fleet(&json))
+}

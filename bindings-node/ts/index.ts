@@ -10,7 +10,7 @@
  */
 import { createRequire } from 'node:module'
 import { NativeEngine, nativeEngines, nativeLoadError } from './native.js'
-import { type EngineFactory, Tokenwarden, TokenwardenError, type TokenwardenOptions } from 'tokenwarden-driver'
+import { type EngineFactory, type FleetPlan, type Plan, Tokenwarden, TokenwardenError, type TokenwardenOptions, planFleetWith } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
 export { NativeEngine, nativeEngines, nativeLoadError }
@@ -75,4 +75,22 @@ export function createTokenwarden(options: CreateOptions): Tokenwarden {
   const choice = options.engine ?? defaultChoice()
   const factory = typeof choice === 'string' ? engines(choice) : choice
   return new Tokenwarden({ ...options, engine: factory })
+}
+
+/**
+ * Sizes a fleet before it runs, with the core's arithmetic: for a pool's limits and a
+ * description of the agents (per kind: how many, calls a minute, input tokens of the first
+ * and the last call of a session, output tokens, the cached share, call length, fan-out),
+ * each limited axis's late-session demand and share of its limit, the binding axis, how many
+ * agents of the same mix fit at the headroom (75 % by default) and how much each turn
+ * stretches when the fleet is too big. `tokenwarden plan <fleet.json>` prints it.
+ *
+ * ```js
+ * planFleet({ pool: { name: 'key', input_tokens_per_minute: 400000 }, agents: [{ name: 'worker', count: 20, calls_per_minute_milli: 667, input_tokens_first: 2000, input_tokens_last: 60000, output_tokens: 1000 }] })
+ * ```
+ */
+export function planFleet(plan: FleetPlan | string, choice: EngineChoice = defaultChoice()): Plan {
+  const factory = engines(choice)
+  if (factory.planFleet === undefined) throw new TokenwardenError('engine_unavailable', 'this engine cannot size fleets')
+  return planFleetWith((json) => (factory.planFleet as (json: string) => string)(json), plan)
 }

@@ -62,6 +62,9 @@ export const nativeEngines: EngineFactory = {
       throw normalizeEngineError(e, 'restore')
     }
   },
+  planFleet(json: string): string {
+    return addon().planFleet(json)
+  },
 }
 
 // Drift check, at compile time: the addon's napi-generated argument types (binding.d.ts, from

@@ -72,6 +72,10 @@ export function enginesFor(wasm) {
         throw normalizeEngineError(e, 'restore')
       }
     },
+    planFleet(json) {
+      if (typeof json !== 'string') throw invalidArgument('planFleet needs the fleet description as JSON text (a string)', 'json')
+      return wasm.planFleet(json)
+    },
   }
 }
 

@@ -30,6 +30,8 @@ export declare class WasmEngine implements Engine {
 export declare const wasmEngines: EngineFactory & {
   create(config: object | string, seed: number | bigint, now: number | bigint): WasmEngine
   restore(snapshot: string): WasmEngine
+  /** The core's fleet sizing on a fleet description's JSON text (camelCase JSON text back). */
+  planFleet(json: string): string
 }
 
 /** Options for {@link createTokenwarden}: the engine defaults to the wasm build. */

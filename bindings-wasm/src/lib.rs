@@ -663,3 +663,11 @@ pub fn random_seed() -> Result<f64, Thrown> {
 }
 
 const MAX_SEED: u64 = (1 << 53) - 1;
+
+/// Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's
+/// snake_case JSON: `{ pool, agents: [...], headroom_permille? }`), answered as camelCase
+/// JSON (see the npm package's `planFleet`).
+#[wasm_bindgen(js_name = planFleet)]
+pub fn plan_fleet(json: &str) -> Result<String, Thrown> {
+    tokenwarden_js_abi::plan_fleet(json).map_err(Thrown::from)
+}

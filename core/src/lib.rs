@@ -121,6 +121,7 @@ mod history;
 mod ids;
 mod lease;
 mod metrics;
+mod plan;
 mod pool;
 mod queue;
 mod request;
@@ -146,6 +147,7 @@ pub use metrics::{
     AgentActivity, AgentMetrics, AxisMetrics, FleetAdvice, MINUTE_MS, Metrics, MinuteStats,
     PoolCounters, PoolMetrics,
 };
+pub use plan::{AgentKind, FleetPlan, Plan, PlanAxis, PlanError, plan_fleet, plan_fleet_json};
 pub use request::{LeaseRequest, Role, Usage};
 pub use rng::Rng;
 pub use tasks::{TaskFigures, TaskId, TaskMetrics, TaskOutcome, TaskSpec, TaskSummary};

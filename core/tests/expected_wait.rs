@@ -95,7 +95,10 @@ fn run(seed: u64, minutes: u64) -> (Vec<(u64, u64, u64)>, u64) {
                         }
                         Decision::Queued { lease, eta } => {
                             let expected = c.expected_grant(lease).expect("a queued ticket");
-                            assert!(expected <= eta, "expected {expected:?} past the bound {eta:?}");
+                            assert!(
+                                expected <= eta,
+                                "expected {expected:?} past the bound {eta:?}"
+                            );
                             waits.insert(
                                 lease,
                                 Wait {
@@ -195,7 +198,11 @@ fn expected_grant_tracks_the_actual_wait_and_the_bound_holds() {
             bound_ratio.push(bound * 10 / actual);
         }
     }
-    assert!(errors.len() > 200, "a saturated fleet: {} waits of 1 s or more", errors.len());
+    assert!(
+        errors.len() > 200,
+        "a saturated fleet: {} waits of 1 s or more",
+        errors.len()
+    );
     let median = percentile(errors.clone(), 50);
     let p90 = percentile(errors.clone(), 90);
     let bound_median = percentile(bound_ratio, 50);
@@ -210,5 +217,8 @@ fn expected_grant_tracks_the_actual_wait_and_the_bound_holds() {
         bound_median % 10
     );
     // Issue 28's goal: the median within 25 % of the actual wait.
-    assert!(median <= 250, "median |expected − actual| is {median}‰ of the actual wait");
+    assert!(
+        median <= 250,
+        "median |expected − actual| is {median}‰ of the actual wait"
+    );
 }

@@ -2,7 +2,8 @@ import type { Clock } from './clock.js'
 import { Driver } from './driver.js'
 import { DefaultEstimator, type Estimator } from './estimator.js'
 import { type FetchOptions, createFetch, failureSignature, taskIdFor } from './fetch.js'
-import type { Engine, EngineFactory, Role, TaskOutcome, TaskSummary, U64 } from './types.js'
+import { normalizeEngineError } from './errors.js'
+import type { Engine, EngineFactory, FleetPlan, Plan, Role, TaskOutcome, TaskSummary, U64 } from './types.js'
 
 /** Options for {@link Tokenwarden}. */
 export interface TokenwardenOptions {
@@ -153,5 +154,21 @@ export class Task {
     const outcome = options.outcome ?? (options.merged === false ? 'abandoned' : 'merged')
     await this.#opened
     return this.#tw.endTask(this.id, outcome)
+  }
+}
+
+/**
+ * Sizes a fleet before it runs, with the core's arithmetic (`plan_fleet`): each limited
+ * axis's late-session demand and the share of its limit it takes, the axis that binds,
+ * how many agents of the same mix fit at the headroom (75 % by default), and how much each
+ * turn stretches when the fleet is too big. `planJson` is an engine's `planFleet` (the
+ * npm packages pass theirs). Errors name the field (`invalid_argument`).
+ */
+export function planFleetWith(planJson: (json: string) => string, plan: FleetPlan | string): Plan {
+  const text = typeof plan === 'string' ? plan : JSON.stringify(plan)
+  try {
+    return JSON.parse(planJson(text)) as Plan
+  } catch (e) {
+    throw normalizeEngineError(e, 'planFleet')
   }
 }

@@ -400,6 +400,48 @@ export interface EngineFactory {
   create(config: object | string, seed: U64, now: U64): Engine
   /** A coordinator restored from `snapshot()`. */
   restore(snapshot: string): Engine
+  /**
+   * The core's fleet sizing on a fleet description's JSON text, answered as camelCase JSON
+   * text (see {@link planFleet}).
+   */
+  planFleet?(json: string): string
+}
+
+/** One kind of agent in a fleet to size (the core's snake_case fields). */
+export interface AgentKind {
+  name: string
+  count: number
+  /** Model calls per minute per agent, thousandths (a turn every 90 s is 667). */
+  calls_per_minute_milli: number
+  input_tokens_first: number
+  /** Input tokens of its last call: the context grown over a session. */
+  input_tokens_last: number
+  output_tokens: number
+  /** Share of the input read from the prompt cache, thousandths (free under Anthropic counting). */
+  cached_permille?: number
+  /** How long a call takes, ms (default 20000). */
+  call_ms?: number
+  /** Subagents each agent runs alongside itself, alike (default 0). */
+  fan_out?: number
+}
+
+/** A fleet to size: a pool's limits (the configuration's pool shape) and its agents. */
+export interface FleetPlan {
+  pool: object
+  agents: AgentKind[]
+  /** The share of each limit to plan to, thousandths (default 750). */
+  headroom_permille?: number
+}
+
+/** The core's answer for a {@link FleetPlan}. */
+export interface Plan {
+  axes: { axis: 'input_tokens' | 'output_tokens' | 'tokens' | 'requests' | 'concurrent'; limit: number; demand: number; usedPermille: number }[]
+  bindingAxis: string | null
+  agents: number
+  agentsThatFit: number
+  fits: boolean
+  /** How much longer each turn takes than the fleet's own pace, thousandths (1000: not at all). */
+  turnStretchPermille: number
 }
 
 // Drift checks, at compile time: the hand-written shapes above say what the tables generated

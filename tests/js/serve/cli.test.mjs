@@ -128,6 +128,33 @@ describe('tokenwarden serve: command line, config checks, files', { skip, timeou
     return file
   }
 
+  test('plan sizes a fleet with the core: seed 003 and seed 000 as in the README; bad input exits 2 naming the field', async () => {
+    const plans = fileURLToPath(new URL('../../../examples/plans/', import.meta.url))
+    const seed003 = await run(['plan', join(plans, 'seed003.json')])
+    assert.equal(seed003.code, 0, seed003.stderr)
+    assert.match(seed003.stdout, /input_tokens +142270 \/min +of +170000 +83\.6 % +<- binds first/)
+    assert.match(seed003.stdout, /agents of this mix that fit at 75 %: 17/)
+    const mag = await run(['plan', join(plans, 'mag-gateway.json'), '--json'])
+    assert.equal(mag.code, 0, mag.stderr)
+    const p = JSON.parse(mag.stdout)
+    assert.equal(p.bindingAxis, 'concurrent')
+    assert.equal(p.agentsThatFit, 18)
+    assert.deepEqual(p.axes.map((a) => [a.axis, a.demand, a.usedPermille]), [['requests', 80, 666], ['concurrent', 16, 800]])
+    const dir = mkdtempSync(join(tmpdir(), 'tokenwarden-plan-'))
+    try {
+      const bad = join(dir, 'bad.json')
+      writeFileSync(bad, JSON.stringify({ pool: { name: 'k' }, agents: [{ name: 'a', count: 1, calls_per_minute_milli: 1, input_tokens_first: 10, input_tokens_last: 5, output_tokens: 0 }] }))
+      const r = await run(['plan', bad])
+      assert.equal(r.code, 2)
+      assert.match(r.stderr, /agents\[0\]\.input_tokens_last` must be at least input_tokens_first/)
+      const missing = await run(['plan', join(dir, 'none.json')])
+      assert.equal(missing.code, 2)
+      assert.match(missing.stderr, /cannot read/)
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+
   test('--version prints the package version and exits 0; --help mentions it', async () => {
     for (const args of [['--version'], ['serve', '--version']]) {
       const r = await run(args)
