@@ -71,6 +71,18 @@ export interface BytesPerTokenOptions {
    * near 4): an early over-estimate queues a little, an under-estimate risks a 429.
    */
   initialBytesPerToken?: number
+  /**
+   * Count text with this tokenizer as a proxy for the provider's (`DefaultEstimator` gives
+   * o200k_base for Anthropic), instead of its bytes: the ratios learned are then provider
+   * tokens per proxy token, and `initialBytesPerToken` is not used.
+   */
+  proxy?: CountText
+  /**
+   * With a `proxy`: provider tokens per proxy token assumed for a model not seen yet
+   * (default 1.2: Claude's tokenizers are reported to split text into 16–30 % more tokens
+   * than o200k_base, prose the least and code the most).
+   */
+  initialTokensPerProxyToken?: number
   /** Weight of each new observation in the moving average (0..1). */
   learningRate?: number
   /** Estimates are divided by this extra safety factor's inverse (1.05 = 5% high). */
@@ -101,41 +113,110 @@ function bytes(s: string): number {
   return n
 }
 
-/** What a block costs: bytes counted at the learned ratio, and tokens counted by a provider's rule. */
+/**
+ * What the learned ratios price, by content class: each has its own ratio per model, since
+ * tokenizers split them differently (dense code and command output run fewer bytes per
+ * token than prose; CJK text runs about one token per character; a PDF's text is priced
+ * apart, learned from calls with documents).
+ */
+const PROSE = 0
+const CODE = 1
+const CJK = 2
+const DOC = 3
+const CLASSES = 4
+
+/**
+ * How text is measured before the learned ratios turn it into tokens: its UTF-8 bytes, or
+ * (`count`) a tokenizer's count standing in for the provider's (a proxy). `id` keys memoized
+ * media costs.
+ */
+interface Meter {
+  id: string
+  count: CountText | null
+}
+const BYTE_METER: Meter = { id: 'b', count: null }
+
+/** What a block costs: text units per class (priced at the learned ratios), and tokens counted by a provider's rule. */
 interface Cost {
-  bytes: number
+  units: number[]
   tokens: number
 }
 
-/** Text bytes (and media tokens) of a message `content` (a string or an array of blocks). */
-function contentCost(provider: Provider, content: unknown): Cost {
-  if (typeof content === 'string') return { bytes: bytes(content), tokens: 0 }
-  if (!Array.isArray(content)) return { bytes: content === undefined || content === null ? 0 : bytes(JSON.stringify(content)), tokens: 0 }
-  const c = { bytes: 0, tokens: 0 }
-  for (const block of content) {
-    const b = blockCost(provider, block)
-    c.bytes += b.bytes
-    c.tokens += b.tokens
+const noCost = (): Cost => ({ units: [0, 0, 0, 0], tokens: 0 })
+
+function addCost(to: Cost, c: Cost): void {
+  for (let k = 0; k < CLASSES; k++) (to.units[k] as number) += c.units[k] as number
+  to.tokens += c.tokens
+}
+
+/**
+ * A text's class, from one pass over (a sample of) its characters: CJK when a fifth of them
+ * are CJK; code (or JSON, or command output) when a tenth are brackets, operators, quotes or
+ * digits (prose has few; `.` and `,` do not count); else prose.
+ */
+function classify(s: string): number {
+  const step = s.length > 8192 ? Math.ceil(s.length / 8192) : 1
+  let n = 0
+  let cjk = 0
+  let sym = 0
+  for (let i = 0; i < s.length; i += step) {
+    const c = s.charCodeAt(i)
+    n++
+    if (c < 0x80) {
+      if ((c >= 48 && c <= 57) || SYMBOL[c] === 1) sym++
+    } else if ((c >= 0x3040 && c <= 0x30ff) || (c >= 0x3400 && c <= 0x9fff) || (c >= 0xac00 && c <= 0xd7af) || (c >= 0xf900 && c <= 0xfaff) || (c >= 0xff00 && c <= 0xffef)) cjk++
   }
+  if (n === 0) return PROSE
+  if (cjk * 5 >= n) return CJK
+  return sym * 10 >= n ? CODE : PROSE
+}
+const SYMBOL = (() => {
+  const t = new Uint8Array(128)
+  for (const ch of '{}[]()<>;:=_/\\|"\'`#*&%$@!^~+-') t[ch.charCodeAt(0)] = 1
+  return t
+})()
+
+/** A text's cost: its units (bytes, or the proxy's count) in its class, or in `as` when given. */
+function textCost(meter: Meter, s: string, as?: number): Cost {
+  const c = noCost()
+  if (s.length === 0) return c
+  ;(c.units as number[])[as ?? classify(s)] = meter.count === null ? bytes(s) : meter.count(s)
+  return c
+}
+const tokensCost = (tokens: number): Cost => ({ units: [0, 0, 0, 0], tokens })
+
+/** Text units (and media tokens) of a message `content` (a string or an array of blocks). */
+function contentCost(meter: Meter, provider: Provider, content: unknown): Cost {
+  if (typeof content === 'string') return textCost(meter, content)
+  if (!Array.isArray(content)) return content === undefined || content === null ? noCost() : textCost(meter, JSON.stringify(content), CODE)
+  const c = noCost()
+  for (const block of content) addCost(c, blockCost(meter, provider, block))
   return c
 }
 
-const textCost = (s: string): Cost => ({ bytes: bytes(s), tokens: 0 })
-const tokensCost = (tokens: number): Cost => ({ bytes: 0, tokens })
-
-function blockCost(provider: Provider, block: unknown): Cost {
-  if (typeof block === 'string') return textCost(block)
-  if (block === null || typeof block !== 'object') return { bytes: 0, tokens: 0 }
+function blockCost(meter: Meter, provider: Provider, block: unknown): Cost {
+  if (typeof block === 'string') return textCost(meter, block)
+  if (block === null || typeof block !== 'object') return noCost()
   const b = block as Record<string, unknown>
-  if (typeof b.text === 'string') return textCost(b.text)
+  if (typeof b.text === 'string') return textCost(meter, b.text)
+  // A thinking block is its thinking text: the signature is not prompt text. (Whether an
+  // earlier turn's thinking is in the prompt at all is decided in `analyze`.)
+  if (b.type === 'thinking') return textCost(meter, typeof b.thinking === 'string' ? b.thinking : '')
+  // A tool call is its name and input (its id and type, like a tool result's id, are protocol).
+  if ((b.type === 'tool_use' || b.type === 'server_tool_use') && typeof b.name === 'string') {
+    const c = textCost(meter, b.name, CODE)
+    addCost(c, textCost(meter, JSON.stringify(b.input ?? {}), CODE))
+    return c
+  }
+  if (b.type === 'redacted_thinking') return textCost(meter, typeof b.data === 'string' ? b.data : '', CODE)
   // Tool results (Anthropic's content, the Responses API's output) may hold images too.
-  if (b.type === 'tool_result' && b.content !== undefined) return contentCost(provider, b.content)
-  if (b.type === 'function_call_output' && typeof b.output !== 'string' && b.output !== undefined) return contentCost(provider, b.output)
-  if (b.type === 'message' && b.content !== undefined) return contentCost(provider, b.content)
-  const media = mediaCost(provider, b)
+  if (b.type === 'tool_result' && b.content !== undefined) return contentCost(meter, provider, b.content)
+  if (b.type === 'function_call_output' && typeof b.output !== 'string' && b.output !== undefined) return contentCost(meter, provider, b.output)
+  if (b.type === 'message' && b.content !== undefined) return contentCost(meter, provider, b.content)
+  const media = mediaCost(meter, provider, b)
   if (media !== null) return media
   // Tool calls and anything else: their JSON, a fair upper bound for text parts.
-  return textCost(JSON.stringify(b))
+  return textCost(meter, JSON.stringify(b), CODE)
 }
 
 // ---- Images and documents, by each provider's published rules ----------------------------
@@ -181,36 +262,39 @@ function openaiImageTokens(size: Size | null, detail: unknown): number {
 }
 
 /**
- * A PDF page, by Anthropic's published ranges (docs, "PDF support"): "1,500–3,000 tokens per
- * page" of text, plus the page as an image (a letter page at the image limit, 1,590). The top
- * of the text range is used: an estimate short of the provider's count is a 429.
+ * A PDF page as an image (Anthropic, docs "PDF support": each page is its extracted text plus
+ * the page as an image). A letter or A4 page rendered at any usual resolution is scaled to
+ * the image limit: Anthropic 1,590 tokens; OpenAI (the tile rule) 768 × 994 px, 4 tiles, 765.
+ * The text is priced apart, by the learned document ratio.
  */
-const PDF_PAGE_TOKENS = 3000 + ANTHROPIC_IMAGE_MAX
+const PDF_PAGE_IMAGE = { anthropic: ANTHROPIC_IMAGE_MAX, openai: 85 + 170 * 4 } as const
+/** The most text tokens a page is assumed to hold when its text cannot be read: the top of Anthropic's "1,500–3,000 tokens per page". */
+const PDF_PAGE_TEXT_MAX = 3000
 
 interface Size {
   w: number
   h: number
 }
 
-/** Media costs by provider, detail and digest of the data, so a file in a history is read once. */
+/** Media costs by meter, provider, detail and digest of the data, so a file in a history is read once. */
 const mediaCosts = new Map<string, Cost | null>()
 const MEDIA_COSTS = 256
 
 /** The cost of an image or document block, or null when the block is neither (memoized for large files). */
-function mediaCost(provider: Provider, b: Record<string, unknown>): Cost | null {
+function mediaCost(meter: Meter, provider: Provider, b: Record<string, unknown>): Cost | null {
   if (b.type !== 'image' && b.type !== 'image_url' && b.type !== 'input_image' && b.type !== 'document' && b.type !== 'file' && b.type !== 'input_file') return null
   const json = JSON.stringify(b, shorten)
-  if (json.length > LONG) return readMedia(provider, b)
-  const key = `${provider}\u0000${json}`
+  if (json.length > LONG && meter.count === null) return readMedia(meter, provider, b)
+  const key = `${meter.id}\u0000${provider}\u0000${json}`
   const known = mediaCosts.get(key)
-  if (known !== undefined) return known
-  const cost = readMedia(provider, b)
+  if (known !== undefined) return known === null ? null : { units: [...known.units], tokens: known.tokens }
+  const cost = readMedia(meter, provider, b)
   if (mediaCosts.size >= MEDIA_COSTS) mediaCosts.delete(mediaCosts.keys().next().value as string)
   mediaCosts.set(key, cost)
-  return cost
+  return cost === null ? null : { units: [...cost.units], tokens: cost.tokens }
 }
 
-function readMedia(provider: Provider, b: Record<string, unknown>): Cost | null {
+function readMedia(meter: Meter, provider: Provider, b: Record<string, unknown>): Cost | null {
   const image = (size: Size | null, detail?: unknown): Cost =>
     tokensCost(provider === 'openai' ? openaiImageTokens(size, detail) : anthropicImageTokens(size))
   if (b.type === 'image') {
@@ -231,19 +315,38 @@ function readMedia(provider: Provider, b: Record<string, unknown>): Cost | null 
   }
   if (b.type === 'document') {
     const source = b.source as Record<string, unknown> | undefined
-    if (source?.type === 'text' && typeof source.data === 'string') return textCost(source.data)
-    if (source?.type === 'content') return contentCost(provider, source.content)
-    if (source?.type === 'base64' && typeof source.data === 'string') return tokensCost(pdfPages(source.data) * PDF_PAGE_TOKENS)
+    if (source?.type === 'text' && typeof source.data === 'string') return textCost(meter, source.data)
+    if (source?.type === 'content') return contentCost(meter, provider, source.content)
+    if (source?.type === 'base64' && typeof source.data === 'string') return pdfCost(meter, provider, source.data)
     // A URL or file id: the document is not in the request; one page at the least.
-    return tokensCost(PDF_PAGE_TOKENS)
+    return pdfCost(meter, provider, null)
   }
   if (b.type === 'file' || b.type === 'input_file') {
     // OpenAI: { file: { file_data: 'data:application/pdf;base64,…' } } or { file_data } (Responses).
     const f = (b.type === 'file' ? b.file : b) as Record<string, unknown> | undefined
     const data = typeof f?.file_data === 'string' ? f.file_data : null
-    return tokensCost(data === null ? PDF_PAGE_TOKENS : pdfPages(data.slice(data.indexOf(',') + 1)) * PDF_PAGE_TOKENS)
+    return pdfCost(meter, provider, data === null ? null : data.slice(data.indexOf(',') + 1))
   }
   return null
+}
+
+/**
+ * A PDF: each page as an image by the provider's rule, plus its text in the document class
+ * (priced by the learned document ratio): the text its content streams show when they are
+ * uncompressed, else a guess from the file's size (three bytes of text per compressed byte,
+ * at most {@link PDF_PAGE_TEXT_MAX} tokens a page).
+ */
+function pdfCost(meter: Meter, provider: Provider, b64: string | null): Cost {
+  const info = b64 === null ? { pages: 1, text: null, bytes: 0 } : pdfInfo(b64)
+  const cost = tokensCost(info.pages * PDF_PAGE_IMAGE[provider === 'openai' ? 'openai' : 'anthropic'])
+  if (info.text !== null) {
+    cost.units[DOC] = meter.count === null ? bytes(info.text) : meter.count(info.text)
+  } else {
+    // Text bytes guessed; the proxy counts about 4 bytes of text a token.
+    const guess = Math.min(info.bytes * 3, info.pages * PDF_PAGE_TEXT_MAX * 3)
+    cost.units[DOC] = meter.count === null ? guess : Math.ceil(guess / 4)
+  }
+  return cost
 }
 
 /** How much of an image is decoded to find its size (a JPEG's size follows its metadata). */
@@ -325,20 +428,36 @@ function imageSize(d: Uint8Array): Size | null {
 }
 
 /**
- * A PDF's page count from its bytes: the page objects (`/Type /Page`) or the page tree's
- * largest `/Count`, whichever is more. When neither can be read (compressed object streams),
- * one page per 50 KB of file, at least one: a guess that errs high for text-heavy files.
+ * A PDF's page count and text from its bytes. Pages: the page objects (`/Type /Page`) or the
+ * page tree's largest `/Count`, whichever is more; when neither can be read (compressed
+ * object streams), one page per 50 KB of file, at least one. Text: the literal strings its
+ * content streams show (`(…) Tj`, `[…] TJ`), one line each, when no stream is compressed
+ * (a `/Filter`), else null.
  */
-function pdfPages(b64: string): number {
+function pdfInfo(b64: string): { pages: number; text: string | null; bytes: number } {
   const data = decodeBase64(b64, Number.MAX_SAFE_INTEGER)
-  // windows-1252 keeps every ASCII byte as it is, which is all the page markers are.
-  const text = new TextDecoder('latin1').decode(data)
+  // windows-1252 keeps every ASCII byte as it is, which is all the markers are.
+  const src = new TextDecoder('latin1').decode(data)
   let pages = 0
-  for (const _ of text.matchAll(/\/Type\s*\/Page(?![a-zA-Z])/g)) pages++
-  for (const m of text.matchAll(/\/Type\s*\/Pages\b[^>]*?\/Count\s+(\d+)|\/Count\s+(\d+)[^>]*?\/Type\s*\/Pages\b/g)) {
+  for (const _ of src.matchAll(/\/Type\s*\/Page(?![a-zA-Z])/g)) pages++
+  for (const m of src.matchAll(/\/Type\s*\/Pages\b[^>]*?\/Count\s+(\d+)|\/Count\s+(\d+)[^>]*?\/Type\s*\/Pages\b/g)) {
     pages = Math.max(pages, Number(m[1] ?? m[2]))
   }
-  return pages > 0 ? pages : Math.max(1, Math.ceil(data.length / 50_000))
+  if (pages === 0) pages = Math.max(1, Math.ceil(data.length / 50_000))
+  let text: string | null = null
+  if (!/\/Filter\b/.test(src)) {
+    const lines: string[] = []
+    let at = src.indexOf('stream')
+    while (at >= 0) {
+      const start = at + 6
+      const end = src.indexOf('endstream', start)
+      if (end < 0) break
+      for (const m of src.slice(start, end).matchAll(/\((?:\\[\s\S]|[^\\)])*\)/g)) lines.push(m[0].slice(1, -1).replace(/\\([()\\])/g, '$1'))
+      at = src.indexOf('stream', end + 9)
+    }
+    if (lines.length > 0) text = lines.join('\n')
+  }
+  return { pages, text, bytes: data.length }
 }
 
 function cacheControl(block: unknown): Record<string, unknown> | null {
@@ -417,8 +536,8 @@ function canonical(block: unknown): string {
 
 /** One block of the prompt in the provider's cache order (tools, system, messages). */
 interface Piece {
-  /** Prompt bytes up to and including this block (text, counted at the learned ratio). */
-  end: number
+  /** Text units per class up to and including this block (priced at the learned ratios). */
+  end: number[]
   /** Tokens up to and including this block counted by a provider's rule (images, documents). */
   fixed: number
   /** The hash of the prompt up to and including this block (content, not `cache_control`). */
@@ -430,8 +549,8 @@ interface Piece {
 /** A request's prompt as blocks, with its breakpoints. */
 interface Prompt {
   pieces: Piece[]
-  /** Text bytes of the whole prompt. */
-  total: number
+  /** Text units per class of the whole prompt. */
+  total: number[]
   /** Tokens of its images and documents. */
   fixed: number
   /** Index of the last breakpoint, or -1. */
@@ -447,20 +566,59 @@ interface Prompt {
 const TOOL_USE_AUTO = 346
 const TOOL_USE_FORCED = 313
 
-function analyze(provider: Provider, model: string, body: Record<string, unknown>): Prompt {
+/**
+ * How many of the latest assistant messages with thinking keep it in the prompt (Infinity:
+ * all). Anthropic (docs, "Extended thinking" and "Context editing"): thinking blocks of
+ * earlier turns are taken out of the prompt and not billed, except as kept by
+ * `context_management`'s `clear_thinking_20251015` edit (`keep: 'all'`, or `{type:
+ * 'thinking_turns', value: N}`; 1 when not given); without that edit the default depends on
+ * the model: Claude Opus 4.5 and later, Sonnet 4.6 and later (and Mythos) keep all; Opus 4.1,
+ * Sonnet 4.5, every Haiku through 4.5 and the Claude 3 models keep the last assistant turn's
+ * only. A model not known keeps all (newer models do; counting them errs high).
+ */
+export function thinkingTurnsKept(model: string, body: Record<string, unknown>): number {
+  const cm = body.context_management as Record<string, unknown> | undefined
+  const edits = cm !== null && typeof cm === 'object' && Array.isArray(cm.edits) ? (cm.edits as unknown[]) : []
+  for (const e of edits) {
+    if (e === null || typeof e !== 'object') continue
+    const edit = e as Record<string, unknown>
+    if (typeof edit.type !== 'string' || !edit.type.startsWith('clear_thinking')) continue
+    const keep = edit.keep as Record<string, unknown> | string | undefined
+    if (keep === 'all') return Number.POSITIVE_INFINITY
+    if (keep !== null && typeof keep === 'object' && keep.type === 'thinking_turns' && Number.isInteger(keep.value) && (keep.value as number) >= 0) return keep.value as number
+    return 1
+  }
+  const m = model.toLowerCase()
+  if (/claude-3|claude-instant|claude-2/.test(m)) return 1
+  const family = /(opus|sonnet|haiku)-(\d+)(?:-(\d{1,2})(?!\d))?/.exec(m)
+  if (family === null) return Number.POSITIVE_INFINITY
+  const major = Number(family[2])
+  const minor = family[3] === undefined ? 0 : Number(family[3])
+  const from = family[1] === 'opus' ? 5 : family[1] === 'sonnet' ? 6 : 6
+  return major > 4 || (major === 4 && minor >= from) ? Number.POSITIVE_INFINITY : 1
+}
+
+function analyze(provider: Provider, model: string, body: Record<string, unknown>, meter: Meter = BYTE_METER): Prompt {
   const pieces: Piece[] = []
   const hash = new PrefixHash()
   hash.push(`${provider}\u0000${model}`)
-  let total = 0
+  const total = [0, 0, 0, 0]
   let fixed = 0
   let last = -1
-  const piece = (cost: Cost, extra: number, text: string, control: Record<string, unknown> | null): void => {
-    total += cost.bytes + extra
+  // A few bytes (tokens, with the proxy) of framing per message (role, separators), counted with its first block.
+  const FRAMING = meter.count === null ? 8 : 3
+  const piece = (cost: Cost, framing: number, text: string, control: Record<string, unknown> | null): void => {
+    for (let k = 0; k < CLASSES; k++) (total[k] as number) += cost.units[k] as number
+    ;(total[PROSE] as number) += framing
     fixed += cost.tokens
     hash.push(text)
     if (control !== null) last = pieces.length
-    pieces.push({ end: total, fixed, key: hash.key(), ttlMs: control === null ? 0 : ttlOf(control) })
+    pieces.push({ end: [...total], fixed, key: hash.key(), ttlMs: control === null ? 0 : ttlOf(control) })
   }
+  // A string is the same prompt as one text block holding it (Anthropic's cache hashes the
+  // rendered prompt: Claude Code sends a message as a block on one call and as a string on
+  // the next), so both hash as the block.
+  const asBlock = (text: string): string => canonical({ type: 'text', text })
   const tools = body.tools
   if (Array.isArray(tools)) {
     if (provider === 'anthropic' && tools.length > 0) {
@@ -469,52 +627,74 @@ function analyze(provider: Provider, model: string, body: Record<string, unknown
       const forced = choice === 'any' || choice === 'tool'
       piece(tokensCost(forced ? TOOL_USE_FORCED : TOOL_USE_AUTO), 0, `t${forced ? 'forced' : 'auto'}`, null)
     }
-    for (const t of tools) piece(textCost(JSON.stringify(t) ?? ''), 0, canonical(t), cacheControl(t))
+    for (const t of tools) piece(textCost(meter, JSON.stringify(t) ?? '', CODE), 0, canonical(t), cacheControl(t))
   }
   const system = body.system
-  if (typeof system === 'string') piece(textCost(system), 0, `s${system}`, null)
+  if (typeof system === 'string') piece(textCost(meter, system), 0, asBlock(system), null)
   else if (Array.isArray(system)) {
-    for (const block of system) piece(blockCost(provider, block), 0, canonical(block), cacheControl(block))
+    for (const block of system) piece(blockCost(meter, provider, block), 0, canonical(block), cacheControl(block))
   }
   // The Responses API: `instructions`, then `input` (a string or a list of items).
-  if (typeof body.instructions === 'string') piece(textCost(body.instructions), 0, `i${body.instructions}`, null)
+  if (typeof body.instructions === 'string') piece(textCost(meter, body.instructions), 0, `i${body.instructions}`, null)
   const messages = Array.isArray(body.messages) ? body.messages : typeof body.input === 'string' ? [{ role: 'user', content: body.input }] : Array.isArray(body.input) ? body.input : []
-  for (const m of messages) {
-    if (m === null || typeof m !== 'object') continue
+  // Anthropic: which assistant messages' thinking is in the prompt (the latest `kept` with any).
+  let thinkingFrom = 0
+  if (provider === 'anthropic') {
+    const kept = thinkingTurnsKept(model, body)
+    if (kept !== Number.POSITIVE_INFINITY) {
+      let seen = 0
+      thinkingFrom = messages.length
+      for (let i = messages.length - 1; i >= 0 && seen < kept; i--) {
+        const m = messages[i] as Record<string, unknown> | null
+        if (m?.role === 'assistant' && Array.isArray(m.content) && m.content.some(isThinking)) {
+          seen++
+          thinkingFrom = i
+        }
+      }
+    }
+  }
+  messages.forEach((m: unknown, at: number) => {
+    if (m === null || typeof m !== 'object') return
     const msg = m as Record<string, unknown>
     // A Responses API item that is not a message (a function call or its output) is one block.
     if (msg.content === undefined && msg.role === undefined) {
-      piece(blockCost(provider, msg), 8, canonical(msg), null)
-      continue
+      piece(blockCost(meter, provider, msg), FRAMING, canonical(msg), null)
+      return
     }
     const content = msg.content
-    // A few bytes of framing per message (role, separators), counted with its first block.
-    let framing = 8
+    let framing = FRAMING
     const role = `r${String(msg.role)}`
     if (Array.isArray(content)) {
       content.forEach((block, i) => {
-        piece(blockCost(provider, block), framing, i === 0 ? role + canonical(block) : canonical(block), cacheControl(block))
+        // An earlier turn's thinking the provider takes out: no tokens, and another prefix.
+        const stripped = at < thinkingFrom && isThinking(block)
+        const key = (i === 0 ? role : '') + canonical(block) + (stripped ? '\u0000stripped' : '')
+        piece(stripped ? noCost() : blockCost(meter, provider, block), framing, key, cacheControl(block))
         framing = 0
       })
-      if (content.length === 0) piece({ bytes: 0, tokens: 0 }, framing, role, null)
+      if (content.length === 0) piece(noCost(), framing, role, null)
     } else {
-      piece(contentCost(provider, content), framing, role + (JSON.stringify(content) ?? ''), cacheControl(m))
+      piece(contentCost(meter, provider, content), framing, role + (typeof content === 'string' ? asBlock(content) : (JSON.stringify(content) ?? '')), cacheControl(m))
     }
-  }
+  })
   return { pieces, total, fixed, last }
 }
+
+const isThinking = (b: unknown): boolean => b !== null && typeof b === 'object' && ((b as Record<string, unknown>).type === 'thinking' || (b as Record<string, unknown>).type === 'redacted_thinking')
+
+const sum = (u: number[]): number => (u[0] as number) + (u[1] as number) + (u[2] as number) + (u[3] as number)
 
 /**
  * Prompt bytes, split at the Anthropic prompt-cache breakpoint: everything up to and
  * including the last block marked `cache_control` (tools, then system, then messages) is
  * the cacheable prefix. (Cacheable, not cached: {@link BytesPerTokenEstimator} counts as a
- * read only what an earlier call cached.)
+ * read only what an earlier call cached.) A PDF's bytes are its text's.
  */
 export function promptBytes(provider: Provider, body: Record<string, unknown>): { prefix: number; rest: number } {
   const { pieces, total, last } = analyze(provider, '', body)
-  if (provider !== 'anthropic') return { prefix: 0, rest: total }
-  const prefix = last < 0 ? 0 : (pieces[last] as Piece).end
-  return { prefix, rest: total - prefix }
+  if (provider !== 'anthropic') return { prefix: 0, rest: sum(total) }
+  const prefix = last < 0 ? 0 : sum((pieces[last] as Piece).end)
+  return { prefix, rest: sum(total) - prefix }
 }
 
 /** A prompt prefix the provider has cached, as an earlier call showed. */
@@ -534,6 +714,8 @@ interface Asked {
   at: number
   /** The piece index of the prefix counted as a cache read, or -1. */
   read: number
+  /** The longest prefix whose tokens were known exactly (piece index and tokens), or null. */
+  known: { at: number; tokens: number } | null
 }
 
 /** A prompt analyzed once per request body (the wrapper estimates one body again on a retry). */
@@ -544,8 +726,12 @@ interface Analyzed {
 }
 
 /**
- * The byte rule: tokens = bytes / (bytes per token), learned per model as a moving average
- * of what settled calls really counted — except for what is known exactly: a prompt prefix
+ * The byte rule: tokens = bytes / (bytes per token), learned per model and content class
+ * (prose, code or JSON, CJK, a PDF's text: see `classify`) from what settled calls really
+ * counted, each class's ratio corrected by its share of the error (the first observation of
+ * a class sets it; later ones move it by `learningRate`), from the part of the prompt that
+ * was not known exactly (a new turn's text alone, when its previous turn's count is known)
+ * — except for what is known exactly: a prompt prefix
  * a settled call (or a count, see {@link BytesPerTokenEstimator.recordPromptTokens})
  * showed. A conversation's previous turn is such a prefix: its prompt tokens are the
  * previous call's usage (input + cache read + cache write), so only what is new since (the
@@ -570,13 +756,15 @@ interface Analyzed {
  * prompt tokens against its limit anyway, so everything is input there.
  */
 export class BytesPerTokenEstimator implements Estimator {
-  readonly #ratio = new Map<string, number>()
+  /** Tokens per unit by class, and how much of each class has been seen (weight), per model. */
+  readonly #ratio = new Map<string, { t: number[]; seen: number[] }>()
   readonly #initial: number
   readonly #rate: number
   readonly #safety: number
   readonly #now: () => number
   readonly #capacity: number
   readonly #minCache: number
+  readonly #meter: Meter
   /** Cached prefixes by content hash, least recently used first. */
   readonly #cache = new Map<string, Cached>()
   /** Prompt tokens known exactly, by the content hash of the prefix they count, least recently used first. */
@@ -585,13 +773,17 @@ export class BytesPerTokenEstimator implements Estimator {
   readonly #analyzed = new WeakMap<Record<string, unknown>, Analyzed>()
 
   constructor(options: BytesPerTokenOptions = {}) {
-    this.#initial = options.initialBytesPerToken ?? 3
+    const proxy = options.proxy
+    if (proxy !== undefined && typeof proxy !== 'function') throw new TypeError('proxy must be a function counting the tokens of a text')
+    this.#meter = proxy === undefined ? BYTE_METER : { id: 'p', count: proxy }
+    // With a proxy the ratio is the provider's tokens per proxy token.
+    this.#initial = proxy === undefined ? 1 / (options.initialBytesPerToken ?? 3) : (options.initialTokensPerProxyToken ?? 1.2)
     this.#rate = options.learningRate ?? 0.3
     this.#safety = options.safety ?? 1.05
     this.#now = options.now ?? Date.now
     this.#capacity = options.cachedPrefixes ?? 4096
     this.#minCache = options.minCacheTokens ?? 1024
-    if (!(this.#initial > 0)) throw new RangeError('initialBytesPerToken must be positive')
+    if (!(this.#initial > 0) || !Number.isFinite(this.#initial)) throw new RangeError(proxy === undefined ? 'initialBytesPerToken must be positive' : 'initialTokensPerProxyToken must be positive')
     if (!(this.#rate > 0 && this.#rate <= 1)) throw new RangeError('learningRate must be in (0, 1]')
     if (!(this.#safety >= 1)) throw new RangeError('safety must be at least 1')
     if (typeof this.#now !== 'function') throw new TypeError('now must be a function returning milliseconds')
@@ -599,9 +791,19 @@ export class BytesPerTokenEstimator implements Estimator {
     if (!(this.#minCache >= 0)) throw new RangeError('minCacheTokens must be zero or more')
   }
 
-  /** The learned bytes per token for a model (the initial value until one settles). */
+  /**
+   * The learned bytes per token of prose for a model (the initial value until one settles);
+   * code, CJK and PDF text have their own ({@link ratios}). With a `proxy`: the proxy's
+   * tokens per provider token.
+   */
   bytesPerToken(provider: Provider, model: string): number {
-    return this.#ratio.get(`${provider}:${model}`) ?? this.#initial
+    return 1 / (this.#factors(provider, model)[PROSE] as number)
+  }
+
+  /** The learned ratios of a model by class (bytes, or proxy tokens, per token). */
+  ratios(provider: Provider, model: string): { prose: number; code: number; cjk: number; document: number } {
+    const t = this.#factors(provider, model)
+    return { prose: 1 / (t[PROSE] as number), code: 1 / (t[CODE] as number), cjk: 1 / (t[CJK] as number), document: 1 / (t[DOC] as number) }
   }
 
   /** How many prompt prefixes are remembered as cached (at most `cachedPrefixes`). */
@@ -609,10 +811,21 @@ export class BytesPerTokenEstimator implements Estimator {
     return this.#cache.size
   }
 
+  #factors(provider: Provider, model: string): number[] {
+    return this.#ratio.get(`${provider}:${model}`)?.t ?? [this.#initial, this.#initial, this.#initial, this.#initial]
+  }
+
+  /** Tokens of text units at a model's ratios (no safety margin). */
+  #tokens(t: number[], units: number[], from: number[] | null): number {
+    let n = 0
+    for (let k = 0; k < CLASSES; k++) n += ((units[k] as number) - (from === null ? 0 : (from[k] as number))) * (t[k] as number)
+    return n
+  }
+
   #analyze(provider: Provider, model: string, body: Record<string, unknown>): Prompt {
     const a = this.#analyzed.get(body)
     if (a !== undefined && a.provider === provider && a.model === model) return a.prompt
-    const prompt = analyze(provider, model, body)
+    const prompt = analyze(provider, model, body, this.#meter)
     this.#analyzed.set(body, { provider, model, prompt })
     return prompt
   }
@@ -636,13 +849,35 @@ export class BytesPerTokenEstimator implements Estimator {
     while (this.#known.size > this.#capacity) this.#known.delete(this.#known.keys().next().value as string)
   }
 
-  #learn(provider: Provider, model: string, prompt: Prompt, tokens: number): void {
-    const textTokens = tokens - prompt.fixed
-    const seen = prompt.total / textTokens
-    if (textTokens > 0 && seen > 0 && Number.isFinite(seen)) {
-      const key = `${provider}:${model}`
-      const old = this.#ratio.get(key)
-      this.#ratio.set(key, old === undefined ? seen : old + this.#rate * (seen - old))
+  /**
+   * Learns from `tokens` counted for the text units `units` (beyond `from`, a known prefix):
+   * each class's tokens per unit scaled toward what the count shows, by its share of the
+   * estimate (all of it the first time a class is seen, else `learningRate` of it).
+   */
+  #learn(provider: Provider, model: string, units: number[], from: number[] | null, tokens: number, minTokens: number): void {
+    const key = `${provider}:${model}`
+    let r = this.#ratio.get(key)
+    const t = r?.t ?? this.#factors(provider, model)
+    const parts = [0, 0, 0, 0]
+    let predicted = 0
+    for (let k = 0; k < CLASSES; k++) {
+      const p = ((units[k] as number) - (from === null ? 0 : (from[k] as number))) * (t[k] as number)
+      parts[k] = p > 0 ? p : 0
+      predicted += parts[k] as number
+    }
+    if (!(tokens > 0 && predicted > 0 && predicted >= minTokens) || !Number.isFinite(tokens / predicted)) return
+    // One call's scale is bounded: a count far off (a known prefix gone stale, say) moves a ratio by 4× at most.
+    const scale = Math.min(4, Math.max(0.25, tokens / predicted))
+    if (r === undefined) {
+      r = { t: [...t], seen: [0, 0, 0, 0] }
+      this.#ratio.set(key, r)
+    }
+    for (let k = 0; k < CLASSES; k++) {
+      const w = (parts[k] as number) / predicted
+      if (w === 0) continue
+      const rate = w * ((r.seen[k] as number) < 1 ? 1 : this.#rate)
+      ;(r.t[k] as number) *= 1 + rate * (scale - 1)
+      ;(r.seen[k] as number) += w
     }
   }
 
@@ -666,12 +901,13 @@ export class BytesPerTokenEstimator implements Estimator {
     const prompt = this.#analyze(provider, model, body)
     const last = prompt.pieces[prompt.pieces.length - 1]
     if (last === undefined || tokens === 0) return
-    this.#learn(provider, model, prompt, tokens)
+    this.#learn(provider, model, prompt.total, null, tokens - prompt.fixed, 0)
     this.#know(last.key, tokens)
   }
 
   estimate({ provider, model, body }: EstimateInput): Estimate {
-    const ratio = this.bytesPerToken(provider, model) / this.#safety
+    const t = this.#factors(provider, model)
+    const safety = this.#safety
     const prompt = this.#analyze(provider, model, body)
     const at = this.#now()
     let read = -1
@@ -690,27 +926,37 @@ export class BytesPerTokenEstimator implements Estimator {
         break
       }
     }
-    const upTo = read < 0 ? { end: 0, fixed: 0 } : (prompt.pieces[read] as Piece)
-    let inputTokens = Math.ceil((prompt.total - upTo.end) / ratio) + prompt.fixed - upTo.fixed
+    const upTo = read < 0 ? null : (prompt.pieces[read] as Piece)
+    let inputTokens = Math.ceil(this.#tokens(t, prompt.total, upTo?.end ?? null) * safety) + prompt.fixed - (upTo?.fixed ?? 0)
     const known = this.#knownPrefix(prompt)
     if (known !== null && known.at >= read) {
       // Exact up to the known prefix, the ratio for what follows it; the cache read is part of the prefix.
       const p = prompt.pieces[known.at] as Piece
-      const total = known.tokens + Math.ceil((prompt.total - p.end) / ratio) + prompt.fixed - p.fixed
+      const total = known.tokens + Math.ceil(this.#tokens(t, prompt.total, p.end) * safety) + prompt.fixed - p.fixed
       inputTokens = Math.max(0, total - cached)
     }
     const estimate = { inputTokens, cachedPrefixTokens: cached }
-    this.#asked.set(estimate, { prompt, at, read })
+    this.#asked.set(estimate, { prompt, at, read, known: known !== null && known.at >= read ? known : null })
     return estimate
   }
 
   observe({ provider, model, body, estimate, actualInputTokens, usage }: Observation): void {
     if (!(actualInputTokens > 0) || !Number.isFinite(actualInputTokens)) return
-    const asked = this.#asked.get(estimate) ?? { prompt: this.#analyze(provider, model, body), at: this.#now(), read: -1 }
+    const asked = this.#asked.get(estimate) ?? { prompt: this.#analyze(provider, model, body), at: this.#now(), read: -1, known: null }
     const { pieces, total, fixed, last } = asked.prompt
+    // The ratios before this observation places earlier prefixes (below).
+    const t = [...this.#factors(provider, model)]
     // The text's share: what the provider counted beyond the images' and documents' rule.
     const textTokens = actualInputTokens - fixed
-    this.#learn(provider, model, asked.prompt, actualInputTokens)
+    // Learn from what was not known: the part after the known prefix (a new turn alone, a
+    // few hundred tokens of small ones skipped: framing is most of them), or the whole prompt.
+    const known = asked.known
+    if (known !== null && known.at < pieces.length - 1) {
+      const p = pieces[known.at] as Piece
+      this.#learn(provider, model, total, p.end, actualInputTokens - known.tokens - (fixed - p.fixed), 200)
+    } else if (known === null) {
+      this.#learn(provider, model, total, null, textTokens, 0)
+    }
     // The whole prompt is now known exactly, and so is the next turn's prefix.
     const whole = pieces[pieces.length - 1]
     if (whole !== undefined && Number.isSafeInteger(actualInputTokens)) this.#know(whole.key, actualInputTokens)
@@ -722,14 +968,15 @@ export class BytesPerTokenEstimator implements Estimator {
     // (A breakpoint on the prompt's last block: the whole prompt's count is the one to know.)
     if (exactLast !== null && last < pieces.length - 1) this.#know((pieces[last] as Piece).key, exactLast)
     // The provider cached the prompt up to each breakpoint (written, or read and renewed)
-    // when it took the call in: this call's own tokens per byte place each earlier prefix's tokens.
+    // when it took the call in: this call's own tokens per unit place each earlier prefix's tokens.
+    const all = this.#tokens(t, total, null)
     const remember = (i: number, ttlMs: number): void => {
       const p = pieces[i] as Piece
       const tokens =
         i === last && exactLast !== null
           ? exactLast
-          : textTokens > 0 && total > 0
-            ? p.fixed + Math.round((textTokens * p.end) / total)
+          : textTokens > 0 && all > 0
+            ? p.fixed + Math.round((textTokens * this.#tokens(t, p.end, null)) / all)
             : Math.round((actualInputTokens * p.fixed) / Math.max(1, fixed))
       if (tokens < this.#minCache) return
       this.#cache.delete(p.key)
@@ -798,11 +1045,13 @@ function memoized(count: CountText): CountText {
   }
 }
 
-/** OpenAI image and file blocks by the published rules (the same as the byte rule's). */
-const openaiMedia = (block: Record<string, unknown>): number | null => {
-  const c = mediaCost('openai', block)
-  return c === null ? null : c.tokens + Math.ceil(c.bytes / 4)
-}
+/** OpenAI image and file blocks by the published rules (the same as the byte rule's), a PDF's text counted by `count`. */
+const openaiMedia =
+  (meter: Meter) =>
+  (block: Record<string, unknown>): number | null => {
+    const c = mediaCost(meter, 'openai', block)
+    return c === null ? null : c.tokens + sum(c.units)
+  }
 
 /**
  * tokenwarden's default estimator (what `Tokenwarden` uses unless given another):
@@ -833,8 +1082,14 @@ export class DefaultEstimator implements Estimator {
    */
   readonly #residuals = new Map<string, number>()
   readonly #capacity: number
+  readonly #options: DefaultEstimatorOptions
+  /** Anthropic with the tokenizer: the byte rule's machinery counting o200k_base tokens as a proxy (made once it is loaded). */
+  #proxy: BytesPerTokenEstimator | null = null
+  /** Which of the two made an Anthropic estimate, for its observation. */
+  readonly #by = new WeakMap<Estimate, BytesPerTokenEstimator>()
 
   constructor(options: DefaultEstimatorOptions = {}) {
+    this.#options = options
     this.bytes = new BytesPerTokenEstimator(options)
     this.#capacity = options.cachedPrefixes ?? 4096
     if (options.tokenizer !== undefined && typeof options.tokenizer !== 'boolean') throw new TypeError('tokenizer must be true or false')
@@ -850,7 +1105,8 @@ export class DefaultEstimator implements Estimator {
   #promptCounter(encoding: PromptCounter['encoding'], count: CountText): PromptCounter {
     let c = this.#counters.get(encoding)
     if (c === undefined) {
-      c = { encoding, count: memoized(count), media: openaiMedia }
+      const counted = memoized(count)
+      c = { encoding, count: counted, media: openaiMedia({ id: encoding, count: counted }) }
       this.#counters.set(encoding, c)
     }
     return c
@@ -879,9 +1135,43 @@ export class DefaultEstimator implements Estimator {
     return this.bytes.bytesPerToken(provider, model)
   }
 
+  /**
+   * The estimator Anthropic calls go through: the byte rule counting o200k_base tokens as a
+   * proxy once the tokenizer is loaded (its ratios are Claude tokens per o200k_base token),
+   * or null (the tokenizer off, not loaded yet, or not loadable: then {@link bytes}).
+   */
+  get proxy(): BytesPerTokenEstimator | null {
+    return this.#proxy
+  }
+
   /** How many prompt prefixes are remembered as cached. */
   get cachedPrefixCount(): number {
-    return this.bytes.cachedPrefixCount
+    return this.bytes.cachedPrefixCount + (this.#proxy?.cachedPrefixCount ?? 0)
+  }
+
+  /** The Anthropic estimator counting with o200k_base as a proxy, made on first use. */
+  #proxied(count: CountText): BytesPerTokenEstimator {
+    if (this.#proxy === null) this.#proxy = new BytesPerTokenEstimator({ ...this.#options, proxy: this.#promptCounter('o200k_base', count).count })
+    return this.#proxy
+  }
+
+  /** Anthropic, by the estimator given (the proxy or the byte rule), through `count_tokens` when opted in. */
+  #anthropic(by: BytesPerTokenEstimator, input: EstimateInput): Estimate | Promise<Estimate> {
+    const mark = (e: Estimate): Estimate => {
+      this.#by.set(e, by)
+      return e
+    }
+    const counter = this.#counter
+    if (counter !== null && counter.available() && !by.knowsPrefixOf(input)) {
+      return counter.count(input.body).then(
+        (tokens) => {
+          by.recordPromptTokens(input, tokens)
+          return mark(by.estimate(input))
+        },
+        () => mark(by.estimate(input)),
+      )
+    }
+    return mark(by.estimate(input))
   }
 
   estimate(input: EstimateInput): Estimate | Promise<Estimate> {
@@ -896,23 +1186,25 @@ export class DefaultEstimator implements Estimator {
         () => bytes.estimate(input),
       )
     }
-    const counter = this.#counter
-    if (input.provider === 'anthropic' && counter !== null && counter.available() && !bytes.knowsPrefixOf(input)) {
-      return counter.count(input.body).then(
-        (tokens) => {
-          bytes.recordPromptTokens(input, tokens)
-          return bytes.estimate(input)
-        },
-        () => bytes.estimate(input),
-      )
+    if (input.provider === 'anthropic' && this.#tokenizer) {
+      // Claude's tokenizer is not public: o200k_base's count stands in, times a learned factor.
+      const t = tokenizerState('o200k_base')
+      if (t.state === 'ready') return this.#anthropic(this.#proxied(t.counter), input)
+      if (t.state !== 'failed') {
+        return loadTokenizer('o200k_base').then(
+          (count) => this.#anthropic(this.#proxied(count), input),
+          () => this.#anthropic(bytes, input),
+        )
+      }
     }
-    return bytes.estimate(input)
+    return this.#anthropic(bytes, input)
   }
 
   observe(observation: Observation): void {
     const counted = this.#counted.get(observation.estimate)
     if (counted === undefined) {
-      this.bytes.observe(observation)
+      const by = this.#by.get(observation.estimate) ?? (observation.provider === 'anthropic' && this.#proxy !== null ? this.#proxy : this.bytes)
+      by.observe(observation)
       return
     }
     const actual = observation.actualInputTokens

@@ -351,17 +351,18 @@ describe('images and documents by the providers\' published rules', () => {
     assert.equal(extra('openai', responses, responsesPlain), 765, 'Responses input_image')
   })
 
-  test('a PDF costs its pages (3,000 text tokens and one page image each), not its bytes', () => {
+  test('a PDF whose text cannot be read costs its pages (an image each, and up to 3,000 text tokens by its size), not its bytes', () => {
     const pages = 40
     const objects = Array.from({ length: pages }, (_, i) => `${i + 3} 0 obj\n<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>\nendobj\n`).join('')
     const pdf = Buffer.concat([Buffer.from(`%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n2 0 obj\n<< /Type /Pages /Count ${pages} /Kids [] >>\nendobj\n${objects}`), filler(4_000_000)])
     const doc = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: pdf.toString('base64') } }
-    assert.equal(extra('anthropic', anthropic(doc), plain), pages * 4590, '40 pages')
+    // The text guessed at its most, 3,000 tokens a page (at the initial 3 bytes per token, 5 % high).
+    assert.equal(extra('anthropic', anthropic(doc), plain), pages * 1590 + Math.ceil(pages * 3000 * 1.05), '40 pages')
     // Page objects hidden in compressed object streams: one page per 50 KB of file.
     const opaque = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: Buffer.concat([Buffer.from('%PDF-1.7\n'), filler(4_000_000)]).toString('base64') } }
-    assert.equal(extra('anthropic', anthropic(opaque), plain), 81 * 4590, 'a 4 MB PDF of unreadable pages: 81')
+    assert.equal(extra('anthropic', anthropic(opaque), plain), 81 * 1590 + Math.ceil(81 * 3000 * 1.05), 'a 4 MB PDF of unreadable pages: 81')
     const chatFile = { model: 'gpt-4o', messages: [{ role: 'user', content: [text, { type: 'file', file: { filename: 'a.pdf', file_data: `data:application/pdf;base64,${pdf.toString('base64')}` } }] }] }
-    assert.equal(extra('openai', chatFile, { model: 'gpt-4o', messages: [{ role: 'user', content: [text] }] }), pages * 4590, 'OpenAI file_data')
+    assert.equal(extra('openai', chatFile, { model: 'gpt-4o', messages: [{ role: 'user', content: [text] }] }), pages * 765 + Math.ceil(pages * 3000 * 1.05), 'OpenAI file_data: a page image is 4 tiles')
     const textDoc = { type: 'document', source: { type: 'text', media_type: 'text/plain', data: prose(60, 3_000) } }
     const e = new BytesPerTokenEstimator()
     assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: anthropic(textDoc) }).inputTokens, Math.ceil((4_000 + 3_000 + 8) / (3 / 1.05)), 'a text document is its text')
@@ -666,6 +667,7 @@ describe('asynchronous estimators through tw.fetch (mock provider)', () => {
 
   test('an estimator that rejects, throws or answers no estimate costs the call nothing: the byte rule, and a remote_error event', async () => {
     const body = simple()
+    // The wrapper's fallback is the byte rule itself (fetch.ts), not the default's tokenizer proxy.
     const byRule = new BytesPerTokenEstimator().estimate({ provider: 'anthropic', model: MODEL, body }).inputTokens
     for (const [what, estimate] of [
       ['rejects', () => Promise.reject(new Error('tokenizer service down'))],
@@ -778,7 +780,7 @@ describe("Anthropic's count_tokens, opted in (mock provider)", () => {
 
   test('a failed count (5xx, 429, timeout, network) falls back to the byte rule at once and pauses counting', async () => {
     const body = turn(prose(860, 4_000), 0)
-    const byRule = new BytesPerTokenEstimator().estimate({ provider: 'anthropic', model: MODEL, body }).inputTokens
+    const byRule = (await new DefaultEstimator().estimate({ provider: 'anthropic', model: MODEL, body })).inputTokens
     const failures = []
     const answer = (status, headers = {}) => async () => new Response('{"type":"error"}', { status, headers })
     for (const [what, fetch, status, paused] of [
@@ -791,7 +793,7 @@ describe("Anthropic's count_tokens, opted in (mock provider)", () => {
       failures.length = 0
       const e = new DefaultEstimator({ countTokens: { apiKey: 'sk-ant-secret-key', fetch, onError: (f) => failures.push(f) } })
       const got = await e.estimate({ provider: 'anthropic', model: MODEL, body })
-      assert.equal(got.inputTokens, byRule, `${what}: the byte rule`)
+      assert.equal(got.inputTokens, byRule, `${what}: the estimate without count_tokens`)
       assert.equal(failures.length, 1)
       assert.equal(failures[0].status, status)
       assert.equal(failures[0].pausedMs, paused)
@@ -870,5 +872,120 @@ void async; void sync; void d; void r; void bad
     } finally {
       rmSync(dir, { recursive: true, force: true })
     }
+  })
+})
+
+describe('issue 26: estimates the provider would agree with', () => {
+  const o200k = new Tiktoken(o200kRanks)
+  const sig = 'QUJD'.repeat(80) // 320 base64 characters
+  const observeExact = (e, body, actual, usage) => {
+    const estimate = e.estimate({ provider: 'anthropic', model: MODEL, body })
+    e.observe({ provider: 'anthropic', model: MODEL, body, estimate, actualInputTokens: actual, usage })
+  }
+
+  test('a string content and the same text as one text block are the same cached prefix', () => {
+    const e = new BytesPerTokenEstimator({ now: () => 0 })
+    const x = prose(2600, 6_000)
+    const first = { model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: [{ type: 'text', text: x, cache_control: { type: 'ephemeral' } }] }] }
+    observeExact(e, first, 2_003, { inputTokens: 0, cacheReadInputTokens: 0, cacheCreationInputTokens: 2_003, outputTokens: 1 })
+    const next = { model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: x }, { role: 'assistant', content: [{ type: 'text', text: 'ok', cache_control: { type: 'ephemeral' } }] }] }
+    const got = e.estimate({ provider: 'anthropic', model: MODEL, body: next })
+    assert.equal(got.cachedPrefixTokens, 2_003, 'the string is the block already cached')
+    assert.ok(got.inputTokens <= 10, `only the new message is input: ${got.inputTokens}`)
+    // The system prompt too: a string and one text block are one prefix.
+    const sys = { model: MODEL, max_tokens: 10, system: x, messages: [{ role: 'user', content: [{ type: 'text', text: 'hi', cache_control: { type: 'ephemeral' } }] }] }
+    observeExact(e, sys, 2_010, { inputTokens: 0, cacheReadInputTokens: 0, cacheCreationInputTokens: 2_010, outputTokens: 1 })
+    const sysBlock = { ...sys, system: [{ type: 'text', text: x }] }
+    assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: sysBlock }).cachedPrefixTokens, 2_010)
+  })
+
+  test("a thinking block is its thinking text: the signature is not counted, and earlier turns' thinking is dropped where Anthropic drops it", () => {
+    const e = new BytesPerTokenEstimator()
+    const withThinking = (signature, model = MODEL, extra = {}) => ({
+      model,
+      max_tokens: 10,
+      ...extra,
+      messages: [
+        { role: 'user', content: 'list the files' },
+        { role: 'assistant', content: [{ type: 'thinking', thinking: 'I should run ls.', signature }, { type: 'tool_use', id: 'toolu_1', name: 'Bash', input: { command: 'ls' } }] },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: 'a.txt' }] },
+      ],
+    })
+    const est = (b) => e.estimate({ provider: 'anthropic', model: b.model, body: b }).inputTokens
+    assert.equal(est(withThinking(sig)), est(withThinking('')), 'the signature costs nothing')
+    // Earlier turns: Sonnet 4.5 keeps only the last assistant turn's thinking (docs, "Context editing": the default).
+    const older = (model, extra) => ({
+      ...withThinking(sig, model, extra),
+      messages: [...withThinking(sig).messages, { role: 'assistant', content: [{ type: 'thinking', thinking: prose(2601, 3_000), signature: sig }, { type: 'text', text: 'done' }] }, { role: 'user', content: 'thanks' }],
+    })
+    const thinkingBytes = prose(2601, 3_000).length
+    const strippedOld = est(older('claude-sonnet-4-5'))
+    const keptAll = est(older('claude-sonnet-4-5', { context_management: { edits: [{ type: 'clear_thinking_20251015', keep: 'all' }] } }))
+    // Sonnet 4.5 drops the first assistant turn's thinking (16 bytes); keep: all counts it.
+    assert.ok(Math.abs(keptAll - strippedOld - (16 * 1.05) / 3) <= 1, `the earlier turn's thinking only: ${keptAll - strippedOld}`)
+    // Opus 4.5 and later keep all by default: the 3,000-byte thinking of the last turn is counted either way.
+    assert.equal(est(older('claude-opus-4-5')), keptAll)
+    assert.ok(est(older('claude-opus-4-5')) >= Math.ceil(thinkingBytes / (3 / 1.05)))
+  })
+
+  test("a PDF is its pages' images and its text, and what a document's text costs is learned", () => {
+    const page = (seed) => prose(seed, 3_300).replace(/(.{1,90})(\s|$)/g, '$1\n').trim()
+    const pdfOf = (texts) => {
+      const objs = ['<< /Type /Catalog /Pages 2 0 R >>', `<< /Type /Pages /Kids [${texts.map((_, i) => `${3 + 2 * i} 0 R`).join(' ')}] /Count ${texts.length} /MediaBox [0 0 612 792] >>`]
+      texts.forEach((t, i) => {
+        const content = `BT /F1 10 Tf 12 TL 54 740 Td\n${t.split('\n').map((l) => `(${l.replace(/([()\\])/g, '\\$1')}) Tj T*`).join('\n')}\nET`
+        objs.push(`<< /Type /Page /Parent 2 0 R /Contents ${4 + 2 * i} 0 R >>`, `<< /Length ${content.length} >>\nstream\n${content}\nendstream`)
+      })
+      return Buffer.from(`%PDF-1.4\n${objs.map((o, i) => `${i + 1} 0 obj\n${o}\nendobj\n`).join('')}%%EOF\n`, 'latin1')
+    }
+    // The provider's count, as the mock makes it: each page's text (4.2 bytes a token here) and a 1,600-token page image.
+    const truth = (texts) => texts.reduce((n, t) => n + Math.round(t.length / 4.2) + 1_600, 0) + 12
+    const ask = (texts) => ({ model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: [{ type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: pdfOf(texts).toString('base64') } }, { type: 'text', text: 'Summarize.' }] }] })
+    const e = new BytesPerTokenEstimator()
+    const two = [page(2610), page(2611)]
+    const first = e.estimate({ provider: 'anthropic', model: MODEL, body: ask(two) })
+    assert.ok(first.inputTokens < 2 * 4_590, `not 4,590 a page: ${first.inputTokens}`)
+    e.observe({ provider: 'anthropic', model: MODEL, body: ask(two), estimate: first, actualInputTokens: truth(two) })
+    assert.ok(e.ratios('anthropic', MODEL).document > 3.5, `the document ratio learned: ${e.ratios('anthropic', MODEL).document}`)
+    const six = [2620, 2621, 2622, 2623, 2624, 2625].map(page)
+    const next = e.estimate({ provider: 'anthropic', model: MODEL, body: ask(six) }).inputTokens
+    assert.ok(Math.abs(next - truth(six)) / truth(six) <= 0.07, `the next PDF: ${next} for ${truth(six)}`)
+  })
+
+  test('prose, code and CJK text each have their own learned ratio', () => {
+    const e = new BytesPerTokenEstimator()
+    const code = (seed, n) => Array.from({ length: Math.ceil(n / 40) }, (_, i) => `  ${i + 1}\tconst v${seed}_${i} = f(x[${i}], {a: ${i}});`).join('\n').slice(0, n)
+    const body = (text) => ({ model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: text }] })
+    const p = prose(2630, 8_000)
+    const c = code(1, 8_000)
+    // The provider counts prose at 4.5 bytes a token and code at 2.5.
+    observeExact(e, body(p), Math.round((p.length + 8) / 4.5))
+    observeExact(e, body(c), Math.round((c.length + 8) / 2.5))
+    const r = e.ratios('anthropic', MODEL)
+    assert.ok(Math.abs(r.prose - 4.5) < 0.05 && Math.abs(r.code - 2.5) < 0.05, `prose ${r.prose}, code ${r.code}`)
+    const p2 = prose(2631, 6_000)
+    const c2 = code(2, 6_000)
+    const within = (got, want) => Math.abs(got / 1.05 - want) / want <= 0.02
+    assert.ok(within(e.estimate({ provider: 'anthropic', model: MODEL, body: body(p2) }).inputTokens, (p2.length + 8) / 4.5), 'new prose at the prose ratio')
+    assert.ok(within(e.estimate({ provider: 'anthropic', model: MODEL, body: body(c2) }).inputTokens, (c2.length + 8) / 2.5), 'new code at the code ratio')
+  })
+
+  test("the default counts an Anthropic prompt by o200k_base's tokens times a learned factor (1.2 before the first call)", async () => {
+    const e = new DefaultEstimator()
+    const text = prose(2640, 12_000)
+    const body = { model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: text }] }
+    const tokens = o200k.encode(text, 'all').length
+    const first = await e.estimate({ provider: 'anthropic', model: MODEL, body })
+    assert.equal(first.inputTokens, Math.ceil((tokens + 3) * 1.2 * 1.05), 'the first call: 1.2 tokens per o200k token, 5 % high')
+    // The provider counts 1.1 a token: learned from one call, the next prompt is within 1 %.
+    e.observe({ provider: 'anthropic', model: MODEL, body, estimate: first, actualInputTokens: Math.round((tokens + 3) * 1.1) })
+    const text2 = prose(2641, 9_000)
+    const t2 = o200k.encode(text2, 'all').length
+    const again = await e.estimate({ provider: 'anthropic', model: MODEL, body: { ...body, messages: [{ role: 'user', content: text2 }] } })
+    assert.ok(Math.abs(again.inputTokens / 1.05 - (t2 + 3) * 1.1) / ((t2 + 3) * 1.1) <= 0.01, `${again.inputTokens} for ${(t2 + 3) * 1.1}`)
+    assert.ok(e.proxy !== null && Math.abs(e.proxy.bytesPerToken('anthropic', MODEL) - 1 / 1.1) < 0.01)
+    // Off: the byte rule, as before.
+    const off = await new DefaultEstimator({ tokenizer: false }).estimate({ provider: 'anthropic', model: MODEL, body })
+    assert.equal(off.inputTokens, Math.ceil((text.length + 8) / (3 / 1.05)))
   })
 })

@@ -149,7 +149,7 @@ describe('fetch wrapper', () => {
       { name: 'gpt', counting: 'openai', tokens_per_minute: 10_000, max_concurrent: 10 },
     ]
     const { tw, fetch, sent } = harness([], pools)
-    const never = await post(fetch, 'https://api.example/v1/messages', body({ messages: [{ role: 'user', content: 'x'.repeat(4_000) }] }))
+    const never = await post(fetch, 'https://api.example/v1/messages', body({ messages: [{ role: 'user', content: 'x '.repeat(2_000) }] }))
     assert.equal(never.status, 400)
     assert.equal(never.headers.get('x-should-retry'), 'false')
     const b = await never.json()
