@@ -1,8 +1,8 @@
 /**
  * Input-token estimation before a call. The default ({@link DefaultEstimator}) counts an
- * OpenAI prompt with the model's tokenizer, and an Anthropic prompt by each model's bytes
- * per token learned from settled usage (or, opted in, by Anthropic's `count_tokens`
- * endpoint), following each provider's prompt-cache rules; plug in your own through
+ * OpenAI prompt with the model's tokenizer, and an Anthropic prompt with o200k_base as a
+ * proxy times each model's factors learned from settled usage (or, opted in, by Anthropic's
+ * `count_tokens` endpoint), following each provider's prompt-cache rules; plug in your own through
  * {@link Estimator}.
  */
 import { type CountTokensOptions, CountTokensClient } from './counttokens.js'
@@ -1001,7 +1001,9 @@ export interface DefaultEstimatorOptions extends BytesPerTokenOptions {
    * Count OpenAI prompts with the model's tokenizer (default `true`): o200k_base or
    * cl100k_base by model (see `openaiEncoding`), from the `gpt-tokenizer` package, loaded
    * the first time an OpenAI call is estimated (that estimate waits for it, about 0.4 s;
-   * the others are synchronous). Where it cannot be loaded, the byte rule.
+   * the others are synchronous); and Anthropic prompts with o200k_base as a proxy for
+   * Claude's tokenizer (loaded the same way on the first Anthropic estimate). Where it cannot
+   * be loaded, or with `false`, the byte rule.
    */
   tokenizer?: boolean
   /**
@@ -1045,6 +1047,36 @@ function memoized(count: CountText): CountText {
   }
 }
 
+/** The longest run without whitespace the proxy tokenizes whole. */
+const MAX_RUN = 256
+
+/**
+ * A counter that cuts runs without whitespace at {@link MAX_RUN} characters and counts the
+ * pieces apart: byte-pair merging is quadratic in a pre-token's length, and one long run
+ * (400 KB of `x`, a minified file, base64) takes minutes whole; cut, it costs a token or so
+ * more per cut. (For the proxy only: the OpenAI count stays exact.)
+ */
+function boundedRuns(count: CountText): CountText {
+  return (s) => {
+    let run = 0
+    let from = 0
+    let n = 0
+    for (let i = 0; i < s.length; i++) {
+      const c = s.charCodeAt(i)
+      if (c === 32 || c === 10 || c === 9 || c === 13) {
+        run = 0
+        continue
+      }
+      if (++run >= MAX_RUN) {
+        n += count(s.slice(from, i + 1))
+        from = i + 1
+        run = 0
+      }
+    }
+    return from === 0 ? count(s) : n + (from < s.length ? count(s.slice(from)) : 0)
+  }
+}
+
 /** OpenAI image and file blocks by the published rules (the same as the byte rule's), a PDF's text counted by `count`. */
 const openaiMedia =
   (meter: Meter) =>
@@ -1067,7 +1099,7 @@ const openaiMedia =
  *   prompt of which nothing is known yet.
  */
 export class DefaultEstimator implements Estimator {
-  /** The byte rule this estimator falls back on (and uses for Anthropic): its learned ratios and known prefixes. */
+  /** The byte rule this estimator falls back on (Anthropic without the tokenizer): its learned ratios and known prefixes. */
   readonly bytes: BytesPerTokenEstimator
   readonly #tokenizer: boolean
   readonly #counter: CountTokensClient | null
@@ -1151,7 +1183,7 @@ export class DefaultEstimator implements Estimator {
 
   /** The Anthropic estimator counting with o200k_base as a proxy, made on first use. */
   #proxied(count: CountText): BytesPerTokenEstimator {
-    if (this.#proxy === null) this.#proxy = new BytesPerTokenEstimator({ ...this.#options, proxy: this.#promptCounter('o200k_base', count).count })
+    if (this.#proxy === null) this.#proxy = new BytesPerTokenEstimator({ ...this.#options, proxy: boundedRuns(this.#promptCounter('o200k_base', count).count) })
     return this.#proxy
   }
 

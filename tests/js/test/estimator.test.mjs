@@ -970,6 +970,15 @@ describe('issue 26: estimates the provider would agree with', () => {
     assert.ok(within(e.estimate({ provider: 'anthropic', model: MODEL, body: body(c2) }).inputTokens, (c2.length + 8) / 2.5), 'new code at the code ratio')
   })
 
+  test('a long run without whitespace does not stall the proxy tokenizer (byte-pair merging is quadratic in a run)', async () => {
+    const e = new DefaultEstimator()
+    const body = { model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: 'x'.repeat(400_000) }] }
+    const t0 = performance.now()
+    const got = await e.estimate({ provider: 'anthropic', model: MODEL, body })
+    assert.ok(performance.now() - t0 < 5_000, `${Math.round(performance.now() - t0)} ms`)
+    assert.ok(got.inputTokens > 60_000, `above a 60k limit still: ${got.inputTokens}`)
+  })
+
   test("the default counts an Anthropic prompt by o200k_base's tokens times a learned factor (1.2 before the first call)", async () => {
     const e = new DefaultEstimator()
     const text = prose(2640, 12_000)
