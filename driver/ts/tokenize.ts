@@ -52,6 +52,45 @@ function importEncoding(encoding: OpenAIEncoding): Promise<{ countTokens: (text:
   return encoding === 'o200k_base' ? import('gpt-tokenizer/encoding/o200k_base') : import('gpt-tokenizer/encoding/cl100k_base')
 }
 
+/** The longest run without whitespace tokenized whole (see {@link bounded}). */
+const MAX_RUN = 1024
+/** The most text tokenized per string; beyond it the count is extrapolated (see {@link bounded}). */
+const MAX_TOKENIZED = 1 << 20
+
+/**
+ * A counter whose cost stays linear in what it is given, whatever a caller sends:
+ * byte-pair merging is quadratic in a pre-token's length, so one long run without whitespace
+ * (400 KB of `x`, base64, a minified file) would take minutes whole. Runs are cut at
+ * {@link MAX_RUN} characters and counted apart (about a token more per cut, on text that
+ * real prompts rarely hold), and past {@link MAX_TOKENIZED} characters the rest is counted
+ * at the rate of the first part. Below both bounds the count is the tokenizer's, exactly.
+ */
+function bounded(count: CountText): CountText {
+  const runs: CountText = (s) => {
+    let run = 0
+    let from = 0
+    let n = 0
+    for (let i = 0; i < s.length; i++) {
+      const c = s.charCodeAt(i)
+      if (c === 32 || c === 10 || c === 9 || c === 13) {
+        run = 0
+        continue
+      }
+      if (++run >= MAX_RUN) {
+        n += count(s.slice(from, i + 1))
+        from = i + 1
+        run = 0
+      }
+    }
+    return from === 0 ? count(s) : n + (from < s.length ? count(s.slice(from)) : 0)
+  }
+  return (s) => {
+    if (s.length <= MAX_TOKENIZED) return runs(s)
+    const head = runs(s.slice(0, MAX_TOKENIZED))
+    return Math.ceil((head * s.length) / MAX_TOKENIZED)
+  }
+}
+
 /**
  * The encoding's counter, loading it the first time (one load per process, shared by every
  * caller). Rejects when the tokenizer cannot be loaded (a page without a bundler or an
@@ -64,7 +103,7 @@ export function loadTokenizer(encoding: OpenAIEncoding): Promise<CountText> {
   entry.promise = importEncoding(encoding).then(
     (m) => {
       if (typeof m.countTokens !== 'function') throw new TypeError(`gpt-tokenizer's ${encoding} module has no countTokens`)
-      const counter: CountText = (text) => m.countTokens(text, ORDINARY)
+      const counter: CountText = bounded((text) => m.countTokens(text, ORDINARY))
       entry.counter = counter
       return counter
     },

@@ -502,6 +502,23 @@ describe('OpenAI prompts counted with the tokenizer', () => {
     assert.deepEqual([cookbook('o200k_base', JARGON), cookbook('cl100k_base', JARGON), cookbook('o200k_base', WEATHER, WEATHER_TOOLS), cookbook('cl100k_base', WEATHER, WEATHER_TOOLS)], [124, 129, 101, 105])
   })
 
+  test('text no tokenizer should take whole (long runs without whitespace, over a MiB) is counted near the exact figure, in linear time', async () => {
+    // Byte-pair merging is quadratic in a pre-token's length: a 600 KB run of base64 once
+    // took minutes. Runs are cut at 1,024 characters (about a token more per cut) and past
+    // a MiB the count is extrapolated from the first MiB.
+    const e = new DefaultEstimator()
+    const b64 = Buffer.from(Array.from({ length: 45_000 }, (_, i) => (i * 2654435761) % 256)).toString('base64')
+    const body = { model: 'gpt-4o', messages: [{ role: 'user', content: b64 }] }
+    const exact = cookbook('o200k_base', body.messages)
+    const got = (await estimateOf(e, 'openai', body)).inputTokens
+    assert.ok(Math.abs(got - exact) <= Math.ceil(b64.length / 1024) + 1, `${got} against ${exact} exact`)
+    // 2.5 MiB of prose: exact for the first MiB, the rest at its rate (prose is uniform here).
+    const prose = 'the quick brown fox jumps over the lazy dog. '.repeat(60_000)
+    const big = await estimateOf(e, 'openai', { model: 'gpt-4o', messages: [{ role: 'user', content: prose }] })
+    const rate = tok('o200k_base', prose.slice(0, 1 << 20)) / (1 << 20)
+    assert.ok(Math.abs(big.inputTokens - rate * prose.length) / (rate * prose.length) < 0.01, `${big.inputTokens} against ~${Math.round(rate * prose.length)}`)
+  })
+
   test('a coding-agent chat body with tools is within 2 % of the independent count (o200k and cl100k)', async () => {
     const e = new DefaultEstimator()
     const messages = [
