@@ -26,10 +26,24 @@
 //   tr.counter        data-counter (camelCase key), data-value
 //   .fleet-advice     data-axis, data-per-agent-per-minute, data-agents-measured,
 //                     data-agents-at-75-percent
-//   #agents           data-agents (count); tr.agent: data-agent (id), data-agent-name, data-state,
-//                     data-queued-since, data-queued-ms, data-in-flight, data-queued,
-//                     data-settled, data-input-error-permille, data-output-error-permille,
-//                     data-alerting, data-repeat-failures, data-last-seen
+//   #agents           data-agents (count); tr.agent: data-agent (id), data-agent-name, data-state
+//                     (idle | in_flight | queued | refused | rate_limited | backing_off),
+//                     data-queued-since, data-queued-ms, data-expected-grant, data-until,
+//                     data-wait-remaining-ms, data-axis (a 429's limit), data-in-flight,
+//                     data-queued, data-settled, data-input-error-permille,
+//                     data-output-error-permille, data-alerting, data-repeat-failures,
+//                     data-last-seen; td.state the state in words, times relative to now
+//   #agents-empty     visible only when the live metrics have no agent; #signin-help only
+//                     while locked (how to sign in, where the fleet secret is)
+//   .ceilings         per pool: data-rate-limited-by (axis=n,…), data-rejected-by (reason=n,…)
+//   #overlay          the 429-vs-turn chart from the timeline endpoint: data-status (ok, or the
+//                     HTTP status / "network"), data-events, data-from, data-to, data-rows;
+//                     svg#timeline-chart: g.tl-row (data-agent-name, data-sends, data-429s,
+//                     data-waits), in it rect.tl-send (data-t), rect.tl-wait (data-kind queued |
+//                     refused | backoff, data-from, data-to, data-open), path.tl-429 (data-t,
+//                     data-exceeded); rect.tl-minute (data-minute, data-rate-limited)
+//   #events           recent 429s and refusals, newest first: tr.event data-kind (rate_limited
+//                     | refused), data-t, data-agent-name, data-exceeded, data-reason, data-axis
 // An attribute whose figure is unknown (null) is left out.
 
 const STYLE = `
@@ -91,6 +105,40 @@ th { color: var(--muted); font-weight: 600; font-size: 12px; }
 table.counters th { color: var(--fg); font-weight: normal; font-size: 13px; }
 tr.agent.alerting td { color: var(--bad); }
 tr.agent[data-state="queued"] td.state { color: var(--cap); font-weight: 600; }
+tr.agent[data-state="rate_limited"] td.state, tr.agent[data-state="refused"] td.state,
+  tr.agent[data-state="backing_off"] td.state { color: var(--bad); font-weight: 600; }
+tr.agent[data-state="in_flight"] td.state { color: var(--ok); }
+.help { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px;
+  margin: 0 0 14px; max-width: 820px; }
+.help p { margin: 0 0 6px; }
+.help ul { margin: 0 0 6px; padding-left: 20px; }
+code { font: 12px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; background: var(--bg);
+  padding: 0 3px; border-radius: 3px; overflow-wrap: anywhere; }
+.ceilings { margin: 0 0 10px; }
+.overlay-card { background: var(--card); border: 1px solid var(--line); border-radius: 8px;
+  padding: 12px 14px; margin: 0 0 14px; }
+.legend { display: flex; gap: 14px; flex-wrap: wrap; margin: 0 0 6px; font-size: 12px; color: var(--muted); }
+.legend i { display: inline-block; width: 14px; height: 9px; margin-right: 4px; vertical-align: 0; border-radius: 2px; }
+.legend i.k-send { background: #1d4ed8; width: 3px; }
+.legend i.k-queued { background: var(--cap); opacity: .55; }
+.legend i.k-refused { background: #a855f7; opacity: .55; }
+.legend i.k-backoff { background: var(--bad); opacity: .3; }
+.legend i.k-429 { background: var(--bad); width: 9px; }
+svg.timeline { display: block; width: 100%; height: auto; }
+svg.timeline text { fill: var(--muted); font-size: 11px; }
+svg.timeline text.row-label { fill: var(--fg); }
+svg.timeline .grid { stroke: var(--line); stroke-width: 1; }
+svg.timeline .row-bg { fill: var(--bg); }
+svg.timeline .tl-send { fill: #1d4ed8; }
+svg.timeline .tl-wait[data-kind="queued"] { fill: var(--cap); opacity: .55; }
+svg.timeline .tl-wait[data-kind="refused"] { fill: #a855f7; opacity: .55; }
+svg.timeline .tl-wait[data-kind="backoff"] { fill: var(--bad); opacity: .3; }
+svg.timeline .tl-retry { stroke: var(--bad); stroke-width: 1; stroke-dasharray: 2 2; }
+svg.timeline .tl-429 { fill: var(--bad); }
+svg.timeline .tl-minute { fill: var(--bad); }
+svg.timeline .tl-minute-label { fill: var(--bad); font-weight: 600; }
+svg.timeline .now { stroke: var(--fg); stroke-width: 1; stroke-dasharray: 3 3; }
+table.events td.what { white-space: normal; }
 .fleet-advice { margin: 0; max-width: 520px; }
 .scroll { overflow-x: auto; }
 `
@@ -107,6 +155,7 @@ const SCRIPT = `
   const app = $('app')
   const fleet = app.dataset.fleet || ''
   const path = app.dataset.metricsPath || ''
+  const timelinePath = app.dataset.timelinePath || ''
   const interval = Number(app.dataset.intervalMs) || 2000
   const storageKey = 'tokenwarden.dashboard.secret:' + fleet
   const form = $('secret-form')
@@ -116,6 +165,9 @@ const SCRIPT = `
   const statusLine = $('status')
   let url = null
   try { url = new URL(path, location.href) } catch (e) { url = null }
+  let timelineUrl = null
+  try { timelineUrl = timelinePath ? new URL(timelinePath, location.href) : null } catch (e) { timelineUrl = null }
+  if (timelineUrl && timelineUrl.origin !== location.origin) timelineUrl = null
   let generation = 0
   let timer = null
   let polls = 0
@@ -205,6 +257,11 @@ const SCRIPT = `
     $('pools').replaceChildren()
     $('agents-body').replaceChildren()
     $('agents').setAttribute('data-agents', '0')
+    // Nothing is known about the agents before sign-in: no "No agents yet".
+    $('agents-empty').hidden = true
+    $('agents-locked').hidden = false
+    $('signin-help').hidden = false
+    clearOverlay()
     form.hidden = false
     toolbar.hidden = true
     setState('locked')
@@ -216,6 +273,8 @@ const SCRIPT = `
     clearTimeout(timer)
     form.hidden = true
     toolbar.hidden = false
+    $('signin-help').hidden = true
+    $('agents-locked').hidden = true
     setState('loading')
     statusLine.textContent = 'Loading metrics…'
     poll(generation)
@@ -253,7 +312,9 @@ const SCRIPT = `
       const metrics = body && Array.isArray(body.pools) ? body : body && body.metrics
       if (!metrics || !Array.isArray(metrics.pools)) throw Object.assign(new Error('the metrics endpoint answered an unexpected shape'), { status: 'format' })
       if (gen !== generation) return
-      render(metrics)
+      const tl = await fetchTimeline(key)
+      if (gen !== generation) return
+      render(metrics, tl)
       clearError()
       app.removeAttribute('data-stale')
     } catch (e) {
@@ -269,10 +330,36 @@ const SCRIPT = `
     if (gen === generation) timer = setTimeout(() => poll(gen), interval)
   }
 
-  function render(m) {
+  // The recent call events (GET …/timeline): { status, body } — a failure here leaves the
+  // metrics on screen and says so in the overlay.
+  async function fetchTimeline(key) {
+    if (!timelineUrl) return { status: 'none', body: null }
+    const abort = new AbortController()
+    const timeout = setTimeout(() => abort.abort(), 10000)
+    try {
+      const res = await fetch(timelineUrl, {
+        method: 'GET',
+        headers: { authorization: 'Bearer ' + key, accept: 'application/json' },
+        cache: 'no-store',
+        credentials: 'omit',
+        referrerPolicy: 'no-referrer',
+        signal: abort.signal,
+      })
+      if (!res.ok) return { status: String(res.status), body: null }
+      const body = await res.json()
+      if (!body || !Array.isArray(body.events)) return { status: 'format', body: null }
+      return { status: 'ok', body }
+    } catch (e) {
+      return { status: 'network', body: null }
+    } finally {
+      clearTimeout(timeout)
+    }
+  }
+
+  function render(m, tl) {
     const now = n(m.now) || 0
     const agents = Array.isArray(m.agents) ? m.agents : []
-    const count = { idle: 0, in_flight: 0, queued: 0 }
+    const count = { idle: 0, in_flight: 0, queued: 0, refused: 0, rate_limited: 0, backing_off: 0 }
     for (const a of agents) {
       const s = a && a.activity && a.activity.state
       count[s] = (count[s] || 0) + 1
@@ -288,16 +375,26 @@ const SCRIPT = `
       'data-agents-idle': count.idle,
       'data-agents-in-flight': count.in_flight,
       'data-agents-queued': count.queued,
+      'data-agents-refused': count.refused,
+      'data-agents-rate-limited': count.rate_limited,
+      'data-agents-backing-off': count.backing_off,
       'data-agents-alerting': alerting,
     }, [
       el('span', { id: 'live-leases' }, 'Live leases ', el('b', {}, int(m.liveLeases))),
-      el('span', {}, 'Agents ', el('b', {}, int(agents.length)), ' (', int(count.in_flight), ' in flight, ', int(count.queued), ' queued, ', int(count.idle), ' idle)'),
+      el('span', {}, 'Agents ', el('b', {}, int(agents.length)), ' (', int(count.in_flight), ' in flight, ',
+        el('b', {}, int(count.queued + count.refused + count.rate_limited + count.backing_off)), ' waiting: ',
+        int(count.queued), ' queued, ', int(count.rate_limited), ' rate-limited, ', int(count.refused), ' refused, ', int(count.backing_off), ' backing off; ',
+        int(count.idle), ' idle)'),
       alerting ? el('span', { class: 'alerting' }, 'Estimate alerts ', el('b', {}, int(alerting))) : null,
       el('span', { class: 'muted' }, 'Metrics at ', clockSeconds(now)),
     ])
     renderTasks(m.tasks)
-    $('pools').replaceChildren(...m.pools.map((p, i) => renderPool(p, i, now)))
-    renderAgents(agents, now)
+    const ceilings = m.ceilings && Array.isArray(m.ceilings.pools) ? m.ceilings.pools : []
+    $('pools').replaceChildren(...m.pools.map((p, i) => renderPool(p, i, now, ceilings.find((c) => c && c.pool === p.name) || null)))
+    const events = tl && tl.body ? tl.body.events : []
+    renderAgents(agents, now, events)
+    renderOverlay(m, agents, tl)
+    renderEvents(events)
     polls++
     app.setAttribute('data-polls', String(polls))
     setState('live')
@@ -336,7 +433,7 @@ const SCRIPT = `
     $('tasks-open').textContent = int(t.open) + ' open' + (Number(t.untracked) > 0 ? ', ' + int(t.untracked) + ' requests untracked (task table full)' : '')
   }
 
-  function renderPool(p, index, now) {
+  function renderPool(p, index, now, ceiling) {
     const id = 'pool-' + index
     const minutes = Array.isArray(p.minutes) ? p.minutes : []
     const limited = minutes.filter((x) => Number(x.rateLimited) > 0)
@@ -380,6 +477,16 @@ const SCRIPT = `
       stat('queue-wait', 'Queue wait p50 / p95', dur(n(p.queueWaitP50Ms)), ' / ', dur(n(p.queueWaitP95Ms))),
       stat('rate-limited', '429s in the kept minutes', int(limited.reduce((s, x) => s + Number(x.rateLimited), 0))),
     ))
+    // The ceilings hit: 429s by the limit the provider named, refusals by reason and axis.
+    const rl = ceiling && ceiling.rateLimited ? Object.entries(ceiling.rateLimited) : []
+    const rj = ceiling && ceiling.rejected ? Object.entries(ceiling.rejected) : []
+    const list = (entries, word) => entries.length === 0 ? 'none' : entries.sort((a, b) => b[1] - a[1]).map(([k, v]) => int(v) + ' × ' + word(k)).join(', ')
+    section.append(el('p', {
+      class: 'ceilings',
+      'data-rate-limited-by': rl.map(([k, v]) => k + '=' + v).join(','),
+      'data-rejected-by': rj.map(([k, v]) => k + '=' + v).join(','),
+    }, el('b', {}, 'Ceilings hit'), el('small', {}, ' (since the limiter started)'), ': 429s ', list(rl, (k) => k === 'unknown' ? 'limit not named' : words(k)),
+      ' · refusals ', list(rj, refusalWords)))
     const axes = Array.isArray(p.axes) ? p.axes : []
     section.append(el('div', { class: 'axes' }, axes.map((a) => renderAxis(p, a, id, minutes, now))))
     const counterRows = Object.keys(counters).map((k) =>
@@ -481,13 +588,49 @@ const SCRIPT = `
     return root
   }
 
-  function renderAgents(agents, now) {
+  // "exceeds_capacity:input_tokens" → "exceeds capacity (input tokens)"
+  function refusalWords(key) {
+    const [reason, axis] = String(key).split(':')
+    return words(reason) + (axis ? ' (' + words(axis) + ')' : '')
+  }
+  // A wait's length in whole seconds (minutes past 90 s), as a person reads it.
+  function secs(ms) {
+    ms = Math.max(0, Number(ms))
+    if (ms < 1000) return '<1 s'
+    if (ms < 90000) return Math.round(ms / 1000) + ' s'
+    return dur(ms)
+  }
+  // What an agent is doing, in words, its times relative to the metrics' now.
+  function stateText(act, now, refusal) {
+    const s = act.state
+    if (s === 'in_flight') return 'in flight'
+    if (s === 'idle') return 'idle'
+    if (s === 'queued') {
+      const g = n(act.expectedGrant)
+      return 'queued ' + secs(now - n(act.since)) + (g === null ? '' : g - now >= 1000 ? ', expected in ~' + secs(g - now) : ', expected now')
+    }
+    const left = act.until === null || act.until === undefined ? null : Math.max(0, n(act.until) - now)
+    const more = left === null ? '' : ' for ' + secs(left) + ' more'
+    if (s === 'rate_limited') return 'rate-limited' + (act.axis ? ' (' + words(act.axis) + ')' : '') + more
+    if (s === 'refused') return 'refused' + (refusal ? ' (' + refusalWords(refusal) + ')' : '') + more
+    if (s === 'backing_off') return 'backing off (overloaded)' + more
+    return String(s || 'unknown')
+  }
+
+  function renderAgents(agents, now, events) {
     const table = $('agents')
     table.setAttribute('data-agents', String(agents.length))
+    // The reason of each agent's latest refusal, from the timeline (the metrics' activity
+    // says only until when).
+    const lastRefusal = new Map()
+    for (const e of events) if (e.kind === 'refused' && e.agent !== null) lastRefusal.set(e.agent, e.reason + (e.axis ? ':' + e.axis : ''))
     const rows = agents.slice(0, MAX_AGENT_ROWS).map((a) => {
       const act = a.activity || {}
+      const label = typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent)
       const since = act.state === 'queued' ? n(act.since) : null
-      const state = act.state === 'queued' ? 'queued for ' + dur(Math.max(0, now - since)) : act.state === 'in_flight' ? 'in flight' : String(act.state || 'unknown')
+      const expected = act.state === 'queued' ? n(act.expectedGrant) : null
+      const until = act.state === 'refused' || act.state === 'rate_limited' || act.state === 'backing_off' ? n(act.until) : null
+      const end = until !== null ? until : expected
       return el('tr', {
         class: 'agent' + (a.alerting ? ' alerting' : ''),
         'data-agent': String(a.agent),
@@ -495,6 +638,10 @@ const SCRIPT = `
         'data-state': act.state,
         'data-queued-since': since,
         'data-queued-ms': since === null ? null : Math.max(0, now - since),
+        'data-expected-grant': expected,
+        'data-until': until,
+        'data-wait-remaining-ms': end === null ? null : Math.max(0, end - now),
+        'data-axis': act.state === 'rate_limited' ? act.axis || null : null,
         'data-in-flight': n(a.inFlight),
         'data-queued': n(a.queued),
         'data-settled': n(a.settled),
@@ -504,8 +651,8 @@ const SCRIPT = `
         'data-repeat-failures': n(a.repeatFailures),
         'data-last-seen': n(a.lastSeen),
       },
-        el('td', { title: 'id ' + String(a.agent) }, typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent)),
-        el('td', { class: 'state' }, state),
+        el('td', { title: 'id ' + String(a.agent) }, label),
+        el('td', { class: 'state' }, stateText(act, now, act.state === 'refused' ? lastRefusal.get(label) : null)),
         el('td', {}, int(a.inFlight)),
         el('td', {}, int(a.queued)),
         el('td', {}, int(a.settled)),
@@ -520,6 +667,177 @@ const SCRIPT = `
     more.hidden = agents.length <= MAX_AGENT_ROWS
     more.textContent = agents.length > MAX_AGENT_ROWS ? '… and ' + (agents.length - MAX_AGENT_ROWS) + ' more agents not shown.' : ''
     $('agents-empty').hidden = agents.length > 0
+  }
+
+  function clearOverlay() {
+    const box = $('overlay')
+    for (const a of [...box.attributes]) if (a.name.startsWith('data-')) box.removeAttribute(a.name)
+    box.hidden = true
+    $('overlay-chart').replaceChildren()
+    $('overlay-note').textContent = ''
+    $('events').hidden = true
+    $('events-body').replaceChildren()
+  }
+
+  // Seed 003's test on the live fleet: per agent, call starts (blue ticks), waits (queued
+  // amber, refused purple, backing off after a 429 light red) and 429s (red), over the last
+  // minutes, with the pools' 429s per minute on top. Waves of 429s that line up with waves
+  // of call starts come from the work, not from the retries.
+  const MAX_ROWS = 20
+  function renderOverlay(m, agents, tl) {
+    const box = $('overlay')
+    box.hidden = false
+    box.setAttribute('data-status', tl.status)
+    const note = $('overlay-note')
+    if (!tl.body) {
+      $('overlay-chart').replaceChildren()
+      note.textContent = tl.status === 'none' ? '' : 'The timeline could not be loaded (' + (tl.status === 'network' ? 'network error' : 'HTTP ' + tl.status) + '); the figures above are live.'
+      return
+    }
+    const events = tl.body.events
+    const to = Math.max(n(tl.body.now) || 0, n(m.now) || 0)
+    const earliest = events.length ? Math.min(...events.map((e) => n(e.t) - (n(e.waitedMs) || 0))) : to
+    const windowMs = n(tl.body.windowMs) || 600000
+    // At least a minute, at most the kept window; a fleet that just started fills the width.
+    const span = Math.min(windowMs, Math.max(MINUTE, Math.ceil(((to - earliest) * 1.1 + 5000) / 15000) * 15000))
+    const from = to - span
+    // Rows: the agents with the most events (and those waiting or in flight now), at most
+    // MAX_ROWS, the rest in one "other" row.
+    const score = new Map()
+    const bump = (k, v) => score.set(k, (score.get(k) || 0) + v)
+    for (const e of events) if (e.agent !== null && n(e.t) >= from) bump(e.agent, e.kind === 'rate_limited' ? 3 : 1)
+    const labelOf = (a) => (typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent))
+    for (const a of agents) {
+      const st = a.activity && a.activity.state
+      if (st && st !== 'idle') bump(labelOf(a), 0.5)
+    }
+    const ranked = [...score.keys()].sort((x, y) => score.get(y) - score.get(x) || (x < y ? -1 : 1))
+    const named = ranked.slice(0, MAX_ROWS)
+    const rest = new Set(ranked.slice(MAX_ROWS))
+    const rowKeys = rest.size ? [...named, '\\u0000other'] : named
+    const rowOf = (agent) => (agent === null ? null : rest.has(agent) ? '\\u0000other' : named.includes(agent) ? agent : null)
+    box.setAttribute('data-events', String(events.length))
+    box.setAttribute('data-from', String(from))
+    box.setAttribute('data-to', String(to))
+    box.setAttribute('data-rows', String(rowKeys.length))
+    if (rowKeys.length === 0) {
+      $('overlay-chart').replaceChildren()
+      note.textContent = 'No calls in the last ' + Math.round(windowMs / MINUTE) + ' minutes yet: call starts, waits and 429s show here as they happen.'
+      return
+    }
+    note.textContent = ''
+    const W = 1100, labelW = 150, right = 12, top = 46, rowH = 18, bottom = 22
+    const plotW = W - labelW - right
+    const H = top + rowKeys.length * rowH + bottom
+    const x = (t) => labelW + ((Math.min(Math.max(t, from), to) - from) / span) * plotW
+    const root = svg('svg', { id: 'timeline-chart', class: 'timeline', viewBox: '0 0 ' + W + ' ' + H, role: 'img', 'aria-label': '429s, waits and call starts per agent over the last ' + Math.round(span / MINUTE) + ' minutes' })
+    // Minute grid and the pools' 429s per minute (all pools) on top.
+    const perMinute = new Map()
+    for (const p of m.pools) for (const mm of (Array.isArray(p.minutes) ? p.minutes : [])) perMinute.set(Number(mm.minute), (perMinute.get(Number(mm.minute)) || 0) + Number(mm.rateLimited || 0))
+    const firstMinute = Math.floor(from / MINUTE)
+    const lastMinute = Math.floor(to / MINUTE)
+    let peak = 1
+    for (let k = firstMinute; k <= lastMinute; k++) peak = Math.max(peak, perMinute.get(k) || 0)
+    root.append(svg('text', { x: 4, y: 14 }, '429s per minute'))
+    const labelEvery = Math.max(1, Math.ceil((lastMinute - firstMinute + 1) / 12))
+    for (let k = firstMinute; k <= lastMinute; k++) {
+      const x0 = x(k * MINUTE), x1 = x((k + 1) * MINUTE)
+      if (k * MINUTE >= from) {
+        root.append(svg('line', { class: 'grid', x1: x0.toFixed(1), x2: x0.toFixed(1), y1: 4, y2: H - bottom }))
+        // Minute labels, none under the "now" label at the right end.
+        if ((k - firstMinute) % labelEvery === 0 && x(to) - x0 > 110) root.append(svg('text', { x: (x0 + 2).toFixed(1), y: H - 6 }, clock(k * MINUTE)))
+      }
+      const rl = perMinute.get(k) || 0
+      if (rl > 0) {
+        const h = Math.max(2, (rl / peak) * 24)
+        const bar = svg('rect', { class: 'tl-minute', x: (x0 + 1).toFixed(1), width: Math.max(1, x1 - x0 - 2).toFixed(1), y: (top - 8 - h).toFixed(1), height: h.toFixed(1), 'data-minute': k, 'data-rate-limited': rl })
+        bar.append(svg('title', {}, clock(k * MINUTE) + ': ' + rl + ' × 429'))
+        root.append(bar)
+        root.append(svg('text', { class: 'tl-minute-label', x: (x0 + 3).toFixed(1), y: (top - 10 - h).toFixed(1) }, String(rl)))
+      }
+    }
+    const rows = new Map()
+    rowKeys.forEach((key, i) => {
+      const y = top + i * rowH
+      const g = svg('g', { class: 'tl-row', 'data-agent-name': key === '\\u0000other' ? null : key, 'data-other': key === '\\u0000other' ? String(rest.size) : null })
+      if (i % 2 === 0) g.append(svg('rect', { class: 'row-bg', x: labelW, y, width: plotW, height: rowH }))
+      const label = key === '\\u0000other' ? 'other (' + rest.size + ' agents)' : key.length > 22 ? key.slice(0, 21) + '…' : key
+      const text = svg('text', { class: 'row-label', x: 4, y: y + 13 }, label)
+      text.append(svg('title', {}, key === '\\u0000other' ? rest.size + ' more agents' : key))
+      g.append(text)
+      rows.set(key, { g, y, sends: 0, limited: 0, waits: 0 })
+    })
+    const span_ = (r, kind, a, b, open, tip) => {
+      if (b <= from || a >= to) return
+      const x0 = x(a), x1 = Math.max(x(b), x0 + 1.5)
+      const rect = svg('rect', { class: 'tl-wait', 'data-kind': kind, 'data-from': Math.round(a), 'data-to': Math.round(b), 'data-open': open ? 'true' : null, x: x0.toFixed(1), width: (x1 - x0).toFixed(1), y: r.y + 3, height: rowH - 6 })
+      rect.append(svg('title', {}, tip))
+      r.g.append(rect)
+      r.waits++
+    }
+    const marks = []
+    for (const e of events) {
+      const r = rows.get(rowOf(e.agent))
+      if (!r) continue
+      const t = n(e.t)
+      const who = e.agent + ' ' + clockSeconds(t)
+      if (e.kind === 'send') {
+        const waited = n(e.waitedMs) || 0
+        if (waited > 0) span_(r, 'queued', t - waited, t, false, who + ': queued ' + secs(waited) + ' for this grant')
+        if (t >= from) {
+          const tick = svg('rect', { class: 'tl-send', 'data-t': t, x: (x(t) - 1.25).toFixed(1), width: 2.5, y: r.y + 1, height: rowH - 2 })
+          tick.append(svg('title', {}, who + ': call started' + (waited > 0 ? ' after ' + secs(waited) + ' in the queue' : '')))
+          marks.push([r, tick])
+          r.sends++
+        }
+      } else if (e.kind === 'refused') {
+        const until = n(e.until)
+        span_(r, 'refused', t, until === null ? t + 1000 : Math.min(until, to), until !== null && until > to, who + ': refused (' + refusalWords(e.reason + (e.axis ? ':' + e.axis : '')) + ')' + (until === null ? '' : ', asks again at ' + clockSeconds(until)))
+      } else if (e.kind === 'backoff') {
+        const until = n(e.until)
+        span_(r, 'backoff', t, Math.min(until, to), until > to, who + ': waiting out a ' + (e.cause === 'overloaded' ? 'provider overload' : '429') + ' until ' + clockSeconds(until))
+      } else if (e.kind === 'rate_limited' && t >= from) {
+        const cx = x(t)
+        if (e.until !== null && e.until !== undefined) r.g.append(svg('line', { class: 'tl-retry', x1: cx.toFixed(1), x2: x(n(e.until)).toFixed(1), y1: r.y + rowH / 2, y2: r.y + rowH / 2 }))
+        const mark = svg('path', { class: 'tl-429', 'data-t': t, 'data-exceeded': e.exceeded || null, d: 'M' + (cx - 4.5).toFixed(1) + ' ' + (r.y + rowH - 3) + 'h9l-4.5 -' + (rowH - 6) + 'z' })
+        mark.append(svg('title', {}, who + ': 429' + (e.exceeded ? ' (the provider: ' + words(e.exceeded) + ' exceeded)' : ' (no limit named)') + (e.retryAfterMs === null || e.retryAfterMs === undefined ? '' : ', retry after ' + secs(e.retryAfterMs))))
+        marks.push([r, mark])
+        r.limited++
+      }
+    }
+    // Open waits the metrics show now (queued since, not yet granted).
+    for (const a of agents) {
+      const act = a.activity || {}
+      const r = rows.get(rowOf(labelOf(a)))
+      if (!r || act.state !== 'queued') continue
+      span_(r, 'queued', n(act.since), to, true, labelOf(a) + ': queued since ' + clockSeconds(n(act.since)))
+    }
+    // Ticks and 429s over the spans.
+    for (const [r, node] of marks) r.g.append(node)
+    for (const r of rows.values()) {
+      r.g.setAttribute('data-sends', String(r.sends))
+      r.g.setAttribute('data-429s', String(r.limited))
+      r.g.setAttribute('data-waits', String(r.waits))
+      root.append(r.g)
+    }
+    root.append(svg('line', { class: 'now', x1: x(to).toFixed(1), x2: x(to).toFixed(1), y1: 4, y2: H - bottom }))
+    root.append(svg('text', { x: (x(to) - 2).toFixed(1), y: H - 6, 'text-anchor': 'end' }, 'now ' + clockSeconds(to)))
+    $('overlay-chart').replaceChildren(root)
+  }
+
+  // The recent 429s and refusals, newest first, each naming its ceiling.
+  const MAX_EVENT_ROWS = 40
+  function renderEvents(events) {
+    const list = events.filter((e) => e.kind === 'rate_limited' || e.kind === 'refused').slice(-MAX_EVENT_ROWS).reverse()
+    $('events').hidden = list.length === 0
+    $('events-body').replaceChildren(...list.map((e) => {
+      const t = n(e.t)
+      const what = e.kind === 'rate_limited'
+        ? '429 from the provider: ' + (e.exceeded ? words(e.exceeded) + ' limit exceeded' : 'no limit named') + (e.retryAfterMs === null || e.retryAfterMs === undefined ? '' : ', retry after ' + secs(e.retryAfterMs))
+        : 'refused by tokenwarden: ' + refusalWords(e.reason + (e.axis ? ':' + e.axis : '')) + (e.until === null || e.until === undefined ? ' (gives up)' : ', asks again at ' + clockSeconds(n(e.until)))
+      return el('tr', { class: 'event', 'data-kind': e.kind, 'data-t': t, 'data-agent-name': e.agent, 'data-exceeded': e.kind === 'rate_limited' ? e.exceeded || 'unknown' : null, 'data-reason': e.reason || null, 'data-axis': e.axis || null },
+        el('td', {}, clockSeconds(t)), el('td', {}, e.agent === null ? '–' : e.agent), el('td', {}, e.pool), el('td', { class: 'what' }, what))
+    }))
   }
 
   form.addEventListener('submit', (e) => {
@@ -557,16 +875,18 @@ export const DASHBOARD_POLL_MS = 2000
 /**
  * The dashboard page for one quota of one fleet.
  *
- * @param {{ fleet: string, quota: string, metricsPath: string }} options `metricsPath` is
- *   the quota's metrics endpoint (answering the coordinator's `Metrics` as JSON to a
- *   `GET` with `Authorization: Bearer <secret>`), on the page's origin, e.g.
- *   `/v1/fleets/<fleet>/quotas/<quota>/metrics`
+ * @param {{ fleet: string, quota: string, metricsPath: string, timelinePath?: string }} options
+ *   `metricsPath` is the quota's metrics endpoint (answering the coordinator's `Metrics` as
+ *   JSON to a `GET` with `Authorization: Bearer <secret>`), on the page's origin, e.g.
+ *   `/v1/fleets/<fleet>/quotas/<quota>/metrics`; `timelinePath` its recent call events
+ *   (`…/timeline`), for the 429-vs-turn overlay (default: beside the metrics path)
  * @returns {string} a complete HTML document; serve it as `text/html; charset=utf-8`
  *   with `dashboardCsp()` as its Content Security Policy
  */
-export function dashboardHtml({ fleet, quota, metricsPath }) {
+export function dashboardHtml({ fleet, quota, metricsPath, timelinePath }) {
   const f = escapeHtml(fleet)
   const q = escapeHtml(quota)
+  const timeline = timelinePath ?? String(metricsPath).replace(/\/metrics$/, '/timeline')
   return `<!doctype html>
 <html lang="en">
 <head>
@@ -579,7 +899,7 @@ export function dashboardHtml({ fleet, quota, metricsPath }) {
 <style>${STYLE}</style>
 </head>
 <body>
-<main id="app" data-state="locked" data-fleet="${f}" data-quota="${q}" data-metrics-path="${escapeHtml(metricsPath)}" data-interval-ms="${DASHBOARD_POLL_MS}">
+<main id="app" data-state="locked" data-fleet="${f}" data-quota="${q}" data-metrics-path="${escapeHtml(metricsPath)}" data-timeline-path="${escapeHtml(timeline)}" data-interval-ms="${DASHBOARD_POLL_MS}">
 <header>
 <h1>tokenwarden <span class="muted">fleet</span> <span id="fleet-name">${f}</span> <span class="muted">quota</span> <span id="quota-name">${q}</span></h1>
 <p id="status" role="status" aria-live="polite">This page needs JavaScript to load the live metrics.</p>
@@ -591,6 +911,15 @@ export function dashboardHtml({ fleet, quota, metricsPath }) {
 <button id="connect" type="submit">Show metrics</button>
 <span class="muted">Kept in this tab's session storage only.</span>
 </form>
+<section id="signin-help" class="help" hidden>
+<p><b>Sign in</b> with the secret of fleet <code>${f}</code>: the bearer secret its agents and the metrics endpoint use (<code>Authorization: Bearer &lt;fleet secret&gt;</code>). Where it is:</p>
+<ul>
+<li><code>tokenwarden serve</code> with no <code>--config</code>: in the data directory's <code>secret</code> file, <code>&lt;data dir&gt;/secret</code> — by default <code>.tokenwarden/secret</code> in the directory serve was started in (<code>cat .tokenwarden/secret</code>; with <code>--data DIR</code>, <code>DIR/secret</code>).</li>
+<li><code>tokenwarden serve --config FILE</code>: the fleet's <code>"secret"</code> in FILE (<code>fleets.${f}.secret</code>; serve keeps a copy in <code>&lt;data dir&gt;/fleets.json</code>).</li>
+<li>A deployed Worker: the fleet's <code>secret</code> in its <code>TOKENWARDEN_FLEETS</code> variable (<code>{"${f}": {"secret": …}}</code>, set with <code>wrangler secret put TOKENWARDEN_FLEETS</code>).</li>
+</ul>
+<p class="muted">The secret is sent only to this origin's metrics and timeline endpoints and is forgotten when the tab closes.</p>
+</section>
 <div id="toolbar" hidden><button id="forget" type="button">Forget secret</button></div>
 <section id="summary"></section>
 <section id="tasks" class="tasks-card" hidden>
@@ -601,6 +930,22 @@ export function dashboardHtml({ fleet, quota, metricsPath }) {
 </table>
 </section>
 <div id="pools"></div>
+<section id="overlay" class="overlay-card" hidden>
+<h2>429s against call starts, per agent <small>(last minutes; seed 003's test)</small></h2>
+<div class="legend"><span><i class="k-send"></i>call start</span><span><i class="k-queued"></i>queued</span><span><i class="k-refused"></i>refused</span><span><i class="k-backoff"></i>waiting out a 429</span><span><i class="k-429"></i>429</span></div>
+<p class="muted" id="overlay-how">If the red marks come in waves that line up with waves of call starts (the work), not with the ends of waits (the retries), the load itself trips the limit: no backoff setting fixes that, fewer agents or a larger limit does.</p>
+<div id="overlay-chart" class="scroll"></div>
+<p id="overlay-note" class="muted"></p>
+</section>
+<section id="events" class="agents-card" hidden>
+<h2>Recent 429s and refusals <small>(the ceiling each hit)</small></h2>
+<div class="scroll">
+<table class="events">
+<thead><tr><th>time</th><th>agent</th><th>pool</th><th>what</th></tr></thead>
+<tbody id="events-body"></tbody>
+</table>
+</div>
+</section>
 <section class="agents-card">
 <h2>Agents</h2>
 <div class="scroll">
@@ -609,7 +954,8 @@ export function dashboardHtml({ fleet, quota, metricsPath }) {
 <tbody id="agents-body"></tbody>
 </table>
 </div>
-<p id="agents-empty" class="muted">No agents yet.</p>
+<p id="agents-empty" class="muted" hidden>No agents yet.</p>
+<p id="agents-locked" class="muted">Sign in with the fleet secret to see the agents.</p>
 <p id="agents-more" class="muted" hidden></p>
 </section>
 </main>

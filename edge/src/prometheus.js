@@ -49,7 +49,7 @@ export function prometheusText(metrics, labels) {
   out.sample('tokenwarden_live_leases', base, metrics.liveLeases)
 
   out.family('tokenwarden_agents', 'gauge', 'Agents known to the coordinator, by what they are doing now.')
-  const byState = new Map([['idle', 0], ['in_flight', 0], ['queued', 0]])
+  const byState = new Map(AGENT_STATES.map((state) => [state, 0]))
   for (const a of agents) {
     const state = String(a.activity?.state ?? 'unknown')
     byState.set(state, (byState.get(state) ?? 0) + 1)
@@ -64,11 +64,17 @@ export function prometheusText(metrics, labels) {
   out.family('tokenwarden_agent_in_flight', 'gauge', `Leases in flight, per agent (the ${MAX_AGENT_LABELS} most active by name, the rest as "other").`)
   out.family('tokenwarden_agent_queued', 'gauge', 'Tickets queued, per agent.')
   out.family('tokenwarden_agent_settled_total', 'counter', 'Leases settled, per agent.')
+  out.family('tokenwarden_agent_state', 'gauge', 'What each agent is doing now: 1 for its state, 0 for the others (for "other", how many agents are in each state). Waiting is queued, refused (until a retry time), rate_limited (waiting out a 429) or backing_off (an overload).')
+  out.family('tokenwarden_agent_rate_limited', 'gauge', 'Agents waiting out a 429, by the limit the provider named or its headers showed spent (axis "unknown" when neither did): 1 per named agent, a count for "other".')
+  out.family('tokenwarden_agent_wait_remaining_seconds', 'gauge', 'Seconds until a waiting agent is expected to go on: a refusal, 429 or overload wait until its end, a queued ticket until its expected grant (for "other", the longest).')
   for (const [agent, f] of perAgent(agents)) {
     const l = [...base, ['agent', agent]]
     out.sample('tokenwarden_agent_in_flight', l, f.inFlight)
     out.sample('tokenwarden_agent_queued', l, f.queued)
     out.sample('tokenwarden_agent_settled_total', l, f.settled)
+    for (const state of AGENT_STATES) out.sample('tokenwarden_agent_state', [...l, ['state', state]], f.states.get(state) ?? 0)
+    for (const [axis, k] of f.rateLimitedAxes) out.sample('tokenwarden_agent_rate_limited', [...l, ['axis', axis]], k)
+    if (f.waitUntil !== null) out.sample('tokenwarden_agent_wait_remaining_seconds', l, Math.max(0, f.waitUntil - now) / 1000)
   }
 
   out.family('tokenwarden_limit', 'gauge', "The provider's limit per rate window (tokens or requests, by axis), where known.")
@@ -91,6 +97,19 @@ export function prometheusText(metrics, labels) {
   const counterName = (key) => `tokenwarden_${snakeCase(key)}_total`
   for (const key of counterKeys) {
     out.family(counterName(key), 'counter', COUNTER_HELP[key] ?? `The coordinator's ${key} counter.`)
+  }
+
+  // The ceilings hit (the edge's counters since its object started, beside the core's
+  // metrics): 429s by the limit the provider named, refusals by reason and axis.
+  out.family('tokenwarden_rate_limited_by_axis_total', 'counter', '429 responses reported, by the limit the provider said was exceeded (its rate_limit_type; "unknown" when it named none), since the quota\'s object started.')
+  out.family('tokenwarden_rejected_by_reason_total', 'counter', 'Requests refused, by the core\'s reason (and the axis, for exceeds_capacity), since the quota\'s object started.')
+  for (const c of metrics.ceilings?.pools ?? []) {
+    const p = [...base, ['pool', String(c.pool)]]
+    for (const [axis, k] of Object.entries(c.rateLimited ?? {})) out.sample('tokenwarden_rate_limited_by_axis_total', [...p, ['axis', axis]], k)
+    for (const [key, k] of Object.entries(c.rejected ?? {})) {
+      const [reason, axis] = String(key).split(':')
+      out.sample('tokenwarden_rejected_by_reason_total', [...p, ['reason', reason], ...(axis === undefined ? [] : [['axis', axis]])], k)
+    }
   }
 
   out.family('tokenwarden_fleet_agents_at_75_percent', 'gauge', 'Agents like the measured ones that fit at 75 % of the binding limit.')
@@ -172,22 +191,42 @@ export function prometheusText(metrics, labels) {
 /** Agents labelled by name in the per-agent families; the rest are summed as `other`. */
 export const MAX_AGENT_LABELS = 20
 
+/** What an agent can be doing (the core's `activity.state`). */
+export const AGENT_STATES = ['idle', 'in_flight', 'queued', 'refused', 'rate_limited', 'backing_off']
+const WAITING = new Set(['queued', 'refused', 'rate_limited', 'backing_off'])
+
+/** When an agent's wait is expected to end (Unix ms), or null. */
+function waitUntilOf(activity) {
+  const s = activity?.state
+  const t = s === 'queued' ? activity.expectedGrant : s === 'refused' || s === 'rate_limited' || s === 'backing_off' ? activity.until : null
+  return t === null || t === undefined ? null : toNumber(t)
+}
+
 /**
  * The per-agent figures by label: the MAX_AGENT_LABELS most active agents (most in flight
- * and queued, then most settled, then the most recently seen), each by its name (its id
- * where it has none), then `other` holding the sum of the rest, if any.
+ * and queued, a waiting one counting as one queued, then most settled, then the most
+ * recently seen), each by its name (its id where it has none), then `other` holding the sum
+ * of the rest, if any (its states counted, its wait the longest).
  */
 function perAgent(agents) {
   const ranked = agents
-    .map((a) => ({ label: typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent), inFlight: toNumber(a.inFlight), queued: toNumber(a.queued), settled: toNumber(a.settled), lastSeen: toNumber(a.lastSeen) }))
-    .sort((x, y) => y.inFlight + y.queued - (x.inFlight + x.queued) || y.settled - x.settled || y.lastSeen - x.lastSeen || (x.label < y.label ? -1 : x.label > y.label ? 1 : 0))
+    .map((a) => {
+      const state = AGENT_STATES.includes(a.activity?.state) ? a.activity.state : 'idle'
+      const active = toNumber(a.inFlight) + Math.max(toNumber(a.queued), WAITING.has(state) ? 1 : 0)
+      const axis = state === 'rate_limited' ? (typeof a.activity.axis === 'string' ? a.activity.axis : 'unknown') : null
+      return { label: typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent), inFlight: toNumber(a.inFlight), queued: toNumber(a.queued), settled: toNumber(a.settled), lastSeen: toNumber(a.lastSeen), state, active, axis, waitUntil: waitUntilOf(a.activity) }
+    })
+    .sort((x, y) => y.active - x.active || y.settled - x.settled || y.lastSeen - x.lastSeen || (x.label < y.label ? -1 : x.label > y.label ? 1 : 0))
   const out = new Map()
   ranked.forEach((a, i) => {
     const label = i < MAX_AGENT_LABELS && !out.has(a.label) ? a.label : 'other'
-    const f = out.get(label) ?? { inFlight: 0, queued: 0, settled: 0 }
+    const f = out.get(label) ?? { inFlight: 0, queued: 0, settled: 0, states: new Map(), rateLimitedAxes: new Map(), waitUntil: null }
     f.inFlight += a.inFlight
     f.queued += a.queued
     f.settled += a.settled
+    f.states.set(a.state, (f.states.get(a.state) ?? 0) + 1)
+    if (a.axis !== null) f.rateLimitedAxes.set(a.axis, (f.rateLimitedAxes.get(a.axis) ?? 0) + 1)
+    if (a.waitUntil !== null) f.waitUntil = Math.max(f.waitUntil ?? a.waitUntil, a.waitUntil)
     out.set(label, f)
   })
   // `other` last, whether or not an agent is named so.

@@ -14,6 +14,7 @@ import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { Family, sessionIdentity } from './identity.js'
 import { parseExact, readState, writeChanged } from './store.js'
+import { Timeline } from './timeline.js'
 import { WaitLog } from './waitlog.js'
 
 const MAX_WAIT_MS = 30_000
@@ -199,6 +200,8 @@ export class QuotaObject {
     this.family = new Family()
     /** Task id → the agent credential's name that opened it (at most MAX_TASK_OWNERS). */
     this.taskOwners = new Map()
+    /** Recent call events and the ceilings hit, in memory only (timeline.js). */
+    this.timeline = new Timeline()
     this.ctx.blockConcurrencyWhile(async () => {
       const saved = await readState(this.ctx.storage)
       if (saved === null) return
@@ -238,6 +241,7 @@ export class QuotaObject {
 
   #start(engine, leases) {
     this.tw = new Tokenwarden({ engine, clock })
+    this.timeline.listen(this.tw)
     this.leases = new Map(leases)
     this.tw.on('granted', (e) => {
       const rec = this.leases.get(e.lease)
@@ -388,6 +392,10 @@ export class QuotaObject {
           break
         case 'GET metrics':
           return json(200, this.#named(tw.metrics()))
+        case 'GET timeline': {
+          const pools = (tw.metrics().pools ?? []).map((p) => String(p.name))
+          return json(200, this.timeline.view(Date.now(), (agent) => this.agentIds?.nameOf(agent) ?? null, pools))
+        }
         case 'POST reset':
           response = await this.#reset()
           break
@@ -439,6 +447,9 @@ export class QuotaObject {
    */
   #named(metrics) {
     if (Array.isArray(metrics?.agents)) metrics.agents = metrics.agents.map((a) => ({ ...a, name: this.agentIds?.nameOf(Number(a.agent)) ?? null }))
+    // The ceilings hit since the object started: 429s by the provider's limit type,
+    // refusals by reason (timeline.js).
+    if (metrics !== null && typeof metrics === 'object') metrics.ceilings = this.timeline.ceilings((metrics.pools ?? []).map((p) => String(p.name)))
     return metrics
   }
 
@@ -583,6 +594,7 @@ export class QuotaObject {
     this.tw = null
     this.leases = new Map()
     this.taskOwners = new Map()
+    this.timeline.clear()
     for (const wakes of this.waiters.values()) for (const wake of wakes) wake()
     this.waiters.clear()
     await this.ctx.storage.deleteAlarm()

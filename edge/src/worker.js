@@ -100,7 +100,7 @@ async function handle(request, env) {
   // The dashboard page carries no data and needs no secret: it asks for it and then
   // fetches the metrics with it.
   if (request.method === 'GET' && rest === '/dashboard') {
-    return new Response(dashboardHtml({ fleet, quota, metricsPath: `${base}/metrics` }), {
+    return new Response(dashboardHtml({ fleet, quota, metricsPath: `${base}/metrics`, timelinePath: `${base}/timeline` }), {
       headers: { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store', 'x-frame-options': 'DENY', 'content-security-policy': dashboardCsp() },
     })
   }
@@ -180,6 +180,8 @@ async function handle(request, env) {
     if (!wantsText || res.status !== 200) return res
     return new Response(prometheusText(await res.json(), { fleet, quota }), { headers: { 'content-type': PROMETHEUS_CONTENT_TYPE } })
   }
+  // The recent call events (call starts, waits, refusals, 429s) for the dashboard's overlay.
+  if (request.method === 'GET' && rest === '/timeline') return object('/timeline')
   if (proxy) {
     // A WebSocket (Codex asks for the Responses API over one before HTTP) is not proxied:
     // refused with 426, on which Codex falls back to HTTP streaming at once (after a 404 or
