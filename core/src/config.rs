@@ -301,8 +301,9 @@ pub struct CallConfig {
     /// keep meeting a full queue or lease table.
     pub max_refusals: u32,
     /// A wait at least this long tells the agent to checkpoint its turn before waiting
-    /// (default 30 s; for a queued call, its expected wait, not its bound). A wait at least as long as `prompt_cache_ttl_ms` does too: the
-    /// prompt cache will be cold when it resumes.
+    /// (default 30 s; for a queued call, its expected wait, not its bound). A wait at least
+    /// as long as `prompt_cache_ttl_ms` does too: the prompt cache will be cold when it
+    /// resumes.
     pub checkpoint_after_ms: u64,
     /// First delay ceiling after a parallel-request (concurrency) 429, which clears when
     /// other calls finish: it doubles per attempt, capped by the response's `retry-after`

@@ -522,11 +522,14 @@ impl Coordinator {
         self.agents
             .note_ask(agent_slot, p, weight, demand.get(Axis::Tokens));
 
-        // Capacity is checked against the cold-cache reservation: a ticket that waits may
-        // see its cache expire and be charged the whole prefix when it is granted.
+        // Refused for its size only if even the warm-cache charge is above a limit: the
+        // provider serves a call whose uncached part fits (a long conversation's cached
+        // prefix is not counted), so a cold-cache estimate above the limit is no reason to
+        // refuse it. (A ticket whose cache goes cold while it waits is granted from a full
+        // bucket, its queued demand being at most the capacity.)
         let pool = &self.pools[p as usize];
-        let worst = charge(counting, &ask, true);
-        if let Some(axis) = pool.exceeds_limit(&worst) {
+        let least = charge(counting, &ask, false);
+        if let Some(axis) = pool.exceeds_limit(&least) {
             return self.reject(p, now, None, RejectReason::ExceedsCapacity { axis });
         }
 

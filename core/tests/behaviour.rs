@@ -222,6 +222,33 @@ fn a_call_within_the_limit_but_above_the_margin_is_served_when_the_bucket_is_ful
 }
 
 #[test]
+fn a_long_conversation_whose_uncached_part_fits_is_not_refused_for_its_cached_prefix() {
+    // 95k of cached prefix and 10k new on a 100k input limit: cold, 105k, above the limit;
+    // warm, 10k. The provider serves it when the prefix is cached, so it is not refused.
+    let mut c = coord("");
+    let req = LeaseRequest {
+        cached_prefix_tokens: 95_000,
+        ..ask(1, 10_000, 100)
+    };
+    let d = c.request_lease(Millis(0), &req).unwrap();
+    assert!(
+        matches!(d, Decision::Grant { .. } | Decision::Queued { .. }),
+        "served (from a full bucket while its cache is cold): {d:?}"
+    );
+    // Above the limit even warm: refused, as the provider would.
+    let d = c
+        .request_lease(
+            Millis(0),
+            &LeaseRequest {
+                cached_prefix_tokens: 95_000,
+                ..ask(2, 100_001, 100)
+            },
+        )
+        .unwrap();
+    assert!(matches!(d, Decision::Reject { retry_at: None, .. }));
+}
+
+#[test]
 fn anthropic_reserves_learned_output_not_max_tokens() {
     // Claude Code sends max_tokens 128000 on every call; the output limit is 20k a minute,
     // and the provider serves the call because it counts output as produced.
