@@ -1,7 +1,7 @@
 """Agents on the official Python SDKs (anthropic, openai) whose only integration with
 tokenwarden is the base URL: `tokenwarden serve`'s path form names the fleet, quota, agent
-and role. Runs N Anthropic agents (half streaming) and M OpenAI agents in threads, each a
-few turns, and prints one JSON line: calls made, errors (a 429 reaching an agent is one),
+and role. Runs N Anthropic agents (half streaming) and M OpenAI agents (Chat Completions,
+and every third turn the Responses API) in threads, each a few turns, and prints one JSON line: calls made, errors (a 429 reaching an agent is one),
 and the output tokens seen.
 
     python agents.py <origin> <fleet> <anthropic quota> <openai quota> <n> <m> <turns>
@@ -63,7 +63,20 @@ def gpt(i):
             messages=[{"role": "user", "content": f"agent {i} turn {turn} " + "lorem ipsum " * 200}],
         )
         try:
-            if turn % 2 == 0:
+            if turn % 3 == 2:
+                # The Responses API (what Codex and the Agents SDK speak), streamed by even
+                # agents: usage comes with response.completed.
+                ask = dict(model="gpt-5", max_output_tokens=200, input=params["messages"][0]["content"])
+                if i % 2 == 0:
+                    usage = None
+                    for event in client.responses.create(**ask, stream=True):
+                        if event.type == "response.completed":
+                            usage = event.response.usage
+                    record(usage.output_tokens if usage else 0, streamed=True)
+                else:
+                    r = client.responses.create(**ask)
+                    record(r.usage.output_tokens)
+            elif turn % 2 == 0:
                 usage = None
                 for chunk in client.chat.completions.create(**params, stream=True, stream_options={"include_usage": True}):
                     if chunk.usage is not None:

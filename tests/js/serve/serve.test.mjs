@@ -136,6 +136,8 @@ describe('tokenwarden serve', { skip }, () => {
     assert.ok(r.streamed >= 30, `${r.streamed} streamed`)
     const stats = mock.stats()
     assert.equal(stats.completed, 75)
+    // Every OpenAI agent's third turn is a Responses call (streamed for even agents).
+    assert.equal(mock.log.filter((e) => e.path === '/v1/responses' && e.status === 200).length, 5, 'the Responses calls reached the provider')
     assert.equal(stats.overLimit, false, 'the provider never let more through than its limits')
     const a = await (await api('anthropic', '/metrics')).json()
     const o = await (await api('openai', '/metrics')).json()
