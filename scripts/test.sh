@@ -159,7 +159,7 @@ venv=target/serve-venv
 (
   cd tests/js
   WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" \
-    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs
+    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs serve/waitlog.test.mjs
 )
 
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"
