@@ -234,6 +234,9 @@ impl Coordinator {
             pool.vtime = pool.vtime.max(vstart);
             let waited_ms = now.since(enqueued_at);
             pool.waits.record(waited_ms);
+            if let Some(m) = pool.minute(now) {
+                m.waited_ms = m.waited_ms.saturating_add(waited_ms);
+            }
             pool.counters.granted_from_queue = pool.counters.granted_from_queue.saturating_add(1);
             let expires_at = now.plus(ttl);
             self.leases.schedule_bump(id, None);

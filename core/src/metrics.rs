@@ -38,6 +38,16 @@ pub struct MinuteStats {
     pub rejected: u32,
     /// 429 responses reported.
     pub rate_limited: u32,
+    /// Time agents spent waiting on quota, ms, counted in the minute the wait was told or
+    /// ended: queue waits of tickets granted in it, and the waits the call lifecycle told
+    /// calls to sit out after a refusal or a 429. What the fleet advice reads demand from.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub waited_ms: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Counters since the coordinator started, per pool.
@@ -221,13 +231,24 @@ pub struct AgentMetrics {
     pub last_seen: Millis,
 }
 
-/// How many agents like the measured ones fit at 75 % of the binding ceiling.
+/// How many agents like the measured ones fit at 75 % of the binding ceiling, from what
+/// they want, not what they were served: an agent that spends a share `f` of its time
+/// waiting on quota would use `served ÷ (1 − f)` if it never waited (its demand). Both are
+/// weighted to the latest minutes (minute `i` of the last five has weight `i`), where
+/// sessions are late and contexts longest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FleetAdvice {
     /// The axis that binds (highest usage against its limit).
     pub axis: Axis,
-    /// Average usage of one active agent per minute on that axis.
+    /// One active agent's demand per minute on that axis: served ÷ (1 − waiting share).
     pub per_agent_per_minute: u64,
+    /// One active agent's usage per minute on that axis, as served.
+    #[serde(default)]
+    pub served_per_agent_per_minute: u64,
+    /// The share of the measured agents' time spent waiting on quota, thousandths (at most
+    /// 950: the advice does not extrapolate further).
+    #[serde(default)]
+    pub waiting_permille: u32,
     /// Agents measured (those that settled a lease in the measured minutes).
     pub agents_measured: u32,
     /// Agents of that kind that fit at 75 % of the real limit.
@@ -421,16 +442,35 @@ fn fleet_advice(
         .filter(|a| a.last_settle.is_some_and(|t| t >= since))
         .count();
     let measured = u32::try_from(measured).ok().filter(|m| *m > 0)?;
-    let total: u64 = recent
+    // Weighted to the latest minutes: minute `first + k` weighs `k + 1`; a minute with no
+    // activity (not in `recent`) counts as nothing used and nothing waited.
+    let weight = |m: &MinuteStats| u128::from(m.minute - first + 1);
+    let weights: u128 = (1..=u128::from(span)).sum();
+    let used: u128 = recent
         .iter()
-        .map(|m| m.used.get(axis))
-        .fold(0, u64::saturating_add);
-    let per_agent = (total / span / u64::from(measured)).max(1);
+        .map(|m| weight(m) * u128::from(m.used.get(axis)))
+        .sum();
+    let waited: u128 = recent
+        .iter()
+        .map(|m| weight(m) * u128::from(m.waited_ms))
+        .sum();
+    let served = u64::try_from(used / weights / u128::from(measured))
+        .unwrap_or(u64::MAX)
+        .max(1);
+    // The share of the agents' time spent waiting, per weighted minute.
+    let waiting =
+        (waited * 1000 / (weights * u128::from(MINUTE_MS) * u128::from(measured))).min(950);
+    let waiting = u32::try_from(waiting).unwrap_or(950);
+    let demand = u64::try_from(u128::from(served) * 1000 / u128::from(1000 - waiting))
+        .unwrap_or(u64::MAX)
+        .max(1);
     Some(FleetAdvice {
         axis,
-        per_agent_per_minute: per_agent,
+        per_agent_per_minute: demand,
+        served_per_agent_per_minute: served,
+        waiting_permille: waiting,
         agents_measured: measured,
-        agents_at_75_percent: limit / 4 * 3 / per_agent,
+        agents_at_75_percent: limit / 4 * 3 / demand,
     })
 }
 

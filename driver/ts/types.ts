@@ -272,6 +272,8 @@ export interface MinuteStats {
   queued: number
   rejected: number
   rateLimited: number
+  /** Time agents spent waiting on quota, ms (absent when none). */
+  waitedMs?: U64
 }
 
 /** A pool in {@link Metrics}. */
@@ -290,8 +292,12 @@ export interface PoolMetrics {
   queueWaitP95Ms: U64 | null
   minutes: MinuteStats[]
   counters: Record<string, U64>
-  /** How many agents of the measured kind fit at 75% of the binding limit. */
-  fleet: { axis: Axis; perAgentPerMinute: U64; agentsMeasured: number; agentsAt75Percent: U64 } | null
+  /**
+   * How many agents of the measured kind fit at 75% of the binding limit, from their demand
+   * (`perAgentPerMinute`: served ÷ the share of their time not spent waiting on quota,
+   * `waitingPermille`), weighted to the latest minutes.
+   */
+  fleet: { axis: Axis; perAgentPerMinute: U64; servedPerAgentPerMinute: U64; waitingPermille: number; agentsMeasured: number; agentsAt75Percent: U64 } | null
 }
 
 /** An agent in {@link Metrics}: what it is doing and how good its estimates are. */

@@ -500,7 +500,7 @@ const SCRIPT = `
           'data-agents-measured': n(f.agentsMeasured),
           'data-agents-at-75-percent': n(f.agentsAt75Percent),
         }, 'About ', el('b', {}, int(f.agentsAt75Percent)), ' agents like the ', int(f.agentsMeasured),
-          ' measured fit at 75 % of the ', f.axis, ' limit (', int(f.perAgentPerMinute), ' ', f.axis, ' per agent per minute).')
+          ' measured fit at 75 % of the ', f.axis, ' limit (each wants ', int(f.perAgentPerMinute), ' ', f.axis, ' a minute: served ', int(f.servedPerAgentPerMinute ?? f.perAgentPerMinute), ', waiting ', int(Math.round(Number(f.waitingPermille ?? 0) / 10)), ' % of the time).')
       : el('p', { class: 'fleet-advice muted' }, 'No fleet advice yet: it needs settled usage in complete minutes against a known limit.')
     section.append(el('div', { class: 'row' },
       el('div', {}, el('h3', {}, 'Counters since start'), el('table', { class: 'counters' }, el('tbody', {}, counterRows))),

@@ -114,7 +114,9 @@ export function prometheusText(metrics, labels) {
 
   out.family('tokenwarden_fleet_agents_at_75_percent', 'gauge', 'Agents like the measured ones that fit at 75 % of the binding limit.')
   out.family('tokenwarden_fleet_agents_measured', 'gauge', 'Agents the fleet advice was measured on.')
-  out.family('tokenwarden_fleet_per_agent_per_minute', 'gauge', 'Average usage of one active agent per minute on the binding axis.')
+  out.family('tokenwarden_fleet_per_agent_per_minute', 'gauge', "One active agent's demand per minute on the binding axis (served / the share of time not waiting on quota).")
+  out.family('tokenwarden_fleet_served_per_agent_per_minute', 'gauge', "One active agent's usage per minute on the binding axis, as served.")
+  out.family('tokenwarden_fleet_waiting_ratio', 'gauge', "The share of the measured agents' time spent waiting on quota.")
 
   // Tasks: seed 003's four numbers (429 rate, tokens per merged task, task time,
   // critical-path wait), since start and over the last complete minute.
@@ -183,6 +185,8 @@ export function prometheusText(metrics, labels) {
       out.sample('tokenwarden_fleet_agents_at_75_percent', f, pool.fleet.agentsAt75Percent)
       out.sample('tokenwarden_fleet_agents_measured', f, pool.fleet.agentsMeasured)
       out.sample('tokenwarden_fleet_per_agent_per_minute', f, pool.fleet.perAgentPerMinute)
+      out.sample('tokenwarden_fleet_served_per_agent_per_minute', f, pool.fleet.servedPerAgentPerMinute ?? pool.fleet.perAgentPerMinute)
+      out.sample('tokenwarden_fleet_waiting_ratio', f, Number(pool.fleet.waitingPermille ?? 0) / 1000)
     }
   }
   return out.toString()

@@ -47,6 +47,9 @@ impl Coordinator {
                 } else {
                     let step = self.wait(now, call, at, WaitReason::Refused, None, Some(reason));
                     self.note_wait(self.agents.find(req.agent), &step, None);
+                    if let Ok(p) = self.pool_index(req.pool) {
+                        self.count_wait(p, now, &step);
+                    }
                     step
                 }
             }
@@ -111,7 +114,29 @@ impl Coordinator {
             .find(|a| report.axis(*a).remaining == Some(0))
         });
         self.note_wait(agent, &step, axis);
+        if let Ok(p) = self.pool_index(pool) {
+            self.count_wait(p, now, &step);
+        }
         Ok(CallResponse { step, settled })
+    }
+
+    /// Adds a wait told with no ticket to the pool's minute (a queued ticket's wait is
+    /// counted when it is granted), for the fleet advice's demand.
+    fn count_wait(&mut self, p: u32, now: Millis, step: &CallStep) {
+        if let CallStep::Wait {
+            until,
+            ticket: None,
+            ..
+        } = *step
+        {
+            if let Some(m) = self
+                .pools
+                .get_mut(p as usize)
+                .and_then(|pool| pool.minute(now))
+            {
+                m.waited_ms = m.waited_ms.saturating_add(until.since(now));
+            }
+        }
     }
 
     /// Keeps a wait without a ticket on the agent, for its activity in the metrics: a
