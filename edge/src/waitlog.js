@@ -17,7 +17,7 @@ const MAX_OPEN = 4_096
 
 const seconds = (ms) => (ms < 10_000 ? (ms / 1000).toFixed(1) : String(Math.round(ms / 1000)))
 
-const AXIS = { input_tokens: 'input tokens/min', output_tokens: 'output tokens/min', tokens: 'tokens/min', requests: 'requests/min' }
+const AXIS = { input_tokens: 'input tokens/min', output_tokens: 'output tokens/min', tokens: 'tokens/min', requests: 'requests/min', concurrent: 'parallel requests' }
 
 /**
  * The ceiling a pool is held by now: the recent binding axis, else the gating axis with the
@@ -126,9 +126,13 @@ export class WaitLog {
 
   #waiting(e) {
     if (e.delayMs >= LONG_WAIT_MS) {
-      const pool = this.#pool(e.pool)
+      const { pool, agent } = this.#look(e.pool, Number(e.agent))
       this.#minute.waits++
-      this.#print(`tokenwarden: ${this.#nameOf(Number(e.agent))} on ${pool?.name ?? `pool ${e.pool}`}: ${e.message}`)
+      // The ceiling: the limit a 429 named or showed spent (the core's activity), else the
+      // pool's.
+      const axis = agent?.activity?.state === 'rate_limited' ? agent.activity.axis : null
+      const ceiling = axis ? (AXIS[axis] ?? axis) : ceilingOf(pool)
+      this.#print(`tokenwarden: ${this.#nameOf(Number(e.agent))} on ${pool?.name ?? `pool ${e.pool}`} (ceiling: ${ceiling}): ${e.message}`)
     }
     this.#tick()
   }
