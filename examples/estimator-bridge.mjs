@@ -44,7 +44,7 @@ const estimator = new DefaultEstimator({ now: () => now })
 /** Calls estimated and not yet observed or forgotten: their body and last estimate. */
 const calls = new Map()
 
-function handle(msg) {
+async function handle(msg) {
   if (typeof msg.now === 'number') now = msg.now
   switch (msg.op) {
     case 'hello':
@@ -58,8 +58,8 @@ function handle(msg) {
       if (c === undefined) throw new Error(`estimate of call ${msg.call}: no body sent for it`)
       const shape = callShape(c.provider, c.body)
       c.model = shape.model
-      const e = estimator.estimate({ provider: c.provider, model: shape.model, body: c.body })
-      if (typeof e?.then === 'function') throw new Error('the estimate was a promise: the simulator needs a synchronous one (Anthropic without count_tokens)')
+      // Awaited as the fetch wrapper does: the first call of a model may load the tokenizer.
+      const e = await estimator.estimate({ provider: c.provider, model: shape.model, body: c.body })
       c.estimate = e
       return { input_tokens: e.inputTokens, cached_prefix_tokens: e.cachedPrefixTokens, max_tokens: shape.maxTokens }
     }
@@ -78,8 +78,7 @@ function handle(msg) {
         cacheCreationInputTokens: n(usage.cacheCreationInputTokens),
         outputTokens: n(usage.outputTokens),
       }
-      const r = estimator.observe?.({ provider: c.provider, model: c.model, body: c.body, estimate: c.estimate, actualInputTokens: observed.inputTokens + observed.cacheCreationInputTokens + observed.cacheReadInputTokens, usage: observed })
-      if (typeof r?.then === 'function') throw new Error('observe returned a promise: the simulator needs a synchronous one')
+      await estimator.observe?.({ provider: c.provider, model: c.model, body: c.body, estimate: c.estimate, actualInputTokens: observed.inputTokens + observed.cacheCreationInputTokens + observed.cacheReadInputTokens, usage: observed })
       return { ok: true }
     }
     case 'forget':
@@ -91,14 +90,18 @@ function handle(msg) {
 }
 
 const lines = createInterface({ input: process.stdin, crlfDelay: Infinity })
+// One message at a time, in order (an estimate may await the tokenizer's first load).
+let chain = Promise.resolve()
 lines.on('line', (line) => {
   if (line.length === 0) return
-  let answer
-  try {
-    answer = handle(JSON.parse(line))
-  } catch (e) {
-    answer = { error: String(e?.stack ?? e) }
-  }
-  // The simulator waits for each answer (a pipe's writes are synchronous on Linux).
-  process.stdout.write(`${JSON.stringify(answer)}\n`)
+  chain = chain.then(async () => {
+    let answer
+    try {
+      answer = await handle(JSON.parse(line))
+    } catch (e) {
+      answer = { error: String(e?.stack ?? e) }
+    }
+    // The simulator waits for each answer (a pipe's writes are synchronous on Linux).
+    process.stdout.write(`${JSON.stringify(answer)}\n`)
+  })
 })
