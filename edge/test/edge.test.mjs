@@ -32,7 +32,7 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, big: { config: { pools: [{ ...POOL, input_tokens_per_minute: 100_000_000, output_tokens_per_minute: 100_000_000, requests_per_minute: 1_000_000, max_concurrent: null }] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, gone: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
+    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, big: { config: { pools: [{ ...POOL, input_tokens_per_minute: 100_000_000, output_tokens_per_minute: 100_000_000, requests_per_minute: 1_000_000, max_concurrent: null }] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, neverfits: { config: { pools: [POOL] }, upstream: mock.url }, gone: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -390,12 +390,12 @@ describe('client mistakes are 4xx naming what was wrong', () => {
   })
 
   test('a proxied call that can never fit is a 400 `rejected`, not a 500', async () => {
-    const r = await fetch(`${base}/v1/fleets/fleet-a/quotas/main/proxy/v1/messages`, {
+    const r = await fetch(`${base}/v1/fleets/fleet-a/quotas/neverfits/proxy/v1/messages`, {
       method: 'POST',
       headers: { 'x-tokenwarden-token': SECRET_A, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
       // A prompt above the 100k input limit (the provider refuses it too). A max_tokens above
       // the output limit is not refused under Anthropic counting: see the test below.
-      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 1_000, messages: [{ role: 'user', content: 'x'.repeat(400_000) }] }),
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 1_000, messages: [{ role: 'user', content: 'lorem ipsum dolor sit amet '.repeat(30_000) }] }),
     })
     assert.equal(r.status, 400)
     const b = await r.json()

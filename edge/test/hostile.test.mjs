@@ -62,6 +62,9 @@ before(async () => {
       admin_secret: ADMIN,
       quotas: {
         main: { config: { pools: [POOL] }, upstream: mock.url },
+        // Its own object, so the estimator it sizes calls with has learned nothing from the
+        // other tests' odd bodies (the mock counts only text, by bytes).
+        neverfits: { config: { pools: [POOL] }, upstream: mock.url },
         reports: { config: { pools: [POOL] } },
         tasks: { config: { pools: [POOL], max_tasks: 8 } },
         reset: { config: { pools: [POOL] } },
@@ -494,7 +497,7 @@ describe("the provider's other routes and what agents send", () => {
   })
 
   test("a refusal in proxy mode is in OpenAI's error format for an OpenAI call (edge.test.mjs checks Anthropic's)", async () => {
-    const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/chat/completions`, {
+    const r = await fetch(`${base}/v1/fleets/f/quotas/neverfits/proxy/v1/chat/completions`, {
       method: 'POST',
       headers: { authorization: 'Bearer sk-test', 'content-type': 'application/json', 'x-tokenwarden-token': SECRET },
       // A prompt above the pool's input limit itself (the provider refuses it too; a large
@@ -523,8 +526,12 @@ describe('an upstream that drops the connection', () => {
 })
 
 describe('a streamed proxied call whose client gives up while it waits', () => {
+  // The whole 6,000-token limit, granted from the full bucket (5,100 at the margin): the
+  // bucket is 900 in debt, so a small call waits about 12 s for refill — longer than the
+  // client takes to go and the limiter to notice (a write fails within 2 s) plus the 5 s
+  // the tests then watch for a forward.
   const held = async (quota) => {
-    const l = await (await lease({ inputTokens: 5_000, maxTokens: 1 }, { quota })).json()
+    const l = await (await lease({ inputTokens: 6_000, maxTokens: 1 }, { quota })).json()
     assert.equal(l.kind, 'grant')
     return l
   }
