@@ -504,25 +504,16 @@ impl Queue {
     /// (slot, demand) of every ticket in key order: the fair order (for the expected
     /// waits in the metrics; allocates).
     pub(crate) fn demands_in_order(&self) -> Vec<(u32, Demand)> {
-        let mut out = Vec::with_capacity(self.len as usize);
-        let mut stack = Vec::new();
-        let mut t = self.root;
-        loop {
-            while let Some(n) = self.node(t) {
-                stack.push(t);
-                t = n.left;
-            }
-            let Some(i) = stack.pop() else { break };
-            if let (Some(n), Some(x)) = (self.node(i), self.ticket(i)) {
-                out.push((x.slot, x.demand));
-                t = n.right;
-            }
-        }
-        out
+        self.map_in_order(|_, t| (t.slot, t.demand))
     }
 
     /// (key, slot) of every ticket in key order (for checks; allocates).
     pub(crate) fn in_order(&self) -> Vec<(Key, u32)> {
+        self.map_in_order(|n, t| (n.key(), t.slot))
+    }
+
+    /// `f` of every ticket (with its node) in key order.
+    fn map_in_order<T>(&self, f: impl Fn(&Node, &Ticket) -> T) -> Vec<T> {
         let mut out = Vec::with_capacity(self.len as usize);
         let mut stack = Vec::new();
         let mut t = self.root;
@@ -533,7 +524,7 @@ impl Queue {
             }
             let Some(i) = stack.pop() else { break };
             if let (Some(n), Some(x)) = (self.node(i), self.ticket(i)) {
-                out.push((n.key(), x.slot));
+                out.push(f(n, x));
                 t = n.right;
             }
         }

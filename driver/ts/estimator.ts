@@ -7,7 +7,7 @@
  */
 import { type CountTokensOptions, CountTokensClient } from './counttokens.js'
 import type { Provider } from './providers.js'
-import { type CountText, type PromptCounter, loadTokenizer, openaiEncoding, openaiPromptTokens, tokenizerState } from './tokenize.js'
+import { type CountText, type PromptCounter, bounded, loadTokenizer, openaiEncoding, openaiPromptTokens, tokenizerState } from './tokenize.js'
 
 /** What the estimator sees of a request. */
 export interface EstimateInput {
@@ -1047,35 +1047,11 @@ function memoized(count: CountText): CountText {
   }
 }
 
-/** The longest run without whitespace the proxy tokenizes whole. */
-const MAX_RUN = 256
-
 /**
- * A counter that cuts runs without whitespace at {@link MAX_RUN} characters and counts the
- * pieces apart: byte-pair merging is quadratic in a pre-token's length, and one long run
- * (400 KB of `x`, a minified file, base64) takes minutes whole; cut, it costs a token or so
- * more per cut. (For the proxy only: the OpenAI count stays exact.)
+ * The longest run without whitespace the proxy tokenizes whole (the tokenizer's own bound,
+ * `bounded`, is wider: the OpenAI count stays exact on longer runs than the proxy needs).
  */
-function boundedRuns(count: CountText): CountText {
-  return (s) => {
-    let run = 0
-    let from = 0
-    let n = 0
-    for (let i = 0; i < s.length; i++) {
-      const c = s.charCodeAt(i)
-      if (c === 32 || c === 10 || c === 9 || c === 13) {
-        run = 0
-        continue
-      }
-      if (++run >= MAX_RUN) {
-        n += count(s.slice(from, i + 1))
-        from = i + 1
-        run = 0
-      }
-    }
-    return from === 0 ? count(s) : n + (from < s.length ? count(s.slice(from)) : 0)
-  }
-}
+const MAX_RUN = 256
 
 /** OpenAI image and file blocks by the published rules (the same as the byte rule's), a PDF's text counted by `count`. */
 const openaiMedia =
@@ -1183,7 +1159,7 @@ export class DefaultEstimator implements Estimator {
 
   /** The Anthropic estimator counting with o200k_base as a proxy, made on first use. */
   #proxied(count: CountText): BytesPerTokenEstimator {
-    if (this.#proxy === null) this.#proxy = new BytesPerTokenEstimator({ ...this.#options, proxy: boundedRuns(this.#promptCounter('o200k_base', count).count) })
+    if (this.#proxy === null) this.#proxy = new BytesPerTokenEstimator({ ...this.#options, proxy: bounded(this.#promptCounter('o200k_base', count).count, MAX_RUN, Infinity) })
     return this.#proxy
   }
 

@@ -65,7 +65,7 @@ const MAX_TOKENIZED = 1 << 20
  * real prompts rarely hold), and past {@link MAX_TOKENIZED} characters the rest is counted
  * at the rate of the first part. Below both bounds the count is the tokenizer's, exactly.
  */
-function bounded(count: CountText): CountText {
+export function bounded(count: CountText, maxRun = MAX_RUN, maxTokenized = MAX_TOKENIZED): CountText {
   const runs: CountText = (s) => {
     let run = 0
     let from = 0
@@ -76,7 +76,7 @@ function bounded(count: CountText): CountText {
         run = 0
         continue
       }
-      if (++run >= MAX_RUN) {
+      if (++run >= maxRun) {
         n += count(s.slice(from, i + 1))
         from = i + 1
         run = 0
@@ -85,9 +85,9 @@ function bounded(count: CountText): CountText {
     return from === 0 ? count(s) : n + (from < s.length ? count(s.slice(from)) : 0)
   }
   return (s) => {
-    if (s.length <= MAX_TOKENIZED) return runs(s)
-    const head = runs(s.slice(0, MAX_TOKENIZED))
-    return Math.ceil((head * s.length) / MAX_TOKENIZED)
+    if (s.length <= maxTokenized) return runs(s)
+    const head = runs(s.slice(0, maxTokenized))
+    return Math.ceil((head * s.length) / maxTokenized)
   }
 }
 
