@@ -259,6 +259,11 @@ export interface LeaseRequest {
   inputTokens?: U64
   /** Tokens of the prompt covered by the agent's prompt cache. */
   cachedPrefixTokens?: U64
+  /**
+   * The host saw the provider cache this very prefix within its lifetime: charged as a
+   * cache read even on this agent's first call (default false).
+   */
+  cachedPrefixConfirmed?: boolean
   /** The call's `max_tokens`: the output reservation, refunded on settle. */
   maxTokens?: U64
   /** The agent's role (default `worker`). */

@@ -17,7 +17,7 @@
 // Protocol: one JSON object a line on stdin, one answer a line on stdout, in order.
 //   {"op":"hello"}                                   -> {"ok":true,"node":..,"estimator":..}
 //   {"op":"estimate","call":K,"now":MS,"provider":"anthropic","body":{..}}
-//                                                    -> {"input_tokens":N,"cached_prefix_tokens":M,"max_tokens":X}
+//                                                    -> {"input_tokens":N,"cached_prefix_tokens":M,"cached_prefix_confirmed":0|1,"max_tokens":X}
 //     (`body` only on a call's first estimate: later ones estimate the same object again)
 //   {"op":"observe","call":K,"now":MS,"usage":{"input_tokens":..,"cache_creation_input_tokens":..,
 //     "cache_read_input_tokens":..,"output_tokens":..}} -> {"ok":true}   (the call is then forgotten)
@@ -61,7 +61,7 @@ async function handle(msg) {
       // Awaited as the fetch wrapper does: the first call of a model may load the tokenizer.
       const e = await estimator.estimate({ provider: c.provider, model: shape.model, body: c.body })
       c.estimate = e
-      return { input_tokens: e.inputTokens, cached_prefix_tokens: e.cachedPrefixTokens, max_tokens: shape.maxTokens }
+      return { input_tokens: e.inputTokens, cached_prefix_tokens: e.cachedPrefixTokens, cached_prefix_confirmed: e.cachedPrefixConfirmed === true ? 1 : 0, max_tokens: shape.maxTokens }
     }
     case 'observe': {
       const c = calls.get(msg.call)

@@ -469,9 +469,9 @@ pub mod io {
     /// The result does not fit a `number`: fetch it with `takeWide()`.
     pub const WIDE: i32 = 9;
 
-    /// `requestLeaseIo`'s argument slots 1 to 9 (slot 0 is `now`): the lease request's
-    /// fields by their JavaScript names, in slot order.
-    pub const LEASE_REQUEST_FIELDS: [&str; 9] = [
+    /// `requestLeaseIo`'s argument slots 1 to 10 (slot 0 is `now`): the lease request's
+    /// fields by their JavaScript names, in slot order (`cachedPrefixConfirmed` is 1 or 0).
+    pub const LEASE_REQUEST_FIELDS: [&str; 10] = [
         "agent",
         "pool",
         "inputTokens",
@@ -481,7 +481,11 @@ pub mod io {
         "unblocks",
         "failureSignature",
         "task",
+        "cachedPrefixConfirmed",
     ];
+    /// `callLeaseIo`'s first call-state slot (`failed`, then `refusals`, `lastRetryAfterMs`):
+    /// after `now` and the lease request.
+    pub const CALL_STATE_SLOT: usize = 1 + LEASE_REQUEST_FIELDS.len();
     /// `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease): the usage's fields.
     pub const USAGE_FIELDS: [&str; 4] = [
         "inputTokens",
@@ -666,6 +670,16 @@ pub mod io {
             unblocks: u32_from_f64(io[7], "unblocks")?,
             failure_signature: opt_slot(io, 8, "failureSignature")?,
             task: opt_slot(io, 9, "task")?.map(core::TaskId),
+            cached_prefix_confirmed: match io[10] {
+                0.0 => false,
+                1.0 => true,
+                _ => {
+                    return Err(ArgError::type_error(
+                        "`cachedPrefixConfirmed` must be a boolean".into(),
+                    )
+                    .with_field("cachedPrefixConfirmed"));
+                }
+            },
         })
     }
 
@@ -834,7 +848,11 @@ pub mod io {
     pub fn io_call_lease(
         io: &[f64],
     ) -> Result<(core::Millis, core::LeaseRequest, core::Call), ArgError> {
-        Ok((io_now(io)?, io_lease_request(io)?, io_call_at(io, 10)?))
+        Ok((
+            io_now(io)?,
+            io_lease_request(io)?,
+            io_call_at(io, CALL_STATE_SLOT)?,
+        ))
     }
 
     /// The arguments of `callResponseIo` and `handleResponseIo`, the headers parsed.

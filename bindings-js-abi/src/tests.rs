@@ -149,11 +149,18 @@ fn lease_request_fields_are_the_cores_in_slot_order() {
         .position(|f| *f == "role")
         .unwrap_or(99);
     regs[1 + role] = 1.0;
+    let flag = io::LEASE_REQUEST_FIELDS
+        .iter()
+        .position(|f| *f == "cachedPrefixConfirmed")
+        .unwrap_or(99);
+    regs[1 + flag] = 1.0;
     let req = io::io_lease_request(&regs).unwrap_or_else(|e| panic!("{e:?}"));
     let read = camel_value(&req).unwrap_or_else(|e| panic!("{e:?}"));
     for (i, field) in io::LEASE_REQUEST_FIELDS.iter().enumerate() {
         let want = if i == role {
             serde_json::json!(tag(&io::ROLES[1]))
+        } else if i == flag {
+            serde_json::json!(true)
         } else {
             serde_json::json!(10 + i)
         };

@@ -37,8 +37,10 @@ export const DECISION_GRANT = {grant}
 export const DECISION_QUEUED = {queued}
 export const DECISION_REJECT = {reject}
 export const WIDE = {wide}
-/** `requestLeaseIo`'s argument slots 1 to 8 (slot 0 is `now`), in slot order. */
+/** `requestLeaseIo`'s argument slots from 1 (slot 0 is `now`), in slot order; `cachedPrefixConfirmed` is 1 or 0. */
 export const LEASE_REQUEST_FIELDS = {request}
+/** `callLeaseIo`'s call state (`failed`, `refusals`, `lastRetryAfterMs`, -1 none) from this slot, after the request. */
+export const CALL_STATE_SLOT = {call_state_slot}
 /** `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease), in slot order. */
 export const USAGE_FIELDS = {usage}
 /** Role codes: the index in this list. */
@@ -75,6 +77,7 @@ export const ENGINE_ERROR_CODES = {errors}
         reject = io::DECISION_REJECT,
         wide = io::WIDE,
         request = tuple(&io::LEASE_REQUEST_FIELDS),
+        call_state_slot = io::CALL_STATE_SLOT,
         usage = tuple(&io::USAGE_FIELDS),
         roles = tuple(&roles),
         reasons = tuple(&io::REJECT_REASONS),

@@ -111,6 +111,9 @@ pub struct LeaseRequest {
     pub input_tokens: Option<U64>,
     /// Tokens of the prompt covered by the agent's prompt cache.
     pub cached_prefix_tokens: Option<U64>,
+    /// The host saw the provider cache this very prefix within its lifetime: charged as a
+    /// cache read even on this agent's first call (default false).
+    pub cached_prefix_confirmed: Option<bool>,
     /// The call's `max_tokens`: the output reservation, refunded on settle.
     pub max_tokens: Option<U64>,
     /// The agent's role (default `worker`).
@@ -161,6 +164,7 @@ impl LeaseRequest {
                 self.cached_prefix_tokens.as_ref(),
                 "cachedPrefixTokens",
             )?,
+            cached_prefix_confirmed: self.cached_prefix_confirmed.unwrap_or(false),
             max_tokens: opt_u64(self.max_tokens.as_ref(), "maxTokens")?,
             role: match self.role {
                 Some(Role::Planner) => core::Role::Planner,

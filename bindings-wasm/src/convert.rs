@@ -133,8 +133,8 @@ fn known_keys(o: &Object, fields: &[&str], what: &str) -> Result<(), ArgError> {
     Ok(())
 }
 
-/// `LeaseRequest` from `{ agent, pool, inputTokens?, cachedPrefixTokens?, maxTokens?, role?,
-/// unblocks?, failureSignature? }`.
+/// `LeaseRequest` from `{ agent, pool, inputTokens?, cachedPrefixTokens?,
+/// cachedPrefixConfirmed?, maxTokens?, role?, unblocks?, failureSignature?, task? }`.
 pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, ArgError> {
     let o = object(v, "request")?;
     known_keys(o, &io::LEASE_REQUEST_FIELDS, "lease request")?;
@@ -146,11 +146,21 @@ pub fn lease_request(v: &JsValue) -> Result<core::LeaseRequest, ArgError> {
     };
     let signature = get(o, "failureSignature");
     let unblocks = get(o, "unblocks");
+    let confirmed = get(o, "cachedPrefixConfirmed");
+    let cached_prefix_confirmed = if confirmed.is_undefined() || confirmed.is_null() {
+        false
+    } else {
+        confirmed.as_bool().ok_or_else(|| {
+            ArgError::type_error("`cachedPrefixConfirmed` must be a boolean".into())
+                .with_field("cachedPrefixConfirmed")
+        })?
+    };
     Ok(core::LeaseRequest {
         agent: core::AgentId(u64_arg(&get(o, "agent"), "agent")?),
         pool: core::PoolId(u32_arg(&get(o, "pool"), "pool")?),
         input_tokens: opt_u64(o, "inputTokens")?,
         cached_prefix_tokens: opt_u64(o, "cachedPrefixTokens")?,
+        cached_prefix_confirmed,
         max_tokens: opt_u64(o, "maxTokens")?,
         role,
         unblocks: if unblocks.is_undefined() || unblocks.is_null() {

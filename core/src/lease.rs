@@ -47,6 +47,9 @@ impl LeaseId {
 pub(crate) struct Ask {
     pub(crate) input_tokens: u64,
     pub(crate) cached_prefix_tokens: u64,
+    /// [`LeaseRequest::cached_prefix_confirmed`](crate::LeaseRequest::cached_prefix_confirmed).
+    #[serde(default)]
+    pub(crate) cached_prefix_confirmed: bool,
     pub(crate) max_tokens: u64,
     /// The output reserved, decided at the ask (see [`crate::OutputReserveConfig`]); at
     /// most `max_tokens`. A lease stored before it existed reserves `max_tokens`.
@@ -385,6 +388,7 @@ mod tests {
             ask: Ask {
                 input_tokens: 1,
                 cached_prefix_tokens: 0,
+                cached_prefix_confirmed: false,
                 max_tokens: 1,
                 output: 1,
             },

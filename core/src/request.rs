@@ -37,6 +37,15 @@ pub struct LeaseRequest {
     /// Tokens of the prompt covered by the agent's prompt cache. Charged as input when the
     /// cache has probably expired (or always, under OpenAI counting).
     pub cached_prefix_tokens: u64,
+    /// The host knows `cached_prefix_tokens` is in the provider's cache now: it saw a call
+    /// with this very prefix (by content, from any agent) served or written to the cache
+    /// within its lifetime, as the fetch wrapper's default estimator does. The prefix is then
+    /// charged as a cache read even when this agent's own cache is cold — its first call
+    /// reading a system prompt and tools other agents keep warm. Without it (a host that
+    /// only knows where the breakpoints are) the core charges the whole prefix whenever the
+    /// agent's own last cache use is older than `prompt_cache_ttl_ms`. Anthropic counting
+    /// only: OpenAI counts cached tokens anyway.
+    pub cached_prefix_confirmed: bool,
     /// The call's `max_tokens`. Under OpenAI counting it is the output reservation, as the
     /// provider pre-charges it; under Anthropic counting, which counts output as it is
     /// produced, the reservation is a learned high percentile of the agent's settled
@@ -95,6 +104,7 @@ impl LeaseRequest {
         Ask {
             input_tokens: self.input_tokens,
             cached_prefix_tokens: self.cached_prefix_tokens,
+            cached_prefix_confirmed: self.cached_prefix_confirmed,
             max_tokens: self.max_tokens,
             output: output.min(self.max_tokens),
         }
@@ -126,7 +136,8 @@ fn check_sizes(sizes: &[(&'static str, u64)]) -> Result<(), LeaseError> {
     Ok(())
 }
 
-/// Reservation for an ask under a pool's counting rules, given whether the cache is cold.
+/// Reservation for an ask under a pool's counting rules, given whether the agent's own
+/// cache is cold (a prefix the host confirmed cached is a read either way).
 ///
 /// Anthropic: input is the uncached part (the whole prefix when the cache is cold), output
 /// the reservation decided at the ask. OpenAI: every prompt token, and the combined axis
@@ -135,9 +146,13 @@ pub(crate) fn charge(counting: Counting, ask: &Ask, cold: bool) -> Demand {
     let output = ask.output_reserve();
     let (input, tokens) = match counting {
         Counting::Anthropic => {
-            let input =
-                ask.input_tokens
-                    .saturating_add(if cold { ask.cached_prefix_tokens } else { 0 });
+            let input = ask
+                .input_tokens
+                .saturating_add(if cold && !ask.cached_prefix_confirmed {
+                    ask.cached_prefix_tokens
+                } else {
+                    0
+                });
             (input, input.saturating_add(output))
         }
         Counting::Openai => {

@@ -596,12 +596,14 @@ impl Harness {
     }
 
     /// Input tokens the coordinator reserves for `req` if granted now (Anthropic counting:
-    /// the cached prefix is charged when the agent's cache is believed cold).
+    /// the cached prefix is charged when the agent's cache is believed cold and the host
+    /// did not confirm it cached).
     fn reservation(&self, req: &LeaseRequest) -> Option<u64> {
         let ledger = self.ledger.as_ref()?;
         let now = self.coord.now();
         let cold = ledger.warm.get(&req.agent).is_none_or(|w| now >= *w);
-        Some(req.input_tokens + if cold { req.cached_prefix_tokens } else { 0 })
+        let charged = cold && !req.cached_prefix_confirmed;
+        Some(req.input_tokens + if charged { req.cached_prefix_tokens } else { 0 })
     }
 
     fn granted(&mut self, id: LeaseId, expires_at: Millis) {
@@ -770,6 +772,8 @@ impl Harness {
                     pool: PoolId(*pool),
                     input_tokens: input.resolve(scale),
                     cached_prefix_tokens: cached.resolve(scale / 4),
+                    // A third of the calls come from a host that saw the prefix cached.
+                    cached_prefix_confirmed: *unblocks % 3 == 2,
                     max_tokens: max_tokens.resolve(scale / 4),
                     role: *role,
                     unblocks: *unblocks,

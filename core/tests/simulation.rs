@@ -483,7 +483,12 @@ impl Sim {
         let cold = self.warm.get(&(agent, p)).is_none_or(|w| self.now >= *w);
         let (input, tokens) = match self.pools[p].counting {
             Counting::Anthropic => {
-                let input = req.input_tokens + if cold { req.cached_prefix_tokens } else { 0 };
+                let input = req.input_tokens
+                    + if cold && !req.cached_prefix_confirmed {
+                        req.cached_prefix_tokens
+                    } else {
+                        0
+                    };
                 (input, input + output)
             }
             Counting::Openai => {
@@ -531,6 +536,8 @@ impl Sim {
             pool: PoolId(self.agents[a].pool),
             input_tokens: input,
             cached_prefix_tokens: prefix,
+            // Now and then a host that saw this prefix cached for another agent says so.
+            cached_prefix_confirmed: prefix > 0 && rng.chance(250),
             max_tokens,
             role: self.agents[a].role,
             unblocks: if rng.chance(200) {

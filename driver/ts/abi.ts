@@ -9,8 +9,10 @@ export const DECISION_GRANT = 0
 export const DECISION_QUEUED = 1
 export const DECISION_REJECT = 2
 export const WIDE = 9
-/** `requestLeaseIo`'s argument slots 1 to 8 (slot 0 is `now`), in slot order. */
-export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'task'] as const
+/** `requestLeaseIo`'s argument slots from 1 (slot 0 is `now`), in slot order; `cachedPrefixConfirmed` is 1 or 0. */
+export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'task', 'cachedPrefixConfirmed'] as const
+/** `callLeaseIo`'s call state (`failed`, `refusals`, `lastRetryAfterMs`, -1 none) from this slot, after the request. */
+export const CALL_STATE_SLOT = 11
 /** `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease), in slot order. */
 export const USAGE_FIELDS = ['inputTokens', 'cacheCreationInputTokens', 'cacheReadInputTokens', 'outputTokens'] as const
 /** Role codes: the index in this list. */

@@ -23,6 +23,13 @@ export interface Estimate {
   inputTokens: number
   /** Prompt tokens in the prefix the provider may serve from its prompt cache. */
   cachedPrefixTokens: number
+  /**
+   * The estimator saw the provider cache this very prefix (by content, for any agent) and
+   * its lifetime has not run out: the coordinator then charges it as a cache read even on
+   * an agent's first call. Leave it out when the cached part is only where the breakpoints
+   * are; the coordinator then charges it as input unless this agent's own cache is warm.
+   */
+  cachedPrefixConfirmed?: boolean
 }
 
 /** A settled call's usage as the provider reported it, in tokens. */
@@ -935,7 +942,8 @@ export class BytesPerTokenEstimator implements Estimator {
       const total = known.tokens + Math.ceil(this.#tokens(t, prompt.total, p.end) * safety) + prompt.fixed - p.fixed
       inputTokens = Math.max(0, total - cached)
     }
-    const estimate = { inputTokens, cachedPrefixTokens: cached }
+    // What is counted cached is a prefix a settled call showed cached, not yet expired.
+    const estimate: Estimate = cached > 0 ? { inputTokens, cachedPrefixTokens: cached, cachedPrefixConfirmed: true } : { inputTokens, cachedPrefixTokens: cached }
     this.#asked.set(estimate, { prompt, at, read, known: known !== null && known.at >= read ? known : null })
     return estimate
   }

@@ -285,6 +285,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         pool,
         inputTokens: estimate.inputTokens,
         cachedPrefixTokens: estimate.cachedPrefixTokens,
+        ...(estimate.cachedPrefixConfirmed === true ? { cachedPrefixConfirmed: true } : {}),
         maxTokens: shape.maxTokens,
         role: options.role ?? 'worker',
         unblocks: typeof options.unblocks === 'function' ? options.unblocks() : (options.unblocks ?? 0),
@@ -476,9 +477,9 @@ function estimateOf(driver: Driver, estimator: Estimator, input: EstimateInput):
     return fallbackEstimator.estimate(input)
   }
   const checked = (e: Estimate): Estimate => {
-    const { inputTokens, cachedPrefixTokens } = (e ?? {}) as Partial<Estimate>
-    if (Number.isSafeInteger(inputTokens) && (inputTokens as number) >= 0 && Number.isSafeInteger(cachedPrefixTokens) && (cachedPrefixTokens as number) >= 0) return e
-    return fallback(new TypeError(`the estimate must be { inputTokens, cachedPrefixTokens } of non-negative integers, got ${JSON.stringify(e) ?? String(e)}`))
+    const { inputTokens, cachedPrefixTokens, cachedPrefixConfirmed } = (e ?? {}) as Partial<Estimate>
+    if (Number.isSafeInteger(inputTokens) && (inputTokens as number) >= 0 && Number.isSafeInteger(cachedPrefixTokens) && (cachedPrefixTokens as number) >= 0 && (cachedPrefixConfirmed === undefined || typeof cachedPrefixConfirmed === 'boolean')) return e
+    return fallback(new TypeError(`the estimate must be { inputTokens, cachedPrefixTokens } of non-negative integers (and an optional boolean cachedPrefixConfirmed), got ${JSON.stringify(e) ?? String(e)}`))
   }
   let e: Estimate | Promise<Estimate>
   try {

@@ -17,6 +17,7 @@ import {
   GIVE_UP_REASONS,
   IO_SLOTS,
   LEASE_REQUEST_FIELDS,
+  CALL_STATE_SLOT,
   RATE_AXES,
   REJECT_REASONS,
   REPORT_SLOT,
@@ -105,7 +106,7 @@ function field(v: U64 | undefined | null): number {
   return exact(v) ? v : Number.NaN
 }
 
-const NUMERIC_REQUEST_FIELDS = LEASE_REQUEST_FIELDS.filter((f) => f !== 'role')
+const NUMERIC_REQUEST_FIELDS = LEASE_REQUEST_FIELDS.filter((f) => f !== 'role' && f !== 'cachedPrefixConfirmed')
 const REQUEST_KEYS: ReadonlySet<string> = new Set(LEASE_REQUEST_FIELDS)
 const USAGE_KEYS: ReadonlySet<string> = new Set(USAGE_FIELDS)
 const TASK_KEYS: ReadonlySet<string> = new Set(['task', 'role', 'unblocks'])
@@ -228,6 +229,10 @@ export class RegisterEngine implements Engine {
     if (!this.#request(now, r)) {
       // Bigints, out-of-range or mistyped values: the object path checks and reports them.
       checkNumeric(r, NUMERIC_REQUEST_FIELDS)
+      const confirmed = (r as { cachedPrefixConfirmed?: unknown }).cachedPrefixConfirmed
+      if (confirmed !== undefined && typeof confirmed !== 'boolean') {
+        throw invalidArgument(`\`cachedPrefixConfirmed\` must be a boolean, got ${typeof confirmed}`, 'cachedPrefixConfirmed')
+      }
       return this.#slow(() => this.#c.requestLease(now, r) as Decision, 'requestLease')
     }
     let kind: number
@@ -244,7 +249,7 @@ export class RegisterEngine implements Engine {
     return { kind: 'reject', retryAt: io[1] === -1 ? null : io[1]!, reason: rejectReason(io[2]!, io[3]!) }
   }
 
-  /** Writes `now` and a lease request to slots 0 to 9; false when one needs the object path. */
+  /** Writes `now` and a lease request to slots 0 to 10; false when one needs the object path. */
   #request(now: U64, r: LeaseRequest): boolean {
     checkKeys(r, REQUEST_KEYS, 'lease request')
     const io = this.#io
@@ -259,7 +264,9 @@ export class RegisterEngine implements Engine {
     io[7] = r.unblocks ?? 0
     io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
     io[9] = r.task === undefined || r.task === null ? -1 : field(r.task)
-    return !(io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || io[9] !== io[9] || typeof r.pool !== 'number')
+    const confirmed = r.cachedPrefixConfirmed
+    io[10] = confirmed === true ? 1 : confirmed === false || confirmed === undefined ? 0 : Number.NaN
+    return !(io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || io[9] !== io[9] || io[10] !== io[10] || typeof r.pool !== 'number')
   }
 
   /** Writes a call's state to three slots from `at`; false when it needs the object path. */
@@ -444,7 +451,7 @@ export class RegisterEngine implements Engine {
   }
 
   callLease(now: U64, call: CallState, request: LeaseRequest): CallLeaseResult {
-    if (request === null || typeof request !== 'object' || !this.#request(now, request) || !this.#call(call, 10)) {
+    if (request === null || typeof request !== 'object' || !this.#request(now, request) || !this.#call(call, CALL_STATE_SLOT)) {
       return fromJson(this.#slow(() => this.#c.callLease(now, call, request), 'callLease')) as CallLeaseResult
     }
     let code: number

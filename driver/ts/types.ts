@@ -29,6 +29,13 @@ export interface LeaseRequest {
   inputTokens?: U64
   /** Tokens of the prompt covered by the agent's prompt cache. */
   cachedPrefixTokens?: U64
+  /**
+   * You know the cached prefix is in the provider's cache now (a call with this very
+   * prefix, from any agent, was served from or written to it within its lifetime): it is
+   * then charged as a cache read even on this agent's first call. Otherwise (default) the
+   * prefix is charged as input whenever this agent's own last cache use has expired.
+   */
+  cachedPrefixConfirmed?: boolean
   /** The call's `max_tokens`: the output reservation, refunded on settle. */
   maxTokens?: U64
   /** The agent's role (default `worker`). */

@@ -1,7 +1,7 @@
 //! # tokenwarden-wasmtime
 //!
 //! [`tokenwarden-core`](tokenwarden_core) compiled to a WebAssembly component (WIT world
-//! `tokenwarden:quota/plugin@1.1.0`, in `wit/v1/`) and a host that runs it under wasmtime
+//! `tokenwarden:quota/plugin@1.2.0`, in `wit/v1/`) and a host that runs it under wasmtime
 //! as a sandboxed plugin.
 //!
 //! The API mirrors the native [`Coordinator`](tokenwarden_core::Coordinator) method for
@@ -66,10 +66,10 @@ use bindings::exports::tokenwarden::quota::coordinator as w;
 pub const COMPONENT: &[u8] = include_bytes!(env!("TOKENWARDEN_COMPONENT"));
 
 /// The WIT package this host speaks.
-pub const WIT_PACKAGE: &str = "tokenwarden:quota@1.1.0";
+pub const WIT_PACKAGE: &str = "tokenwarden:quota@1.2.0";
 
 /// The exported interface the host looks up in a component.
-pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@1.1.0";
+pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@1.2.0";
 
 /// Resource limits applied to every coordinator of a [`Plugin`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub enum PluginError {
         /// The cap in force.
         limit_bytes: usize,
     },
-    /// The bytes are not a component of the `tokenwarden:quota@1.1.0` `plugin` world (or it
+    /// The bytes are not a component of the `tokenwarden:quota@1.2.0` `plugin` world (or it
     /// imports something, or it answered with something the host cannot read).
     Incompatible(String),
     /// An earlier call on this coordinator failed inside the plugin, which leaves the
@@ -539,7 +539,7 @@ impl PluginCoordinator {
     /// See [`Coordinator::request_lease`](tokenwarden_core::Coordinator::request_lease).
     pub fn request_lease(&mut self, now: Millis, req: &LeaseRequest) -> Result<Decision, Error> {
         let req = lease_request(req);
-        let r = guest!(self, |c, s, h| c.call_request_lease(s, h, now.0, req))?;
+        let r = guest!(self, |c, s, h| c.call_request_lease2(s, h, now.0, req))?;
         r.map(decision).map_err(lease_error)
     }
 
@@ -657,7 +657,7 @@ impl PluginCoordinator {
         req: &LeaseRequest,
     ) -> Result<CallStep, Error> {
         let (st, req) = (call_state(call), lease_request(req));
-        let (st, step) = guest!(self, |c, s, h| c.call_call_lease(s, h, now.0, st, req))?
+        let (st, step) = guest!(self, |c, s, h| c.call_call_lease2(s, h, now.0, st, req))?
             .map_err(lease_error)?;
         *call = call_back(st);
         call_step(step)
@@ -820,17 +820,20 @@ impl PluginCoordinator {
     }
 }
 
-fn lease_request(r: &LeaseRequest) -> w::LeaseRequest {
-    w::LeaseRequest {
-        agent: r.agent.0,
-        pool: r.pool.0,
-        input_tokens: r.input_tokens,
-        cached_prefix_tokens: r.cached_prefix_tokens,
-        max_tokens: r.max_tokens,
-        role: role_out(r.role),
-        unblocks: r.unblocks,
-        failure_signature: r.failure_signature,
-        task: r.task.map(|t| t.0),
+fn lease_request(r: &LeaseRequest) -> w::LeaseRequest2 {
+    w::LeaseRequest2 {
+        request: w::LeaseRequest {
+            agent: r.agent.0,
+            pool: r.pool.0,
+            input_tokens: r.input_tokens,
+            cached_prefix_tokens: r.cached_prefix_tokens,
+            max_tokens: r.max_tokens,
+            role: role_out(r.role),
+            unblocks: r.unblocks,
+            failure_signature: r.failure_signature,
+            task: r.task.map(|t| t.0),
+        },
+        cached_prefix_confirmed: r.cached_prefix_confirmed,
     }
 }
 

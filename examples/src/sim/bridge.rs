@@ -77,6 +77,8 @@ pub struct BridgeEstimate {
     pub input_tokens: u64,
     /// `cachedPrefixTokens`.
     pub cached_prefix_tokens: u64,
+    /// `cachedPrefixConfirmed`: the estimator saw the provider cache that prefix.
+    pub cached_prefix_confirmed: bool,
     /// `max_tokens` as the driver's `callShape` reads it from the body.
     pub max_tokens: u64,
 }
@@ -223,14 +225,19 @@ impl EstimatorBridge {
             field(&a, "input_tokens"),
             field(&a, "cached_prefix_tokens"),
             field(&a, "max_tokens"),
+            field(&a, "cached_prefix_confirmed"),
         ) {
-            (Some(input_tokens), Some(cached_prefix_tokens), Some(max_tokens)) => {
-                Ok(BridgeEstimate {
-                    input_tokens,
-                    cached_prefix_tokens,
-                    max_tokens,
-                })
-            }
+            (
+                Some(input_tokens),
+                Some(cached_prefix_tokens),
+                Some(max_tokens),
+                Some(confirmed @ (0 | 1)),
+            ) => Ok(BridgeEstimate {
+                input_tokens,
+                cached_prefix_tokens,
+                cached_prefix_confirmed: confirmed == 1,
+                max_tokens,
+            }),
             _ => Err(BridgeError(format!(
                 "the estimator bridge answered {}",
                 a.trim_end()
@@ -272,7 +279,8 @@ mod tests {
 
     #[test]
     fn reads_flat_answers() {
-        let a = r#"{"input_tokens":120,"cached_prefix_tokens":0,"max_tokens":128000}"#;
+        let a = r#"{"input_tokens":120,"cached_prefix_tokens":0,"cached_prefix_confirmed":1,"max_tokens":128000}"#;
+        assert_eq!(field(a, "cached_prefix_confirmed"), Some(1));
         assert_eq!(field(a, "input_tokens"), Some(120));
         assert_eq!(field(a, "cached_prefix_tokens"), Some(0));
         assert_eq!(field(a, "max_tokens"), Some(128_000));

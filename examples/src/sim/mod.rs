@@ -461,6 +461,8 @@ struct Call {
     estimate_new: u64,
     /// The cached prefix the lease names (the prefix itself, or the product estimator's).
     estimate_prefix: u64,
+    /// The product estimator saw that prefix cached (`cachedPrefixConfirmed`).
+    estimate_confirmed: bool,
     replan: bool,
     /// The call's id at the estimator bridge, and whether its body was sent.
     body_call: Option<(u64, bool)>,
@@ -857,6 +859,7 @@ impl<'a> Sim<'a> {
             output,
             estimate_new,
             estimate_prefix: prefix,
+            estimate_confirmed: false,
             replan,
             body_call: None,
         });
@@ -906,6 +909,7 @@ impl<'a> Sim<'a> {
             output: reply.output,
             estimate_new: 0,
             estimate_prefix: 0,
+            estimate_confirmed: false,
             replan: false,
             body_call: Some((b.next_call, false)),
         });
@@ -987,6 +991,7 @@ impl<'a> Sim<'a> {
             );
             call.estimate_new = e.input_tokens;
             call.estimate_prefix = e.cached_prefix_tokens;
+            call.estimate_confirmed = e.cached_prefix_confirmed;
             call.body_call = Some((id, true));
             self.agents[i].call = Some(call);
         }
@@ -996,6 +1001,7 @@ impl<'a> Sim<'a> {
             pool: PoolId(0),
             input_tokens: call.estimate_new,
             cached_prefix_tokens: call.estimate_prefix,
+            cached_prefix_confirmed: call.estimate_confirmed,
             max_tokens: call.max_tokens,
             task: Some(self.task_id(i)),
             ..LeaseRequest::default()

@@ -77,7 +77,16 @@ fn decision(d: tw::Decision) -> w::Decision {
 }
 
 fn lease_request(request: w::LeaseRequest) -> tw::LeaseRequest {
+    lease_request2(w::LeaseRequest2 {
+        request,
+        cached_prefix_confirmed: false,
+    })
+}
+
+fn lease_request2(r: w::LeaseRequest2) -> tw::LeaseRequest {
+    let (request, cached_prefix_confirmed) = (r.request, r.cached_prefix_confirmed);
     tw::LeaseRequest {
+        cached_prefix_confirmed,
         agent: tw::AgentId(request.agent),
         pool: tw::PoolId(request.pool),
         input_tokens: request.input_tokens,
@@ -326,7 +335,21 @@ impl w::GuestCoordinator for Coord {
         now: u64,
         request: w::LeaseRequest,
     ) -> Result<w::Decision, w::LeaseError> {
-        let req = lease_request(request);
+        self.request_lease2(
+            now,
+            w::LeaseRequest2 {
+                request,
+                cached_prefix_confirmed: false,
+            },
+        )
+    }
+
+    fn request_lease2(
+        &self,
+        now: u64,
+        request: w::LeaseRequest2,
+    ) -> Result<w::Decision, w::LeaseError> {
+        let req = lease_request2(request);
         self.0
             .borrow_mut()
             .request_lease(tw::Millis(now), &req)
@@ -429,11 +452,27 @@ impl w::GuestCoordinator for Coord {
         call: w::CallState,
         request: w::LeaseRequest,
     ) -> Result<(w::CallState, w::CallStep), w::LeaseError> {
+        self.call_lease2(
+            now,
+            call,
+            w::LeaseRequest2 {
+                request,
+                cached_prefix_confirmed: false,
+            },
+        )
+    }
+
+    fn call_lease2(
+        &self,
+        now: u64,
+        call: w::CallState,
+        request: w::LeaseRequest2,
+    ) -> Result<(w::CallState, w::CallStep), w::LeaseError> {
         let mut c = call_in(call);
         let step = self
             .0
             .borrow_mut()
-            .call_lease(tw::Millis(now), &mut c, &lease_request(request))
+            .call_lease(tw::Millis(now), &mut c, &lease_request2(request))
             .map_err(lease_error)?;
         Ok((call_out(c), call_step(step)))
     }
