@@ -943,7 +943,7 @@ export class BytesPerTokenEstimator implements Estimator {
       inputTokens = Math.max(0, total - cached)
     }
     // What is counted cached is a prefix a settled call showed cached, not yet expired.
-    const estimate: Estimate = cached > 0 ? { inputTokens, cachedPrefixTokens: cached, cachedPrefixConfirmed: true } : { inputTokens, cachedPrefixTokens: cached }
+    const estimate: Estimate = { inputTokens, cachedPrefixTokens: cached, ...(cached > 0 ? { cachedPrefixConfirmed: true } : {}) }
     this.#asked.set(estimate, { prompt, at, read, known: known !== null && known.at >= read ? known : null })
     return estimate
   }
