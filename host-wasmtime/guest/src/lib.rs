@@ -76,13 +76,6 @@ fn decision(d: tw::Decision) -> w::Decision {
     }
 }
 
-fn lease_request(request: w::LeaseRequest) -> tw::LeaseRequest {
-    lease_request2(w::LeaseRequest2 {
-        request,
-        cached_prefix_confirmed: false,
-    })
-}
-
 fn lease_request2(r: w::LeaseRequest2) -> tw::LeaseRequest {
     let (request, cached_prefix_confirmed) = (r.request, r.cached_prefix_confirmed);
     tw::LeaseRequest {
