@@ -837,6 +837,7 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.Coordinator = nativeBinding.Coordinator
 module.exports.Axis = nativeBinding.Axis
+module.exports.MarginReason = nativeBinding.MarginReason
 module.exports.planFleet = nativeBinding.planFleet
 module.exports.Role = nativeBinding.Role
 module.exports.TaskOutcome = nativeBinding.TaskOutcome

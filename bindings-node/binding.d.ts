@@ -233,7 +233,8 @@ export type Event =
   | { kind: 'margin_changed', /** The pool. */
     pool: number, /** Before, thousandths. */
     fromPermille: number, /** After, thousandths. */
-  toPermille: number }
+    toPermille: number, /** Why: `rate_limited`, `recovered`, `confirmed` or `headers_disagreed`. */
+  reason: MarginReason }
   | { kind: 'paused', /** The pool. */
     pool: number, /** Until when. */
   until: U64 }
@@ -278,6 +279,9 @@ export interface LeaseRequest {
    */
   task?: U64
 }
+
+/** Why a pool's margin moved. */
+export type MarginReason = 'rate_limited' | 'recovered' | 'confirmed' | 'headers_disagreed'
 
 /**
  * Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's

@@ -510,6 +510,24 @@ pub mod io {
     ];
     /// Axis codes (a rejected decision's axis slot): the index in [`core::Axis::ALL`].
     pub const AXES: [core::Axis; 4] = core::Axis::ALL;
+    /// A margin change's reason (slot 3 of its event): the index in this list (the core's
+    /// tags).
+    pub const MARGIN_REASONS: [&str; 4] = [
+        "rate_limited",
+        "recovered",
+        "confirmed",
+        "headers_disagreed",
+    ];
+
+    fn margin_reason_index(r: core::MarginReason) -> u64 {
+        match r {
+            core::MarginReason::RateLimited => 0,
+            core::MarginReason::Recovered => 1,
+            core::MarginReason::Confirmed => 2,
+            core::MarginReason::HeadersDisagreed => 3,
+        }
+    }
+
     /// `pollEventIo`'s return codes: the index in this list (the core's event tags).
     pub const EVENTS: [&str; 6] = [
         "granted",
@@ -764,13 +782,14 @@ pub mod io {
                 pool,
                 from_permille,
                 to_permille,
+                reason,
             } => (
                 2,
                 [
                     u64::from(pool.0),
                     u64::from(from_permille),
                     u64::from(to_permille),
-                    0,
+                    margin_reason_index(reason),
                     0,
                 ],
             ),

@@ -282,6 +282,7 @@ fn events_are_returned_as_their_codes() {
             pool,
             from_permille: 850,
             to_permille: 800,
+            reason: core::MarginReason::RateLimited,
         },
         core::Event::Paused { pool, until: t },
         core::Event::EstimateAlert {
@@ -302,6 +303,27 @@ fn events_are_returned_as_their_codes() {
         assert_eq!(
             io::EVENTS.get(code as usize).copied(),
             Some(tag(&e).as_str())
+        );
+    }
+    for reason in [
+        core::MarginReason::RateLimited,
+        core::MarginReason::Recovered,
+        core::MarginReason::Confirmed,
+        core::MarginReason::HeadersDisagreed,
+    ] {
+        let mut regs = [0.0; io::IO_SLOTS];
+        let e = core::Event::MarginChanged {
+            pool,
+            from_permille: 850,
+            to_permille: 860,
+            reason,
+        };
+        io::io_event(&mut regs, &e);
+        let tag = serde_json::to_value(reason).unwrap_or_default();
+        assert_eq!(
+            io::MARGIN_REASONS.get(regs[3] as usize).copied(),
+            tag.as_str(),
+            "{reason:?}"
         );
     }
 }

@@ -51,6 +51,8 @@ export const REJECT_REASONS = {reasons}
 export const AXES = {axes}
 /** `pollEventIo`'s return codes: the index in this list (-1: no event). */
 export const EVENTS = {events}
+/** A margin change's reason code (its event's slot 3): the index in this list. */
+export const MARGIN_REASONS = {margin_reasons}
 /** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWideJson()`). */
 export const STEP_SEND = {step_send}
 export const STEP_WAIT = {step_wait}
@@ -83,6 +85,7 @@ export const ENGINE_ERROR_CODES = {errors}
         reasons = tuple(&io::REJECT_REASONS),
         axes = tuple(&axes),
         events = tuple(&io::EVENTS),
+        margin_reasons = tuple(&io::MARGIN_REASONS),
         errors = tuple(&ERROR_CODES),
         step_send = io::STEP_SEND,
         step_wait = io::STEP_WAIT,

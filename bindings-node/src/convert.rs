@@ -288,6 +288,31 @@ fn axis(a: core::Axis) -> Axis {
     }
 }
 
+/// Why a pool's margin moved.
+#[napi(string_enum = "snake_case")]
+#[derive(Debug)]
+pub enum MarginReason {
+    /// A 429 against a granted lease.
+    RateLimited,
+    /// A clean interval below the start.
+    Recovered,
+    /// A clean interval above the start, with estimates and headers confirming it.
+    Confirmed,
+    /// The provider's remaining capacity was below the model's.
+    HeadersDisagreed,
+}
+
+impl From<core::MarginReason> for MarginReason {
+    fn from(r: core::MarginReason) -> MarginReason {
+        match r {
+            core::MarginReason::RateLimited => MarginReason::RateLimited,
+            core::MarginReason::Recovered => MarginReason::Recovered,
+            core::MarginReason::Confirmed => MarginReason::Confirmed,
+            core::MarginReason::HeadersDisagreed => MarginReason::HeadersDisagreed,
+        }
+    }
+}
+
 /// Why a request was rejected.
 #[napi(
     discriminant = "kind",
@@ -424,6 +449,8 @@ pub enum Event {
         from_permille: u32,
         /// After, thousandths.
         to_permille: u32,
+        /// Why: `rate_limited`, `recovered`, `confirmed` or `headers_disagreed`.
+        reason: MarginReason,
     },
     /// A 429 paused new grants for the whole pool.
     Paused {
@@ -478,10 +505,12 @@ impl From<core::Event> for Event {
                 pool,
                 from_permille,
                 to_permille,
+                reason,
             } => Event::MarginChanged {
                 pool: pool.0,
                 from_permille,
                 to_permille,
+                reason: reason.into(),
             },
             core::Event::Paused { pool, until } => Event::Paused {
                 pool: pool.0,

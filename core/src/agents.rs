@@ -31,8 +31,9 @@ pub(crate) struct AgentPool {
     /// assumes it keeps.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) weight: u64,
-    /// The smallest combined-token reservation it has asked for here, plus one (0 before
-    /// its first ask): what bounds how many requests it can send in a span of virtual time.
+    /// The smallest dominant share it has asked for here (see `Pool::dominant_share`),
+    /// plus one (0 before its first ask): what bounds how many requests it can send in a
+    /// span of virtual time.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) smallest: u64,
     /// Output tokens of its latest completed calls here: what its output reservation is
@@ -65,7 +66,8 @@ pub(crate) struct Held {
 /// An agent's share rates in one pool (see [`AgentPool::rates`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Rates {
-    pub(crate) tokens: u128,
+    /// Dominant share per unit of virtual time.
+    pub(crate) share: u128,
     pub(crate) requests: u128,
 }
 
@@ -79,34 +81,35 @@ pub(crate) struct Shares {
 
 impl Shares {
     fn add(&mut self, r: Rates) {
-        self.rates.tokens = self.rates.tokens.saturating_add(r.tokens);
+        self.rates.share = self.rates.share.saturating_add(r.share);
         self.rates.requests = self.rates.requests.saturating_add(r.requests);
     }
 
     fn sub(&mut self, r: Rates) {
-        self.rates.tokens = self.rates.tokens.saturating_sub(r.tokens);
+        self.rates.share = self.rates.share.saturating_sub(r.share);
         self.rates.requests = self.rates.requests.saturating_sub(r.requests);
     }
 }
 
 impl AgentPool {
-    /// What this agent can be served ahead of another ticket per unit of virtual time, on
-    /// the token axes and the requests axis, in 2⁻³² units (rounded up; see
-    /// `coordinator/eta.rs`): a request of `t` tokens costs `(t + 1)·SCALE / w`, and at
-    /// most `X·w·m / (SCALE·m − w)` tokens in `m`-token requests fit in `X` of virtual time.
+    /// What this agent can be served ahead of another ticket per unit of virtual time, as
+    /// dominant share and as requests, in 2⁻³² units (rounded up; see
+    /// `coordinator/eta.rs`): a request of share `s` costs `(s + 1)·SCALE / w`, and at
+    /// most `X·w·m / (SCALE·m − w)` of share in requests of share `m` fit in `X` of
+    /// virtual time.
     pub(crate) fn rates(&self) -> Rates {
         if self.weight == 0 {
             return Rates::default();
         }
         let (w, m) = (u128::from(self.weight), u128::from(self.smallest.max(1)));
-        let tokens = (SCALE * m)
+        let share = (SCALE * m)
             .checked_sub(w)
             .filter(|d| *d > 0)
             .and_then(|d| Some((w.checked_mul(m)? << 32).div_ceil(d)))
             .unwrap_or(u128::from(u64::MAX) << 32);
         Rates {
-            tokens,
-            requests: tokens.div_ceil(m),
+            share,
+            requests: share.div_ceil(m),
         }
     }
 
@@ -328,7 +331,7 @@ pub(crate) enum Sample {
 }
 
 /// How far an estimate missed, in thousandths of the actual figure (at most 1000×).
-fn error_permille(estimate: u64, actual: u64) -> u32 {
+pub(crate) fn error_permille(estimate: u64, actual: u64) -> u32 {
     let diff = estimate.abs_diff(actual);
     let e = match diff.checked_mul(1000) {
         // The common case, without a 128-bit division.
@@ -416,13 +419,13 @@ impl Agents {
         out
     }
 
-    /// Notes an ask in pool `p` with this weight and combined-token reservation.
-    pub(crate) fn note_ask(&mut self, slot: u32, p: u32, weight: u128, tokens: u64) {
+    /// Notes an ask in pool `p` with this weight and dominant share.
+    pub(crate) fn note_ask(&mut self, slot: u32, p: u32, weight: u128, share: u64) {
         let Some((ap, sh)) = self.pool_parts(slot, p) else {
             return;
         };
         let weight = u64::try_from(weight).unwrap_or(u64::MAX);
-        let unit = tokens.saturating_add(1);
+        let unit = share.saturating_add(1);
         let smallest = if ap.smallest == 0 {
             unit
         } else {
@@ -606,17 +609,17 @@ mod tests {
         assert_eq!(t.shares(0), Shares::default(), "nobody has asked");
         t.note_ask(a, 0, 1_000, 1_499);
         let one = t.shares(0).rates;
-        // Weight 1 in 1,500-token requests: just over 1/1,000,000 of a token per unit.
+        // Weight 1 in requests of share 1,500: just over 1/1,000,000 of share per unit.
         assert_eq!(
-            one.tokens,
+            one.share,
             ((1_000u128 * 1_500) << 32).div_ceil(1_000_000 * 1_500 - 1_000)
         );
-        assert_eq!(one.requests, one.tokens.div_ceil(1_500));
+        assert_eq!(one.requests, one.share.div_ceil(1_500));
         t.note_ask(b, 0, 2_000, 99);
         t.note_ask(a, 0, 1_000, 5_000); // bigger than its smallest: nothing changes
         assert_eq!(
-            t.shares(0).rates.tokens,
-            one.tokens + t.get(b).map_or(0, |x| x.pools[0].rates().tokens)
+            t.shares(0).rates.share,
+            one.share + t.get(b).map_or(0, |x| x.pools[0].rates().share)
         );
         t.hold(
             b,

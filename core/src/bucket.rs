@@ -225,19 +225,19 @@ impl Bucket {
 
     /// Lowers the level to what the provider reports, never raises it: `remaining` of the
     /// real `limit` maps to `remaining − (limit − cap)` here. Differences within the
-    /// provider's rounding `granularity` are ignored. Returns whether the level moved.
-    pub(crate) fn resync(&mut self, remaining: u64, granularity: u64, window: u64) -> bool {
-        let Some(limit) = self.limit else {
-            return false;
-        };
+    /// provider's rounding `granularity` are ignored. Returns how many tokens the level
+    /// was lowered by (0: the provider agrees, or has more room than we think), or `None`
+    /// while the limit is unknown (nothing to compare with).
+    pub(crate) fn resync(&mut self, remaining: u64, granularity: u64, window: u64) -> Option<u64> {
+        let limit = self.limit?;
         let headroom = i128::from(limit) - i128::from(self.cap);
         let theirs = i128::from(remaining) - headroom;
         let ours = self.available(window);
         if ours > theirs.saturating_add(i128::from(granularity)) {
             self.level = theirs.saturating_mul(i128::from(window));
-            true
+            Some(u64::try_from(ours - theirs).unwrap_or(u64::MAX))
         } else {
-            false
+            Some(0)
         }
     }
 }
@@ -482,13 +482,23 @@ mod tests {
     fn resync_only_lowers_and_respects_granularity() {
         let mut b = Bucket::new(Some(1000));
         b.set_cap(850, W, true);
-        assert!(
-            !b.resync(1000, 0, W),
+        assert_eq!(
+            b.resync(1000, 0, W),
+            Some(0),
             "provider has more room than we think: keep ours"
         );
-        assert!(!b.resync(900, 100, W), "900-150=750 within 100 of 850");
-        assert!(b.resync(500, 0, W));
+        assert_eq!(
+            b.resync(900, 100, W),
+            Some(0),
+            "900-150=750 within 100 of 850"
+        );
+        assert_eq!(b.resync(500, 0, W), Some(500), "850 lowered to 350");
         assert_eq!(b.available(W), 350);
+        assert_eq!(
+            Bucket::new(None).resync(1, 0, W),
+            None,
+            "no limit: nothing to compare"
+        );
     }
 
     #[test]

@@ -79,8 +79,38 @@ pub struct MarginConfig {
     pub floor_permille: u32,
     /// Rise after each clean interval.
     pub increase_permille: u32,
-    /// Highest margin the rises reach.
+    /// Highest margin the rises reach (default 970). Up to `start_permille` the margin
+    /// recovers after a cut one step per clean interval; above it, it climbs
+    /// (`confirm_step_permille` a clean interval) only on
+    /// evidence that the reserve is idle: a clean interval with no 429 of any kind, the
+    /// pool's completed calls estimated well (`confirm_error_permille`), and the provider's
+    /// own remaining-capacity headers agreeing with the model within the last interval
+    /// (`agree_tolerance_permille`). A 429 cuts it as below the start; a disagreement takes
+    /// it back to the start. Without remaining headers from the provider it stays at the
+    /// start.
+    ///
+    /// Why 97 %: the start's 15 % is there for estimate error and traffic outside the
+    /// coordinator. Once completed calls are estimated within 10 % at the median and the
+    /// provider's counters agree with ours, what is left to absorb is a single call's
+    /// error above the median until it settles (charged as debt at once) and the rounding
+    /// of the provider's own figures: 3 points of the limit, against 15 points of idle
+    /// quota at the start.
     pub ceiling_permille: u32,
+    /// The step of a confirmed rise above `start_permille`, thousandths per clean interval
+    /// (default 30: the start to the ceiling in four minutes). Larger than the recovery's
+    /// `increase_permille`: each step above the start is backed by the provider's own
+    /// figures, where a recovery after a cut is a guess.
+    pub confirm_step_permille: u32,
+    /// A rise above `start_permille` needs the median absolute input-estimate error of the
+    /// pool's latest completed calls (up to 16) at or below this, thousandths (100 = 10 %).
+    pub confirm_error_permille: u32,
+    /// ... over at least this many completed calls (1 to 16; default 8).
+    pub confirm_samples: u32,
+    /// The provider's remaining capacity may be below the model's by at most this share
+    /// of the limit, thousandths (10 = 1 %), and still agree with it. More is a
+    /// disagreement: the bucket is lowered to the provider's figure (as always), and a
+    /// margin above its start goes back to the start.
+    pub agree_tolerance_permille: u32,
     /// Length of a clean interval (no 429 on the pool).
     pub clean_interval_ms: u64,
     /// How close to the floor counts as "at the floor" for the outsider alert, thousandths
@@ -102,7 +132,11 @@ impl Default for MarginConfig {
             decrease_permille: 50,
             floor_permille: 600,
             increase_permille: 10,
-            ceiling_permille: 850,
+            ceiling_permille: 970,
+            confirm_step_permille: 30,
+            confirm_error_permille: 100,
+            confirm_samples: 8,
+            agree_tolerance_permille: 10,
             clean_interval_ms: 60_000,
             floor_alert_band_permille: 50,
             floor_alert_ms: 300_000,
@@ -531,6 +565,15 @@ impl Config {
         permille("margin.ceiling_permille", m.ceiling_permille, 1)?;
         permille("margin.decrease_permille", m.decrease_permille, 0)?;
         permille("margin.increase_permille", m.increase_permille, 0)?;
+        permille(
+            "margin.agree_tolerance_permille",
+            m.agree_tolerance_permille,
+            0,
+        )?;
+        permille("margin.confirm_step_permille", m.confirm_step_permille, 0)?;
+        if m.confirm_samples == 0 || m.confirm_samples as usize > crate::history::CAPACITY {
+            return Err(top("margin.confirm_samples", "must be between 1 and 16"));
+        }
         permille(
             "margin.floor_alert_band_permille",
             m.floor_alert_band_permille,

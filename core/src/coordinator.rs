@@ -15,7 +15,7 @@ use crate::config::{Config, Counting};
 use crate::decision::{Decision, Event, RejectReason, Settlement};
 use crate::error::LeaseError;
 use crate::ids::{AgentId, PoolId};
-use crate::lease::{Ask, Bump, Entry, LeaseId, LeaseTable, Phase};
+use crate::lease::{Ask, Bump, Entry, Fair, LeaseId, LeaseTable, Phase};
 use crate::metrics::{self, Metrics};
 use crate::pool::Pool;
 use crate::queue::Key;
@@ -298,13 +298,18 @@ impl Coordinator {
         let counting = self.counting(p).unwrap_or_default();
         let demand = charge(counting, &ask, false);
         let weight = u128::from(bump.weight);
-        let vfinish = vstart.saturating_add(virtual_cost(demand.get(Axis::Tokens), weight));
-        if vfinish >= key.vfinish {
-            return;
-        }
         let Some(pool) = self.pools.get_mut(p as usize) else {
             return;
         };
+        let share = pool.dominant_share(&demand);
+        let fair = Fair {
+            weight: bump.weight,
+            cost: virtual_cost(share, weight),
+        };
+        let vfinish = vstart.saturating_add(fair.cost);
+        if vfinish >= key.vfinish {
+            return;
+        }
         let Some(slot) = pool.queue.remove(key) else {
             return;
         };
@@ -316,10 +321,12 @@ impl Coordinator {
         pool.queue.insert(new, in_line, slot);
         if let Some(Entry {
             phase: Phase::Queued { key: k, .. },
+            fair: f,
             ..
         }) = self.leases.get_mut(id)
         {
             *k = new;
+            *f = fair;
         }
         if let Some(ap) = self
             .agents
@@ -330,8 +337,7 @@ impl Coordinator {
                 ap.last_vfinish = vfinish;
             }
         }
-        self.agents
-            .note_ask(agent_slot, p, weight, demand.get(Axis::Tokens));
+        self.agents.note_ask(agent_slot, p, weight, share);
     }
 
     fn reject(
@@ -395,28 +401,36 @@ impl Coordinator {
     /// within
     ///
     /// ```text
-    /// wait ≤ (S + Σᵢ (S·wᵢ/w + sᵢ)) / R
+    /// wait ≤ (S + Σᵢ (S·wᵢ/w + sᵢ)) · window / (margin · 10⁹)
     /// ```
     ///
-    /// where `S` is its reservation on the combined-token axis (input + `max_tokens`, +1),
-    /// `w` its weight, the sum runs over the other agents asking meanwhile (weight `wᵢ`,
-    /// largest request `sᵢ`), and `R` is the binding axis's refill rate (limit × margin /
-    /// window), under these assumptions: settled usage equals the reservation (no debt),
-    /// the limits and margin do not change, no 429 pauses the pool, and weights are as at
-    /// the first ask (a warm-cache bump given while a ticket waits, see
-    /// `weights.cache_bump`, is a weight change: it moves that ticket ahead). (Weighted fair queueing by virtual finish: each other agent can be
-    /// served at most its weight's share of the same span of virtual time, plus one request
-    /// it had started.) `core/tests/starvation.rs` checks the bound over arbitrary mixes of
-    /// other agents; a big request among forty looping small ones, which a refusal used to
-    /// send to the back every time, is now granted within it.
+    /// where `S` is its dominant share (+1): its largest share of a known limit across the
+    /// rate axes — input, output, combined tokens, requests — in parts per 10⁹ of that
+    /// limit (a call of 2,000 output tokens on a 12,000 output-tokens-a-minute key has a
+    /// share of 166,666,667 whatever its input), `w` its weight, and the sum runs over the
+    /// other agents asking meanwhile (weight `wᵢ`, largest share `sᵢ`), under these
+    /// assumptions: settled usage equals the reservation (no debt), the limits and margin
+    /// do not change, no 429 pauses the pool, and weights are as at the first ask (a
+    /// warm-cache bump given while a ticket waits, see `weights.cache_bump`, is a weight
+    /// change: it moves that ticket ahead). (Weighted fair queueing by virtual finish, with
+    /// a call's virtual cost `(s + 1)·10⁶ / w` from its dominant share `s`: each other
+    /// agent can be served at most its weight's share of the same span of virtual time,
+    /// plus one request it had started; what they are served together is then at most
+    /// `S + Σᵢ (S·wᵢ/w + sᵢ)` parts of *every* axis's limit, which each axis refills at
+    /// `margin · 10⁹` parts a window.) A settle corrects the agent's virtual finish to the
+    /// share the call used (see [`Coordinator::settle`]), so an agent pays in line for what
+    /// it consumed of what binds. `core/tests/starvation.rs` checks the bound over arbitrary
+    /// mixes of other agents; a big request among forty looping small ones, which a refusal
+    /// used to send to the back every time, is now granted within it.
     ///
     /// # The ETA is an upper bound
     ///
     /// A queued decision's `eta` is when the pool's refill covers the demand queued ahead
     /// of the ticket, its own, and everything every other agent the pool has seen (until
     /// it leaves the agent table) could still be served ahead of it in the fair order: at
-    /// most `(F − V₀)·w·m / (10⁶·m − w)` combined tokens for an agent of weight `w` whose
-    /// smallest ask was `m` tokens, where `F` is the ticket's virtual finish and `V₀` the
+    /// most `(F − V₀)·w·m / (10⁶·m − w)` of dominant share — that many parts per 10⁹ of
+    /// every limit — for an agent of weight `w` whose smallest ask had a share of `m`,
+    /// where `F` is the ticket's virtual finish and `V₀` the
     /// earliest virtual start any other agent's next request can have (the pool's virtual
     /// time, or a kept place before it). Under the assumptions of the bound above —
     /// settled usage equals the reservation, limits and margin do not change, no 429
@@ -511,6 +525,7 @@ impl Coordinator {
             pool.bucket(Axis::OutputTokens).limit,
         ));
         let demand = charge(counting, &ask, agent.cache_cold(p, now));
+        let share = self.pools[p as usize].dominant_share(&demand);
         let weight = weight(
             &self.config.weights,
             req,
@@ -522,8 +537,7 @@ impl Coordinator {
             agent.pools.get(p as usize).map_or((0, None, None), |a| {
                 (a.last_vfinish, a.held_vstart(now), a.cache_warm_until)
             });
-        self.agents
-            .note_ask(agent_slot, p, weight, demand.get(Axis::Tokens));
+        self.agents.note_ask(agent_slot, p, weight, share);
 
         // Refused for its size only if even the warm-cache charge is above a limit: the
         // provider serves a call whose uncached part fits (a long conversation's cached
@@ -550,7 +564,11 @@ impl Coordinator {
                 RejectReason::TooManyLeases,
             );
         }
-        let vfinish = vstart.saturating_add(virtual_cost(demand.get(Axis::Tokens), weight));
+        let fair = Fair {
+            weight: u64::try_from(weight).unwrap_or(u64::MAX),
+            cost: virtual_cost(share, weight),
+        };
+        let vfinish = vstart.saturating_add(fair.cost);
         let key = Key {
             vfinish,
             seq: self.seq,
@@ -568,7 +586,16 @@ impl Coordinator {
                 vstart
             });
             pool.counters.granted_now = pool.counters.granted_now.saturating_add(1);
-            let lease = self.insert_lease(req.agent, agent_slot, p, ask, phase, vfinish, now, task);
+            let lease = self.insert_lease(
+                req.agent,
+                agent_slot,
+                p,
+                ask,
+                phase,
+                (vfinish, fair),
+                now,
+                task,
+            );
             let expires_at = now.plus(ttl);
             self.leases
                 .push_expiry(expires_at, lease, self.config.max_leases);
@@ -611,7 +638,16 @@ impl Coordinator {
             enqueued_at: now,
             bump: pending_bump(&self.config.weights, &ask, warm_until, weight, now),
         };
-        let lease = self.insert_lease(req.agent, agent_slot, p, ask, phase, vfinish, now, task);
+        let lease = self.insert_lease(
+            req.agent,
+            agent_slot,
+            p,
+            ask,
+            phase,
+            (vfinish, fair),
+            now,
+            task,
+        );
         if let Phase::Queued { bump, .. } = phase {
             self.leases.schedule_bump(lease, bump);
         }
@@ -635,7 +671,7 @@ impl Coordinator {
         p: u32,
         ask: Ask,
         phase: Phase,
-        vfinish: u128,
+        (vfinish, fair): (u128, Fair),
         now: Millis,
         task: Option<TaskId>,
     ) -> LeaseId {
@@ -649,6 +685,7 @@ impl Coordinator {
             ask,
             phase,
             task,
+            fair,
         });
         if let Some(a) = self.agents.get_mut(agent_slot) {
             if queued {
@@ -670,6 +707,11 @@ impl Coordinator {
     /// Reports what a granted lease really used. The difference from the reservation is
     /// refunded or charged at once (debt allowed), the concurrency slot is released, and
     /// queued tickets that now fit are granted (see [`Coordinator::poll_event`]).
+    ///
+    /// The agent's place in the fair order is corrected too: its latest virtual finish
+    /// moves by the difference between the dominant share it was placed for and the one it
+    /// used (back for a refund, forward for debt), so an agent that reserved `max_tokens`
+    /// and used a fraction is not kept back as if it had used it all.
     ///
     /// This is the report of a call that completed with the provider's usage: it is a
     /// sample of estimate error (the agent's error figures in [`Coordinator::metrics`] and
@@ -743,6 +785,7 @@ impl Coordinator {
         if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
             t.tokens = t.tokens.saturating_add(actual.get(Axis::Tokens));
         }
+        self.correct_place(&entry, &actual);
         let cache_used = entry.ask.cached_prefix_tokens > 0
             || usage.cache_read_input_tokens > 0
             || usage.cache_creation_input_tokens > 0;
@@ -755,6 +798,9 @@ impl Coordinator {
                     actual.get(Axis::OutputTokens),
                     usize::try_from(keep).unwrap_or(1),
                 );
+                let input = Axis::InputTokens;
+                let error = crate::agents::error_permille(charged.get(input), actual.get(input));
+                pool.errors.push(u64::from(error), crate::history::CAPACITY);
             }
         }
         if let Some(a) = self.agents.get_mut(entry.agent_slot) {
@@ -828,10 +874,39 @@ impl Coordinator {
                 if let Some(a) = agent {
                     a.in_flight = a.in_flight.saturating_sub(1);
                 }
+                self.correct_place(&entry, &Demand::default());
             }
         }
         self.drain(p, now);
         Ok(())
+    }
+
+    /// A granted lease ended having used `used`: its agent's latest virtual finish in the
+    /// pool moves by the difference between what that costs in the fair order and what the
+    /// lease was placed for — back for a refund, forward for debt — so an agent pays in
+    /// line for what it took of the limit that binds, not for what it reserved. (Its next
+    /// request still starts no earlier than the pool's virtual time: a refund earns no
+    /// credit against agents asking later.)
+    fn correct_place(&mut self, entry: &Entry, used: &Demand) {
+        let fair = entry.fair;
+        if fair.weight == 0 {
+            return;
+        }
+        let Some(pool) = self.pools.get(entry.pool as usize) else {
+            return;
+        };
+        let cost = virtual_cost(pool.dominant_share(used), u128::from(fair.weight));
+        if let Some(ap) = self
+            .agents
+            .get_mut(entry.agent_slot)
+            .and_then(|a| a.pools.get_mut(entry.pool as usize))
+        {
+            ap.last_vfinish = if cost >= fair.cost {
+                ap.last_vfinish.saturating_add(cost - fair.cost)
+            } else {
+                ap.last_vfinish.saturating_sub(fair.cost - cost)
+            };
+        }
     }
 
     /// Keeps a granted lease alive: its expiry moves to `now + lease_ttl_ms` (never

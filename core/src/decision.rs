@@ -101,6 +101,8 @@ pub enum Event {
         from_permille: u32,
         /// After, thousandths.
         to_permille: u32,
+        /// Why it moved.
+        reason: MarginReason,
     },
     /// A 429 paused new grants for the whole pool.
     Paused {
@@ -135,4 +137,21 @@ pub enum Event {
         /// The median input error it was raised on, thousandths.
         error_permille: u32,
     },
+}
+
+/// Why a pool's margin moved (see [`crate::MarginConfig`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MarginReason {
+    /// A 429 against a granted lease: cut by `decrease_permille`.
+    RateLimited,
+    /// A clean interval (no 429) below the start: recovering towards it.
+    Recovered,
+    /// A clean interval above the start with the evidence that the reserve is idle: the
+    /// pool's completed calls estimated within `confirm_error_permille` at the median and
+    /// the provider's remaining-capacity headers agreeing with the model.
+    Confirmed,
+    /// The provider's remaining capacity was below the model's by more than
+    /// `agree_tolerance_permille` of the limit: a margin above the start goes back to it.
+    HeadersDisagreed,
 }

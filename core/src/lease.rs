@@ -116,6 +116,19 @@ pub(crate) struct Entry {
     /// The task the lease is charged to, if the request named one the table holds.
     #[serde(default)]
     pub(crate) task: Option<TaskId>,
+    /// Its place's price in the fair order: the weight it was placed with and the virtual
+    /// time its dominant share cost at that weight (what its agent's latest virtual finish
+    /// moved by). A settle corrects the agent's virtual finish to what the call used; a
+    /// lease stored before these existed (weight 0) is not corrected.
+    #[serde(default)]
+    pub(crate) fair: Fair,
+}
+
+/// The weight a lease was placed in the fair order with and the virtual time it cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Fair {
+    pub(crate) weight: u64,
+    pub(crate) cost: u128,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -399,6 +412,7 @@ mod tests {
                 bump: None,
             },
             task: None,
+            fair: Fair::default(),
         }
     }
 

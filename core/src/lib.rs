@@ -138,7 +138,7 @@ pub use config::{
     MAX_TOKENS, MarginConfig, OutputReserveConfig, PoolConfig, SlowStartConfig, WeightConfig,
 };
 pub use coordinator::{Coordinator, Snapshot};
-pub use decision::{Decision, Event, RejectReason, Settlement};
+pub use decision::{Decision, Event, MarginReason, RejectReason, Settlement};
 pub use error::{ConfigError, FieldPath, LeaseError, RestoreError};
 pub use headers::{HeaderReport, parse_headers};
 pub use ids::{AgentId, PoolId};

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::agents::{Agent, Agents, WaitKind};
 use crate::bucket::{Axis, Demand};
 use crate::config::PoolConfig;
+use crate::decision::MarginReason;
 use crate::headers::RateAxis;
 use crate::ids::AgentId;
 use crate::pool::Pool;
@@ -279,6 +280,16 @@ pub struct PoolMetrics {
     pub name: String,
     /// Current margin, thousandths.
     pub margin_permille: u32,
+    /// Why the margin last moved (`None` before it first did).
+    pub margin_reason: Option<MarginReason>,
+    /// The median absolute input-estimate error of the pool's latest completed calls (up to
+    /// 16), thousandths: what a climb of the margin above its start needs at or below
+    /// `margin.confirm_error_permille`.
+    pub estimate_error_p50_permille: Option<u32>,
+    /// When the provider's remaining-capacity headers last agreed with the model (a climb
+    /// above the start needs an agreement within the clean interval); `None` if they never
+    /// did or the last comparison disagreed.
+    pub headers_agreed_at: Option<Millis>,
     /// Since when the margin has sat at its floor (within
     /// `margin.floor_alert_band_permille`) without rising, if it has; past
     /// `margin.floor_alert_ms` the `margin_at_floor` event was raised: something outside
@@ -358,6 +369,12 @@ pub(crate) fn pool_metrics(
     PoolMetrics {
         name: cfg.name.clone(),
         margin_permille: pool.margin,
+        margin_reason: pool.margin_reason,
+        estimate_error_p50_permille: pool
+            .errors
+            .percentile(500)
+            .map(|e| u32::try_from(e).unwrap_or(u32::MAX)),
+        headers_agreed_at: pool.agreed_at,
         margin_at_floor_since: pool.floor_since,
         paused_until: pool.paused_until,
         in_flight: pool.in_flight,

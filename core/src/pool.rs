@@ -6,8 +6,8 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use crate::bucket::{Axis, Bucket, Demand};
-use crate::config::{Config, Counting};
-use crate::decision::Event;
+use crate::config::{Config, Counting, MAX_TOKENS};
+use crate::decision::{Event, MarginReason};
 use crate::history::History;
 use crate::ids::PoolId;
 use crate::lease::Phase;
@@ -53,6 +53,31 @@ pub(crate) struct Pool {
     /// reservation of an agent with no history of its own here.
     #[serde(default, skip_serializing_if = "History::is_empty")]
     pub(crate) outputs: History,
+    /// Absolute input-estimate errors (thousandths) of the pool's latest completed calls,
+    /// any agent's: what a climb of the margin above its start reads.
+    #[serde(default, skip_serializing_if = "History::is_empty")]
+    pub(crate) errors: History,
+    /// When the provider's remaining-capacity headers last agreed with the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) agreed_at: Option<Millis>,
+    /// Why the margin last moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) margin_reason: Option<MarginReason>,
+}
+
+/// The parts a limit is divided into for a call's share of it: a call taking a whole
+/// window's limit on its binding axis has a share of 10⁹.
+pub(crate) const SHARE_UNIT: u64 = 1_000_000_000;
+const SHARE_UNIT_U128: u128 = SHARE_UNIT as u128;
+
+/// `amount` as parts of `limit` (> 0), rounded up; in 64-bit arithmetic when it fits.
+#[inline]
+fn share_of(amount: u64, limit: u64) -> u64 {
+    if let Some(scaled) = amount.checked_mul(SHARE_UNIT) {
+        return scaled.div_ceil(limit);
+    }
+    let share = (u128::from(amount) * SHARE_UNIT_U128).div_ceil(u128::from(limit));
+    u64::try_from(share).unwrap_or(u64::MAX)
 }
 
 pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
@@ -92,6 +117,9 @@ impl Pool {
             floor_alerted: false,
             floor_level: 0,
             outputs: History::default(),
+            errors: History::default(),
+            agreed_at: None,
+            margin_reason: None,
         };
         // Anthropic charges input when a call arrives (output as it is produced: ours is
         // reserved as a learned figure and corrected on settle; OpenAI pre-charges its one
@@ -165,9 +193,78 @@ impl Pool {
         }
     }
 
+    /// When the margin next rises, if nothing changes before: one clean interval after the
+    /// last cut or step while below the start; above it, at the first instant from then
+    /// on at which the evidence holds (see [`Pool::confirmed_at`]), none while it does not.
     pub(crate) fn next_margin_step(&self, config: &Config) -> Option<Millis> {
-        (self.margin < config.margin.ceiling_permille && config.margin.increase_permille > 0)
-            .then(|| self.margin_clock.plus(config.margin.clean_interval_ms))
+        let m = &config.margin;
+        if self.margin < m.start_permille {
+            return (m.increase_permille > 0).then(|| self.margin_clock.plus(m.clean_interval_ms));
+        }
+        if self.margin >= m.ceiling_permille || m.confirm_step_permille == 0 {
+            return None;
+        }
+        self.confirmed_at(self.margin_clock.plus(m.clean_interval_ms), config)
+    }
+
+    /// The first instant at or after `due` at which a rise above the start is confirmed,
+    /// if the evidence as it stands holds then: the pool's latest completed calls
+    /// (`margin.confirm_samples` of them at least) estimated within
+    /// `margin.confirm_error_permille` at the median, and the provider's remaining headers
+    /// having agreed with the model within the clean interval before that instant. The
+    /// evidence only changes on an input, so the instant is exact whenever the host wakes.
+    fn confirmed_at(&self, due: Millis, config: &Config) -> Option<Millis> {
+        let m = &config.margin;
+        if self.errors.len() < m.confirm_samples as usize {
+            return None;
+        }
+        if self.errors.percentile(500)? > u64::from(m.confirm_error_permille) {
+            return None;
+        }
+        let agreed = self.agreed_at?;
+        let at = due.max(agreed);
+        (at.since(agreed) < m.clean_interval_ms).then_some(at)
+    }
+
+    /// What the provider's remaining figures said of the model: they `agree` (each within
+    /// `margin.agree_tolerance_permille` of its limit below ours, or above it), or some
+    /// bucket was lowered by more, which holds the margin at its start (taking it back
+    /// there from above). Returns the event of a margin taken back.
+    pub(crate) fn compared(
+        &mut self,
+        now: Millis,
+        agree: bool,
+        config: &Config,
+        pool: PoolId,
+    ) -> Option<Event> {
+        if agree {
+            self.agreed_at = Some(now);
+            return None;
+        }
+        self.agreed_at = None;
+        let start = config.margin.start_permille;
+        if self.margin < start {
+            return None;
+        }
+        self.margin_clock = now;
+        let from = self.margin;
+        if from == start {
+            return None;
+        }
+        self.margin = start;
+        self.set_caps(config, false);
+        Some(self.margin_moved(pool, from, MarginReason::HeadersDisagreed))
+    }
+
+    /// Records a move of the margin from `from` to the current one and its event.
+    pub(crate) fn margin_moved(&mut self, pool: PoolId, from: u32, reason: MarginReason) -> Event {
+        self.margin_reason = Some(reason);
+        Event::MarginChanged {
+            pool,
+            from_permille: from,
+            to_permille: self.margin,
+            reason,
+        }
     }
 
     pub(crate) fn next_ramp_step(&self, config: &Config, started: Millis) -> Option<Millis> {
@@ -201,16 +298,25 @@ impl Pool {
             }
             self.refill_to(next, config.window_ms);
             if margin_at == Some(next) {
+                // Recovering stops at the start; beyond it each step is confirmed.
+                let m = &config.margin;
                 let from = self.margin;
-                self.margin = from
-                    .saturating_add(config.margin.increase_permille)
-                    .min(config.margin.ceiling_permille);
+                let (step, top, reason) = if from < m.start_permille {
+                    (
+                        m.increase_permille,
+                        m.start_permille,
+                        MarginReason::Recovered,
+                    )
+                } else {
+                    (
+                        m.confirm_step_permille,
+                        m.ceiling_permille,
+                        MarginReason::Confirmed,
+                    )
+                };
+                self.margin = from.saturating_add(step).min(top);
                 self.margin_clock = next;
-                events.push_back(Event::MarginChanged {
-                    pool,
-                    from_permille: from,
-                    to_permille: self.margin,
-                });
+                events.push_back(self.margin_moved(pool, from, reason));
             }
             if ramp_at == Some(next) {
                 self.ramp_step += 1;
@@ -310,6 +416,36 @@ impl Pool {
         let output = bound(Axis::OutputTokens, usage.get(Axis::OutputTokens));
         let tokens = bound(Axis::Tokens, input.saturating_add(output));
         Demand([input, output, tokens, usage.get(Axis::Requests)])
+    }
+
+    /// The dominant share of `d`: its largest share of a known limit across the rate axes
+    /// (input, output, combined tokens, requests), in [`SHARE_UNIT`] parts of that limit,
+    /// rounded up, at most [`MAX_TOKENS`]; 0 while no limit is known. What a call costs in
+    /// the fair order (see `Coordinator::request_lease`): it pays for what it takes of the
+    /// limit that binds it, not for its token sum.
+    #[inline]
+    pub(crate) fn dominant_share(&self, d: &Demand) -> u64 {
+        let mut worst = 0u64;
+        for a in Axis::ALL {
+            if let Some(limit) = self.bucket(a).limit.filter(|l| *l > 0) {
+                worst = worst.max(share_of(d.get(a), limit));
+            }
+        }
+        worst.min(MAX_TOKENS)
+    }
+
+    /// The most a total dominant share of `share` can hold on each rate axis: `share`
+    /// parts of each known limit (rounded up), 0 on an axis whose limit is unknown (it
+    /// does not gate). The inverse of [`Pool::dominant_share`], for the ETA's bound.
+    pub(crate) fn demand_of_share(&self, share: u64) -> Demand {
+        let mut out = Demand::default();
+        for a in Axis::ALL {
+            if let Some(limit) = self.bucket(a).limit {
+                let amount = (u128::from(share) * u128::from(limit)).div_ceil(SHARE_UNIT_U128);
+                out.0[a.index()] = u64::try_from(amount).unwrap_or(u64::MAX);
+            }
+        }
+        out
     }
 
     /// Whether a grant may be made at `now` at all: not paused, a concurrency slot free, and

@@ -94,21 +94,22 @@ pub(crate) fn mul_permille(a: u128, b: u128) -> u128 {
     a.saturating_mul(b) / 1000
 }
 
-/// A ticket's length in virtual time: `(tokens + 1) × 10^6 / weight` (weight ≥ 1), in
-/// 64-bit arithmetic when the operands fit. Same result either way.
-/// Virtual time per token at weight 1 (a weight of 1,000 is 1.0): a request of `t` tokens
-/// at weight `w` costs `(t + 1)·SCALE / w`.
+/// Virtual time per part of dominant share at weight 1 (a weight of 1,000 is 1.0): a request
+/// of share `s` (parts per 10⁹ of the limit that binds it, see `Pool::dominant_share`) at
+/// weight `w` costs `(s + 1)·SCALE / w`.
 pub(crate) const SCALE: u128 = 1_000_000;
 
-pub(crate) fn virtual_cost(tokens: u64, weight: u128) -> u128 {
+/// A ticket's length in virtual time: `(share + 1) × 10^6 / weight` (weight ≥ 1), in
+/// 64-bit arithmetic when the operands fit. Same result either way.
+pub(crate) fn virtual_cost(share: u64, weight: u128) -> u128 {
     if let (Some(scaled), Ok(w)) = (
-        tokens
+        share
             .checked_add(1)
             .and_then(|c| c.checked_mul(SCALE as u64)),
         u64::try_from(weight),
     ) {
         return u128::from(scaled / w.max(1));
     }
-    let cost = u128::from(tokens).saturating_add(1);
+    let cost = u128::from(share).saturating_add(1);
     cost.saturating_mul(SCALE) / weight.max(1)
 }

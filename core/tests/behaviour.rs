@@ -77,10 +77,12 @@ fn hands_out_limit_times_margin() {
     grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
     let (_, eta) = queued(c.request_lease(Millis(0), &ask(2, 1, 10)).unwrap());
     assert_eq!(available(&c, Axis::InputTokens), 0, "now=0");
-    // The ETA is an upper bound: its own token, plus the 13 combined tokens agent 1 could
-    // still be served ahead of it (its 12-unit virtual span at equal weight, rounded up),
-    // refill in 14 × 60000/85000 ms, rounded up.
-    assert_eq!(eta, Millis((14 * W).div_ceil(85_000)));
+    // The ETA is an upper bound: its own token, plus what agent 1 could still be served
+    // ahead of it at equal weight: the ticket's virtual span is its dominant share, one
+    // request of 1,000 a minute (10⁶ parts per 10⁹, more than its token's share of the
+    // input limit), so agent 1 may take 10⁶ + 1 parts of every limit first: 101 input
+    // tokens. Refill of 102 in 102 × 60000/85000 ms, rounded up.
+    assert_eq!(eta, Millis((102 * W).div_ceil(85_000)));
 }
 
 #[test]
@@ -88,8 +90,9 @@ fn queued_ticket_is_granted_by_refill_within_its_eta() {
     let mut c = coord("");
     grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
     let (t, eta) = queued(c.request_lease(Millis(0), &ask(2, 8_500, 10)).unwrap());
-    // The ETA leaves room for agent 1 to be served its share (8,512 tokens) first.
-    assert_eq!(eta, Millis(((8_500 + 8_512) * W).div_ceil(85_000)));
+    // The ETA leaves room for agent 1 to be served as much of the input limit as the
+    // ticket takes (8,501 tokens: the same share, rounded up) first.
+    assert_eq!(eta, Millis(((8_500 + 8_501) * W).div_ceil(85_000)));
     let ev = drive(&mut c, Millis(10_000));
     assert!(
         matches!(ev.as_slice(), [(Millis(6_000), Event::Granted { lease, waited_ms: 6_000, .. })] if *lease == t),
@@ -123,8 +126,8 @@ fn settle_charges_underestimate_as_debt() {
         "debt of 15k at now=0"
     );
     let (_, eta) = queued(c.request_lease(Millis(0), &ask(2, 1_000, 10)).unwrap());
-    // 16k tokens to refill at 85k/min, plus agent 1's share ahead of it (1,012 tokens).
-    assert_eq!(eta, Millis(((16_000 + 1_012) * W).div_ceil(85_000)));
+    // 16k tokens to refill at 85k/min, plus agent 1's share ahead of it (1,001 tokens).
+    assert_eq!(eta, Millis(((16_000 + 1_001) * W).div_ceil(85_000)));
 }
 
 #[test]
@@ -695,8 +698,8 @@ fn time_going_backwards_is_clamped() {
     );
     let (_, eta) = queued(c.request_lease(Millis(5), &ask(2, 850, 10)).unwrap());
     assert_eq!(c.now(), Millis(10_000));
-    // 850 tokens and agent 1's share of 862, from 10 s.
-    assert_eq!(eta, Millis(10_000 + ((850 + 862) * W).div_ceil(85_000)));
+    // 850 tokens and agent 1's share of 851, from 10 s.
+    assert_eq!(eta, Millis(10_000 + ((850 + 851) * W).div_ceil(85_000)));
 }
 
 #[test]

@@ -199,20 +199,27 @@ fn weight(r: Role) -> u64 {
     }
 }
 
+/// A request's dominant share as the core computes it (`Pool::dominant_share`): here only
+/// the input limit is known (60,000 a minute), so its input tokens in parts per 10⁹ of it,
+/// rounded up.
+fn share(input_tokens: u64) -> u64 {
+    (input_tokens * 1_000_000_000).div_ceil(60_000)
+}
+
 /// The bound the crate documents (`Coordinator::request_lease`): with S the big request's
-/// reservation on the combined-token axis (+1, as virtual costs count it) and weight w,
-/// each other agent i (weight w_i, largest request s_i) is served at most S × w_i / w plus
-/// one request before it, all at the refill rate R = limit × margin / window (here 60,000 ×
-/// 0.85 per 60,000 ms: 0.85 tokens per ms).
+/// dominant share (+1, as virtual costs count it) and weight w, each other agent i (weight
+/// w_i, largest share s_i) is served at most S × w_i / w plus one request (+1) before it,
+/// in parts per 10⁹ of every axis's limit, which refills at margin × 10⁹ parts a window
+/// (here 0.85 × 10⁹ per 60,000 ms).
 fn bound_ms(sc: &Scenario) -> u64 {
-    let s_big = sc.big + MAX_TOKENS + 1;
+    let s_big = share(sc.big) + 1;
     let w_big = weight(sc.big_role);
     let others: u64 = sc
         .small
         .iter()
-        .map(|&(size, _, role)| s_big * weight(role) / w_big + 1 + size + MAX_TOKENS)
+        .map(|&(size, _, role)| s_big * weight(role) / w_big + 1 + share(size) + 1)
         .sum();
-    (s_big + others) * 1000 / 850
+    ((s_big + others) * 60_000).div_ceil(850_000_000)
 }
 
 fn granted_within_bound(sc: &Scenario) -> Result<(), String> {

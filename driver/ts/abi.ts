@@ -23,6 +23,8 @@ export const REJECT_REASONS = ['exceeds_capacity', 'wait_too_long', 'queue_full'
 export const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests'] as const
 /** `pollEventIo`'s return codes: the index in this list (-1: no event). */
 export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert', 'margin_at_floor'] as const
+/** A margin change's reason code (its event's slot 3): the index in this list. */
+export const MARGIN_REASONS = ['rate_limited', 'recovered', 'confirmed', 'headers_disagreed'] as const
 /** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWideJson()`). */
 export const STEP_SEND = 0
 export const STEP_WAIT = 1

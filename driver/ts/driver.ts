@@ -18,6 +18,7 @@ import type {
   Engine,
   HeaderReport,
   LeaseRequest,
+  MarginReason,
   Metrics,
   RejectReason,
   Settlement,
@@ -66,8 +67,11 @@ export interface DriverEvents {
   settled: { lease: number; agent: U64 | null; pool: number | null; settlement: Settlement }
   /** A lease was not settled within its TTL and was reaped without refund. */
   expired: { lease: number; agent: U64; pool: number }
-  /** A pool's safety margin moved (AIMD: cut on 429s, raised by clean minutes). */
-  margin_changed: { pool: number; fromPermille: number; toPermille: number }
+  /**
+   * A pool's safety margin moved (AIMD: cut on 429s, raised by clean minutes, above its
+   * start only while estimates and the provider's headers confirm the reserve is idle).
+   */
+  margin_changed: { pool: number; fromPermille: number; toPermille: number; reason: MarginReason }
   /** A 429 paused new grants for the whole pool until `until`. */
   paused: { pool: number; until: U64 }
   /** An agent's input estimates keep missing by more than the alert threshold. */
@@ -578,7 +582,7 @@ export class Driver extends Emitter<DriverEvents> {
           this.emit('expired', { lease: e.lease, agent: e.agent, pool: e.pool })
           break
         case 'margin_changed':
-          this.emit('margin_changed', { pool: e.pool, fromPermille: e.fromPermille, toPermille: e.toPermille })
+          this.emit('margin_changed', { pool: e.pool, fromPermille: e.fromPermille, toPermille: e.toPermille, reason: e.reason })
           break
         case 'paused':
           this.emit('paused', { pool: e.pool, until: e.until })

@@ -17,6 +17,7 @@ import {
   GIVE_UP_REASONS,
   IO_SLOTS,
   LEASE_REQUEST_FIELDS,
+  MARGIN_REASONS,
   CALL_STATE_SLOT,
   RATE_AXES,
   REJECT_REASONS,
@@ -45,6 +46,7 @@ import type {
   EngineEvent,
   HeaderReport,
   LeaseRequest,
+  MarginReason,
   Metrics,
   RejectReason,
   Settlement,
@@ -434,7 +436,7 @@ export class RegisterEngine implements Engine {
       case EV_EXPIRED:
         return { kind: 'expired', lease: io[0]!, agent: io[1]!, pool: io[2]! }
       case EV_MARGIN:
-        return { kind: 'margin_changed', pool: io[0]!, fromPermille: io[1]!, toPermille: io[2]! }
+        return { kind: 'margin_changed', pool: io[0]!, fromPermille: io[1]!, toPermille: io[2]!, reason: MARGIN_REASONS[io[3]!] as MarginReason }
       case EV_PAUSED:
         return { kind: 'paused', pool: io[0]!, until: io[1]! }
       case EV_ALERT:

@@ -154,11 +154,19 @@ export interface Settlement {
   used: U64[]
 }
 
+/**
+ * Why a pool's margin moved: a 429 against a granted lease cut it (`rate_limited`), a clean
+ * interval below the start raised it (`recovered`), a clean interval above the start with
+ * estimates and the provider's headers confirming it raised it (`confirmed`), or the
+ * provider's remaining capacity was below the model's (`headers_disagreed`).
+ */
+export type MarginReason = 'rate_limited' | 'recovered' | 'confirmed' | 'headers_disagreed'
+
 /** Something the engine reports; drain with `pollEvent()` after every call. */
 export type EngineEvent =
   | { kind: 'granted'; lease: number; agent: U64; pool: number; expiresAt: U64; waitedMs: U64 }
   | { kind: 'expired'; lease: number; agent: U64; pool: number }
-  | { kind: 'margin_changed'; pool: number; fromPermille: number; toPermille: number }
+  | { kind: 'margin_changed'; pool: number; fromPermille: number; toPermille: number; reason: MarginReason }
   | { kind: 'paused'; pool: number; until: U64 }
   | { kind: 'estimate_alert'; agent: U64; errorPermille: number }
   | { kind: 'margin_at_floor'; pool: number; axis: Axis | null; marginPermille: number; since: U64 }
@@ -289,6 +297,16 @@ export interface PoolMetrics {
   axes: AxisMetrics[]
   bindingAxis: Axis | null
   marginPermille: number
+  /** Why the margin last moved (`null` before it first did). */
+  marginReason: MarginReason | null
+  /**
+   * The median absolute input-estimate error of the pool's latest completed calls (up to
+   * 16), thousandths: a climb of the margin above its start needs it at or below
+   * `margin.confirm_error_permille`.
+   */
+  estimateErrorP50Permille: number | null
+  /** When the provider's remaining-capacity headers last agreed with the model (`null`: never, or the last comparison disagreed). */
+  headersAgreedAt: U64 | null
   /** Since when the margin has sat at its floor without rising (`null` when it is not there). */
   marginAtFloorSince: U64 | null
   pausedUntil: U64

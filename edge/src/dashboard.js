@@ -148,6 +148,13 @@ const SCRIPT = `
 (() => {
   'use strict'
   const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests']
+  // Why the margin last moved (the core's MarginReason), as the page says it.
+  const MARGIN_REASONS = {
+    rate_limited: 'cut by a 429',
+    recovered: 'recovering after a 429',
+    confirmed: "raised: estimates and the provider's headers agree",
+    headers_disagreed: 'back to its start: the provider showed less room than the model',
+  }
   const SVG = 'http://www.w3.org/2000/svg'
   const MINUTE = 60000
   const MAX_AGENT_ROWS = 1000
@@ -472,7 +479,7 @@ const SCRIPT = `
       stat('queue-depth', 'Queue depth', int(p.queueDepth)),
       stat('in-flight', 'In flight / max concurrent', int(p.inFlight), ' / ', maxConcurrent === null ? 'unknown' : int(maxConcurrent),
         maxConcurrent ? el('meter', { min: 0, max: maxConcurrent, value: Math.min(Number(p.inFlight), maxConcurrent), 'aria-label': 'in flight' }) : null),
-      stat('margin', 'Margin (share of limit granted)', pct(p.marginPermille)),
+      stat('margin', 'Margin (share of limit granted)', pct(p.marginPermille), p.marginReason ? el('span', { class: 'why', 'data-margin-reason': p.marginReason }, ' — ' + (MARGIN_REASONS[p.marginReason] ?? p.marginReason)) : null),
       stat('paused', 'Paused', paused ? 'until ' + clockSeconds(pausedUntil) + ' (' + dur(pausedUntil - now) + ')' : 'no'),
       stat('queue-wait', 'Queue wait p50 / p95', dur(n(p.queueWaitP50Ms)), ' / ', dur(n(p.queueWaitP95Ms))),
       stat('rate-limited', '429s in the kept minutes', int(limited.reduce((s, x) => s + Number(x.rateLimited), 0))),

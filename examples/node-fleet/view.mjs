@@ -170,7 +170,7 @@ export class Monitor {
     })
     tw.on('margin_changed', (e) => {
       this.marginLow = Math.min(this.marginLow ?? e.fromPermille, e.toPermille)
-      this.note(`margin ${(e.fromPermille / 10).toFixed(1)}% → ${(e.toPermille / 10).toFixed(1)}%`)
+      this.note(`margin ${(e.fromPermille / 10).toFixed(1)}% → ${(e.toPermille / 10).toFixed(1)}% (${e.reason.replace('_', ' ')})`)
     })
     tw.on('paused', (e) => {
       this.note(this.c.yellow(`pool paused for ${secs(Number(e.until) - this.now())} (new grants wait)`))

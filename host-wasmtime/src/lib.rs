@@ -1,7 +1,7 @@
 //! # tokenwarden-wasmtime
 //!
 //! [`tokenwarden-core`](tokenwarden_core) compiled to a WebAssembly component (WIT world
-//! `tokenwarden:quota/plugin@1.2.0`, in `wit/v1/`) and a host that runs it under wasmtime
+//! `tokenwarden:quota/plugin@1.3.0`, in `wit/v1/`) and a host that runs it under wasmtime
 //! as a sandboxed plugin.
 //!
 //! The API mirrors the native [`Coordinator`](tokenwarden_core::Coordinator) method for
@@ -42,9 +42,9 @@ use core::fmt;
 
 use tokenwarden_core::{
     AgentId, Axis, Backoff, BackoffStep, Call, CallResponse, CallStep, Decision, Demand, Event,
-    GiveUpReason, HeaderReport, LeaseError, LeaseId, LeaseRequest, Metrics, Millis, PoolId,
-    RejectReason, Role, Settlement, Snapshot, TaskId, TaskOutcome, TaskSpec, TaskSummary, Usage,
-    WaitReason,
+    GiveUpReason, HeaderReport, LeaseError, LeaseId, LeaseRequest, MarginReason, Metrics, Millis,
+    PoolId, RejectReason, Role, Settlement, Snapshot, TaskId, TaskOutcome, TaskSpec, TaskSummary,
+    Usage, WaitReason,
     headers::{AxisReport, RateAxis},
 };
 pub use wasmtime;
@@ -66,10 +66,10 @@ use bindings::exports::tokenwarden::quota::coordinator as w;
 pub const COMPONENT: &[u8] = include_bytes!(env!("TOKENWARDEN_COMPONENT"));
 
 /// The WIT package this host speaks.
-pub const WIT_PACKAGE: &str = "tokenwarden:quota@1.2.0";
+pub const WIT_PACKAGE: &str = "tokenwarden:quota@1.3.0";
 
 /// The exported interface the host looks up in a component.
-pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@1.2.0";
+pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@1.3.0";
 
 /// Resource limits applied to every coordinator of a [`Plugin`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub enum PluginError {
         /// The cap in force.
         limit_bytes: usize,
     },
-    /// The bytes are not a component of the `tokenwarden:quota@1.2.0` `plugin` world (or it
+    /// The bytes are not a component of the `tokenwarden:quota@1.3.0` `plugin` world (or it
     /// imports something, or it answered with something the host cannot read).
     Incompatible(String),
     /// An earlier call on this coordinator failed inside the plugin, which leaves the
@@ -621,7 +621,7 @@ impl PluginCoordinator {
 
     /// See [`Coordinator::poll_event`](tokenwarden_core::Coordinator::poll_event).
     pub fn poll_event(&mut self) -> Result<Option<Event>, Error> {
-        Ok(guest!(self, |c, s, h| c.call_poll_event(s, h))?.map(event))
+        Ok(guest!(self, |c, s, h| c.call_poll_event2(s, h))?.map(event))
     }
 
     /// See [`Coordinator::backoff`](tokenwarden_core::Coordinator::backoff).
@@ -967,34 +967,40 @@ fn decision(d: w::Decision) -> Decision {
     }
 }
 
-fn event(e: w::Event) -> Event {
+fn event(e: w::Event2) -> Event {
     match e {
-        w::Event::Granted(g) => Event::Granted {
+        w::Event2::Granted(g) => Event::Granted {
             lease: LeaseId(g.lease),
             agent: AgentId(g.agent),
             pool: PoolId(g.pool),
             expires_at: Millis(g.expires_at),
             waited_ms: g.waited_ms,
         },
-        w::Event::Expired(x) => Event::Expired {
+        w::Event2::Expired(x) => Event::Expired {
             lease: LeaseId(x.lease),
             agent: AgentId(x.agent),
             pool: PoolId(x.pool),
         },
-        w::Event::MarginChanged(m) => Event::MarginChanged {
+        w::Event2::MarginChanged(m) => Event::MarginChanged {
             pool: PoolId(m.pool),
             from_permille: m.from_permille,
             to_permille: m.to_permille,
+            reason: match m.reason {
+                w::MarginReason::RateLimited => MarginReason::RateLimited,
+                w::MarginReason::Recovered => MarginReason::Recovered,
+                w::MarginReason::Confirmed => MarginReason::Confirmed,
+                w::MarginReason::HeadersDisagreed => MarginReason::HeadersDisagreed,
+            },
         },
-        w::Event::Paused(p) => Event::Paused {
+        w::Event2::Paused(p) => Event::Paused {
             pool: PoolId(p.pool),
             until: Millis(p.until),
         },
-        w::Event::EstimateAlert(a) => Event::EstimateAlert {
+        w::Event2::EstimateAlert(a) => Event::EstimateAlert {
             agent: AgentId(a.agent),
             error_permille: a.error_permille,
         },
-        w::Event::MarginAtFloor(m) => Event::MarginAtFloor {
+        w::Event2::MarginAtFloor(m) => Event::MarginAtFloor {
             pool: PoolId(m.pool),
             axis: m.axis.map(axis),
             margin_permille: m.margin_permille,

@@ -6,20 +6,23 @@
 //! finish and before every request with a larger one. Another agent's next request starts
 //! at its kept place, or at the larger of the pool's virtual time `V` and its own latest
 //! virtual finish, so no earlier than `V₀` (the smaller of `V` and every kept place);
-//! each of its requests costs `(t + 1)·10⁶ / w` of virtual time (rounded down). So what it
-//! can have served ahead of `F` weighs at most `X` combined tokens, where
-//! `X·10⁶/w − n ≤ F − V₀` for its `n ≤ X/m` requests of at least `m` tokens each:
+//! each of its requests costs `(s + 1)·10⁶ / w` of virtual time (rounded down), `s` its
+//! dominant share (parts per 10⁹ of the limit that binds it, see `Pool::dominant_share`).
+//! So what it can have served ahead of `F` has a total share of at most `X`, where
+//! `X·10⁶/w − n ≤ F − V₀` for its `n ≤ X/m` requests of share at least `m` each:
 //!
 //! ```text
 //! X ≤ (F − V₀)·w·m / (10⁶·m − w)        requests ≤ X / m
 //! ```
 //!
 //! The per-agent rates `w·m / (10⁶·m − w)` and `… / m` are kept summed per pool (updated
-//! when an agent's weight or smallest size changes, or it leaves the table), so the bound
+//! when an agent's weight or smallest share changes, or it leaves the table), so the bound
 //! costs O(1); only while some agent in the pool holds a place is `V₀` found by a walk over
-//! the agents. `X` is added on every token axis (a request's input or output tokens are at
-//! most its combined reservation) and the request count on the requests axis; the ETA is
-//! when the pool's refill covers the total.
+//! the agents. A total share `X` is at most `X` parts of each axis's limit (a request's
+//! share is its largest on any axis), which is added on every axis, the requests axis at
+//! most the request count; the ETA is when the pool's refill covers the total. (A settle
+//! that corrects an agent's virtual finish to what it used keeps this true of what it
+//! used; the bound assumes, as the crate's does, that usage equals the reservation.)
 
 use super::Coordinator;
 use crate::bucket::{Axis, Demand};
@@ -106,13 +109,14 @@ impl Coordinator {
             let fixed = span.saturating_mul(rate);
             u64::try_from(fixed.div_ceil(1 << 32)).unwrap_or(u64::MAX)
         };
-        let tokens = amount(shares.rates.tokens.saturating_sub(mine.tokens));
+        let share = amount(shares.rates.share.saturating_sub(mine.share));
         let requests = amount(shares.rates.requests.saturating_sub(mine.requests));
-        let mut out = Demand::default();
-        for axis in [Axis::InputTokens, Axis::OutputTokens, Axis::Tokens] {
-            out.0[axis.index()] = tokens;
-        }
-        out.0[Axis::Requests.index()] = requests;
+        let Some(pool) = self.pools.get(p as usize) else {
+            return Demand::default();
+        };
+        let mut out = pool.demand_of_share(share);
+        let r = Axis::Requests.index();
+        out.0[r] = out.0[r].min(requests);
         out
     }
 }

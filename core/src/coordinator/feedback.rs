@@ -3,7 +3,7 @@
 use super::Coordinator;
 use crate::bucket::Axis;
 use crate::config::{Config, Counting, MAX_TOKENS, PoolConfig};
-use crate::decision::Event;
+use crate::decision::{Event, MarginReason};
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, RateAxis};
 use crate::ids::PoolId;
@@ -40,12 +40,14 @@ impl Coordinator {
             return Err(LeaseError::UnknownPool);
         };
         let concurrency_known = pl.max_concurrent.is_some();
-        pl.learn(
+        let taken_back = pl.learn(
+            (now, pool),
             report,
             counting,
             &self.config,
             &self.config.pools[p as usize],
         );
+        self.events.extend(taken_back);
         if status == 429 {
             // The coordinator was wrong only if it granted the lease knowing every limit it
             // knows now; a lease granted blind (limits not yet learned) cuts nothing.
@@ -92,13 +94,16 @@ impl Coordinator {
 impl Pool {
     /// Takes in what the headers say of limits and remaining capacity.
     /// Limits move only within `config.feedback`'s bounds around the configured ones.
+    /// Each remaining figure is compared with the model (see [`Pool::compared`]); returns
+    /// the event of a margin taken back to its start by a disagreement.
     fn learn(
         &mut self,
+        (now, id): (Millis, PoolId),
         report: &HeaderReport,
         counting: Counting,
         config: &Config,
         pool: &PoolConfig,
-    ) {
+    ) -> Option<Event> {
         self.counters.malformed_headers = self
             .counters
             .malformed_headers
@@ -107,6 +112,8 @@ impl Pool {
             Counting::Openai => Some(Axis::Tokens),
             Counting::Anthropic => self.bucket(Axis::Tokens).limit.map(|_| Axis::Tokens),
         };
+        // Whether every remaining figure compared agreed with the model (`None`: none given).
+        let mut agrees: Option<bool> = None;
         let mapped = [
             (Some(Axis::Requests), &report.requests),
             (Some(Axis::InputTokens), &report.input_tokens),
@@ -125,12 +132,18 @@ impl Pool {
                 }
             }
             if let Some(remaining) = r.remaining {
-                if self.bucket_mut(axis).resync(
-                    remaining.min(MAX_TOKENS),
-                    r.granularity,
-                    config.window_ms,
-                ) {
-                    self.counters.resyncs = self.counters.resyncs.saturating_add(1);
+                let b = self.bucket_mut(axis);
+                let limit = b.limit.unwrap_or(0);
+                let resynced = b.resync(remaining.min(MAX_TOKENS), r.granularity, config.window_ms);
+                if let Some(lowered) = resynced {
+                    if lowered > 0 {
+                        self.counters.resyncs = self.counters.resyncs.saturating_add(1);
+                    }
+                    let tolerance = u128::from(limit)
+                        * u128::from(config.margin.agree_tolerance_permille)
+                        / 1000;
+                    let disagrees = u128::from(lowered) > tolerance;
+                    agrees = Some(agrees.unwrap_or(true) && !disagrees);
                 }
             }
         }
@@ -141,6 +154,7 @@ impl Pool {
         {
             self.max_concurrent = Some(config.feedback.bound_limit(limit, pool.max_concurrent));
         }
+        agrees.and_then(|a| self.compared(now, a, config, id))
     }
 
     /// A 429: counted; the pool paused until its retry time — the earlier of `retry-after`
@@ -202,12 +216,11 @@ impl Pool {
             self.margin_clock = now;
             self.set_caps(config, false);
             if self.margin != from {
-                margin = Some(Event::MarginChanged {
-                    pool,
-                    from_permille: from,
-                    to_permille: self.margin,
-                });
+                margin = Some(self.margin_moved(pool, from, MarginReason::RateLimited));
             }
+        } else if self.margin >= config.margin.start_permille {
+            // Any 429 holds a climb above the start: its interval starts again.
+            self.margin_clock = now;
         }
         [paused, margin]
     }

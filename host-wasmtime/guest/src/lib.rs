@@ -180,7 +180,7 @@ fn call_step(s: tw::CallStep) -> w::CallStep {
     }
 }
 
-fn event(e: tw::Event) -> w::Event {
+fn event2(e: tw::Event) -> w::Event2 {
     match e {
         tw::Event::Granted {
             lease,
@@ -188,14 +188,14 @@ fn event(e: tw::Event) -> w::Event {
             pool,
             expires_at,
             waited_ms,
-        } => w::Event::Granted(w::Granted {
+        } => w::Event2::Granted(w::Granted {
             lease: lease.0,
             agent: agent.0,
             pool: pool.0,
             expires_at: expires_at.0,
             waited_ms,
         }),
-        tw::Event::Expired { lease, agent, pool } => w::Event::Expired(w::Expired {
+        tw::Event::Expired { lease, agent, pool } => w::Event2::Expired(w::Expired {
             lease: lease.0,
             agent: agent.0,
             pool: pool.0,
@@ -204,19 +204,26 @@ fn event(e: tw::Event) -> w::Event {
             pool,
             from_permille,
             to_permille,
-        } => w::Event::MarginChanged(w::MarginChanged {
+            reason,
+        } => w::Event2::MarginChanged(w::MarginChanged2 {
             pool: pool.0,
             from_permille,
             to_permille,
+            reason: match reason {
+                tw::MarginReason::RateLimited => w::MarginReason::RateLimited,
+                tw::MarginReason::Recovered => w::MarginReason::Recovered,
+                tw::MarginReason::Confirmed => w::MarginReason::Confirmed,
+                tw::MarginReason::HeadersDisagreed => w::MarginReason::HeadersDisagreed,
+            },
         }),
-        tw::Event::Paused { pool, until } => w::Event::Paused(w::Paused {
+        tw::Event::Paused { pool, until } => w::Event2::Paused(w::Paused {
             pool: pool.0,
             until: until.0,
         }),
         tw::Event::EstimateAlert {
             agent,
             error_permille,
-        } => w::Event::EstimateAlert(w::EstimateAlert {
+        } => w::Event2::EstimateAlert(w::EstimateAlert {
             agent: agent.0,
             error_permille,
         }),
@@ -225,12 +232,28 @@ fn event(e: tw::Event) -> w::Event {
             axis: a,
             margin_permille,
             since,
-        } => w::Event::MarginAtFloor(w::MarginAtFloor {
+        } => w::Event2::MarginAtFloor(w::MarginAtFloor {
             pool: pool.0,
             axis: a.map(axis),
             margin_permille,
             since: since.0,
         }),
+    }
+}
+
+/// An event as `poll-event` (before 1.3.0) gives it: a margin change without its reason.
+fn event(e: tw::Event) -> w::Event {
+    match event2(e) {
+        w::Event2::Granted(g) => w::Event::Granted(g),
+        w::Event2::Expired(x) => w::Event::Expired(x),
+        w::Event2::MarginChanged(m) => w::Event::MarginChanged(w::MarginChanged {
+            pool: m.pool,
+            from_permille: m.from_permille,
+            to_permille: m.to_permille,
+        }),
+        w::Event2::Paused(p) => w::Event::Paused(p),
+        w::Event2::EstimateAlert(a) => w::Event::EstimateAlert(a),
+        w::Event2::MarginAtFloor(f) => w::Event::MarginAtFloor(f),
     }
 }
 
@@ -418,6 +441,10 @@ impl w::GuestCoordinator for Coord {
 
     fn poll_event(&self) -> Option<w::Event> {
         self.0.borrow_mut().poll_event().map(event)
+    }
+
+    fn poll_event2(&self) -> Option<w::Event2> {
+        self.0.borrow_mut().poll_event().map(event2)
     }
 
     fn backoff(

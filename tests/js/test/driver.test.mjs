@@ -202,7 +202,7 @@ describe('responses and events', () => {
     assert.ok(names.includes('rate_limited'))
     assert.ok(names.includes('paused'))
     const cut = events.find((e) => e.name === 'margin_changed')
-    assert.deepEqual([cut.fromPermille, cut.toPermille], [850, 800])
+    assert.deepEqual([cut.fromPermille, cut.toPermille, cut.reason], [850, 800, 'rate_limited'])
   })
 
   test('header pairs, objects and Headers are all accepted', () => {

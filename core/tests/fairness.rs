@@ -1,0 +1,356 @@
+//! Fair by what binds (issue 29): a call's place in line is priced by its dominant share of
+//! the pool's limits and corrected at settle to what it used, weights show in the shares of
+//! the binding axis, and the margin climbs above its start only on evidence.
+//!
+//! Each fairness test runs backlogged agents on a simulated clock: every agent keeps one
+//! ticket in line, and when it is granted the call settles at once and the agent asks again
+//! (the engine's own `poll_timeout` / `handle_timeout` / `poll_event` loop).
+
+use std::collections::BTreeMap;
+
+use tokenwarden_core::*;
+
+/// One agent's call: its ask and what the provider then counts.
+#[derive(Clone, Copy)]
+struct Shape {
+    role: Role,
+    input: u64,
+    max_tokens: u64,
+    used_input: u64,
+    used_output: u64,
+}
+
+/// Per agent: calls granted and the tokens they used (input, output).
+#[derive(Debug, Default, Clone, Copy)]
+struct Served {
+    calls: u64,
+    input: u64,
+    output: u64,
+}
+
+/// Runs `shapes` (agent i + 1 asks shape i) backlogged for `minutes` of simulated time on
+/// `config`, from a first ask each at 0 ms. Returns what each agent was served.
+fn backlogged(config: &str, shapes: &[Shape], minutes: u64) -> Vec<Served> {
+    let config = Config::from_json(config).unwrap_or_else(|e| panic!("{e}"));
+    let mut c = Coordinator::new(config, 3, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
+    let ask = |i: usize| {
+        let s = shapes[i];
+        LeaseRequest {
+            agent: AgentId(i as u64 + 1),
+            input_tokens: s.input,
+            max_tokens: s.max_tokens,
+            role: s.role,
+            ..Default::default()
+        }
+    };
+    let mut served = vec![Served::default(); shapes.len()];
+    // Which agent each lease is, and the grants to settle (at their instant).
+    let mut owner: BTreeMap<LeaseId, usize> = BTreeMap::new();
+    let mut granted: Vec<(Millis, LeaseId)> = Vec::new();
+    let end = Millis(minutes * 60_000);
+    let ask_at = |c: &mut Coordinator,
+                  at: Millis,
+                  i: usize,
+                  granted: &mut Vec<_>,
+                  owner: &mut BTreeMap<_, _>| {
+        match c
+            .request_lease(at, &ask(i))
+            .unwrap_or_else(|e| panic!("{e}"))
+        {
+            Decision::Grant { lease, .. } => {
+                owner.insert(lease, i);
+                granted.push((at, lease));
+            }
+            Decision::Queued { lease, .. } => {
+                owner.insert(lease, i);
+            }
+            Decision::Reject { reason, .. } => panic!("agent {} refused: {reason:?}", i + 1),
+        }
+    };
+    for i in 0..shapes.len() {
+        ask_at(&mut c, Millis(0), i, &mut granted, &mut owner);
+    }
+    loop {
+        while let Some(e) = c.poll_event() {
+            if let Event::Granted { lease, .. } = e {
+                granted.push((c.now(), lease));
+            }
+        }
+        for (at, lease) in std::mem::take(&mut granted) {
+            let i = owner
+                .remove(&lease)
+                .unwrap_or_else(|| panic!("{lease:?} is nobody's"));
+            let s = shapes[i];
+            let usage = Usage {
+                input_tokens: s.used_input,
+                output_tokens: s.used_output,
+                ..Default::default()
+            };
+            c.settle(at, lease, &usage)
+                .unwrap_or_else(|e| panic!("{e} at {at:?}"));
+            served[i].calls += 1;
+            served[i].input += s.used_input;
+            served[i].output += s.used_output;
+            ask_at(&mut c, at, i, &mut granted, &mut owner);
+        }
+        if !granted.is_empty() || c.pending_events() > 0 {
+            continue;
+        }
+        match c.poll_timeout() {
+            Some(t) if t <= end => c.handle_timeout(t),
+            _ => break,
+        }
+    }
+    served
+}
+
+/// Jain's fairness index of `x`: 1 when all are equal, 1/n when one takes everything.
+fn jain(x: &[f64]) -> f64 {
+    let sum: f64 = x.iter().sum();
+    let squares: f64 = x.iter().map(|v| v * v).sum();
+    sum * sum / (x.len() as f64 * squares)
+}
+
+const OUTPUT_BOUND: &str = r#"{"pools":[{"name":"p","input_tokens_per_minute":1000000,"output_tokens_per_minute":12000}]}"#;
+
+fn worker(input: u64, output: u64) -> Shape {
+    Shape {
+        role: Role::Worker,
+        input,
+        max_tokens: output,
+        used_input: input,
+        used_output: output,
+    }
+}
+
+#[test]
+fn a_call_pays_in_line_for_its_share_of_the_binding_limit_not_its_token_sum() {
+    // Output binds (12,000 a minute against 1,000,000 input). A 20k-input / 300-output
+    // call takes 2.5 % of the output limit; a 2k-input / 2,000-output one 16.7 %, seven
+    // times more of what binds though a fifth of the tokens. Charged by dominant share,
+    // the two agents get the same share of the output limit; charged by token sums the
+    // second would get ~33 times the first's output.
+    let served = backlogged(
+        OUTPUT_BOUND,
+        &[worker(20_000, 300), worker(2_000, 2_000)],
+        10,
+    );
+    let out: Vec<f64> = served.iter().map(|s| s.output as f64).collect();
+    eprintln!("{served:?}");
+    let j = jain(&out);
+    assert!(
+        j >= 0.99,
+        "output shares {out:?} (calls {} and {}): Jain {j:.3}",
+        served[0].calls,
+        served[1].calls
+    );
+    assert!(
+        served[0].calls >= 5 * served[1].calls,
+        "the output-light agent makes ~6.7x the calls: {served:?}"
+    );
+}
+
+#[test]
+fn a_settle_corrects_the_place_to_what_the_call_used() {
+    // OpenAI pre-charges max_tokens, and so does the core: both agents reserve 4,000 of a
+    // 100,000 TPM limit a call. One uses 300 (100 in, 200 out), the other 4,100. Corrected
+    // at settle, each pays in line for what it used: the light agent makes about 13 calls
+    // to the heavy one's one, and their token use is even. Without the correction they
+    // make the same number of calls.
+    let config = r#"{"pools":[{"name":"p","counting":"openai","tokens_per_minute":100000}]}"#;
+    let light = Shape {
+        role: Role::Worker,
+        input: 100,
+        max_tokens: 4_000,
+        used_input: 100,
+        used_output: 200,
+    };
+    let heavy = Shape {
+        used_output: 4_000,
+        ..light
+    };
+    let served = backlogged(config, &[light, heavy], 10);
+    eprintln!("{served:?}");
+    assert!(
+        served[0].calls >= 5 * served[1].calls,
+        "the light agent is not kept back as if it used its reservation: {served:?}"
+    );
+    let tokens: Vec<f64> = served.iter().map(|s| (s.input + s.output) as f64).collect();
+    assert!(jain(&tokens) >= 0.95, "token use {tokens:?}");
+}
+
+#[test]
+fn each_roles_share_of_the_binding_axis_follows_its_weight() {
+    // Planner, reviewer and worker (weights 3 : 2 : 1), two agents each, all bound by
+    // output, in calls of different sizes. Under saturation each role's share of the
+    // output limit is within 10 % of its weight's share, and agents of a role are even.
+    let mut shapes = Vec::new();
+    for role in [Role::Planner, Role::Reviewer, Role::Worker] {
+        for (input, output) in [(20_000, 400), (2_000, 1_500)] {
+            shapes.push(Shape {
+                role,
+                ..worker(input, output)
+            });
+        }
+    }
+    let served = backlogged(OUTPUT_BOUND, &shapes, 30);
+    eprintln!("{served:?}");
+    let total: u64 = served.iter().map(|s| s.output).sum();
+    for (r, weight) in [(0, 3.0), (1, 2.0), (2, 1.0)] {
+        let role = &served[2 * r..2 * r + 2];
+        let share = role.iter().map(|s| s.output).sum::<u64>() as f64 / total as f64;
+        let want = weight / 6.0;
+        assert!(
+            (share - want).abs() <= 0.1 * want,
+            "role {r}: {share:.3} of the output, weight share {want:.3}: {served:?}"
+        );
+        let out: Vec<f64> = role.iter().map(|s| s.output as f64).collect();
+        assert!(jain(&out) >= 0.95, "role {r}: outputs {out:?}");
+    }
+}
+
+// The margin above its start.
+
+fn margin(c: &Coordinator) -> (u32, Option<MarginReason>) {
+    let p = &c.metrics(c.now()).pools[0];
+    (p.margin_permille, p.margin_reason)
+}
+
+/// A call every 2 s from `from` to `to`: asks 1,000 input tokens, the provider counts
+/// `used`, and answers with `remaining` input tokens of its 100,000 limit left (`None`:
+/// no rate-limit headers). Returns the margin events seen.
+fn steady(
+    c: &mut Coordinator,
+    (from, to): (u64, u64),
+    used: u64,
+    remaining: Option<u64>,
+) -> Vec<Event> {
+    let mut events = Vec::new();
+    let mut t = from;
+    while t < to {
+        while let Some(w) = c.poll_timeout().filter(|w| w.0 <= t) {
+            c.handle_timeout(w);
+        }
+        let ask = LeaseRequest {
+            agent: AgentId(1),
+            input_tokens: 1_000,
+            max_tokens: 100,
+            ..Default::default()
+        };
+        let Decision::Grant { lease, .. } = c.request_lease(Millis(t), &ask).unwrap() else {
+            panic!("a light load is granted at {t} ms");
+        };
+        let headers: Vec<(String, String)> = remaining
+            .map(|r| {
+                vec![
+                    (
+                        "anthropic-ratelimit-input-tokens-limit".into(),
+                        "100000".into(),
+                    ),
+                    (
+                        "anthropic-ratelimit-input-tokens-remaining".into(),
+                        r.to_string(),
+                    ),
+                ]
+            })
+            .unwrap_or_default();
+        let report = parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), None);
+        c.handle_response(Millis(t + 500), PoolId(0), Some(lease), 200, &report)
+            .unwrap();
+        let usage = Usage {
+            input_tokens: used,
+            output_tokens: 50,
+            ..Default::default()
+        };
+        c.settle(Millis(t + 500), lease, &usage).unwrap();
+        while let Some(e) = c.poll_event() {
+            if matches!(e, Event::MarginChanged { .. }) {
+                events.push(e);
+            }
+        }
+        t += 2_000;
+    }
+    events
+}
+
+const ITPM: &str = r#"{"pools":[{"name":"p","input_tokens_per_minute":100000}]}"#;
+
+fn coord() -> Coordinator {
+    Coordinator::new(Config::from_json(ITPM).unwrap(), 1, Millis(0)).unwrap()
+}
+
+#[test]
+fn the_margin_climbs_above_its_start_while_estimates_hold_and_headers_agree() {
+    let mut c = coord();
+    let events = steady(&mut c, (0, 20 * 60_000), 1_000, Some(100_000));
+    assert_eq!(
+        margin(&c),
+        (970, Some(MarginReason::Confirmed)),
+        "{events:?}"
+    );
+    // Three points a clean interval, 850 → 970: 4 steps, each confirmed.
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(events.iter().all(|e| matches!(
+        e,
+        Event::MarginChanged { reason: MarginReason::Confirmed, to_permille, .. } if *to_permille <= 970
+    )));
+    let Some(Event::MarginChanged {
+        from_permille: 850,
+        to_permille: 880,
+        ..
+    }) = events.first()
+    else {
+        panic!("{events:?}")
+    };
+
+    // A 429 against a granted lease cuts as before.
+    let ask = LeaseRequest {
+        agent: AgentId(2),
+        input_tokens: 10,
+        max_tokens: 10,
+        ..Default::default()
+    };
+    let now = c.now().0 + 1;
+    let Decision::Grant { lease, .. } = c.request_lease(Millis(now), &ask).unwrap() else {
+        panic!("granted")
+    };
+    let report = parse_headers([("retry-after", "1")], None);
+    c.handle_response(Millis(now), PoolId(0), Some(lease), 429, &report)
+        .unwrap();
+    assert_eq!(margin(&c), (920, Some(MarginReason::RateLimited)));
+}
+
+#[test]
+fn a_disagreement_of_the_providers_counters_takes_the_margin_back_to_its_start() {
+    let mut c = coord();
+    steady(&mut c, (0, 5 * 60_000), 1_000, Some(100_000));
+    let (climbed, _) = margin(&c);
+    assert!(climbed > 850, "climbed to {climbed}");
+    // The provider has 10,000 left where the model thinks most of the limit is free.
+    let events = steady(&mut c, (5 * 60_000, 5 * 60_000 + 1), 1_000, Some(10_000));
+    assert_eq!(
+        margin(&c),
+        (850, Some(MarginReason::HeadersDisagreed)),
+        "{events:?}"
+    );
+    // And it stays there without a new agreement.
+    steady(&mut c, (5 * 60_000 + 2_000, 10 * 60_000), 1_000, None);
+    assert_eq!(margin(&c).0, 850);
+}
+
+#[test]
+fn the_margin_stays_at_its_start_without_the_evidence() {
+    // No rate-limit headers at all: nothing confirms the reserve is idle.
+    let mut c = coord();
+    steady(&mut c, (0, 20 * 60_000), 1_000, None);
+    assert_eq!(margin(&c), (850, None));
+    assert_eq!(c.poll_timeout(), None, "nothing to wake for at the start");
+
+    // Headers agree, but the estimates miss by a third (1,000 asked, 1,500 counted).
+    let mut c = coord();
+    steady(&mut c, (0, 20 * 60_000), 1_500, Some(100_000));
+    assert_eq!(margin(&c).0, 850);
+    let p = &c.metrics(c.now()).pools[0];
+    assert_eq!(p.estimate_error_p50_permille, Some(333));
+    assert!(p.headers_agreed_at.is_some());
+}
