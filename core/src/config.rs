@@ -172,6 +172,19 @@ pub struct WeightConfig {
     pub cache_bump_window_ms: u64,
     /// Only caches at least this many tokens long earn the bump.
     pub cache_bump_min_tokens: u64,
+    /// The most of an agent's *first* call's dominant share in a pool that its place in
+    /// line accounts for, thousandths of a limit (default 50: 5 %). The agent pays for the
+    /// whole share — its next call starts that much later in virtual time — but its first
+    /// call is placed as if it were at most a quantum, so a leaf agent that joins with a
+    /// big call starts within about a round of the others' calls instead of after
+    /// everyone's share of its whole size (at weight 1 among dozens of agents, many
+    /// minutes). Later calls are placed by their whole share, so small calls keep their
+    /// short waits. Why 5 %: above a typical small call's share (a few thousand tokens, or
+    /// the requests limit's share of one call), so ordinary first calls keep their order
+    /// by weight, and low enough that a 20k-token call on a 120k key (17 %) is placed
+    /// after a few rounds of small calls, not a dozen. 1000 places every call by its whole
+    /// share.
+    pub quantum_permille: u32,
 }
 
 impl Default for WeightConfig {
@@ -187,6 +200,7 @@ impl Default for WeightConfig {
             cache_bump: 500,
             cache_bump_window_ms: 60_000,
             cache_bump_min_tokens: 1024,
+            quantum_permille: 50,
         }
     }
 }
@@ -631,6 +645,7 @@ impl Config {
             ));
         }
         permille("weights.repeat_failure_decay", w.repeat_failure_decay, 0)?;
+        permille("weights.quantum_permille", w.quantum_permille, 0)?;
         if w.cache_bump_min_tokens > MAX_TOKENS {
             return Err(top(
                 "weights.cache_bump_min_tokens",

@@ -23,7 +23,7 @@ use crate::request::{LeaseRequest, Usage, charge, output_reserve, used};
 use crate::rng::Rng;
 use crate::tasks::{TaskId, TaskSpec, Tasks};
 use crate::time::Millis;
-use crate::weight::{pending_bump, virtual_cost, weight};
+use crate::weight::{pending_bump, place_cost, virtual_cost, weight};
 
 mod call;
 mod check;
@@ -302,23 +302,26 @@ impl Coordinator {
             return;
         };
         let share = pool.dominant_share(&demand);
+        let first = self.leases.get(id).is_some_and(|e| e.fair.first);
         let fair = Fair {
             weight: bump.weight,
             cost: virtual_cost(share, weight),
+            first,
         };
-        let vfinish = vstart.saturating_add(fair.cost);
-        if vfinish >= key.vfinish {
+        let place = vstart.saturating_add(place_cost(share, &fair, self.config.weights));
+        if place >= key.vfinish {
             return;
         }
         let Some(slot) = pool.queue.remove(key) else {
             return;
         };
         let new = Key {
-            vfinish,
+            vfinish: place,
             seq: key.seq,
         };
         let in_line = pool.within_caps(&demand);
         pool.queue.insert(new, in_line, slot);
+        let mut was = key.vfinish;
         if let Some(Entry {
             phase: Phase::Queued { key: k, .. },
             fair: f,
@@ -326,6 +329,9 @@ impl Coordinator {
         }) = self.leases.get_mut(id)
         {
             *k = new;
+            if f.weight > 0 {
+                was = vstart.saturating_add(f.cost);
+            }
             *f = fair;
         }
         if let Some(ap) = self
@@ -333,8 +339,8 @@ impl Coordinator {
             .get_mut(agent_slot)
             .and_then(|a| a.pools.get_mut(p as usize))
         {
-            if ap.last_vfinish == key.vfinish {
-                ap.last_vfinish = vfinish;
+            if ap.last_vfinish == was {
+                ap.last_vfinish = vstart.saturating_add(fair.cost);
             }
         }
         self.agents.note_ask(agent_slot, p, weight, share);
@@ -401,23 +407,31 @@ impl Coordinator {
     /// within
     ///
     /// ```text
-    /// wait ≤ (S + Σᵢ (S·wᵢ/w + sᵢ)) · window / (margin · 10⁹)
+    /// wait ≤ (S + Σᵢ (P·wᵢ/w + sᵢ + eᵢ)) · window / (margin · 10⁹)
     /// ```
     ///
     /// where `S` is its dominant share (+1): its largest share of a known limit across the
     /// rate axes — input, output, combined tokens, requests — in parts per 10⁹ of that
     /// limit (a call of 2,000 output tokens on a 12,000 output-tokens-a-minute key has a
-    /// share of 166,666,667 whatever its input), `w` its weight, and the sum runs over the
-    /// other agents asking meanwhile (weight `wᵢ`, largest share `sᵢ`), under these
+    /// share of 166,666,667 whatever its input), `P` the share its place in line accounts
+    /// for (`S`, or for its agent's first call in the pool at most the quantum `Q`,
+    /// `weights.quantum_permille` of a limit: the agent pays the whole share through its
+    /// next place), `w` its weight, and the sum runs over the other agents asking meanwhile
+    /// (weight `wᵢ`, largest share `sᵢ`, and `eᵢ` how far the first call of one that joins
+    /// meanwhile exceeds the quantum, 0 for the others), under these
     /// assumptions: settled usage equals the reservation (no debt), the limits and margin
     /// do not change, no 429 pauses the pool, and weights are as at the first ask (a
     /// warm-cache bump given while a ticket waits, see `weights.cache_bump`, is a weight
-    /// change: it moves that ticket ahead). (Weighted fair queueing by virtual finish, with
-    /// a call's virtual cost `(s + 1)·10⁶ / w` from its dominant share `s`: each other
-    /// agent can be served at most its weight's share of the same span of virtual time,
-    /// plus one request it had started; what they are served together is then at most
-    /// `S + Σᵢ (S·wᵢ/w + sᵢ)` parts of *every* axis's limit, which each axis refills at
-    /// `margin · 10⁹` parts a window.) A settle corrects the agent's virtual finish to the
+    /// change: it moves that ticket ahead). (Weighted fair queueing, with a call's virtual
+    /// cost `(s + 1)·10⁶ / w` from its dominant share `s`: each other agent can be served
+    /// at most its weight's share of the span of virtual time up to this request's place,
+    /// plus one request it had started and the excess of a first call placed before this
+    /// one; what they are served together is then at most `S + Σᵢ (P·wᵢ/w + sᵢ + eᵢ)` parts
+    /// of *every* axis's limit, which each axis refills at `margin · 10⁹` parts a window.
+    /// Without the quantum a leaf agent that joins with a big call would wait for
+    /// everyone's share of its whole size: a 20k-token call at weight 1 among 35 agents of
+    /// weights 1 to 3 on a 120k-a-minute key, about 12 minutes; placed by a quantum of 1 %,
+    /// about one round of the others' calls.) A settle corrects the agent's virtual finish to the
     /// share the call used (see [`Coordinator::settle`]), so an agent pays in line for what
     /// it consumed of what binds. `core/tests/starvation.rs` checks the bound over arbitrary
     /// mixes of other agents; a big request among forty looping small ones, which a refusal
@@ -526,6 +540,13 @@ impl Coordinator {
         ));
         let demand = charge(counting, &ask, agent.cache_cold(p, now));
         let share = self.pools[p as usize].dominant_share(&demand);
+        // An agent's first call in the pool (nothing of it has been placed in line here:
+        // a refused ask keeps that) is placed by at most a quantum of its share (see
+        // `weights.quantum_permille`).
+        let first = agent
+            .pools
+            .get(p as usize)
+            .is_none_or(|a| a.last_vfinish == 0);
         let weight = weight(
             &self.config.weights,
             req,
@@ -564,13 +585,16 @@ impl Coordinator {
                 RejectReason::TooManyLeases,
             );
         }
+        // The agent pays its whole share (its next request starts at `vfinish`); a first
+        // call is placed in line by at most a quantum of it.
         let fair = Fair {
             weight: u64::try_from(weight).unwrap_or(u64::MAX),
             cost: virtual_cost(share, weight),
+            first,
         };
         let vfinish = vstart.saturating_add(fair.cost);
         let key = Key {
-            vfinish,
+            vfinish: vstart.saturating_add(place_cost(share, &fair, self.config.weights)),
             seq: self.seq,
         };
         let (ttl, window) = (self.config.lease_ttl_ms, self.config.window_ms);
@@ -630,7 +654,7 @@ impl Coordinator {
             return self.refuse(p, agent_slot, vstart, now, Some(retry_at), reason);
         }
         // The promise: also what the other agents can still be served ahead of it.
-        let overtaking = self.overtaking(p, agent_slot, vfinish, now);
+        let overtaking = self.overtaking(p, agent_slot, key.vfinish, now);
         let eta = self.pools[p as usize].eta(now, &ahead.saturating_add(overtaking), window);
         let phase = Phase::Queued {
             key,
@@ -800,7 +824,7 @@ impl Coordinator {
                 );
                 let input = Axis::InputTokens;
                 let error = crate::agents::error_permille(charged.get(input), actual.get(input));
-                pool.errors.push(u64::from(error), crate::history::CAPACITY);
+                crate::pool::note_error(pool, error, self.config.margin.confirm_error_permille);
             }
         }
         if let Some(a) = self.agents.get_mut(entry.agent_slot) {
@@ -854,8 +878,13 @@ impl Coordinator {
                     a.queued = a.queued.saturating_sub(1);
                     // A withdrawn ticket received no service: if it was the agent's latest,
                     // its virtual finish goes back to where it started.
+                    let finish = if entry.fair.weight == 0 {
+                        key.vfinish
+                    } else {
+                        vstart.saturating_add(entry.fair.cost)
+                    };
                     if let Some(ap) = a.pools.get_mut(p as usize) {
-                        if ap.last_vfinish == key.vfinish {
+                        if ap.last_vfinish == finish {
                             ap.last_vfinish = vstart;
                         }
                     }

@@ -46,6 +46,19 @@ impl History {
         self.len += 1;
     }
 
+    /// The figure the next `push` with this `keep` drops first, if it drops one.
+    pub(crate) fn leaving(&self, keep: usize) -> Option<u64> {
+        (self.len() >= keep.clamp(1, CAPACITY)).then(|| u64::from(self.values[0]))
+    }
+
+    /// How many of the figures are at most `v`.
+    pub(crate) fn count_at_most(&self, v: u64) -> usize {
+        self.ordered()
+            .iter()
+            .filter(|&&x| u64::from(x) <= v)
+            .count()
+    }
+
     /// The figures, oldest first.
     fn ordered(&self) -> &[u32] {
         &self.values[..self.len()]

@@ -124,11 +124,14 @@ pub(crate) struct Entry {
     pub(crate) fair: Fair,
 }
 
-/// The weight a lease was placed in the fair order with and the virtual time it cost.
+/// The weight a lease was placed in the fair order with, the virtual time it cost, and
+/// whether it was its agent's first call in the pool (placed by at most a quantum).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Fair {
     pub(crate) weight: u64,
     pub(crate) cost: u128,
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub(crate) first: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -372,7 +372,7 @@ pub(crate) fn pool_metrics(
         margin_reason: pool.margin_reason,
         estimate_error_p50_permille: pool
             .errors
-            .percentile(500)
+            .median()
             .map(|e| u32::try_from(e).unwrap_or(u32::MAX)),
         headers_agreed_at: pool.agreed_at,
         margin_at_floor_since: pool.floor_since,

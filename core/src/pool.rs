@@ -57,6 +57,11 @@ pub(crate) struct Pool {
     /// any agent's: what a climb of the margin above its start reads.
     #[serde(default, skip_serializing_if = "History::is_empty")]
     pub(crate) errors: History,
+    /// How many of `errors` are within `margin.confirm_error_permille`: their median is
+    /// within it when at least half of them are (kept as they change, so a wake-up needs
+    /// no sort).
+    #[serde(default, skip_serializing_if = "is_zero_u8")]
+    pub(crate) errors_within: u8,
     /// When the provider's remaining-capacity headers last agreed with the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) agreed_at: Option<Millis>,
@@ -78,6 +83,25 @@ fn share_of(amount: u64, limit: u64) -> u64 {
     }
     let share = (u128::from(amount) * SHARE_UNIT_U128).div_ceil(u128::from(limit));
     u64::try_from(share).unwrap_or(u64::MAX)
+}
+
+/// Records a completed call's absolute input-estimate error (thousandths) in `errors`,
+/// keeping `errors_within` its count within `bound`.
+pub(crate) fn note_error(pool: &mut Pool, error: u32, bound: u32) {
+    let keep = crate::history::CAPACITY;
+    let bound = u64::from(bound);
+    if pool.errors.leaving(keep).is_some_and(|e| e <= bound) {
+        pool.errors_within = pool.errors_within.saturating_sub(1);
+    }
+    pool.errors.push(u64::from(error), keep);
+    if u64::from(error) <= bound {
+        pool.errors_within = pool.errors_within.saturating_add(1);
+    }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_u8(n: &u8) -> bool {
+    *n == 0
 }
 
 pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
@@ -118,6 +142,7 @@ impl Pool {
             floor_level: 0,
             outputs: History::default(),
             errors: History::default(),
+            errors_within: 0,
             agreed_at: None,
             margin_reason: None,
         };
@@ -215,13 +240,13 @@ impl Pool {
     /// evidence only changes on an input, so the instant is exact whenever the host wakes.
     fn confirmed_at(&self, due: Millis, config: &Config) -> Option<Millis> {
         let m = &config.margin;
-        if self.errors.len() < m.confirm_samples as usize {
-            return None;
-        }
-        if self.errors.percentile(500)? > u64::from(m.confirm_error_permille) {
-            return None;
-        }
         let agreed = self.agreed_at?;
+        // The median (nearest rank: the ⌈n/2⌉-th smallest) is within the bound when at
+        // least ⌈n/2⌉ of the n figures are.
+        let n = self.errors.len();
+        if n < m.confirm_samples as usize || usize::from(self.errors_within) < n.div_ceil(2) {
+            return None;
+        }
         let at = due.max(agreed);
         (at.since(agreed) < m.clean_interval_ms).then_some(at)
     }
@@ -441,8 +466,15 @@ impl Pool {
         let mut out = Demand::default();
         for a in Axis::ALL {
             if let Some(limit) = self.bucket(a).limit {
-                let amount = (u128::from(share) * u128::from(limit)).div_ceil(SHARE_UNIT_U128);
-                out.0[a.index()] = u64::try_from(amount).unwrap_or(u64::MAX);
+                out.0[a.index()] = match share.checked_mul(limit) {
+                    // The common case, a 64-bit division by a constant.
+                    Some(parts) => parts.div_ceil(SHARE_UNIT),
+                    None => {
+                        let amount =
+                            (u128::from(share) * u128::from(limit)).div_ceil(SHARE_UNIT_U128);
+                        u64::try_from(amount).unwrap_or(u64::MAX)
+                    }
+                };
             }
         }
         out

@@ -2,7 +2,7 @@
 
 use crate::agents::Agent;
 use crate::config::WeightConfig;
-use crate::lease::{Ask, Bump};
+use crate::lease::{Ask, Bump, Fair};
 use crate::request::{LeaseRequest, Role};
 use crate::tasks::Task;
 use crate::time::Millis;
@@ -112,4 +112,20 @@ pub(crate) fn virtual_cost(share: u64, weight: u128) -> u128 {
     }
     let cost = u128::from(share).saturating_add(1);
     cost.saturating_mul(SCALE) / weight.max(1)
+}
+
+/// The fair order's quantum in dominant share: `weights.quantum_permille` of a limit.
+pub(crate) fn quantum(w: WeightConfig) -> u64 {
+    u64::from(w.quantum_permille).saturating_mul(crate::pool::SHARE_UNIT / 1000)
+}
+
+/// How far past its virtual start a request of `share` is placed in line: its whole cost
+/// (`fair.cost`), or for its agent's first call in the pool the virtual cost of at most a
+/// quantum of it (see `weights.quantum_permille`).
+pub(crate) fn place_cost(share: u64, fair: &Fair, w: WeightConfig) -> u128 {
+    if fair.first && share > quantum(w) {
+        virtual_cost(quantum(w), u128::from(fair.weight))
+    } else {
+        fair.cost
+    }
 }

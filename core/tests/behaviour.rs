@@ -90,9 +90,10 @@ fn queued_ticket_is_granted_by_refill_within_its_eta() {
     let mut c = coord("");
     grant(c.request_lease(Millis(0), &ask(1, 85_000, 10)).unwrap());
     let (t, eta) = queued(c.request_lease(Millis(0), &ask(2, 8_500, 10)).unwrap());
-    // The ETA leaves room for agent 1 to be served as much of the input limit as the
-    // ticket takes (8,501 tokens: the same share, rounded up) first.
-    assert_eq!(eta, Millis(((8_500 + 8_501) * W).div_ceil(85_000)));
+    // The ETA leaves room for agent 1 to be served first as much of the input limit as the
+    // ticket's place in line accounts for: it is agent 2's first call, placed by a quantum
+    // of 5 % (5,001 tokens, rounded up), its 8.5 % being above it.
+    assert_eq!(eta, Millis(((8_500 + 5_001) * W).div_ceil(85_000)));
     let ev = drive(&mut c, Millis(10_000));
     assert!(
         matches!(ev.as_slice(), [(Millis(6_000), Event::Granted { lease, waited_ms: 6_000, .. })] if *lease == t),

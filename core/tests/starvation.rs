@@ -206,18 +206,28 @@ fn share(input_tokens: u64) -> u64 {
     (input_tokens * 1_000_000_000).div_ceil(60_000)
 }
 
+/// The fair order's quantum (`weights.quantum_permille`, default 5 % of a limit), in the
+/// same parts per 10⁹.
+const QUANTUM: u64 = 50_000_000;
+
 /// The bound the crate documents (`Coordinator::request_lease`): with S the big request's
-/// dominant share (+1, as virtual costs count it) and weight w, each other agent i (weight
-/// w_i, largest share s_i) is served at most S × w_i / w plus one request (+1) before it,
-/// in parts per 10⁹ of every axis's limit, which refills at margin × 10⁹ parts a window
-/// (here 0.85 × 10⁹ per 60,000 ms).
+/// dominant share (+1, as virtual costs count it), P = min(S, Q) the share its place
+/// accounts for (it is its agent's first call) and weight w, each other agent i (weight w_i,
+/// largest share s_i, +1) is served at most P × w_i / w plus one request it had started
+/// (s_i) and, counted for every agent here though only a first call asked meanwhile can
+/// carry it, the excess over the quantum of one placed before (e_i), in parts per 10⁹ of
+/// every axis's limit, which refills at margin × 10⁹ parts a window (here 0.85 × 10⁹ per
+/// 60,000 ms).
 fn bound_ms(sc: &Scenario) -> u64 {
     let s_big = share(sc.big) + 1;
     let w_big = weight(sc.big_role);
     let others: u64 = sc
         .small
         .iter()
-        .map(|&(size, _, role)| s_big * weight(role) / w_big + 1 + share(size) + 1)
+        .map(|&(size, _, role)| {
+            let s = share(size) + 1;
+            s_big.min(QUANTUM) * weight(role) / w_big + 1 + s + s.saturating_sub(QUANTUM)
+        })
         .sum();
     ((s_big + others) * 60_000).div_ceil(850_000_000)
 }

@@ -12,6 +12,52 @@ import { agentIdFor } from 'tokenwarden'
 /** The model every agent calls; the pool is named after it. */
 export const MODEL = 'claude-sonnet-4-6'
 
+/**
+ * Time `speed` times faster than the wall clock, for a measurement run: `now()` in
+ * provider milliseconds (for the mock provider's buckets and tokenwarden alike), the
+ * tokenwarden `clock` option on it (reset instants in headers stay on the wall clock), and
+ * `sleep(ms)` in provider milliseconds.
+ */
+export function fastClock(speed) {
+  const t0 = performance.now()
+  const now = () => Math.floor((performance.now() - t0) * speed)
+  const clock = {
+    now,
+    unixNow: () => Date.now(),
+    setTimer: (fn, ms) => setTimeout(fn, Math.max(0, ms / speed)),
+    clearTimer: (h) => clearTimeout(h),
+    keepAlive: (h, alive) => (alive ? h.ref?.() : h.unref?.()),
+  }
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms / speed))
+  return { now, clock, sleep }
+}
+
+/** The key of the mixed-fleet measurements (`mixed.mjs`, `shares.mjs`), after the fleet that found starved big calls: input binds. */
+export const MIXED_LIMITS = { input: 120_000, output: 12_000, requests: 90, concurrent: 10 }
+
+/** The mock provider and a tokenwarden pool on `MIXED_LIMITS`, on a `fastClock`'s `now` and `clock`. */
+export async function mixedKey({ now, clock, seed, startMockProvider, createTokenwarden, maxQueueWaitMs = 600_000, quantumPermille }) {
+  const l = MIXED_LIMITS
+  const provider = await startMockProvider({
+    inputTokensPerMinute: l.input,
+    outputTokensPerMinute: l.output,
+    requestsPerMinute: l.requests,
+    concurrency: l.concurrent,
+    chunkDelayMs: 2,
+    now,
+  })
+  const tw = createTokenwarden({
+    config: {
+      pools: [{ name: MODEL, input_tokens_per_minute: l.input, output_tokens_per_minute: l.output, requests_per_minute: l.requests, max_concurrent: l.concurrent }],
+      max_queue_wait_ms: maxQueueWaitMs,
+      ...(quantumPermille === undefined ? {} : { weights: { quantum_permille: quantumPermille } }),
+    },
+    seed,
+    clock,
+  })
+  return { provider, tw }
+}
+
 /** A small seeded PRNG (xorshift32), so a seed replays the same prompt sizes. */
 export function rng(seed) {
   let x = (seed >>> 0) || 0x9e3779b9

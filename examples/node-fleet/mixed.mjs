@@ -25,7 +25,7 @@ import { parseArgs } from 'node:util'
 import Anthropic from '@anthropic-ai/sdk'
 import { createTokenwarden } from 'tokenwarden'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
-import { MODEL, promptText, rng } from './fleet.mjs'
+import { MIXED_LIMITS, MODEL, fastClock, mixedKey, promptText, rng } from './fleet.mjs'
 
 const { values: args } = parseArgs({
   options: {
@@ -33,6 +33,7 @@ const { values: args } = parseArgs({
     minutes: { type: 'string', default: '30' },
     speed: { type: 'string', default: '10' },
     seed: { type: 'string', default: '1' },
+    quantum: { type: 'string' },
   },
 })
 const AGENTS = Number(args.agents)
@@ -43,51 +44,21 @@ for (const [name, v] of [['agents', AGENTS], ['minutes', MINUTES], ['speed', SPE
   if (!(v > 0)) throw new Error(`--${name} must be a positive number`)
 }
 
-const LIMITS = { input: 120_000, output: 12_000, requests: 90, concurrent: 10 }
+const LIMITS = MIXED_LIMITS
 const MARGIN = 0.85
+// A call's dominant share of the key (see `Coordinator::request_lease`), at most: its input
+// (with 30 % for the estimate's error: the first estimates of a model are high), its max_tokens (the most output it can reserve) or
+// one request, each against its limit.
+const share = (input, maxTokens) => Math.max((input * 1.3) / LIMITS.input, maxTokens / LIMITS.output, 1 / LIMITS.requests)
 // After the last call starts, the calls in progress drain until they all end, for at most
-// the longest bound a call can have here: the biggest call (22,000 tokens) behind every
-// other agent's share and its biggest call (see `bound` below).
-const BIGGEST = 20_000 + 2_000
-const DRAIN_MS = Math.ceil((BIGGEST + 1 + (AGENTS - 1) * (2 * BIGGEST + 1)) / ((LIMITS.input * MARGIN) / 60_000))
+// the longest bound a call can have here: the biggest call behind every other agent's share
+// and its biggest call (see `bound` below).
+const BIGGEST = share(20_000, 2_000)
+const DRAIN_MS = Math.ceil(((BIGGEST + (AGENTS - 1) * 2 * BIGGEST) * 60_000) / MARGIN)
 
 // One clock for the provider and tokenwarden: provider milliseconds, SPEED per wall ms.
-const t0 = performance.now()
-const now = () => Math.floor((performance.now() - t0) * SPEED)
-const clock = {
-  now,
-  // Reset instants in headers are wall-clock Date.now() + provider ms: keep the wall clock.
-  unixNow: () => Date.now(),
-  setTimer: (fn, ms) => setTimeout(fn, Math.max(0, ms / SPEED)),
-  clearTimer: (h) => clearTimeout(h),
-  keepAlive: (h, alive) => (alive ? h.ref?.() : h.unref?.()),
-}
-const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms / SPEED))
-
-const provider = await startMockProvider({
-  inputTokensPerMinute: LIMITS.input,
-  outputTokensPerMinute: LIMITS.output,
-  requestsPerMinute: LIMITS.requests,
-  concurrency: LIMITS.concurrent,
-  chunkDelayMs: 2,
-  now,
-})
-const tw = createTokenwarden({
-  config: {
-    pools: [
-      {
-        name: MODEL,
-        input_tokens_per_minute: LIMITS.input,
-        output_tokens_per_minute: LIMITS.output,
-        requests_per_minute: LIMITS.requests,
-        max_concurrent: LIMITS.concurrent,
-      },
-    ],
-    max_queue_wait_ms: 120_000,
-  },
-  seed: SEED,
-  clock,
-})
+const { now, clock, sleep } = fastClock(SPEED)
+const { provider, tw } = await mixedKey({ now, clock, seed: SEED, quantumPermille: args.quantum === undefined ? undefined : Number(args.quantum), startMockProvider, createTokenwarden, maxQueueWaitMs: 120_000 })
 
 // ETAs: each queued ticket's promised time against its grant.
 const promised = new Map()
@@ -148,7 +119,7 @@ async function agent(i) {
       const options = { headers: { 'x-mock-reply-tokens': String(Math.round(maxTokens * 0.4)) } }
       if (n % 2 === 0) await client.messages.stream(params, options).finalMessage()
       else await client.messages.create(params, options)
-      records.push({ agent: i, big, size: input + maxTokens, waited: (sentAt ?? now()) - started })
+      records.push({ agent: i, big, size: input + maxTokens, share: share(input, maxTokens), waited: (sentAt ?? now()) - started })
     } catch (e) {
       if (e?.status === 429) rateLimitedAtAgents++
       else agentErrors++
@@ -167,16 +138,16 @@ await Promise.race([Promise.all(runs), sleep(DRAIN_MS)])
 const stillWaiting = [...waiting.values()].map((s) => now() - s)
 const drainMs = now() - drainStart
 
-// The bound `Coordinator::request_lease` documents, for equal weights: a call of S tokens
-// (+1) waits at most (S + sum over the other agents of (S + their largest call)) / R, R the
-// input limit x the margin per ms.
+// The bound `Coordinator::request_lease` documents, for equal weights: a call of dominant
+// share S waits at most (S + sum over the other agents of (S + their largest share)) x the
+// window / the margin (shares as fractions of a limit; the margin at its start, the lowest
+// it has with no 429).
 const largest = new Array(AGENTS).fill(0)
-for (const r of records) largest[r.agent] = Math.max(largest[r.agent], r.size)
-const rate = (LIMITS.input * MARGIN) / 60_000
+for (const r of records) largest[r.agent] = Math.max(largest[r.agent], r.share)
 const bound = (r) => {
   let others = 0
-  for (let j = 0; j < AGENTS; j++) if (j !== r.agent) others += r.size + 1 + largest[j]
-  return (r.size + 1 + others) / rate
+  for (let j = 0; j < AGENTS; j++) if (j !== r.agent) others += r.share + largest[j]
+  return ((r.share + others) * 60_000) / MARGIN
 }
 const pct = (v, p) => {
   const s = [...v].sort((a, b) => a - b)

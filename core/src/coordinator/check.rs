@@ -58,6 +58,10 @@ impl Coordinator {
             }
         }
         for (i, pool) in self.pools.iter().enumerate() {
+            let bound = u64::from(self.config.margin.confirm_error_permille);
+            if usize::from(pool.errors_within) != pool.errors.count_at_most(bound) {
+                return Err("a pool's count of estimate errors within the climb's bound");
+            }
             if !pool.queue.is_consistent() {
                 return Err("queue structure");
             }
