@@ -36,6 +36,10 @@ pub(crate) struct AgentPool {
     /// span of virtual time.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub(crate) smallest: u64,
+    /// Whether a call of it has been granted here: until one is, its calls are first calls
+    /// (placed by at most a quantum, see `weights.quantum_permille`).
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub(crate) served: bool,
     /// Output tokens of its latest completed calls here: what its output reservation is
     /// learned from.
     #[serde(default, skip_serializing_if = "History::is_empty")]

@@ -248,6 +248,9 @@ impl Coordinator {
             if let Some(a) = self.agents.get_mut(agent_slot) {
                 a.queued = a.queued.saturating_sub(1);
                 a.in_flight = a.in_flight.saturating_add(1);
+                if let Some(ap) = a.pools.get_mut(p as usize) {
+                    ap.served = true;
+                }
             }
             if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
                 t.wait(waited_ms);
@@ -399,7 +402,8 @@ impl Coordinator {
     /// # No starvation
     ///
     /// A transient refusal (`wait_too_long`, `queue_full`, `too_many_leases`) keeps the
-    /// request's place in the fair order: the agent's next request in that pool, if it
+    /// request's place in the fair order (and so does a queued ticket's withdrawal, see
+    /// [`Coordinator::cancel`]): the agent's next request in that pool, if it
     /// comes within a rate window after `retry_at`, starts at the virtual time the refused
     /// one had instead of at the back, and it is not refused as a wait too long again: it
     /// is queued whatever its wait (only a full queue or lease table can still refuse it).
@@ -540,13 +544,10 @@ impl Coordinator {
         ));
         let demand = charge(counting, &ask, agent.cache_cold(p, now));
         let share = self.pools[p as usize].dominant_share(&demand);
-        // An agent's first call in the pool (nothing of it has been placed in line here:
-        // a refused ask keeps that) is placed by at most a quantum of its share (see
+        // An agent's first call in the pool (none of its calls granted here yet: a refused
+        // or withdrawn ask keeps that) is placed by at most a quantum of its share (see
         // `weights.quantum_permille`).
-        let first = agent
-            .pools
-            .get(p as usize)
-            .is_none_or(|a| a.last_vfinish == 0);
+        let first = agent.pools.get(p as usize).is_none_or(|a| !a.served);
         let weight = weight(
             &self.config.weights,
             req,
@@ -722,6 +723,7 @@ impl Coordinator {
             }
             if let Some(ap) = a.pools.get_mut(p as usize) {
                 ap.last_vfinish = vfinish;
+                ap.served |= !queued;
             }
         }
         self.agents.unhold(agent_slot, p);
@@ -846,7 +848,9 @@ impl Coordinator {
     }
 
     /// Withdraws a queued ticket, or gives back a granted lease whose call was never sent
-    /// (everything it reserved is refunded).
+    /// (everything it reserved is refunded). A withdrawn ticket's place in the fair order is
+    /// kept for a rate window: the agent's next request in the pool starts where it stood,
+    /// so a client that gave up waiting and asks again is not sent to the back.
     pub fn cancel(&mut self, now: Millis, lease: LeaseId) -> Result<(), LeaseError> {
         if self.live(lease, now).is_none() {
             return Err(LeaseError::UnknownLease);
@@ -863,6 +867,7 @@ impl Coordinator {
         };
         pool.counters.cancelled = pool.counters.cancelled.saturating_add(1);
         let agent = self.agents.get_mut(entry.agent_slot);
+        let mut withdrawn = None;
         match entry.phase {
             Phase::Queued {
                 key,
@@ -889,6 +894,7 @@ impl Coordinator {
                         }
                     }
                 }
+                withdrawn = Some(vstart);
             }
             Phase::Active {
                 charged,
@@ -905,6 +911,14 @@ impl Coordinator {
                 }
                 self.correct_place(&entry, &Demand::default());
             }
+        }
+        // A client that gave up waiting (a timeout shorter than the wait, a user's Ctrl-C)
+        // and asks again gets its place back: the withdrawn ticket's virtual start is kept
+        // for a rate window, as for a refusal.
+        if let Some(vstart) = withdrawn {
+            let until = now.plus(window);
+            self.agents
+                .hold(entry.agent_slot, p, Held { vstart, until });
         }
         self.drain(p, now);
         Ok(())
