@@ -92,7 +92,7 @@ export interface BytesPerTokenOptions {
   initialTokensPerProxyToken?: number
   /** Weight of each new observation in the moving average (0..1). */
   learningRate?: number
-  /** Estimates are divided by this extra safety factor's inverse (1.05 = 5% high). */
+  /** Estimates are divided by this extra safety factor's inverse (default 1.02: 2 % high). */
   safety?: number
   /**
    * The estimator's clock, ms (default `Date.now`): when a remembered prompt prefix expires.
@@ -786,7 +786,7 @@ export class BytesPerTokenEstimator implements Estimator {
     // With a proxy the ratio is the provider's tokens per proxy token.
     this.#initial = proxy === undefined ? 1 / (options.initialBytesPerToken ?? 3) : (options.initialTokensPerProxyToken ?? 1.2)
     this.#rate = options.learningRate ?? 0.3
-    this.#safety = options.safety ?? 1.05
+    this.#safety = options.safety ?? 1.02
     this.#now = options.now ?? Date.now
     this.#capacity = options.cachedPrefixes ?? 4096
     this.#minCache = options.minCacheTokens ?? 1024

@@ -21,6 +21,9 @@ import { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, openaiE
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 import { createTokenwarden } from '../support/engine.mjs'
 
+/** The default estimator's safety factor (`DefaultEstimatorOptions.safety`): estimates are this much high. */
+const SAFETY = 1.02
+
 const MODEL = 'claude-sonnet-4-6'
 const delay = (ms) => new Promise((r) => setTimeout(r, ms))
 
@@ -356,16 +359,16 @@ describe('images and documents by the providers\' published rules', () => {
     const objects = Array.from({ length: pages }, (_, i) => `${i + 3} 0 obj\n<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>\nendobj\n`).join('')
     const pdf = Buffer.concat([Buffer.from(`%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n2 0 obj\n<< /Type /Pages /Count ${pages} /Kids [] >>\nendobj\n${objects}`), filler(4_000_000)])
     const doc = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: pdf.toString('base64') } }
-    // The text guessed at its most, 3,000 tokens a page (at the initial 3 bytes per token, 5 % high).
-    assert.equal(extra('anthropic', anthropic(doc), plain), pages * 1590 + Math.ceil(pages * 3000 * 1.05), '40 pages')
+    // The text guessed at its most, 3,000 tokens a page (at the initial 3 bytes per token, 2 % high).
+    assert.equal(extra('anthropic', anthropic(doc), plain), pages * 1590 + Math.ceil(pages * 3000 * SAFETY), '40 pages')
     // Page objects hidden in compressed object streams: one page per 50 KB of file.
     const opaque = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: Buffer.concat([Buffer.from('%PDF-1.7\n'), filler(4_000_000)]).toString('base64') } }
-    assert.equal(extra('anthropic', anthropic(opaque), plain), 81 * 1590 + Math.ceil(81 * 3000 * 1.05), 'a 4 MB PDF of unreadable pages: 81')
+    assert.equal(extra('anthropic', anthropic(opaque), plain), 81 * 1590 + Math.ceil(81 * 3000 * SAFETY), 'a 4 MB PDF of unreadable pages: 81')
     const chatFile = { model: 'gpt-4o', messages: [{ role: 'user', content: [text, { type: 'file', file: { filename: 'a.pdf', file_data: `data:application/pdf;base64,${pdf.toString('base64')}` } }] }] }
-    assert.equal(extra('openai', chatFile, { model: 'gpt-4o', messages: [{ role: 'user', content: [text] }] }), pages * 765 + Math.ceil(pages * 3000 * 1.05), 'OpenAI file_data: a page image is 4 tiles')
+    assert.equal(extra('openai', chatFile, { model: 'gpt-4o', messages: [{ role: 'user', content: [text] }] }), pages * 765 + Math.ceil(pages * 3000 * SAFETY), 'OpenAI file_data: a page image is 4 tiles')
     const textDoc = { type: 'document', source: { type: 'text', media_type: 'text/plain', data: prose(60, 3_000) } }
     const e = new BytesPerTokenEstimator()
-    assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: anthropic(textDoc) }).inputTokens, Math.ceil((4_000 + 3_000 + 8) / (3 / 1.05)), 'a text document is its text')
+    assert.equal(e.estimate({ provider: 'anthropic', model: MODEL, body: anthropic(textDoc) }).inputTokens, Math.ceil((4_000 + 3_000 + 8) / (3 / SAFETY)), 'a text document is its text')
   })
 
   test('bytes per token are learned from the text alone (image tokens taken out of the count)', () => {
@@ -381,15 +384,15 @@ describe('images and documents by the providers\' published rules', () => {
     const e = new BytesPerTokenEstimator()
     const body = { model: 'gpt-4o', instructions: prose(70, 1_000), input: [{ role: 'user', content: [{ type: 'input_text', text: prose(71, 2_000) }] }, { type: 'function_call_output', call_id: 'c', output: prose(72, 1_000) }] }
     const got = e.estimate({ provider: 'openai', model: 'gpt-4o', body }).inputTokens
-    assert.ok(got >= Math.ceil(4_000 / (3 / 1.05)), `instructions and input counted: ${got}`)
-    assert.ok(e.estimate({ provider: 'openai', model: 'gpt-4o', body: { model: 'gpt-4o', input: prose(73, 3_000) } }).inputTokens >= 1050, 'a string input')
+    assert.ok(got >= Math.ceil(4_000 / (3 / SAFETY)), `instructions and input counted: ${got}`)
+    assert.ok(e.estimate({ provider: 'openai', model: 'gpt-4o', body: { model: 'gpt-4o', input: prose(73, 3_000) } }).inputTokens >= Math.ceil(1_000 * SAFETY), 'a string input')
   })
 })
 
 describe('tool definitions', () => {
   test('an Anthropic call with tools counts the tool-use system prompt (346 tokens, 313 when a tool is forced); OpenAI publishes none', () => {
     const e = new BytesPerTokenEstimator()
-    const ratio = 3 / 1.05
+    const ratio = 3 / SAFETY
     const body = { model: MODEL, max_tokens: 100, tools: TOOLS, messages: [{ role: 'user', content: prose(80, 2_000) }] }
     const text = (b) => {
       const { prefix, rest } = promptBytes('anthropic', b)
@@ -621,7 +624,7 @@ describe('a prefix known from the previous call', () => {
     const next = conversation({ turns: 2 })
     const { prefix, rest } = promptBytes('anthropic', next)
     const { prefix: p1, rest: r1 } = promptBytes('anthropic', first)
-    const ratio = e.bytesPerToken('anthropic', MODEL) / 1.05
+    const ratio = e.bytesPerToken('anthropic', MODEL) / SAFETY
     const e2 = e.estimate({ provider: 'anthropic', model: MODEL, body: next })
     const newPart = Math.ceil((prefix + rest - p1 - r1) / ratio)
     assert.ok(Math.abs(e2.inputTokens + e2.cachedPrefixTokens - (8_700 + newPart)) <= 2, `${e2.inputTokens} + ${e2.cachedPrefixTokens} for 8,700 + ${newPart}`)
@@ -939,10 +942,10 @@ describe('issue 26: estimates the provider would agree with', () => {
     const strippedOld = est(older('claude-sonnet-4-5'))
     const keptAll = est(older('claude-sonnet-4-5', { context_management: { edits: [{ type: 'clear_thinking_20251015', keep: 'all' }] } }))
     // Sonnet 4.5 drops the first assistant turn's thinking (16 bytes); keep: all counts it.
-    assert.ok(Math.abs(keptAll - strippedOld - (16 * 1.05) / 3) <= 1, `the earlier turn's thinking only: ${keptAll - strippedOld}`)
+    assert.ok(Math.abs(keptAll - strippedOld - (16 * SAFETY) / 3) <= 1, `the earlier turn's thinking only: ${keptAll - strippedOld}`)
     // Opus 4.5 and later keep all by default: the 3,000-byte thinking of the last turn is counted either way.
     assert.equal(est(older('claude-opus-4-5')), keptAll)
-    assert.ok(est(older('claude-opus-4-5')) >= Math.ceil(thinkingBytes / (3 / 1.05)))
+    assert.ok(est(older('claude-opus-4-5')) >= Math.ceil(thinkingBytes / (3 / SAFETY)))
   })
 
   test("a PDF is its pages' images and its text, and what a document's text costs is learned", () => {
@@ -982,7 +985,7 @@ describe('issue 26: estimates the provider would agree with', () => {
     assert.ok(Math.abs(r.prose - 4.5) < 0.05 && Math.abs(r.code - 2.5) < 0.05, `prose ${r.prose}, code ${r.code}`)
     const p2 = prose(2631, 6_000)
     const c2 = code(2, 6_000)
-    const within = (got, want) => Math.abs(got / 1.05 - want) / want <= 0.02
+    const within = (got, want) => Math.abs(got / SAFETY - want) / want <= 0.02
     assert.ok(within(e.estimate({ provider: 'anthropic', model: MODEL, body: body(p2) }).inputTokens, (p2.length + 8) / 4.5), 'new prose at the prose ratio')
     assert.ok(within(e.estimate({ provider: 'anthropic', model: MODEL, body: body(c2) }).inputTokens, (c2.length + 8) / 2.5), 'new code at the code ratio')
   })
@@ -1002,16 +1005,16 @@ describe('issue 26: estimates the provider would agree with', () => {
     const body = { model: MODEL, max_tokens: 10, messages: [{ role: 'user', content: text }] }
     const tokens = o200k.encode(text, 'all').length
     const first = await e.estimate({ provider: 'anthropic', model: MODEL, body })
-    assert.equal(first.inputTokens, Math.ceil((tokens + 3) * 1.2 * 1.05), 'the first call: 1.2 tokens per o200k token, 5 % high')
+    assert.equal(first.inputTokens, Math.ceil((tokens + 3) * 1.2 * SAFETY), 'the first call: 1.2 tokens per o200k token, 2 % high')
     // The provider counts 1.1 a token: learned from one call, the next prompt is within 1 %.
     e.observe({ provider: 'anthropic', model: MODEL, body, estimate: first, actualInputTokens: Math.round((tokens + 3) * 1.1) })
     const text2 = prose(2641, 9_000)
     const t2 = o200k.encode(text2, 'all').length
     const again = await e.estimate({ provider: 'anthropic', model: MODEL, body: { ...body, messages: [{ role: 'user', content: text2 }] } })
-    assert.ok(Math.abs(again.inputTokens / 1.05 - (t2 + 3) * 1.1) / ((t2 + 3) * 1.1) <= 0.01, `${again.inputTokens} for ${(t2 + 3) * 1.1}`)
+    assert.ok(Math.abs(again.inputTokens / SAFETY - (t2 + 3) * 1.1) / ((t2 + 3) * 1.1) <= 0.01, `${again.inputTokens} for ${(t2 + 3) * 1.1}`)
     assert.ok(e.proxy !== null && Math.abs(e.proxy.bytesPerToken('anthropic', MODEL) - 1 / 1.1) < 0.01)
     // Off: the byte rule, as before.
     const off = await new DefaultEstimator({ tokenizer: false }).estimate({ provider: 'anthropic', model: MODEL, body })
-    assert.equal(off.inputTokens, Math.ceil((text.length + 8) / (3 / 1.05)))
+    assert.equal(off.inputTokens, Math.ceil((text.length + 8) / (3 / SAFETY)))
   })
 })
