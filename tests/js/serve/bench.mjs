@@ -13,11 +13,11 @@
 // Writes a markdown table to stdout (BENCHMARKS.md keeps the last one, with this command).
 import { spawn } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+import { freePort } from './support.mjs'
 
 const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
 if (!process.env.WORKERD) {
@@ -30,13 +30,6 @@ const arg = (name, d) => {
 }
 const CALLS = arg('--calls', 400)
 
-async function freePort() {
-  const s = createServer()
-  await new Promise((r) => s.listen(0, '127.0.0.1', r))
-  const { port } = s.address()
-  await new Promise((r) => s.close(r))
-  return port
-}
 
 const BIG = 1_000_000_000
 const mock = await startMockProvider({ inputTokensPerMinute: BIG, outputTokensPerMinute: BIG, requestsPerMinute: BIG, concurrency: 10_000, replyTokens: 5, chunkDelayMs: 0 })

@@ -9,102 +9,25 @@
 // `/metrics`. Then the Anthropic SDK's countTokens and models.list through serve. Needs
 // WORKERD (the test script sets it); skips, loudly, only if the binary cannot run here.
 import assert from 'node:assert/strict'
-import { execFileSync, spawn } from 'node:child_process'
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { createRequire } from 'node:module'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
-import { dirname, join } from 'node:path'
+import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
-import { fileURLToPath } from 'node:url'
 import Anthropic from '@anthropic-ai/sdk'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+import { claudeBinary, freePort, runClaude, serve, stop } from './support.mjs'
 
-const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
 const SECRET = 'serve-claude-code-secret-0123456789'
 const AGENTS = 5
 
-/** The native binary of this platform's package, or null with why it cannot run. */
-function claudeBinary() {
-  const require = createRequire(import.meta.url)
-  const tried = []
-  for (const suffix of ['', '-musl']) {
-    const pkg = `@anthropic-ai/claude-code-${process.platform}-${process.arch}${suffix}`
-    try {
-      const bin = join(dirname(require.resolve(`${pkg}/package.json`)), process.platform === 'win32' ? 'claude.exe' : 'claude')
-      const version = execFileSync(bin, ['--version'], { encoding: 'utf8', timeout: 30_000, env: { PATH: process.env.PATH, HOME: tmpdir() } })
-      return { bin, version: version.trim() }
-    } catch (e) {
-      tried.push(`${pkg}: ${String(e?.message ?? e).split('\n')[0]}`)
-    }
-  }
-  return { bin: null, why: tried.join('; ') }
-}
 
 const claude = process.env.WORKERD ? claudeBinary() : { bin: null }
 const skip = !process.env.WORKERD ? 'set WORKERD to the workerd binary' : claude.bin === null ? `Claude Code cannot run on this platform (${claude.why})` : false
 if (claude.bin === null && process.env.WORKERD) console.error(`\n*** SKIPPED: the Claude Code test: ${skip} ***\n`)
 
-async function freePort() {
-  const s = createServer()
-  await new Promise((r) => s.listen(0, '127.0.0.1', r))
-  const { port } = s.address()
-  await new Promise((r) => s.close(r))
-  return port
-}
 
-/** Starts `tokenwarden serve`; resolves once it printed its base URLs. */
-function serve(args) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [cli, 'serve', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: process.env })
-    let out = ''
-    child.stdout.on('data', (d) => {
-      out += d
-      if (out.includes('Ctrl-C stops it')) resolve({ child, out: () => out })
-    })
-    child.stderr.on('data', (d) => {
-      out += d
-    })
-    child.on('exit', (code) => reject(new Error(`serve exited (${code}) before it was ready: ${out}`)))
-  })
-}
 
-function stop(child) {
-  return new Promise((resolve) => {
-    if (child.exitCode !== null) return resolve(child.exitCode)
-    child.removeAllListeners('exit')
-    child.on('exit', (code) => resolve(code))
-    child.kill('SIGINT')
-  })
-}
 
-/** One `claude -p` run: its own HOME and working directory, nothing of this process's environment but PATH. */
-function runClaude(dir, baseUrl, extra = []) {
-  const home = join(dir, 'home')
-  const work = join(dir, 'work')
-  mkdirSync(home, { recursive: true })
-  mkdirSync(work, { recursive: true })
-  return new Promise((resolve) => {
-    const child = spawn(claude.bin, ['-p', 'Run the shell command the task needs, then say what it printed.', '--allowedTools', 'Bash', ...extra], {
-      cwd: work,
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { PATH: process.env.PATH, HOME: home, TMPDIR: dir, ANTHROPIC_BASE_URL: baseUrl, ANTHROPIC_API_KEY: 'sk-ant-dummy', CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1' },
-    })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d) => {
-      stdout += d
-    })
-    child.stderr.on('data', (d) => {
-      stderr += d
-    })
-    const timer = setTimeout(() => child.kill('SIGKILL'), 120_000)
-    child.on('exit', (code, signal) => {
-      clearTimeout(timer)
-      resolve({ code, signal, stdout, stderr, work })
-    })
-  })
-}
 
 describe('Claude Code × 5 through tokenwarden serve', { skip }, () => {
   let mock
@@ -150,7 +73,7 @@ describe('Claude Code × 5 through tokenwarden serve', { skip }, () => {
         const dir = join(data, `agent-${i}`)
         mkdirSync(dir)
         // Three by base URL, two on the shared one, named by their session.
-        return i < 3 ? runClaude(dir, `${quota()}/agents/cc-${i}/worker/anthropic`) : runClaude(dir, `${quota()}/proxy`, ['--session-id', sessions[i - 3]])
+        return i < 3 ? runClaude(claude.bin, dir, `${quota()}/agents/cc-${i}/worker/anthropic`) : runClaude(claude.bin, dir, `${quota()}/proxy`, { extra: ['--session-id', sessions[i - 3]] })
       }),
     )
     for (const [i, r] of runs.entries()) {

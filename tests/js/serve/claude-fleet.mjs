@@ -35,6 +35,7 @@ import { join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 import { generateCorpus } from '../../corpus/generate.mjs'
+import { freePort } from './support.mjs'
 
 const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
 const SECRET = 'claude-fleet-secret-0123456789'
@@ -177,13 +178,6 @@ export async function fleetDemand(o, agents) {
   }
 }
 
-async function freePort() {
-  const s = createServer()
-  await new Promise((r) => s.listen(0, '127.0.0.1', r))
-  const { port } = s.address()
-  await new Promise((r) => s.close(r))
-  return port
-}
 
 /**
  * The provider: the mock, behind a front that sets each generation call's reply length and
@@ -557,6 +551,10 @@ export async function runOnce(o, mode, agents) {
         queueWaitP50Ms: p.queueWaitP50Ms ?? p.queue_wait_p50_ms,
         queueWaitP95Ms: p.queueWaitP95Ms ?? p.queue_wait_p95_ms,
         margin: p.marginPermille ?? p.margin_permille,
+        marginReason: p.marginReason ?? null,
+        estimateErrorP50Permille: p.estimateErrorP50Permille ?? null,
+        headersAgreedAt: p.headersAgreedAt ?? null,
+        margins: [...new Set(samples.map((s) => s.margin))],
         counters: p.counters,
         binding: samples.map((s) => s.binding),
         maxInFlight: Math.max(0, ...samples.map((s) => s.inFlight)),
@@ -603,7 +601,7 @@ function report(o, demand, runs) {
       const s = r.serve
       const errs = s.agents.map((x) => x.inputErrorPermille / 10)
       const bias = s.agents.map((x) => x.inputBiasPermille / 10)
-      lines.push(`   serve: queue wait p50 ${s.queueWaitP50Ms} ms, p95 ${s.queueWaitP95Ms} ms; margin ${s.margin}‰; binding ${[...new Set(s.binding)].join('/')}; in flight max ${s.maxInFlight}; output available min ${s.minOutputAvailable}; counters ${JSON.stringify(s.counters)}`)
+      lines.push(`   serve: queue wait p50 ${s.queueWaitP50Ms} ms, p95 ${s.queueWaitP95Ms} ms; margin ${s.margins.join(' → ')}‰ (last moved: ${s.marginReason ?? 'never'}; pool estimate error p50 ${s.estimateErrorP50Permille ?? 'n/a'}‰, headers agreed at ${s.headersAgreedAt ?? 'never'}); binding ${[...new Set(s.binding)].join('/')}; in flight max ${s.maxInFlight}; output available min ${s.minOutputAvailable}; counters ${JSON.stringify(s.counters)}`)
       lines.push(`   estimate error (agents' input_error / bias, %): median ${quantile(errs, 0.5)} / ${quantile(bias, 0.5)}, range ${Math.min(...errs)}–${Math.max(...errs)} / ${Math.min(...bias)}–${Math.max(...bias)}; alerting ${s.agents.filter((x) => x.alerting).length}`)
     }
   }

@@ -14,14 +14,13 @@ import assert from 'node:assert/strict'
 import { execFileSync, spawn } from 'node:child_process'
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+import { freePort, serve, stop } from './support.mjs'
 
-const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
 const SECRET = 'serve-codex-secret-0123456789'
 const MODEL = 'gpt-5-mock'
 const AGENTS = 3
@@ -48,38 +47,8 @@ const codex = process.env.WORKERD ? codexCli() : { js: null }
 const skip = !process.env.WORKERD ? 'set WORKERD to the workerd binary' : codex.js === null ? codex.why : false
 if (codex.js === null && process.env.WORKERD) console.error(`\n*** SKIPPED: the Codex CLI test: ${skip} ***\n`)
 
-async function freePort() {
-  const s = createServer()
-  await new Promise((r) => s.listen(0, '127.0.0.1', r))
-  const { port } = s.address()
-  await new Promise((r) => s.close(r))
-  return port
-}
 
-/** Starts `tokenwarden serve`; resolves once it printed its base URLs. */
-function serve(args) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [cli, 'serve', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: process.env })
-    let out = ''
-    child.stdout.on('data', (d) => {
-      out += d
-      if (out.includes('Ctrl-C stops it')) resolve({ child, out: () => out })
-    })
-    child.stderr.on('data', (d) => {
-      out += d
-    })
-    child.on('exit', (code) => reject(new Error(`serve exited (${code}) before it was ready: ${out}`)))
-  })
-}
 
-function stop(child) {
-  return new Promise((resolve) => {
-    if (child.exitCode !== null) return resolve(child.exitCode)
-    child.removeAllListeners('exit')
-    child.on('exit', (code) => resolve(code))
-    child.kill('SIGINT')
-  })
-}
 
 /**
  * One `codex exec`: its own HOME and CODEX_HOME, nothing of this process's environment but

@@ -4,15 +4,15 @@
 // against the mock provider on 127.0.0.1. Needs WORKERD (the workerd binary) and
 // TOKENWARDEN_PYTHON (a Python with both SDKs); the test script sets both.
 import assert from 'node:assert/strict'
-import { execFile, execFileSync, spawn } from 'node:child_process'
+import { execFile, execFileSync } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { promisify } from 'node:util'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+import { freePort, serve, stop } from './support.mjs'
 
 const run = promisify(execFile)
 const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
@@ -21,39 +21,8 @@ const PYTHON = process.env.TOKENWARDEN_PYTHON
 const skip = !process.env.WORKERD ? 'set WORKERD to the workerd binary' : !PYTHON ? 'set TOKENWARDEN_PYTHON to a Python with anthropic and openai' : false
 const SECRET = 'serve-ci-secret-0123456789'
 
-async function freePort() {
-  const s = createServer()
-  await new Promise((r) => s.listen(0, '127.0.0.1', r))
-  const { port } = s.address()
-  await new Promise((r) => s.close(r))
-  return port
-}
 
-/** Starts `tokenwarden serve`; resolves once it printed its base URLs. */
-function serve(args) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [cli, 'serve', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env: process.env })
-    let out = ''
-    let err = ''
-    child.stdout.on('data', (d) => {
-      out += d
-      if (out.includes('Ctrl-C stops it')) resolve({ child, out: () => out })
-    })
-    child.stderr.on('data', (d) => {
-      err += d
-    })
-    child.on('exit', (code) => reject(new Error(`serve exited (${code}) before it was ready: ${out}${err}`)))
-  })
-}
 
-/** Stops serve as Ctrl-C does; resolves with its exit code. */
-function stop(child) {
-  return new Promise((resolve) => {
-    child.removeAllListeners('exit')
-    child.on('exit', (code) => resolve(code))
-    child.kill('SIGINT')
-  })
-}
 
 describe('tokenwarden serve', { skip }, () => {
   let mock
