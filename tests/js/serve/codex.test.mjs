@@ -11,81 +11,22 @@
 // settled, the agents by name in /metrics. Needs WORKERD (the test script sets it); skips,
 // loudly, when @openai/codex is not installed or cannot run here.
 import assert from 'node:assert/strict'
-import { execFileSync, spawn } from 'node:child_process'
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { createRequire } from 'node:module'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
-import { fileURLToPath } from 'node:url'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
-import { freePort, serve, stop } from './support.mjs'
+import { codexCli, freePort, runCodexExec, serve, stop } from './support.mjs'
 
 const SECRET = 'serve-codex-secret-0123456789'
 const MODEL = 'gpt-5-mock'
 const AGENTS = 3
 const REPLY = 'mock reply from the local provider with some plain words mock reply'
 
-/** The @openai/codex launcher and its version, or null with why it cannot run. */
-function codexCli() {
-  const require = createRequire(import.meta.url)
-  let js
-  try {
-    js = join(require.resolve('@openai/codex/package.json'), '..', 'bin', 'codex.js')
-  } catch {
-    return { js: null, why: '@openai/codex is not installed (npm ci in tests/js installs it)' }
-  }
-  try {
-    const version = execFileSync(process.execPath, [js, '--version'], { encoding: 'utf8', timeout: 30_000, env: { PATH: process.env.PATH, HOME: tmpdir() } })
-    return { js, version: version.trim() }
-  } catch (e) {
-    return { js: null, why: `@openai/codex cannot run on this platform: ${String(e?.message ?? e).split('\n')[0]}` }
-  }
-}
-
 const codex = process.env.WORKERD ? codexCli() : { js: null }
+const runCodex = (dir, baseUrl, options) => runCodexExec(codex.js, dir, baseUrl, { model: MODEL, ...options })
 const skip = !process.env.WORKERD ? 'set WORKERD to the workerd binary' : codex.js === null ? codex.why : false
 if (codex.js === null && process.env.WORKERD) console.error(`\n*** SKIPPED: the Codex CLI test: ${skip} ***\n`)
-
-
-
-
-/**
- * One `codex exec`: its own HOME and CODEX_HOME, nothing of this process's environment but
- * PATH. `provider`: `custom` (a model provider of its own, `wire_api = "responses"`, the key
- * in an env var; `websockets` sets its `supports_websockets`) or `builtin` (the built-in
- * OpenAI provider with `openai_base_url` and CODEX_API_KEY, WebSockets on by default).
- */
-function runCodex(dir, baseUrl, { provider, websockets = false, key }) {
-  const home = join(dir, 'home')
-  const codexHome = join(home, '.codex')
-  const work = join(dir, 'work')
-  mkdirSync(codexHome, { recursive: true })
-  mkdirSync(work, { recursive: true })
-  const config =
-    provider === 'builtin'
-      ? `model = "${MODEL}"\nopenai_base_url = "${baseUrl}"\n`
-      : `model = "${MODEL}"\nmodel_provider = "tw"\n\n[model_providers.tw]\nname = "tokenwarden"\nbase_url = "${baseUrl}"\nenv_key = "TW_OPENAI_KEY"\nwire_api = "responses"\nsupports_websockets = ${websockets}\n`
-  writeFileSync(join(codexHome, 'config.toml'), config)
-  const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: codexHome, TMPDIR: dir, ...(provider === 'builtin' ? { CODEX_API_KEY: key } : { TW_OPENAI_KEY: key }) }
-  return new Promise((resolve) => {
-    const started = performance.now()
-    const child = spawn(process.execPath, [codex.js, 'exec', '--skip-git-repo-check', 'Say hello in one line.'], { cwd: work, stdio: ['ignore', 'pipe', 'pipe'], env })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d) => {
-      stdout += d
-    })
-    child.stderr.on('data', (d) => {
-      stderr += d
-    })
-    const timer = setTimeout(() => child.kill('SIGKILL'), 120_000)
-    child.on('exit', (code, signal) => {
-      clearTimeout(timer)
-      resolve({ code, signal, stdout, stderr, ms: performance.now() - started })
-    })
-  })
-}
 
 describe(`Codex CLI × ${AGENTS} through tokenwarden serve`, { skip }, () => {
   let mock

@@ -1,7 +1,7 @@
 // What the serve suites and measurements share: a free loopback port, `tokenwarden serve`
 // started and stopped as its users do (Ctrl-C), and headless Claude Code runs.
 import { execFileSync, spawn } from 'node:child_process'
-import { mkdirSync } from 'node:fs'
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -38,6 +38,37 @@ export function serve(args, { bin = cli, env = process.env } = {}) {
     })
     child.on('exit', (code) => reject(new Error(`serve exited (${code}) before it was ready: ${out}`)))
   })
+}
+
+/**
+ * CPU seconds (user + system) used so far by process `pid` and its live descendants (Linux
+ * `/proc`; null elsewhere): what serve's CLI and its workerd have cost.
+ */
+export function cpuSeconds(pid) {
+  let entries
+  try {
+    entries = readdirSync('/proc').filter((d) => /^\d+$/.test(d))
+  } catch {
+    return null
+  }
+  const ticks = 100 // USER_HZ on Linux
+  const stats = new Map()
+  for (const d of entries) {
+    try {
+      // pid (comm) state ppid … utime stime: fields after the command's closing parenthesis.
+      const raw = readFileSync(`/proc/${d}/stat`, 'utf8')
+      const f = raw.slice(raw.lastIndexOf(')') + 2).split(' ')
+      stats.set(Number(d), { ppid: Number(f[1]), cpu: Number(f[11]) + Number(f[12]) })
+    } catch {}
+  }
+  let total = 0
+  const todo = [pid]
+  while (todo.length > 0) {
+    const p = todo.pop()
+    total += stats.get(p)?.cpu ?? 0
+    for (const [c, s] of stats) if (s.ppid === p) todo.push(c)
+  }
+  return total / ticks
 }
 
 /** Stops a child as Ctrl-C does; resolves with its exit code. */
@@ -95,6 +126,60 @@ export function runClaude(bin, dir, baseUrl, { extra = [], prompt = 'Run the she
     child.on('exit', (code, signal) => {
       clearTimeout(timer)
       resolve({ code, signal, stdout, stderr, work })
+    })
+  })
+}
+
+/** The @openai/codex launcher and its version, or null with why it cannot run. */
+export function codexCli() {
+  const require = createRequire(import.meta.url)
+  let js
+  try {
+    js = join(require.resolve('@openai/codex/package.json'), '..', 'bin', 'codex.js')
+  } catch {
+    return { js: null, why: '@openai/codex is not installed (npm ci in tests/js installs it)' }
+  }
+  try {
+    const version = execFileSync(process.execPath, [js, '--version'], { encoding: 'utf8', timeout: 30_000, env: { PATH: process.env.PATH, HOME: tmpdir() } })
+    return { js, version: version.trim() }
+  } catch (e) {
+    return { js: null, why: `@openai/codex cannot run on this platform: ${String(e?.message ?? e).split('\n')[0]}` }
+  }
+}
+
+/**
+ * One `codex exec` (`js`: the launcher from codexCli()) of `prompt` with `model`: its own HOME and CODEX_HOME, nothing of this process's environment but
+ * PATH. `provider`: `custom` (a model provider of its own, `wire_api = "responses"`, the key
+ * in an env var; `websockets` sets its `supports_websockets`) or `builtin` (the built-in
+ * OpenAI provider with `openai_base_url` and CODEX_API_KEY, WebSockets on by default).
+ */
+export function runCodexExec(js, dir, baseUrl, { model, provider, websockets = false, key, prompt = 'Say hello in one line.', timeoutMs = 120_000 }) {
+  const home = join(dir, 'home')
+  const codexHome = join(home, '.codex')
+  const work = join(dir, 'work')
+  mkdirSync(codexHome, { recursive: true })
+  mkdirSync(work, { recursive: true })
+  const config =
+    provider === 'builtin'
+      ? `model = "${model}"\nopenai_base_url = "${baseUrl}"\n`
+      : `model = "${model}"\nmodel_provider = "tw"\n\n[model_providers.tw]\nname = "tokenwarden"\nbase_url = "${baseUrl}"\nenv_key = "TW_OPENAI_KEY"\nwire_api = "responses"\nsupports_websockets = ${websockets}\n`
+  writeFileSync(join(codexHome, 'config.toml'), config)
+  const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: codexHome, TMPDIR: dir, ...(provider === 'builtin' ? { CODEX_API_KEY: key } : { TW_OPENAI_KEY: key }) }
+  return new Promise((resolve) => {
+    const started = performance.now()
+    const child = spawn(process.execPath, [js, 'exec', '--skip-git-repo-check', prompt], { cwd: work, stdio: ['ignore', 'pipe', 'pipe'], env })
+    let stdout = ''
+    let stderr = ''
+    child.stdout.on('data', (d) => {
+      stdout += d
+    })
+    child.stderr.on('data', (d) => {
+      stderr += d
+    })
+    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs)
+    child.on('exit', (code, signal) => {
+      clearTimeout(timer)
+      resolve({ code, signal, stdout, stderr, ms: performance.now() - started })
     })
   })
 }
