@@ -68,6 +68,19 @@ const DEFAULT_MAX_TASKS = 4096
 
 /** Agent ids remembered per object (names are bounded: 1 to 128 characters). */
 const MAX_AGENT_IDS = 4096
+/** Storage keys of the remembered names: `agent-name:<id>` → name (at most MAX_AGENT_IDS). */
+const NAME_PREFIX = 'agent-name:'
+
+/** The names stored by AgentIds: id → name. */
+async function namesOf(storage) {
+  const stored = await storage.list({ prefix: NAME_PREFIX, limit: MAX_AGENT_IDS })
+  const names = new Map()
+  for (const [key, name] of stored) {
+    const id = Number(key.slice(NAME_PREFIX.length))
+    if (Number.isSafeInteger(id) && typeof name === 'string') names.set(id, name)
+  }
+  return names
+}
 const MASK53 = (1n << 53n) - 1n
 
 /**
@@ -81,9 +94,19 @@ class AgentIds {
   /** name → id and id → name, least recently used first (at most MAX_AGENT_IDS each) */
   #ids = new Map()
   #names = new Map()
+  #storage
 
-  constructor(secret) {
+  /**
+   * `names`: id → name as stored before a restart (see namesOf), so metrics, the dashboard
+   * and the logs name agents at once rather than after each one's next call; `storage`,
+   * where each id → name learned or forgotten is written (one key per agent, NAME_PREFIX).
+   * Only the id → name side is seeded: a name's id is made again from the secret, which may
+   * have changed.
+   */
+  constructor(secret, names = new Map(), storage = null) {
     this.secret = secret
+    this.#storage = storage
+    for (const [id, name] of names) if (this.#names.size < MAX_AGENT_IDS) this.#names.set(id, name)
   }
 
   async id(name) {
@@ -103,14 +126,32 @@ class AgentIds {
   #remember(name, id) {
     this.#ids.delete(name)
     this.#ids.set(name, id)
+    if (this.#names.get(id) !== name) this.#store(id, name)
     this.#names.delete(id)
     this.#names.set(id, name)
     while (this.#ids.size > MAX_AGENT_IDS) {
       const [oldName, oldId] = this.#ids.entries().next().value
       this.#ids.delete(oldName)
-      if (this.#names.get(oldId) === oldName) this.#names.delete(oldId)
+      if (this.#names.get(oldId) === oldName) this.#forget(oldId)
     }
-    while (this.#names.size > MAX_AGENT_IDS) this.#names.delete(this.#names.keys().next().value)
+    while (this.#names.size > MAX_AGENT_IDS) this.#forget(this.#names.keys().next().value)
+  }
+
+  #forget(id) {
+    this.#names.delete(id)
+    this.#store(id, null)
+  }
+
+  /** Writes (not awaited: the object's output gate holds replies until it commits) one name. */
+  #store(id, name) {
+    if (this.#storage === null) return
+    const key = `${NAME_PREFIX}${id}`
+    ;(name === null ? this.#storage.delete(key) : this.#storage.put(key, name)).catch(() => {})
+  }
+
+  /** Writes every remembered name again (after a reset emptied storage). */
+  storeAll() {
+    for (const [id, name] of this.#names) this.#store(id, name)
   }
 
   /** The name an id was made from, if it is still remembered (a scan: for log lines only). */
@@ -202,7 +243,10 @@ export class QuotaObject {
     this.taskOwners = new Map()
     /** Recent call events and the ceilings hit, in memory only (timeline.js). */
     this.timeline = new Timeline()
+    /** Agent names stored before a restart, until AgentIds takes them (id → name). */
+    this.storedNames = new Map()
     this.ctx.blockConcurrencyWhile(async () => {
+      this.storedNames = await namesOf(this.ctx.storage)
       const saved = await readState(this.ctx.storage)
       if (saved === null) return
       this.written = saved.written
@@ -342,7 +386,10 @@ export class QuotaObject {
     this.#seen(request.headers.get('x-tw-client'))
     try {
       const tw = this.#driver(fleet, quota)
-      this.agentIds ??= new AgentIds(parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.secret ?? '')
+      if (this.agentIds === null) {
+        this.agentIds = new AgentIds(parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.secret ?? '', this.storedNames, this.ctx.storage)
+        this.storedNames = new Map()
+      }
       // Set by the Worker for an agent credential: the one agent this caller may act for.
       // Per request, never on `this`: calls interleave while they await.
       const name = request.headers.get('x-tw-agent')
@@ -599,6 +646,8 @@ export class QuotaObject {
     this.waiters.clear()
     await this.ctx.storage.deleteAlarm()
     await this.ctx.storage.deleteAll()
+    // Names are identity, not quota state: the ones remembered are written again.
+    this.agentIds?.storeAll()
     this.written = new Map()
     this.alarmAt = undefined
     return json(200, { reset: true, ended })

@@ -247,6 +247,8 @@ describe('persistence', () => {
 
     const after = await (await api('/metrics', { quota })).json()
     assert.deepEqual(after.pools[0].counters, before.pools[0].counters, 'counters survive')
+    // Agents keep their names (metrics, dashboard, Prometheus) before they call again.
+    assert.deepEqual(after.agents.map((a) => a.name).sort(), ['p1', 'p2', 'p3'])
     assert.equal(after.liveLeases, before.liveLeases, 'leases and tickets survive')
     assert.ok(Number(after.pools[0].axes[0].available) <= Number(before.pools[0].axes[0].available) + 2000, 'the debt survives')
     // The ticket is still queued and is granted when l1 settles after the restart.
