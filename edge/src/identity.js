@@ -2,9 +2,12 @@
 // `x-tokenwarden-agent`, no credential): the agent's own session headers. Claude Code sends
 // `x-claude-code-session-id` on every call, `x-claude-code-agent-id` on a subagent's and
 // `x-claude-code-parent-agent-id` on a nested subagent's (API.md, "What clients send");
-// Codex sends `session_id` (or `session-id`). A session's main thread is named by the
-// session id, a subagent by `<session>/<agent id>`; its parent is the main thread, or
-// `<session>/<parent agent id>` when the call names one.
+// Codex sends `session_id` (or `session-id`); a Codex subagent's call also carries
+// `x-openai-subagent` (its kind: `review`, `compact`, `collab_spawn`, …) and, for a spawned
+// one, its own `thread-id` and `x-codex-parent-thread-id`. A session's main thread is named
+// by the session id, a subagent by `<session>/<agent id>` (Codex: its thread id, else its
+// kind); its parent is the main thread, or `<session>/<parent agent id>` when the call names
+// one other than the main thread.
 //
 // Everything here is bounded: ids of at most 64 characters of [A-Za-z0-9._:-] (anything
 // else is ignored, as if not sent), at most MAX_PARENTS parents with children remembered
@@ -35,12 +38,26 @@ function idFrom(headers, ...names) {
  * @param {Headers} headers
  */
 export function sessionIdentity(headers) {
-  const session = idFrom(headers, 'x-claude-code-session-id', 'session_id', 'session-id')
+  const claude = idFrom(headers, 'x-claude-code-session-id')
+  if (claude !== null) {
+    const agent = idFrom(headers, 'x-claude-code-agent-id')
+    if (agent === null) return { name: claude, parent: null }
+    return child(claude, agent, idFrom(headers, 'x-claude-code-parent-agent-id'))
+  }
+  const session = idFrom(headers, 'session_id', 'session-id')
   if (session === null) return null
-  const agent = idFrom(headers, 'x-claude-code-agent-id')
+  // Codex: a subagent by its own thread, else (review, compaction: the main thread's own
+  // helpers) by its kind. A thread id equal to the session's is the main thread.
+  const kind = idFrom(headers, 'x-openai-subagent')
+  const thread = idFrom(headers, 'thread-id', 'thread_id')
+  const agent = thread !== null && thread !== session ? thread : kind
   if (agent === null) return { name: session, parent: null }
-  const parent = idFrom(headers, 'x-claude-code-parent-agent-id')
-  return { name: `${session}/${agent}`, parent: parent === null ? session : `${session}/${parent}` }
+  return child(session, agent, idFrom(headers, 'x-codex-parent-thread-id'))
+}
+
+/** Subagent `agent` of `session`, its parent `parent` (an agent id; the session's own id or none: the main thread). */
+function child(session, agent, parent) {
+  return { name: `${session}/${agent}`, parent: parent === null || parent === session ? session : `${session}/${parent}` }
 }
 
 /** Parents and their live children, as their calls show them (bounded, see above). */

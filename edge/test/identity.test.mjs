@@ -34,7 +34,7 @@ before(async () => {
   ;({ mf, base } = await startWorker({
     outdir,
     persist,
-    fleets: { local: { secret: SECRET, proxy_open: true, quotas: { names: quota(POOL), order: quota({ ...POOL, max_concurrent: 1 }), codex: quota(POOL) } } },
+    fleets: { local: { secret: SECRET, proxy_open: true, quotas: { names: quota(POOL), order: quota({ ...POOL, max_concurrent: 1 }), codex: quota(POOL), codexsub: quota(POOL) } } },
   }))
 })
 
@@ -85,6 +85,16 @@ test("Codex's session_id (or session-id) header names its agent", async () => {
   assert.deepEqual(await names('codex'), ['019a7c5e-codex-session', '019a7c5e-other'])
 })
 
+test("a Codex subagent (x-openai-subagent, its own thread-id) is its session's child", async () => {
+  const url = `${q('codexsub')}/proxy`
+  const root = '019a7c5e-root-thread'
+  // The main thread (its thread id is the session's), a spawned subagent, a review.
+  await claudeCall(url, { 'session-id': root, 'thread-id': root })
+  await claudeCall(url, { 'session-id': root, 'thread-id': '019a7c5e-child-a', 'x-codex-parent-thread-id': root, 'x-openai-subagent': 'collab_spawn' })
+  await claudeCall(url, { 'session-id': root, 'x-openai-subagent': 'review' })
+  assert.deepEqual(await names('codexsub'), [root, `${root}/019a7c5e-child-a`, `${root}/review`])
+})
+
 test("a parent with a live subagent is served ahead of a plain worker queued before it (its calls unblock the child)", async () => {
   const url = `${q('order')}/proxy`
   const parent = 'b2f0c9a4-0000-4000-8000-000000000001'
@@ -119,6 +129,13 @@ test('sessionIdentity and Family: the rules and their bounds', () => {
   assert.equal(sessionIdentity(h({ 'x-claude-code-session-id': '/etc' })), null)
   assert.equal(sessionIdentity(h({ session_id: 'x'.repeat(64) })).name.length, 64)
   assert.equal(sessionIdentity(h({ session_id: 'x'.repeat(65) })), null)
+  // Codex: a spawned subagent by its thread, its parent by x-codex-parent-thread-id; a
+  // review or compaction by its kind; the main thread's own thread id is the main thread.
+  assert.deepEqual(sessionIdentity(h({ 'session-id': 'r', 'thread-id': 'r' })), { name: 'r', parent: null })
+  assert.deepEqual(sessionIdentity(h({ 'session-id': 'r', 'thread-id': 'c', 'x-codex-parent-thread-id': 'r', 'x-openai-subagent': 'collab_spawn' })), { name: 'r/c', parent: 'r' })
+  assert.deepEqual(sessionIdentity(h({ 'session-id': 'r', 'thread-id': 'd', 'x-codex-parent-thread-id': 'c' })), { name: 'r/d', parent: 'r/c' })
+  assert.deepEqual(sessionIdentity(h({ session_id: 'r', 'x-openai-subagent': 'compact' })), { name: 'r/compact', parent: 'r' })
+  assert.deepEqual(sessionIdentity(h({ session_id: 'r', 'x-openai-subagent': 'no spaces' })), { name: 'r', parent: null })
 
   const f = new Family()
   f.seen({ name: 's/a', parent: 's' }, 1000)
