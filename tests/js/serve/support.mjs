@@ -108,26 +108,8 @@ export function runClaude(bin, dir, baseUrl, { extra = [], prompt = 'Run the she
   const work = join(dir, 'work')
   mkdirSync(home, { recursive: true })
   mkdirSync(work, { recursive: true })
-  return new Promise((resolve) => {
-    const child = spawn(bin, ['-p', prompt, '--allowedTools', 'Bash', ...extra], {
-      cwd: work,
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { PATH: process.env.PATH, HOME: home, TMPDIR: dir, ANTHROPIC_BASE_URL: baseUrl, ANTHROPIC_API_KEY: 'sk-ant-dummy', CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1' },
-    })
-    let stdout = ''
-    let stderr = ''
-    child.stdout.on('data', (d) => {
-      stdout += d
-    })
-    child.stderr.on('data', (d) => {
-      stderr += d
-    })
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs)
-    child.on('exit', (code, signal) => {
-      clearTimeout(timer)
-      resolve({ code, signal, stdout, stderr, work })
-    })
-  })
+  const env = { PATH: process.env.PATH, HOME: home, TMPDIR: dir, ANTHROPIC_BASE_URL: baseUrl, ANTHROPIC_API_KEY: 'sk-ant-dummy', CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC: '1' }
+  return runChild(bin, ['-p', prompt, '--allowedTools', 'Bash', ...extra], { cwd: work, env, timeoutMs }).then((r) => ({ ...r, work }))
 }
 
 /** The @openai/codex launcher and its version, or null with why it cannot run. */
@@ -148,8 +130,8 @@ export function codexCli() {
 }
 
 /**
- * One `codex exec` (`js`: the launcher from codexCli()) of `prompt` with `model`: its own HOME and CODEX_HOME, nothing of this process's environment but
- * PATH. `provider`: `custom` (a model provider of its own, `wire_api = "responses"`, the key
+ * One `codex exec` (`js`: the launcher from codexCli()) of `prompt` with `model`: its own
+ * HOME and CODEX_HOME, nothing of this process's environment but PATH. `provider`: `custom` (a model provider of its own, `wire_api = "responses"`, the key
  * in an env var; `websockets` sets its `supports_websockets`) or `builtin` (the built-in
  * OpenAI provider with `openai_base_url` and CODEX_API_KEY, WebSockets on by default).
  */
@@ -165,9 +147,17 @@ export function runCodexExec(js, dir, baseUrl, { model, provider, websockets = f
       : `model = "${model}"\nmodel_provider = "tw"\n\n[model_providers.tw]\nname = "tokenwarden"\nbase_url = "${baseUrl}"\nenv_key = "TW_OPENAI_KEY"\nwire_api = "responses"\nsupports_websockets = ${websockets}\n`
   writeFileSync(join(codexHome, 'config.toml'), config)
   const env = { PATH: process.env.PATH, HOME: home, CODEX_HOME: codexHome, TMPDIR: dir, ...(provider === 'builtin' ? { CODEX_API_KEY: key } : { TW_OPENAI_KEY: key }) }
+  return runChild(process.execPath, [js, 'exec', '--skip-git-repo-check', prompt], { cwd: work, env, timeoutMs })
+}
+
+/**
+ * Runs a program to its exit (killed after `timeoutMs`); resolves with its exit code or
+ * signal, what it printed and how long it ran.
+ */
+function runChild(cmd, args, { cwd, env, timeoutMs }) {
   return new Promise((resolve) => {
     const started = performance.now()
-    const child = spawn(process.execPath, [js, 'exec', '--skip-git-repo-check', prompt], { cwd: work, stdio: ['ignore', 'pipe', 'pipe'], env })
+    const child = spawn(cmd, args, { cwd, env, stdio: ['ignore', 'pipe', 'pipe'] })
     let stdout = ''
     let stderr = ''
     child.stdout.on('data', (d) => {
