@@ -836,8 +836,4 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.Coordinator = nativeBinding.Coordinator
-module.exports.Axis = nativeBinding.Axis
-module.exports.MarginReason = nativeBinding.MarginReason
 module.exports.planFleet = nativeBinding.planFleet
-module.exports.Role = nativeBinding.Role
-module.exports.TaskOutcome = nativeBinding.TaskOutcome

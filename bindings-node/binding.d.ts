@@ -35,74 +35,23 @@ export declare class Coordinator {
    * `snapshot_corrupt`.
    */
   static restore(snapshotJson: string): Coordinator
-  /** Asks for capacity before one model call. */
-  requestLease(now: U64, request: LeaseRequest): Decision
   /**
-   * Opens a task (or updates an open one's role and unblocks): requests naming it are
-   * weighted by it and charged to it. Throws `too_many_tasks` when `maxTasks` are open.
+   * The host protocol: applies one input at `now` and answers its output. The input is
+   * the core's `Input` as JSON text with camelCase keys (`{"op": "settle", "lease": 3,
+   * "usage": {"inputTokens": 900}}`; integers above 2^53 − 1 written out exactly); the
+   * output is the core's `Output`, JSON text with camelCase keys, or an object with
+   * `bigint`s when a number is above 2^53 − 1. Every input the core takes crosses here:
+   * a new one needs no change to this addon. Errors throw with the stable codes
+   * (`invalid_argument` naming the field for a malformed input); state is unchanged.
    */
-  openTask(now: U64, spec: TaskSpec): void
-  /**
-   * A failure of an open task, by signature (a hash of the failing test and the diff):
-   * the same signature twice in a row halves its weight. Returns the repeats in a row.
-   */
-  taskFailed(now: U64, task: U64, signature: U64): number
-  /**
-   * Ends an open task; returns its figures (tokens, wall time, quota and critical-path
-   * wait) as JSON text, or an object with `bigint`s when a number needs one.
-   */
-  endTask(now: U64, task: U64, outcome: TaskOutcome): string | Record<string, any>
-  /** Reports what a granted lease really used; refunds the difference (or records debt). */
-  settle(now: U64, lease: U64, usage: Usage): Settlement
-  /** Withdraws a queued ticket, or returns an unused lease in full. */
-  cancel(now: U64, lease: U64): void
-  /**
-   * Keeps a granted lease alive while its call still works (a stream whose bytes
-   * flow): its expiry moves to `now + leaseTtlMs` (never earlier); returns the new
-   * expiry. Throws `unknown_lease` for an ended or expired lease, `not_granted` for a
-   * queued ticket.
-   */
-  renew(now: U64, lease: U64): U64
-  /**
-   * Feeds a provider response: its status and headers (name, value pairs). Parses the
-   * rate-limit headers (Anthropic, OpenAI, Azure, IETF, retry-after, gateway) with
-   * `unixNowMs` as the wall clock for absolute reset times, resyncs the pool, pauses it
-   * on a 429, and returns what the headers said (JSON text, or an object with `bigint`s
-   * when a number needs one).
-   */
-  handleResponse(now: U64, pool: number, lease: U64 | undefined | null, status: number, headers: Array<[string, string]>, unixNowMs?: U64 | undefined | null): string | Record<string, any>
-  /**
-   * One call's next step after asking for capacity (the core's `call_lease`): `{ call,
-   * step }` as JSON text (or an object with `bigint`s), `step` one of `send` (with the
-   * lease), `wait` (until, reason, ticket, refusal, attempt, checkpoint) or `give_up`.
-   * Pass `call` back to the call's next step.
-   */
-  callLease(now: U64, call: CallState, request: LeaseRequest): string | Record<string, any>
-  /**
-   * One call's next step after a provider response (the core's `call_response`, headers
-   * parsed as by `handleResponse`): `{ call, step, settled, report }`, `step` one of `deliver`,
-   * `wait` or `give_up`. A response that is not a success is settled here as nothing used.
-   */
-  callResponse(now: U64, call: CallState, pool: number, lease: U64 | undefined | null, status: number, headers: Array<[string, string]>, unixNowMs?: U64 | undefined | null): string | Record<string, any>
-  /**
-   * Settles conservatively a lease whose call ended without a usage report (the core's
-   * `call_interrupted`): `seen` is the usage seen before the end, or `null`.
-   */
-  callInterrupted(now: U64, lease: U64, seen?: Usage | undefined | null): Settlement
-  /**
-   * Advances time: reaps expired leases, grants queued tickets whose time has come,
-   * steps the margin.
-   */
-  handleTimeout(now: U64): void
-  /** When `handleTimeout` next has work, or `null`. */
+  handle(now: U64, input: string): string | Record<string, any>
+  /** When `handle({op: "timeout"})` next has work, or `null`. */
   pollTimeout(): U64 | null
-  /** The next event, or `null` when there is none. Drain after every call. */
-  pollEvent(): Event | null
   /**
-   * The next step after a failed attempt of one call (seeded full-jitter backoff, or
-   * `Retry-After` plus jitter), with the state to pass back on its next failure.
+   * The next event (JSON text, camelCase keys; an object with `bigint`s when a number
+   * is above 2^53 − 1), or `null` when there is none. Drain after every call.
    */
-  backoff(state: BackoffState, retryAfterMs?: U64 | undefined | null): BackoffResult
+  pollEvent(): string | Record<string, any> | null
   /**
    * Usage against each limit per minute, the binding axis, queue depth and waits, the
    * margin, each agent's state, and fleet-sizing advice: JSON text (camelCase keys) when
@@ -154,134 +103,13 @@ export declare class Coordinator {
    */
   handleResponseIo(io: Float64Array, headers: string): number
   /**
-   * A call or report result held back because it needs `bigint`s, as `callResponse`
-   * returns it (an object with `bigint`s), or `null`.
+   * The register-file result held back because it needs `bigint`s (code 9), as an
+   * object with `bigint`s (JSON text when it has none), or `null`.
    */
-  takeWideJson(): string | Record<string, any> | null
-  /** The fast-path result held back because it needs `bigint`s, or `null`. */
-  takeWide(): Decision | Settlement | Event | null
+  takeWide(): string | Record<string, any> | null
   /** Internal consistency check; throws `corrupt` naming the broken invariant. */
   check(): void
 }
-
-/** A rate-limited dimension of a pool. */
-export type Axis = 'input_tokens' | 'output_tokens' | 'tokens' | 'requests'
-
-/** The result of `backoff()`: the updated state and the step to take. */
-export interface BackoffResult {
-  /** Pass this back on the next failure of the same call. */
-  state: BackoffState
-  /** What to do now. */
-  step: BackoffStep
-}
-
-/** One call's backoff state: failures so far and the last `Retry-After` seen. */
-export interface BackoffState {
-  /** Failed attempts so far. */
-  failed: number
-  /** The last `Retry-After`, ms. */
-  lastRetryAfterMs: U64 | null
-}
-
-/** What to do after a failed attempt. */
-export type BackoffStep =
-  | { kind: 'retry', /** How long to wait, ms. */
-    delayMs: U64, /** This attempt's number (1 = first retry). */
-  attempt: number }
-  | { kind: 'give_up', /** Attempts made. */
-    attempts: number, /** The last `Retry-After` seen, ms. */
-  lastRetryAfterMs: U64 | null }
-
-/**
- * One model call's state between its steps: failed sends, refusals waited out, and the
- * last `Retry-After` seen. Start with `{ failed: 0, refusals: 0, lastRetryAfterMs: null }`
- * and pass back what each step returns.
- */
-export interface CallState {
-  /** Sends that failed in a way worth retrying. */
-  failed: number
-  /** Refusals waited out. */
-  refusals: number
-  /** The last `Retry-After`, ms. */
-  lastRetryAfterMs: U64 | null
-}
-
-/** The answer to `requestLease`. */
-export type Decision =
-  | { kind: 'grant', /** The lease to settle. */
-    lease: number, /** When it is reaped. */
-  expiresAt: U64 }
-  | { kind: 'queued', /** The ticket, which becomes the lease. */
-    lease: number, /** Estimated grant time. */
-  eta: U64 }
-  | { kind: 'reject', /** When a new request has a fair chance. */
-    retryAt: U64 | null, /** Why. */
-  reason: RejectReason }
-
-/** Something that happened; drain with `pollEvent()` after every call. */
-export type Event =
-  | { kind: 'granted', /** The lease (same id as the ticket). */
-    lease: number, /** Its agent. */
-    agent: U64, /** Its pool. */
-    pool: number, /** When it is reaped. */
-    expiresAt: U64, /** How long it waited, ms. */
-  waitedMs: U64 }
-  | { kind: 'expired', /** The lease. */
-    lease: number, /** Its agent. */
-    agent: U64, /** Its pool. */
-  pool: number }
-  | { kind: 'margin_changed', /** The pool. */
-    pool: number, /** Before, thousandths. */
-    fromPermille: number, /** After, thousandths. */
-    toPermille: number, /** Why: `rate_limited`, `recovered`, `confirmed` or `headers_disagreed`. */
-  reason: MarginReason }
-  | { kind: 'paused', /** The pool. */
-    pool: number, /** Until when. */
-  until: U64 }
-  | { kind: 'estimate_alert', /** The agent. */
-    agent: U64, /** Its moving-average input error, thousandths. */
-  errorPermille: number }
-  | { kind: 'margin_at_floor', /** The pool. */
-    pool: number, /** The binding axis over the last minutes, if usage named one. */
-    axis?: Axis, /** The margin, thousandths. */
-    marginPermille: number, /** Since when. */
-  since: U64 }
-
-/**
- * A request for capacity before one model call. Omitted fields take the core's defaults
- * (0, role `worker`, no failure signature).
- */
-export interface LeaseRequest {
-  /** Who asks: an id the host chooses. */
-  agent: U64
-  /** Which pool (limit group), by index; see `Coordinator.poolId(name)`. */
-  pool: number
-  /** Prompt tokens counted locally, excluding the cached prefix. */
-  inputTokens?: U64
-  /** Tokens of the prompt covered by the agent's prompt cache. */
-  cachedPrefixTokens?: U64
-  /**
-   * The host saw the provider cache this very prefix within its lifetime: charged as a
-   * cache read even on this agent's first call (default false).
-   */
-  cachedPrefixConfirmed?: boolean
-  /** The call's `max_tokens`: the output reservation, refunded on settle. */
-  maxTokens?: U64
-  /** The agent's role (default `worker`). */
-  role?: Role
-  /** Downstream tasks waiting on this call. */
-  unblocks?: number
-  /** A hash of the agent's last failure; the same value twice in a row lowers its weight. */
-  failureSignature?: U64
-  /**
-   * The task the call is for (opened on first use); its role, unblocks and failures
-   * then set the weight, and it is charged the call's tokens and waits.
-   */
-  task?: U64
-}
-
-/** Why a pool's margin moved. */
-export type MarginReason = 'rate_limited' | 'recovered' | 'confirmed' | 'headers_disagreed'
 
 /**
  * Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's
@@ -290,51 +118,3 @@ export type MarginReason = 'rate_limited' | 'recovered' | 'confirmed' | 'headers
  * that fit at the headroom, and how much the turns stretch when the fleet is too big.
  */
 export declare function planFleet(json: string): string
-
-/** Why a request was rejected. */
-export type RejectReason =
-  | { kind: 'exceeds_capacity', /** The axis. */
-  axis: Axis }
-  | { kind: 'wait_too_long' }
-  | { kind: 'queue_full' }
-  | { kind: 'too_many_leases' }
-  | { kind: 'too_many_agents' }
-
-/** An agent's role in the task graph. */
-export type Role = 'planner' | 'reviewer' | 'worker'
-
-/**
- * What a lease had reserved and what it used, per axis, in the order input tokens,
- * output tokens, tokens, requests.
- */
-export interface Settlement {
-  /** Reserved at grant. */
-  reserved: Array<U64>
-  /** Used, by the pool's counting rules. */
-  used: Array<U64>
-}
-
-/** How a task ended. */
-export type TaskOutcome = 'merged' | 'abandoned' | 'failed'
-
-/** A task: `Coordinator.openTask(now, spec)`. */
-export interface TaskSpec {
-  /** The task's id, chosen by the host. */
-  task: U64
-  /** The role of the agent working on it (default `worker`). */
-  role?: Role
-  /** Downstream tasks waiting on it (default 0). */
-  unblocks?: number
-}
-
-/** What a call really used, as the provider reported it. Omitted fields are 0. */
-export interface Usage {
-  /** Uncached input tokens. */
-  inputTokens?: U64
-  /** Input tokens written to the prompt cache. */
-  cacheCreationInputTokens?: U64
-  /** Input tokens read from the prompt cache. */
-  cacheReadInputTokens?: U64
-  /** Output tokens. */
-  outputTokens?: U64
-}

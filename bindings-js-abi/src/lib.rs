@@ -17,6 +17,7 @@
 //! file differs (`UPDATE_ABI=1` rewrites it), and tests here check each table against the
 //! core's own types and against the readers and writers below.
 
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokenwarden_core as core;
 
@@ -385,6 +386,150 @@ pub fn camel_value<T: serde::Serialize>(v: &T) -> Result<Value, ArgError> {
     serde_json::to_value(v)
         .map(camel_keys)
         .map_err(|e| ArgError::state("internal", e.to_string()))
+}
+
+/// `camelCase` → `snake_case`.
+#[must_use]
+pub fn snake(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The host protocol's input ([`core::Input`]) from JSON text with camelCase keys, as the
+/// JavaScript engines' `handle` takes it (integers above 2^53 − 1 written out exactly).
+/// A snake_case key is refused with the camelCase spelling, as everywhere in the JS API;
+/// a malformed input is `invalid_argument` naming what serde found wrong.
+pub fn input_from_json(text: &str) -> Result<core::Input, ArgError> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| ArgError::type_error(format!("the input is not JSON: {e}")))?;
+    let value = snake_keys(value)?;
+    core::Input::deserialize(&value).map_err(|e| {
+        let message = e.to_string();
+        let why = camel_quoted(&message);
+        // A number out of range or a name that is not one of the choices is a
+        // `RangeError`, as the typed calls' checks say; anything else a `TypeError`.
+        let range = message.starts_with("invalid value")
+            || message.starts_with("unknown variant")
+            || message.contains("floating point");
+        let (text, field) = match blame(&value, &message) {
+            Some((path, field)) => (format!("invalid input: `{path}`: {why}"), Some(field)),
+            None => (format!("invalid input: {why}"), None),
+        };
+        let err = if range {
+            ArgError::range("invalid_argument", text)
+        } else {
+            ArgError::type_error(text)
+        };
+        match field {
+            Some(field) => err.with_field(field),
+            None => err,
+        }
+    })
+}
+
+/// The path (camelCase, dotted) and field an input's serde error is about. The tagged
+/// input is decoded from a buffer, which loses serde's own path, so the field is found
+/// from the message: the one it names (`unknown field`, `missing field`), or else the
+/// value it quotes (`integer `-1``, `unknown variant `admiral``), looked up in the input.
+fn blame(input: &Value, message: &str) -> Option<(String, String)> {
+    fn find(v: &Value, quoted: &str, path: &mut Vec<String>) -> bool {
+        let within = |key: String, x: &Value, path: &mut Vec<String>| {
+            path.push(key);
+            let found = find(x, quoted, path);
+            if !found {
+                path.pop();
+            }
+            found
+        };
+        match v {
+            Value::Object(map) => map.iter().any(|(k, x)| within(camel(k), x, path)),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .any(|(i, x)| within(i.to_string(), x, path)),
+            Value::Number(n) => n.to_string() == quoted,
+            Value::String(s) => s == quoted,
+            _ => false,
+        }
+    }
+    let quoted = message.split('`').nth(1)?;
+    if message.starts_with("unknown field") || message.starts_with("missing field") {
+        let field = camel(quoted);
+        return Some((field.clone(), field));
+    }
+    let mut path = Vec::new();
+    if !find(input, quoted, &mut path) {
+        return None;
+    }
+    let field = path
+        .iter()
+        .rev()
+        .find(|s| !s.chars().all(|c| c.is_ascii_digit()))?
+        .clone();
+    Some((path.join("."), field))
+}
+
+/// Object keys recased from camelCase; a key already holding `_` is refused (ignored, the
+/// provider's snake_case usage would be read as another field's absence).
+fn snake_keys(v: Value) -> Result<Value, ArgError> {
+    Ok(match v {
+        Value::Object(map) => {
+            let mut out = Map::with_capacity(map.len());
+            for (k, v) in map {
+                if k.contains('_') {
+                    return Err(ArgError::type_error(format!(
+                        "unknown field `{k}` in the input; did you mean `{}`? (fields are camelCase)",
+                        camel(&k)
+                    ))
+                    .with_field(k));
+                }
+                out.insert(snake(&k), snake_keys(v)?);
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(snake_keys)
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        other => other,
+    })
+}
+
+/// A serde message with each `` `snake_name` `` in it written as the JavaScript caller
+/// spells it (`` `unixNowMs` ``); tags (`` `call_lease` `` after "variant") stay as written.
+fn camel_quoted(message: &str) -> String {
+    let keep = message.contains("variant");
+    let mut out = String::with_capacity(message.len());
+    for (i, part) in message.split('`').enumerate() {
+        if i > 0 {
+            out.push('`');
+        }
+        if i % 2 == 1 && !keep {
+            out.push_str(&camel(part));
+        } else {
+            out.push_str(part);
+        }
+    }
+    out
+}
+
+/// The host protocol's answer ([`core::Output`]) for `input` (JSON text, camelCase keys)
+/// applied at `now`: what both JavaScript engines' `handle` does before encoding the
+/// [`core::Output`] as their other results (camelCase keys). Errors are thrown as every
+/// other call's.
+pub fn handle(c: &mut core::Coordinator, now: u64, input: &str) -> Result<core::Output, ArgError> {
+    let input = input_from_json(input)?;
+    Ok(c.handle(core::Millis(now), &input)?)
 }
 
 /// `planFleet(json)`: the core's fleet sizing ([`core::plan_fleet_json`]) on a fleet
@@ -948,14 +1093,14 @@ pub mod io {
                 w.set(4, expires_at.0);
                 STEP_SEND
             }
-            core::CallStep::Wait {
+            core::CallStep::Wait(core::Wait {
                 until,
                 reason,
                 ticket,
                 refusal: r,
                 attempt,
                 checkpoint,
-            } => {
+            }) => {
                 w.opt(3, ticket.map(|t| t.0));
                 w.set(4, until.0);
                 w.set(5, wait_code(reason));
@@ -965,12 +1110,12 @@ pub mod io {
                 STEP_WAIT
             }
             core::CallStep::Deliver => STEP_DELIVER,
-            core::CallStep::GiveUp {
+            core::CallStep::GiveUp(core::GiveUp {
                 reason,
                 refusal: r,
                 attempts,
                 last_retry_after_ms,
-            } => {
+            }) => {
                 w.set(5, give_up_code(reason));
                 refusal(&mut w, r);
                 w.set(8, u64::from(attempts));
@@ -1072,21 +1217,25 @@ pub mod io {
     }
 
     impl WideResult {
-        /// The object-path JSON of a call or report result (`{ call, step }`, `{ call,
-        /// step, settled, report }`, the report), for `takeWideJson()`; `None` for the
-        /// results `takeWide()` builds.
+        /// The result as the object path answers it (the decision, settlement or event;
+        /// `{ call, step }`, `{ call, step, settled, report }`, the report): what
+        /// `takeWide()` returns, recased by the binding.
         #[must_use]
-        pub fn json(&self) -> Option<serde_json::Value> {
-            match self {
+        pub fn json(&self) -> serde_json::Value {
+            let v = match self {
+                WideResult::Decision(d) => serde_json::to_value(d),
+                WideResult::Settlement(s) => serde_json::to_value(s),
+                WideResult::Event(e) => serde_json::to_value(e),
                 WideResult::CallLease(call, step) => {
-                    Some(serde_json::json!({ "call": call, "step": step }))
+                    Ok(serde_json::json!({ "call": call, "step": step }))
                 }
-                WideResult::CallResponse(call, a, report) => Some(serde_json::json!({
+                WideResult::CallResponse(call, a, report) => Ok(serde_json::json!({
                     "call": call, "step": a.step, "settled": a.settled, "report": report
                 })),
-                WideResult::Report(r) => serde_json::to_value(r).ok(),
-                _ => None,
-            }
+                WideResult::Report(r) => serde_json::to_value(r),
+            };
+            // The core's types serialize without fail (no maps with non-string keys).
+            v.unwrap_or(serde_json::Value::Null)
         }
     }
 }

@@ -374,7 +374,7 @@ fn call_steps_are_written_with_the_cores_tags() {
         core::WaitReason::Overloaded,
     ];
     for reason in waits {
-        let step = core::CallStep::Wait {
+        let step = core::CallStep::Wait(core::Wait {
             until: core::Millis(5000),
             reason,
             ticket: Some(core::LeaseId(42)),
@@ -383,7 +383,7 @@ fn call_steps_are_written_with_the_cores_tags() {
             }),
             attempt: 3,
             checkpoint: true,
-        };
+        });
         let mut regs = [0.0; io::IO_SLOTS];
         assert_eq!(io::io_call_step(&mut regs, &call, &step), io::STEP_WAIT);
         assert_eq!(
@@ -399,12 +399,12 @@ fn call_steps_are_written_with_the_cores_tags() {
         core::GiveUpReason::Refusals,
         core::GiveUpReason::Attempts,
     ] {
-        let step = core::CallStep::GiveUp {
+        let step = core::CallStep::GiveUp(core::GiveUp {
             reason,
             refusal: None,
             attempts: 4,
             last_retry_after_ms: None,
-        };
+        });
         let mut regs = [0.0; io::IO_SLOTS];
         assert_eq!(io::io_call_step(&mut regs, &call, &step), io::STEP_GIVE_UP);
         assert_eq!(
@@ -527,14 +527,14 @@ fn camel_json_is_camel_keys_as_text() {
         assert!(!text.contains("_ms\""), "{what}: keys recased");
     }
     // Enum tags (values) keep their snake_case; a wide integer is refused.
-    let step = core::CallStep::Wait {
+    let step = core::CallStep::Wait(core::Wait {
         until: core::Millis(5),
         reason: core::WaitReason::RateLimited,
         ticket: None,
         refusal: None,
         attempt: 1,
         checkpoint: false,
-    };
+    });
     assert!(
         camel_json(&step)
             .expect("fits")
@@ -581,4 +581,52 @@ fn an_unknown_key_is_named_with_the_camel_case_field_suggested() {
         "{}",
         e.message
     );
+}
+
+#[test]
+fn handle_decodes_camel_case_input_and_names_the_bad_field() {
+    let config = core::Config::from_json(
+        r#"{"pools":[{"name":"p","input_tokens_per_minute":100000,"output_tokens_per_minute":20000}]}"#,
+    )
+    .unwrap();
+    let mut c = core::Coordinator::new(config, 1, core::Millis(0)).unwrap();
+    let out = crate::handle(
+        &mut c,
+        0,
+        r#"{"op":"request_lease","request":{"agent":1,"pool":0,"inputTokens":1000,"maxTokens":10}}"#,
+    )
+    .unwrap();
+    assert!(matches!(out, core::Output::Granted { .. }), "{out:?}");
+    let mut bad = |input: &str| crate::handle(&mut c, 1, input).unwrap_err();
+    let e = bad(r#"{"op":"request_lease","request":{"agent":1,"pool":0,"inputTokens":-1}}"#);
+    assert_eq!(
+        (e.code, e.field.as_deref()),
+        ("invalid_argument", Some("inputTokens")),
+        "{e:?}"
+    );
+    assert!(e.message.contains("`request.inputTokens`"), "{}", e.message);
+    let e = bad(r#"{"op":"request_lease","request":{"agent":1,"pool":1099511627776}}"#);
+    assert_eq!(e.field.as_deref(), Some("pool"), "{e:?}");
+    let e = bad(r#"{"op":"request_lease","request":{"agent":1,"pool":0,"role":"admiral"}}"#);
+    assert_eq!(e.field.as_deref(), Some("role"), "{e:?}");
+    let e = bad(r#"{"op":"settle","lease":1,"usage":{"input_tokens":5}}"#);
+    assert_eq!(e.field.as_deref(), Some("input_tokens"), "{e:?}");
+    assert!(
+        e.message.contains("did you mean `inputTokens`"),
+        "{}",
+        e.message
+    );
+    let e = bad(r#"{"op":"settle","lease":1,"usage":{"outputTokenz":5}}"#);
+    assert_eq!(e.field.as_deref(), Some("outputTokenz"), "{e:?}");
+    let e = bad(r#"{"op":"fly"}"#);
+    assert!(e.message.contains("unknown variant `fly`"), "{}", e.message);
+    let e = bad("not json");
+    assert!(
+        e.message.starts_with("the input is not JSON"),
+        "{}",
+        e.message
+    );
+    // A refusal by the state keeps the core's code; nothing changed.
+    let e = bad(r#"{"op":"cancel","lease":999}"#);
+    assert_eq!(e.code, "unknown_lease");
 }

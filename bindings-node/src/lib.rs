@@ -18,64 +18,12 @@
 
 pub mod convert;
 
-use convert::{
-    BackoffResult, BackoffState, CallState, Decision, Event, LeaseRequest, Settlement, TaskOutcome,
-    TaskSpec, Thrown, U64, Usage, WideResult, io, lease_arg, to_js_json, u32_arg, u64_arg,
-    u64_to_js,
-};
+use convert::{Thrown, U64, WideResult, io, to_js_json, u64_arg, u64_to_js};
 use napi::Env;
-use napi::bindgen_prelude::{Either, Either3, Float64Array, Object, Unknown};
+use napi::bindgen_prelude::{Either, Float64Array, Unknown};
 use napi_derive::napi;
 use serde_json::Value;
 use tokenwarden_core as core;
-
-/// A response's arguments, checked, with its headers parsed.
-struct ResponseArgs {
-    now: core::Millis,
-    pool: core::PoolId,
-    lease: Option<core::LeaseId>,
-    status: u16,
-    report: core::HeaderReport,
-}
-
-fn response_args(
-    now: &U64,
-    pool: f64,
-    lease: Option<&U64>,
-    status: u32,
-    headers: &[(String, String)],
-    unix_now_ms: Option<&U64>,
-) -> Result<ResponseArgs, Thrown> {
-    let now = core::Millis(u64_arg(now, "now")?);
-    let pool = core::PoolId(u32_arg(pool, "pool")?);
-    let lease = lease.map(lease_arg).transpose()?;
-    let status = u16::try_from(status).map_err(|_| {
-        Thrown::range(
-            "invalid_argument",
-            format!("`status` must be below 65536, got {status}"),
-        )
-        .with_field("status")
-    })?;
-    let unix = unix_now_ms.map(|v| u64_arg(v, "unixNowMs")).transpose()?;
-    let report = core::parse_headers(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
-    Ok(ResponseArgs {
-        now,
-        pool,
-        lease,
-        status,
-        report,
-    })
-}
-
-/// A lease request object, refused if it holds a key the engine does not read.
-fn request_object(env: &Env, o: &Object<'_>) -> Result<LeaseRequest, Thrown> {
-    convert::checked_object(env, o, &io::LEASE_REQUEST_FIELDS, "lease request")
-}
-
-/// A usage object, refused if it holds a key the engine does not read.
-fn usage_object(env: &Env, o: &Object<'_>) -> Result<Usage, Thrown> {
-    convert::checked_object(env, o, &io::USAGE_FIELDS, "usage")
-}
 
 /// Runs `f`, throwing its error (if any) into JavaScript.
 fn js<T>(env: &Env, f: impl FnOnce() -> Result<T, Thrown>) -> napi::Result<T> {
@@ -132,285 +80,38 @@ impl Coordinator {
         })
     }
 
-    /// Asks for capacity before one model call.
-    #[napi]
-    pub fn request_lease(
-        &mut self,
-        env: Env,
-        now: U64,
-        #[napi(ts_arg_type = "LeaseRequest")] request: Object<'_>,
-    ) -> napi::Result<Decision> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let request: LeaseRequest = request_object(&env, &request)?;
-            let req = request.to_core()?;
-            self.inner
-                .request_lease(now, &req)
-                .map(Decision::from)
-                .map_err(Thrown::from)
-        })
-    }
-
-    /// Opens a task (or updates an open one's role and unblocks): requests naming it are
-    /// weighted by it and charged to it. Throws `too_many_tasks` when `maxTasks` are open.
-    #[napi]
-    pub fn open_task(&mut self, env: Env, now: U64, spec: TaskSpec) -> napi::Result<()> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let spec = spec.to_core()?;
-            self.inner.open_task(now, &spec).map_err(Thrown::from)
-        })
-    }
-
-    /// A failure of an open task, by signature (a hash of the failing test and the diff):
-    /// the same signature twice in a row halves its weight. Returns the repeats in a row.
-    #[napi]
-    pub fn task_failed(
-        &mut self,
-        env: Env,
-        now: U64,
-        task: U64,
-        signature: U64,
-    ) -> napi::Result<u32> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let task = core::TaskId(u64_arg(&task, "task")?);
-            let signature = u64_arg(&signature, "signature")?;
-            self.inner
-                .task_failed(now, task, signature)
-                .map_err(Thrown::from)
-        })
-    }
-
-    /// Ends an open task; returns its figures (tokens, wall time, quota and critical-path
-    /// wait) as JSON text, or an object with `bigint`s when a number needs one.
+    /// The host protocol: applies one input at `now` and answers its output. The input is
+    /// the core's `Input` as JSON text with camelCase keys (`{"op": "settle", "lease": 3,
+    /// "usage": {"inputTokens": 900}}`; integers above 2^53 − 1 written out exactly); the
+    /// output is the core's `Output`, JSON text with camelCase keys, or an object with
+    /// `bigint`s when a number is above 2^53 − 1. Every input the core takes crosses here:
+    /// a new one needs no change to this addon. Errors throw with the stable codes
+    /// (`invalid_argument` naming the field for a malformed input); state is unchanged.
     #[napi(ts_return_type = "string | Record<string, any>")]
-    pub fn end_task(
+    pub fn handle(
         &mut self,
         env: Env,
         now: U64,
-        task: U64,
-        outcome: TaskOutcome,
+        input: String,
     ) -> napi::Result<Either<String, Value>> {
         js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let task = core::TaskId(u64_arg(&task, "task")?);
-            let summary = self
-                .inner
-                .end_task(now, task, outcome.into())
-                .map_err(Thrown::from)?;
-            to_js_json(&summary)
+            let now = u64_arg(&now, "now")?;
+            to_js_json(&tokenwarden_js_abi::handle(&mut self.inner, now, &input)?)
         })
     }
 
-    /// Reports what a granted lease really used; refunds the difference (or records debt).
-    #[napi]
-    pub fn settle(
-        &mut self,
-        env: Env,
-        now: U64,
-        lease: U64,
-        #[napi(ts_arg_type = "Usage")] usage: Object<'_>,
-    ) -> napi::Result<Settlement> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let lease = lease_arg(&lease)?;
-            let usage: Usage = usage_object(&env, &usage)?;
-            let usage = usage.to_core()?;
-            self.inner
-                .settle(now, lease, &usage)
-                .map(Settlement::from)
-                .map_err(Thrown::from)
-        })
-    }
-
-    /// Withdraws a queued ticket, or returns an unused lease in full.
-    #[napi]
-    pub fn cancel(&mut self, env: Env, now: U64, lease: U64) -> napi::Result<()> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let lease = lease_arg(&lease)?;
-            self.inner.cancel(now, lease).map_err(Thrown::from)
-        })
-    }
-
-    /// Keeps a granted lease alive while its call still works (a stream whose bytes
-    /// flow): its expiry moves to `now + leaseTtlMs` (never earlier); returns the new
-    /// expiry. Throws `unknown_lease` for an ended or expired lease, `not_granted` for a
-    /// queued ticket.
-    #[napi]
-    pub fn renew(&mut self, env: Env, now: U64, lease: U64) -> napi::Result<U64> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let lease = lease_arg(&lease)?;
-            self.inner
-                .renew(now, lease)
-                .map(|t| u64_to_js(t.0))
-                .map_err(Thrown::from)
-        })
-    }
-
-    /// Feeds a provider response: its status and headers (name, value pairs). Parses the
-    /// rate-limit headers (Anthropic, OpenAI, Azure, IETF, retry-after, gateway) with
-    /// `unixNowMs` as the wall clock for absolute reset times, resyncs the pool, pauses it
-    /// on a 429, and returns what the headers said (JSON text, or an object with `bigint`s
-    /// when a number needs one).
-    #[napi(ts_return_type = "string | Record<string, any>")]
-    #[allow(clippy::too_many_arguments)] // the core call's arguments, the headers and `env`
-    pub fn handle_response(
-        &mut self,
-        env: Env,
-        now: U64,
-        pool: f64,
-        lease: Option<U64>,
-        status: u32,
-        headers: Vec<(String, String)>,
-        unix_now_ms: Option<U64>,
-    ) -> napi::Result<Either<String, Value>> {
-        js(&env, || {
-            let r = response_args(
-                &now,
-                pool,
-                lease.as_ref(),
-                status,
-                &headers,
-                unix_now_ms.as_ref(),
-            )?;
-            self.inner
-                .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
-                .map_err(Thrown::from)?;
-            to_js_json(&r.report)
-        })
-    }
-
-    /// One call's next step after asking for capacity (the core's `call_lease`): `{ call,
-    /// step }` as JSON text (or an object with `bigint`s), `step` one of `send` (with the
-    /// lease), `wait` (until, reason, ticket, refusal, attempt, checkpoint) or `give_up`.
-    /// Pass `call` back to the call's next step.
-    #[napi(ts_return_type = "string | Record<string, any>")]
-    pub fn call_lease(
-        &mut self,
-        env: Env,
-        now: U64,
-        call: CallState,
-        #[napi(ts_arg_type = "LeaseRequest")] request: Object<'_>,
-    ) -> napi::Result<Either<String, Value>> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let mut call = call.to_core()?;
-            let request: LeaseRequest = request_object(&env, &request)?;
-            let req = request.to_core()?;
-            let step = self
-                .inner
-                .call_lease(now, &mut call, &req)
-                .map_err(Thrown::from)?;
-            to_js_json(&serde_json::json!({ "call": call, "step": step }))
-        })
-    }
-
-    /// One call's next step after a provider response (the core's `call_response`, headers
-    /// parsed as by `handleResponse`): `{ call, step, settled, report }`, `step` one of `deliver`,
-    /// `wait` or `give_up`. A response that is not a success is settled here as nothing used.
-    #[napi(ts_return_type = "string | Record<string, any>")]
-    #[allow(clippy::too_many_arguments)] // the core call's arguments, the headers and `env`
-    pub fn call_response(
-        &mut self,
-        env: Env,
-        now: U64,
-        call: CallState,
-        pool: f64,
-        lease: Option<U64>,
-        status: u32,
-        headers: Vec<(String, String)>,
-        unix_now_ms: Option<U64>,
-    ) -> napi::Result<Either<String, Value>> {
-        js(&env, || {
-            let mut call = call.to_core()?;
-            let r = response_args(
-                &now,
-                pool,
-                lease.as_ref(),
-                status,
-                &headers,
-                unix_now_ms.as_ref(),
-            )?;
-            let a = self
-                .inner
-                .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
-                .map_err(Thrown::from)?;
-            to_js_json(&serde_json::json!({
-                "call": call, "step": a.step, "settled": a.settled, "report": r.report
-            }))
-        })
-    }
-
-    /// Settles conservatively a lease whose call ended without a usage report (the core's
-    /// `call_interrupted`): `seen` is the usage seen before the end, or `null`.
-    #[napi]
-    pub fn call_interrupted(
-        &mut self,
-        env: Env,
-        now: U64,
-        lease: U64,
-        #[napi(ts_arg_type = "Usage | undefined | null")] seen: Option<Object<'_>>,
-    ) -> napi::Result<Settlement> {
-        js(&env, || {
-            let now = core::Millis(u64_arg(&now, "now")?);
-            let lease = lease_arg(&lease)?;
-            let seen = seen
-                .as_ref()
-                .map(|o| usage_object(&env, o).and_then(|u: Usage| u.to_core()))
-                .transpose()?;
-            self.inner
-                .call_interrupted(now, lease, seen.as_ref())
-                .map(Settlement::from)
-                .map_err(Thrown::from)
-        })
-    }
-
-    /// Advances time: reaps expired leases, grants queued tickets whose time has come,
-    /// steps the margin.
-    #[napi]
-    pub fn handle_timeout(&mut self, env: Env, now: U64) -> napi::Result<()> {
-        js(&env, || {
-            self.inner
-                .handle_timeout(core::Millis(u64_arg(&now, "now")?));
-            Ok(())
-        })
-    }
-
-    /// When `handleTimeout` next has work, or `null`.
+    /// When `handle({op: "timeout"})` next has work, or `null`.
     #[napi]
     pub fn poll_timeout(&self) -> Option<U64> {
         self.inner.poll_timeout().map(|t| u64_to_js(t.0))
     }
 
-    /// The next event, or `null` when there is none. Drain after every call.
-    #[napi]
-    pub fn poll_event(&mut self) -> Option<Event> {
-        self.inner.poll_event().map(Event::from)
-    }
-
-    /// The next step after a failed attempt of one call (seeded full-jitter backoff, or
-    /// `Retry-After` plus jitter), with the state to pass back on its next failure.
-    #[napi]
-    pub fn backoff(
-        &mut self,
-        env: Env,
-        state: BackoffState,
-        retry_after_ms: Option<U64>,
-    ) -> napi::Result<BackoffResult> {
+    /// The next event (JSON text, camelCase keys; an object with `bigint`s when a number
+    /// is above 2^53 − 1), or `null` when there is none. Drain after every call.
+    #[napi(ts_return_type = "string | Record<string, any> | null")]
+    pub fn poll_event(&mut self, env: Env) -> napi::Result<Option<Either<String, Value>>> {
         js(&env, || {
-            let mut b = state.to_core()?;
-            let retry = retry_after_ms
-                .as_ref()
-                .map(|v| u64_arg(v, "retryAfterMs"))
-                .transpose()?;
-            let step = self.inner.backoff(&mut b, retry).into();
-            Ok(BackoffResult {
-                state: BackoffState::from_core(b),
-                step,
-            })
+            self.inner.poll_event().map(|e| to_js_json(&e)).transpose()
         })
     }
 
@@ -559,9 +260,10 @@ impl Coordinator {
         js(&env, || {
             let io = registers(io)?;
             let (now, req, mut call) = io::io_call_lease(io)?;
-            let step = inner
+            let step: core::CallStep = inner
                 .call_lease(now, &mut call, &req)
-                .map_err(Thrown::from)?;
+                .map_err(Thrown::from)?
+                .into();
             io::io_after(io, inner);
             Ok(io::narrow(
                 wide,
@@ -589,7 +291,7 @@ impl Coordinator {
             let a = inner
                 .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
                 .map_err(Thrown::from)?;
-            let mut code = io::io_call_step(io, &call, &a.step);
+            let mut code = io::io_call_step(io, &call, &a.step.into());
             if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
                 code = io::WIDE;
             }
@@ -628,29 +330,14 @@ impl Coordinator {
         })
     }
 
-    /// A call or report result held back because it needs `bigint`s, as `callResponse`
-    /// returns it (an object with `bigint`s), or `null`.
+    /// The register-file result held back because it needs `bigint`s (code 9), as an
+    /// object with `bigint`s (JSON text when it has none), or `null`.
     #[napi(ts_return_type = "string | Record<string, any> | null")]
-    pub fn take_wide_json(&mut self, env: Env) -> napi::Result<Option<Either<String, Value>>> {
-        js(&env, || match self.wide.take().and_then(|w| w.json()) {
+    pub fn take_wide(&mut self, env: Env) -> napi::Result<Option<Either<String, Value>>> {
+        js(&env, || match self.wide.take() {
             None => Ok(None),
-            Some(v) => to_js_json(&v).map(Some),
+            Some(w) => to_js_json(&w.json()).map(Some),
         })
-    }
-
-    /// The fast-path result held back because it needs `bigint`s, or `null`.
-    #[napi]
-    pub fn take_wide(&mut self) -> Option<Either3<Decision, Settlement, Event>> {
-        match self.wide.take()? {
-            WideResult::Decision(d) => Some(Either3::A(d.into())),
-            WideResult::Settlement(s) => Some(Either3::B(s.into())),
-            WideResult::Event(e) => Some(Either3::C(e.into())),
-            // A call or report result: `takeWideJson()`'s.
-            other => {
-                self.wide = Some(other);
-                None
-            }
-        }
     }
 
     /// Internal consistency check; throws `corrupt` naming the broken invariant.

@@ -4,7 +4,7 @@
  */
 import { createRequire } from 'node:module'
 import type * as Binding from '../binding.js'
-import { type EngineFactory, type LeaseRequest, RegisterEngine, type RegisterBinding, type SameUnion, TokenwardenError, type U64, type Usage, configJson, normalizeEngineError } from 'tokenwarden-driver'
+import { type EngineFactory, RegisterEngine, type RegisterBinding, TokenwardenError, type U64, configJson, normalizeEngineError } from 'tokenwarden-driver'
 
 const require = createRequire(import.meta.url)
 
@@ -66,11 +66,3 @@ export const nativeEngines: EngineFactory = {
     return addon().planFleet(json)
   },
 }
-
-// Drift check, at compile time: the addon's napi-generated argument types (binding.d.ts, from
-// convert.rs) have the driver's fields, which are checked against the Rust tables in turn.
-type Holds<T extends true> = T
-export type BindingDriftChecks = [
-  Holds<SameUnion<keyof Binding.LeaseRequest, keyof LeaseRequest>>,
-  Holds<SameUnion<keyof Binding.Usage, keyof Usage>>,
-]

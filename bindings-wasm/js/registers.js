@@ -129,50 +129,14 @@ export class WasmRegisters {
   takeWide() {
     return this.#c.takeWide()
   }
-  takeWideJson() {
-    return this.#c.takeWideJson()
-  }
-  requestLease(now, request) {
-    return this.#c.requestLease(now, request)
-  }
-  settle(now, lease, usage) {
-    return this.#c.settle(now, lease, usage)
-  }
-  cancel(now, lease) {
-    return this.#c.cancel(now, lease)
-  }
-  renew(now, lease) {
-    return this.#c.renew(now, lease)
-  }
-  handleResponse(now, pool, lease, status, headers, unixNowMs) {
-    return this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs)
-  }
-  handleTimeout(now) {
-    return this.#c.handleTimeout(now)
+  handle(now, input) {
+    return this.#c.handle(now, input)
   }
   pollTimeout() {
     return this.#c.pollTimeout()
   }
-  backoff(state, retryAfterMs) {
-    return this.#c.backoff(state, retryAfterMs)
-  }
-  callLease(now, call, request) {
-    return this.#c.callLease(now, call, request)
-  }
-  callResponse(now, call, pool, lease, status, headers, unixNowMs) {
-    return this.#c.callResponse(now, call, pool, lease, status, headers, unixNowMs)
-  }
-  callInterrupted(now, lease, seen) {
-    return this.#c.callInterrupted(now, lease, seen)
-  }
-  openTask(now, spec) {
-    return this.#c.openTask(now, spec)
-  }
-  taskFailed(now, task, signature) {
-    return this.#c.taskFailed(now, task, signature)
-  }
-  endTask(now, task, outcome) {
-    return this.#c.endTask(now, task, outcome)
+  pollEvent() {
+    return this.#c.pollEvent()
   }
   metrics(now) {
     return this.#c.metrics(now)

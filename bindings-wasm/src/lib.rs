@@ -1,20 +1,17 @@
 //! `tokenwarden-core`'s `Coordinator` for JavaScript through wasm-bindgen: the engine for
 //! browsers, Node.js and Cloudflare Workers.
 //!
-//! The class mirrors the Node addon's object API method for method (same names, same
-//! shapes, same error codes), so the package's JavaScript driver and `fetch` wrapper run
-//! on either engine unchanged. Each method converts its arguments, calls the core and
-//! converts the result: the calling convention both bindings share is the crate
+//! The class mirrors the Node addon method for method (same names, same shapes, same error
+//! codes), so the package's JavaScript driver and `fetch` wrapper run on either engine
+//! unchanged: every input crosses as the core's `Input` through `handle`, the hot ones
+//! also through the register file. The calling convention both bindings share is the crate
 //! `tokenwarden-js-abi`, this build's own conversions (js-sys objects, `bigint`s, errors)
 //! are in `convert.rs`. Nothing here reads a clock:
 //! every call takes `now`, integer milliseconds on the caller's epoch.
 
 pub mod convert;
 
-use convert::{
-    ArgError, Thrown, backoff_state, call_state, headers, lease_request, task_outcome, task_spec,
-    to_js, u32_arg, u64_arg, u64_to_js, usage,
-};
+use convert::{ArgError, Thrown, to_js, u64_arg, u64_to_js};
 use tokenwarden_core as core;
 use tokenwarden_js_abi::io::{self, WideResult};
 use wasm_bindgen::prelude::*;
@@ -90,54 +87,6 @@ fn now_arg(now: &JsValue) -> Result<core::Millis, ArgError> {
     u64_arg(now, "now").map(core::Millis)
 }
 
-fn lease_arg(lease: &JsValue) -> Result<core::LeaseId, ArgError> {
-    u64_arg(lease, "lease").map(core::LeaseId)
-}
-
-/// A response's arguments, checked, with its headers parsed.
-struct ResponseArgs {
-    now: core::Millis,
-    pool: core::PoolId,
-    lease: Option<core::LeaseId>,
-    status: u16,
-    report: core::HeaderReport,
-}
-
-fn response_args(
-    now: &JsValue,
-    pool: &JsValue,
-    lease: &JsValue,
-    status: &JsValue,
-    header_pairs: &JsValue,
-    unix_now_ms: &JsValue,
-) -> Result<ResponseArgs, ArgError> {
-    let now = now_arg(now)?;
-    let pool = core::PoolId(u32_arg(pool, "pool")?);
-    let lease = if lease.is_null() || lease.is_undefined() {
-        None
-    } else {
-        Some(lease_arg(lease)?)
-    };
-    let status = u16::try_from(u32_arg(status, "status")?).map_err(|_| {
-        ArgError::range("invalid_argument", "`status` must be below 65536".into())
-            .with_field("status")
-    })?;
-    let unix = if unix_now_ms.is_null() || unix_now_ms.is_undefined() {
-        None
-    } else {
-        Some(u64_arg(unix_now_ms, "unixNowMs")?)
-    };
-    let pairs = headers(header_pairs)?;
-    let report = core::parse_headers(pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())), unix);
-    Ok(ResponseArgs {
-        now,
-        pool,
-        lease,
-        status,
-        report,
-    })
-}
-
 /// A string argument, or a `TypeError` naming it.
 fn text_arg(v: &JsValue, field: &str, what: &str) -> Result<String, ArgError> {
     v.as_string().ok_or_else(|| {
@@ -178,213 +127,28 @@ impl Coordinator {
             .map_err(|e| ArgError::from(&e).into())
     }
 
-    /// Asks for capacity before one model call.
-    #[wasm_bindgen(js_name = requestLease, unchecked_return_type = "Decision")]
-    pub fn request_lease(
+    /// The host protocol: applies one input at `now` and answers its output. The input is
+    /// the core's `Input` as JSON text with camelCase keys (`{"op": "settle", "lease": 3,
+    /// "usage": {"inputTokens": 900}}`; integers above 2^53 − 1 written out exactly); the
+    /// output is the core's `Output` as an object with camelCase keys (`bigint`s above
+    /// 2^53 − 1). Every input the core takes crosses here: a new one needs no change to
+    /// this build. Errors throw with the stable codes; state is unchanged.
+    #[wasm_bindgen(unchecked_return_type = "Record<string, any>")]
+    pub fn handle(
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "LeaseRequest")] request: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "string")] input: JsValue,
     ) -> Result<JsValue, Thrown> {
-        let now = now_arg(&now)?;
-        let req = lease_request(&request)?;
-        let d = self
-            .inner
-            .request_lease(now, &req)
-            .map_err(ArgError::from)?;
-        Ok(to_js(&d)?)
+        let now = u64_arg(&now, "now")?;
+        let input = text_arg(&input, "input", "the input's JSON text")?;
+        Ok(to_js(&tokenwarden_js_abi::handle(
+            &mut self.inner,
+            now,
+            &input,
+        )?)?)
     }
 
-    /// Reports what a granted lease really used; refunds the difference (or records debt).
-    #[wasm_bindgen(unchecked_return_type = "Settlement")]
-    pub fn settle(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "Usage")] usage_value: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let now = now_arg(&now)?;
-        let lease = lease_arg(&lease)?;
-        let u = usage(&usage_value)?;
-        let s = self.inner.settle(now, lease, &u).map_err(ArgError::from)?;
-        Ok(to_js(&s)?)
-    }
-
-    /// Withdraws a queued ticket, or returns an unused lease in full.
-    pub fn cancel(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
-    ) -> Result<(), Thrown> {
-        let now = now_arg(&now)?;
-        let lease = lease_arg(&lease)?;
-        Ok(self.inner.cancel(now, lease).map_err(ArgError::from)?)
-    }
-
-    /// Keeps a granted lease alive while its call still works (a stream whose bytes
-    /// flow): its expiry moves to `now + leaseTtlMs` (never earlier); returns the new
-    /// expiry. Throws `unknown_lease` for an ended or expired lease, `not_granted` for a
-    /// queued ticket.
-    #[wasm_bindgen(unchecked_return_type = "number | bigint")]
-    pub fn renew(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let now = now_arg(&now)?;
-        let lease = lease_arg(&lease)?;
-        let t = self.inner.renew(now, lease).map_err(ArgError::from)?;
-        Ok(u64_to_js(t.0))
-    }
-
-    /// Feeds a provider response (status and `[name, value]` header pairs): parses the
-    /// rate-limit headers with `unixNowMs` as the wall clock, resyncs the pool, pauses it
-    /// on a 429, and returns what the headers said.
-    #[wasm_bindgen(js_name = handleResponse, unchecked_return_type = "HeaderReport")]
-    pub fn handle_response(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number")] pool: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] lease: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number")] status: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "Array<[string, string]>")] header_pairs: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] unix_now_ms: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let r = response_args(&now, &pool, &lease, &status, &header_pairs, &unix_now_ms)?;
-        self.inner
-            .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
-            .map_err(ArgError::from)?;
-        Ok(to_js(&r.report)?)
-    }
-
-    /// One call's next step after asking for capacity (the core's `call_lease`):
-    /// `{ call, step }`; pass `call` back to the call's next step.
-    #[wasm_bindgen(js_name = callLease, unchecked_return_type = "CallLeaseResult")]
-    pub fn call_lease(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "CallState")] call: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "LeaseRequest")] request: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let now = now_arg(&now)?;
-        let mut call = call_state(&call)?;
-        let req = lease_request(&request)?;
-        let step = self
-            .inner
-            .call_lease(now, &mut call, &req)
-            .map_err(ArgError::from)?;
-        Ok(to_js(&serde_json::json!({ "call": call, "step": step }))?)
-    }
-
-    /// One call's next step after a provider response (the core's `call_response`, the
-    /// headers parsed as by `handleResponse`): `{ call, step, settled, report }` (`settled`:
-    /// the settlement when the core settled the lease, a response that is not a success).
-    #[wasm_bindgen(js_name = callResponse, unchecked_return_type = "CallResponseResult")]
-    #[allow(clippy::too_many_arguments)] // the core call's arguments and the raw headers
-    pub fn call_response(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "CallState")] call: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number")] pool: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] lease: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number")] status: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "Array<[string, string]>")] header_pairs: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] unix_now_ms: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let mut call = call_state(&call)?;
-        let r = response_args(&now, &pool, &lease, &status, &header_pairs, &unix_now_ms)?;
-        let a = self
-            .inner
-            .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
-            .map_err(ArgError::from)?;
-        Ok(to_js(&serde_json::json!({
-            "call": call, "step": a.step, "settled": a.settled, "report": r.report
-        }))?)
-    }
-
-    /// Settles conservatively a lease whose call ended without a usage report (the core's
-    /// `call_interrupted`); `seen` is the usage seen before the end, or `null`.
-    #[wasm_bindgen(js_name = callInterrupted, unchecked_return_type = "Settlement")]
-    pub fn call_interrupted(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] lease: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "Usage | null")] seen: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let now = now_arg(&now)?;
-        let lease = lease_arg(&lease)?;
-        let seen = if seen.is_null() || seen.is_undefined() {
-            None
-        } else {
-            Some(usage(&seen)?)
-        };
-        let s = self
-            .inner
-            .call_interrupted(now, lease, seen.as_ref())
-            .map_err(ArgError::from)?;
-        Ok(to_js(&s)?)
-    }
-
-    /// Opens a task (or updates an open one's role and unblocks): requests naming it are
-    /// weighted by it and charged to it. Throws `too_many_tasks` when `maxTasks` are open.
-    #[wasm_bindgen(js_name = openTask)]
-    pub fn open_task(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "TaskSpec")] spec: JsValue,
-    ) -> Result<(), Thrown> {
-        let now = now_arg(&now)?;
-        let spec = task_spec(&spec)?;
-        Ok(self.inner.open_task(now, &spec).map_err(ArgError::from)?)
-    }
-
-    /// A failure of an open task, by signature: the same signature twice in a row halves
-    /// its weight. Returns the identical failures in a row.
-    #[wasm_bindgen(js_name = taskFailed)]
-    pub fn task_failed(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] task: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] signature: JsValue,
-    ) -> Result<u32, Thrown> {
-        let now = now_arg(&now)?;
-        let task = core::TaskId(u64_arg(&task, "task")?);
-        let signature = u64_arg(&signature, "signature")?;
-        Ok(self
-            .inner
-            .task_failed(now, task, signature)
-            .map_err(ArgError::from)?)
-    }
-
-    /// Ends an open task (`"merged"`, `"abandoned"` or `"failed"`); returns its figures.
-    #[wasm_bindgen(js_name = endTask, unchecked_return_type = "TaskSummary")]
-    pub fn end_task(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] task: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "TaskOutcome")] outcome: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let now = now_arg(&now)?;
-        let task = core::TaskId(u64_arg(&task, "task")?);
-        let outcome = task_outcome(&outcome)?;
-        let s = self
-            .inner
-            .end_task(now, task, outcome)
-            .map_err(ArgError::from)?;
-        Ok(to_js(&s)?)
-    }
-
-    /// Advances time: reaps expired leases, grants queued tickets whose time has come,
-    /// steps the margin.
-    #[wasm_bindgen(js_name = handleTimeout)]
-    pub fn handle_timeout(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint")] now: JsValue,
-    ) -> Result<(), Thrown> {
-        self.inner.handle_timeout(now_arg(&now)?);
-        Ok(())
-    }
-
-    /// When `handleTimeout` next has work, or `null`.
+    /// When `handle({op: 'timeout'})` next has work, or `null`.
     #[wasm_bindgen(js_name = pollTimeout, unchecked_return_type = "number | bigint | null")]
     pub fn poll_timeout(&self) -> JsValue {
         self.inner
@@ -399,27 +163,6 @@ impl Coordinator {
             None => Ok(JsValue::NULL),
             Some(e) => Ok(to_js(&e)?),
         }
-    }
-
-    /// The next step after a failed attempt of one call, with the state to pass back.
-    #[wasm_bindgen(unchecked_return_type = "BackoffResult")]
-    pub fn backoff(
-        &mut self,
-        #[wasm_bindgen(unchecked_param_type = "BackoffState")] state: JsValue,
-        #[wasm_bindgen(unchecked_param_type = "number | bigint | null")] retry_after_ms: JsValue,
-    ) -> Result<JsValue, Thrown> {
-        let mut b = backoff_state(&state)?;
-        let retry = if retry_after_ms.is_null() || retry_after_ms.is_undefined() {
-            None
-        } else {
-            Some(u64_arg(&retry_after_ms, "retryAfterMs")?)
-        };
-        let step = self.inner.backoff(&mut b, retry);
-        let out = js_sys::Object::new();
-        // Defining properties on a fresh object cannot fail.
-        let _ = js_sys::Reflect::set(&out, &"state".into(), &to_js(&b)?);
-        let _ = js_sys::Reflect::set(&out, &"step".into(), &to_js(&step)?);
-        Ok(out.into())
     }
 
     /// Usage against each limit per minute, the binding axis, queue, margin, agents.
@@ -567,9 +310,10 @@ impl Coordinator {
         } = self;
         let io = &mut regs[..];
         let (now, req, mut call) = io::io_call_lease(io)?;
-        let step = inner
+        let step: core::CallStep = inner
             .call_lease(now, &mut call, &req)
-            .map_err(ArgError::from)?;
+            .map_err(ArgError::from)?
+            .into();
         io::io_after(io, inner);
         Ok(io::narrow(
             wide,
@@ -588,7 +332,7 @@ impl Coordinator {
         let a = inner
             .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
             .map_err(ArgError::from)?;
-        let mut code = io::io_call_step(io, &call, &a.step);
+        let mut code = io::io_call_step(io, &call, &a.step.into());
         if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
             code = io::WIDE;
         }
@@ -617,29 +361,13 @@ impl Coordinator {
         Ok(io::narrow(wide, code, WideResult::Report(r.report)))
     }
 
-    /// A call or report result held back because it needs `bigint`s (as `callResponse`
-    /// returns it), or `null`.
-    #[wasm_bindgen(js_name = takeWideJson, unchecked_return_type = "Record<string, any> | null")]
-    pub fn take_wide_json(&mut self) -> Result<JsValue, Thrown> {
-        Ok(match self.wide.take().and_then(|w| w.json()) {
-            None => JsValue::NULL,
-            Some(v) => to_js(&v)?,
-        })
-    }
-
-    /// The register-file result held back because it needs `bigint`s, or `null`.
-    #[wasm_bindgen(js_name = takeWide, unchecked_return_type = "Decision | Settlement | EngineEvent | null")]
+    /// The register-file result held back because it needs `bigint`s (code 9), as an
+    /// object, or `null`.
+    #[wasm_bindgen(js_name = takeWide, unchecked_return_type = "Record<string, any> | null")]
     pub fn take_wide(&mut self) -> Result<JsValue, Thrown> {
         Ok(match self.wide.take() {
             None => JsValue::NULL,
-            Some(WideResult::Decision(d)) => to_js(&d)?,
-            Some(WideResult::Settlement(s)) => to_js(&s)?,
-            Some(WideResult::Event(e)) => to_js(&e)?,
-            // A call or report result: `takeWideJson()`'s.
-            Some(other) => {
-                self.wide = Some(other);
-                JsValue::NULL
-            }
+            Some(w) => to_js(&w.json())?,
         })
     }
 

@@ -12,8 +12,8 @@ use criterion::{BatchSize, Criterion, Throughput, criterion_main};
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
 use tokenwarden_core::{
-    AgentId, Call, CallStep, Config, Coordinator, Decision, Event, HeaderReport, LeaseId,
-    LeaseRequest, Millis, PoolId, Role, TokenBucket, Usage, parse_headers,
+    AgentId, Call, Config, Coordinator, Decision, Event, HeaderReport, LeaseId, LeaseRequest,
+    LeaseStep, Millis, PoolId, ResponseStep, Role, TokenBucket, Usage, Wait, parse_headers,
 };
 
 /// Limits far above what one request per millisecond uses, so every request is granted.
@@ -180,7 +180,7 @@ fn call_steps(c: &mut Criterion) {
                 let req = &reqs[i];
                 let mut call = Call::new();
                 if with_429 {
-                    let CallStep::Send { lease, .. } = coord
+                    let LeaseStep::Send { lease, .. } = coord
                         .call_lease(Millis(now), &mut call, black_box(req))
                         .unwrap()
                     else {
@@ -196,12 +196,12 @@ fn call_steps(c: &mut Criterion) {
                             &limited,
                         )
                         .unwrap();
-                    let CallStep::Wait { until, .. } = a.step else {
+                    let ResponseStep::Wait(Wait { until, .. }) = a.step else {
                         panic!("expected wait")
                     };
                     now = until.0;
                 }
-                let CallStep::Send { lease, .. } = coord
+                let LeaseStep::Send { lease, .. } = coord
                     .call_lease(Millis(now), &mut call, black_box(req))
                     .unwrap()
                 else {

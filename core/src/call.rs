@@ -13,8 +13,9 @@ use crate::lease::LeaseId;
 use crate::time::Millis;
 
 /// What the core remembers about one call between its steps. The host keeps it (it is
-/// small and `Copy`) and passes it to every step; start with [`Call::new`].
+/// small and `Copy`) and passes it to every step; start with [`Call::new`] (in JSON, `{}`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Call {
     /// Sends that failed in a way worth retrying (429, overloaded).
     pub failed: u32,
@@ -32,7 +33,7 @@ impl Call {
     }
 }
 
-/// What the host does next for a call.
+/// What the host does after asking for capacity ([`Coordinator::call_lease`](crate::Coordinator::call_lease)).
 ///
 /// A host's whole loop for one call:
 ///
@@ -40,26 +41,28 @@ impl Call {
 /// let mut call = Call::new();
 /// loop {
 ///     match coordinator.call_lease(now, &mut call, &request)? {
-///         CallStep::Send { lease, .. } => {
+///         LeaseStep::Send { lease, .. } => {
 ///             let response = send(…);                    // network error: call_interrupted
 ///             match coordinator.call_response(now, &mut call, pool, Some(lease), status, &report)?.step {
-///                 CallStep::Deliver => { /* settle from the body's usage; hand it over */ }
-///                 CallStep::Wait { until, .. } => sleep_until(until),   // then ask again
-///                 CallStep::GiveUp { .. } => { /* hand the error over, with last_retry_after_ms */ }
-///                 CallStep::Send { .. } => unreachable!(),
+///                 ResponseStep::Deliver => { /* settle from the body's usage; hand it over */ }
+///                 ResponseStep::Wait { until, .. } => sleep_until(until),   // then ask again
+///                 ResponseStep::GiveUp { .. } => { /* hand the error over, with last_retry_after_ms */ }
 ///             }
 ///         }
-///         CallStep::Wait { until, ticket: Some(t), .. } => wait_for_grant(t),  // Event::Granted
-///         CallStep::Wait { until, .. } => sleep_until(until),                  // then ask again
-///         CallStep::GiveUp { .. } => fail,
-///         CallStep::Deliver => unreachable!(),
+///         LeaseStep::Wait { until, ticket: Some(t), .. } => wait_for_grant(t),  // Event::Granted
+///         LeaseStep::Wait { until, .. } => sleep_until(until),                  // then ask again
+///         LeaseStep::GiveUp { .. } => fail,
 ///     }
 /// }
 /// ```
+///
+/// The same loop over the host protocol ([`Coordinator::handle`](crate::Coordinator::handle))
+/// is [`Output::Send`](crate::Output::Send), [`Output::Wait`](crate::Output::Wait),
+/// [`Output::GiveUp`](crate::Output::GiveUp) and [`Output::Deliver`](crate::Output::Deliver).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 #[must_use]
-pub enum CallStep {
+pub enum LeaseStep {
     /// Send the request now, under this lease.
     Send {
         /// The lease to settle (or report on).
@@ -67,44 +70,104 @@ pub enum CallStep {
         /// When it is reaped.
         expires_at: Millis,
     },
-    /// Wait until `until`. With a `ticket` the call is in the queue: wait for its
-    /// [`Event::Granted`](crate::Event::Granted) (due by `until` if estimates hold), then
-    /// send under it. Without one, ask again ([`Coordinator::call_lease`](crate::Coordinator::call_lease))
-    /// at `until`.
-    Wait {
-        /// When to ask again, or when the ticket is expected to be granted.
-        until: Millis,
-        /// Why.
-        reason: WaitReason,
-        /// The queued ticket, which becomes the lease.
-        ticket: Option<LeaseId>,
-        /// The refusal, when `reason` is `refused`.
-        refusal: Option<RejectReason>,
-        /// Failed sends so far (0 while only queueing or refused).
-        attempt: u32,
-        /// The wait is long (at least `call.checkpoint_after_ms`, or the prompt cache's
-        /// lifetime): the agent should write its turn down before waiting, so that it
-        /// resumes without re-planning. For a queued call the wait judged is the expected
-        /// one ([`Coordinator::expected_grant`](crate::Coordinator::expected_grant)), not
-        /// `until`, the bound.
-        checkpoint: bool,
-    },
+    /// Wait (see [`Wait`]).
+    Wait(Wait),
+    /// Stop and surface the failure (see [`GiveUp`]).
+    GiveUp(GiveUp),
+}
+
+/// What the host does with a provider's answer ([`Coordinator::call_response`](crate::Coordinator::call_response)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+#[must_use]
+pub enum ResponseStep {
     /// The response is the answer: hand it to the agent. A success is settled by the host
     /// from the usage it reports; any other status (a refusal, or a failure not worth
     /// retrying) was settled by the core as nothing used.
     Deliver,
-    /// Stop and surface the failure.
-    GiveUp {
-        /// Why.
-        reason: GiveUpReason,
-        /// The refusal that ended it, for `never_fits` and `refusals`.
-        refusal: Option<RejectReason>,
-        /// Sends made that failed.
-        attempts: u32,
-        /// The last `Retry-After` the provider sent, ms: whether the fix is patience or a
-        /// higher tier.
-        last_retry_after_ms: Option<u64>,
+    /// Wait, then ask again (see [`Wait`]; never with a ticket).
+    Wait(Wait),
+    /// Stop and surface the failure (see [`GiveUp`]).
+    GiveUp(GiveUp),
+}
+
+/// A wait: until `until`. With a `ticket` the call is in the queue: wait for its
+/// [`Event::Granted`](crate::Event::Granted) (due by `until` if estimates hold), then send
+/// under it. Without one, ask again ([`Coordinator::call_lease`](crate::Coordinator::call_lease))
+/// at `until`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    /// When to ask again, or when the ticket is expected to be granted.
+    pub until: Millis,
+    /// Why.
+    pub reason: WaitReason,
+    /// The queued ticket, which becomes the lease.
+    pub ticket: Option<LeaseId>,
+    /// The refusal, when `reason` is `refused`.
+    pub refusal: Option<RejectReason>,
+    /// Failed sends so far (0 while only queueing or refused).
+    pub attempt: u32,
+    /// The wait is long (at least `call.checkpoint_after_ms`, or the prompt cache's
+    /// lifetime): the agent should write its turn down before waiting, so that it
+    /// resumes without re-planning. For a queued call the wait judged is the expected
+    /// one ([`Coordinator::expected_grant`](crate::Coordinator::expected_grant)), not
+    /// `until`, the bound.
+    pub checkpoint: bool,
+}
+
+/// A call that stops: the failure to surface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GiveUp {
+    /// Why.
+    pub reason: GiveUpReason,
+    /// The refusal that ended it, for `never_fits` and `refusals`.
+    pub refusal: Option<RejectReason>,
+    /// Sends made that failed.
+    pub attempts: u32,
+    /// The last `Retry-After` the provider sent, ms: whether the fix is patience or a
+    /// higher tier.
+    pub last_retry_after_ms: Option<u64>,
+}
+
+/// Either step, as one value: what the bindings' shared encodings (the register file, the
+/// WIT `call-step`) carry. Its JSON is the same as [`LeaseStep`]'s and [`ResponseStep`]'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+#[must_use]
+pub enum CallStep {
+    /// [`LeaseStep::Send`].
+    Send {
+        /// The lease to settle (or report on).
+        lease: LeaseId,
+        /// When it is reaped.
+        expires_at: Millis,
     },
+    /// [`LeaseStep::Wait`] or [`ResponseStep::Wait`].
+    Wait(Wait),
+    /// [`ResponseStep::Deliver`].
+    Deliver,
+    /// [`LeaseStep::GiveUp`] or [`ResponseStep::GiveUp`].
+    GiveUp(GiveUp),
+}
+
+impl From<LeaseStep> for CallStep {
+    fn from(step: LeaseStep) -> CallStep {
+        match step {
+            LeaseStep::Send { lease, expires_at } => CallStep::Send { lease, expires_at },
+            LeaseStep::Wait(w) => CallStep::Wait(w),
+            LeaseStep::GiveUp(g) => CallStep::GiveUp(g),
+        }
+    }
+}
+
+impl From<ResponseStep> for CallStep {
+    fn from(step: ResponseStep) -> CallStep {
+        match step {
+            ResponseStep::Deliver => CallStep::Deliver,
+            ResponseStep::Wait(w) => CallStep::Wait(w),
+            ResponseStep::GiveUp(g) => CallStep::GiveUp(g),
+        }
+    }
 }
 
 /// What [`Coordinator::call_response`](crate::Coordinator::call_response) answers.
@@ -112,7 +175,7 @@ pub enum CallStep {
 #[must_use]
 pub struct CallResponse {
     /// What to do next.
-    pub step: CallStep,
+    pub step: ResponseStep,
     /// The lease's settlement, when the core settled it (a response that is not a success
     /// is settled as nothing used); `None` for a success, which the host settles.
     pub settled: Option<Settlement>,

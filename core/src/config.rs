@@ -222,7 +222,8 @@ pub struct SlowStartConfig {
     pub ramp_ms: u64,
 }
 
-/// Backoff, the fallback for when a call fails despite a lease.
+/// The call lifecycle's waits after a failed send ([`Coordinator::call_response`](crate::Coordinator::call_response)):
+/// full jitter, `retry-after` plus a small offset, and when to give up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackoffConfig {

@@ -9,7 +9,6 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use crate::agents::{Agents, Held, Sample};
-use crate::backoff::{Backoff, BackoffStep};
 use crate::bucket::{Axis, Demand};
 use crate::config::{Config, Counting};
 use crate::decision::{Decision, Event, RejectReason, Settlement};
@@ -1081,12 +1080,6 @@ impl Coordinator {
     #[must_use]
     pub fn pending_events(&self) -> usize {
         self.events.len()
-    }
-
-    /// The next backoff step for a call that failed despite the coordinator: draws from the
-    /// coordinator's seeded PRNG, so every runtime backs off identically.
-    pub fn backoff(&mut self, state: &mut Backoff, retry_after_ms: Option<u64>) -> BackoffStep {
-        state.on_failure(&self.config.backoff, &mut self.rng, retry_after_ms)
     }
 
     /// Figures for dashboards and alerts, as of `now` (which only reads the clock value; no

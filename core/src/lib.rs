@@ -31,14 +31,25 @@
 //! 5. [`Coordinator::handle_timeout`] — time passed.
 //!
 //! Or, for one model call from its first ask to the answer the agent receives, the call
-//! lifecycle ([`Call`], [`CallStep`]): [`Coordinator::call_lease`] asks and says send, wait
-//! (in the queue, or until a refusal's time; `checkpoint` when the wait is long) or give
-//! up; [`Coordinator::call_response`] feeds the provider's answer back and says deliver,
-//! wait and ask again, or give up (retryable statuses, `retry-after` against `reset_at`,
-//! backoff and give-up limits are all decided here); [`Coordinator::call_interrupted`]
-//! charges a call that ended without a usage report. A host is then a loop that does what
-//! each step says (the loop is on [`CallStep`]).
+//! lifecycle ([`Call`]): [`Coordinator::call_lease`] asks and says send, wait (in the
+//! queue, or until a refusal's time; `checkpoint` when the wait is long) or give up
+//! ([`LeaseStep`]); [`Coordinator::call_response`] feeds the provider's answer back and says
+//! deliver, wait and ask again, or give up ([`ResponseStep`]: retryable statuses,
+//! `retry-after` against `reset_at`, jittered waits and give-up limits are all decided
+//! here); [`Coordinator::call_interrupted`] charges a call that ended without a usage
+//! report.
 //!
+//! ## The host protocol
+//!
+//! Every input above is also one value, [`Input`], and every answer one value, [`Output`]
+//! (one variant per transition: granted, queued, refused, never fits, send, wait, give up,
+//! deliver, settled, …): [`Coordinator::handle`] takes the one and answers the other. Both
+//! are serde types, so a host that is not Rust carries them as JSON (the napi addon's, the
+//! wasm build's and the WebAssembly component's `handle`, the conformance traces), and a
+//! new input reaches every host with no change to the boundaries. A host is then a loop:
+//! handle an input, drain [`Coordinator::poll_event`], sleep until
+//! [`Coordinator::poll_timeout`] and handle [`Input::Timeout`] (see *Run loop*).
+
 //! ## Outputs
 //!
 //! 1. The [`Decision`] returned by `request_lease`.
@@ -55,6 +66,9 @@
 //!
 //! ## Run loop
 //!
+//! Two agents' calls through the host protocol on a simulated clock: the first is sent at
+//! once, the second waits in the fair queue and is sent when its grant comes.
+//!
 //! ```
 //! use tokenwarden_core::*;
 //!
@@ -64,31 +78,30 @@
 //!                 "max_concurrent": 20 }]
 //! }"#).unwrap();
 //! let mut coord = Coordinator::new(config, /* seed from the OS */ 42, Millis(0)).unwrap();
-//!
-//! // Two agents each want to send a 20k-token prompt with max_tokens 1000.
-//! let ask = |agent| LeaseRequest {
-//!     agent: AgentId(agent), pool: PoolId(0),
-//!     input_tokens: 20_000, max_tokens: 1_000, ..Default::default()
+//! let ask = |agent| Input::CallLease {
+//!     call: Call::new(),
+//!     request: LeaseRequest { agent: AgentId(agent), pool: PoolId(0),
+//!                             input_tokens: 20_000, max_tokens: 1_000, ..Default::default() },
 //! };
-//! let Decision::Grant { lease: first, .. } = coord.request_lease(Millis(0), &ask(1)).unwrap()
-//!     else { panic!("the first fits") };
-//! let Decision::Queued { lease: second, eta } = coord.request_lease(Millis(0), &ask(2)).unwrap()
-//!     else { panic!("the second waits: 85% of 40k is 34k") };
-//! assert!(eta > Millis(0));
+//!
+//! // The first fits; the second waits: 85% of 40k is 34k.
+//! let Output::Send { lease: first, .. } = coord.handle(Millis(0), &ask(1)).unwrap() else { panic!() };
+//! let Output::Wait { wait, .. } = coord.handle(Millis(0), &ask(2)).unwrap() else { panic!() };
+//! let (ticket, due) = (wait.ticket.expect("queued"), wait.until);
 //!
 //! // The first call used less than it reserved: the refund goes back at once.
 //! let usage = Usage { input_tokens: 19_500, output_tokens: 300, ..Default::default() };
-//! coord.settle(Millis(2_000), first, &usage).unwrap();
+//! coord.handle(Millis(2_000), &Input::Settle { lease: first, usage }).unwrap();
 //!
-//! // Drive time: sleep until poll_timeout, then handle_timeout, then drain events.
+//! // The host's loop: drain events; sleep until poll_timeout; handle the timeout.
 //! let mut now = Millis(2_000);
 //! let granted = loop {
 //!     if let Some(Event::Granted { lease, .. }) = coord.poll_event() { break lease; }
 //!     now = coord.poll_timeout().expect("a queued ticket wants a wake-up");
-//!     coord.handle_timeout(now);
+//!     coord.handle(now, &Input::Timeout).unwrap();
 //! };
-//! assert_eq!(granted, second);
-//! assert!(now <= eta, "granted by its ETA, an upper bound");
+//! assert_eq!(granted, ticket, "the ticket is the lease: send under it");
+//! assert!(now <= due, "granted by its ETA, an upper bound");
 //! ```
 #![no_std]
 #![cfg_attr(
@@ -109,7 +122,6 @@ extern crate std;
 // metrics types and their assembly `metrics.rs`; provider headers `headers/`.
 
 mod agents;
-mod backoff;
 mod bucket;
 mod call;
 mod config;
@@ -123,6 +135,7 @@ mod lease;
 mod metrics;
 mod plan;
 mod pool;
+mod protocol;
 mod queue;
 mod request;
 mod rng;
@@ -130,9 +143,10 @@ mod tasks;
 mod time;
 mod weight;
 
-pub use backoff::{Backoff, BackoffStep};
 pub use bucket::{Axis, Demand, Denied, TokenBucket};
-pub use call::{Call, CallResponse, CallStep, GiveUpReason, WaitReason};
+pub use call::{
+    Call, CallResponse, CallStep, GiveUp, GiveUpReason, LeaseStep, ResponseStep, Wait, WaitReason,
+};
 pub use config::{
     AlertConfig, BackoffConfig, CallConfig, Config, Counting, FeedbackConfig, MAX_DURATION_MS,
     MAX_TOKENS, MarginConfig, OutputReserveConfig, PoolConfig, SlowStartConfig, WeightConfig,
@@ -148,6 +162,7 @@ pub use metrics::{
     PoolCounters, PoolMetrics,
 };
 pub use plan::{AgentKind, FleetPlan, Plan, PlanAxis, PlanError, plan_fleet, plan_fleet_json};
+pub use protocol::{Input, Output};
 pub use request::{LeaseRequest, Role, Usage};
 pub use rng::Rng;
 pub use tasks::{TaskFigures, TaskId, TaskMetrics, TaskOutcome, TaskSpec, TaskSummary};

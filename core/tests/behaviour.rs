@@ -881,13 +881,21 @@ fn snapshot_restore_makes_the_same_decisions() {
             drive(&mut b, Millis(t + 1_000))
         );
     }
-    let mut sa = Backoff::new();
-    let mut sb = Backoff::new();
-    assert_eq!(
-        a.backoff(&mut sa, None),
-        b.backoff(&mut sb, None),
-        "same PRNG state"
+    // A 429 without retry-after waits a full-jitter draw from the seeded PRNG.
+    let limited = Input::CallResponse {
+        call: Call::new(),
+        pool: PoolId(0),
+        lease: None,
+        status: 429,
+        headers: vec![],
+        unix_now_ms: None,
+    };
+    let (wa, wb) = (
+        a.handle(Millis(100_000), &limited).unwrap(),
+        b.handle(Millis(100_000), &limited).unwrap(),
     );
+    assert!(matches!(wa, Output::Wait { .. }), "{wa:?}");
+    assert_eq!(wa, wb, "same PRNG state");
 }
 
 #[test]

@@ -23,9 +23,9 @@ fn headers(pairs: &[(&str, &str)]) -> HeaderReport {
     parse_headers(pairs.iter().copied(), None)
 }
 
-fn sent(step: CallStep) -> LeaseId {
+fn sent(step: LeaseStep) -> LeaseId {
     match step {
-        CallStep::Send { lease, .. } => lease,
+        LeaseStep::Send { lease, .. } => lease,
         other => panic!("expected send, got {other:?}"),
     }
 }
@@ -49,7 +49,7 @@ fn a_grant_is_sent_and_a_success_delivered() {
         )
         .unwrap()
         .step;
-    assert_eq!(step, CallStep::Deliver);
+    assert_eq!(step, ResponseStep::Deliver);
     // A success is the host's to settle, with the usage it read.
     assert!(c.settle(Millis(20), lease, &Usage::default()).is_ok());
 }
@@ -73,7 +73,7 @@ fn a_client_error_is_delivered_and_settled_as_nothing_used() {
         )
         .unwrap()
         .step;
-    assert_eq!(step, CallStep::Deliver);
+    assert_eq!(step, ResponseStep::Deliver);
     assert_eq!(
         c.settle(Millis(20), lease, &Usage::default()),
         Err(LeaseError::UnknownLease)
@@ -100,14 +100,14 @@ fn a_429_waits_for_retry_after_and_the_next_ask_is_sent() {
         )
         .unwrap()
         .step;
-    let CallStep::Wait {
+    let ResponseStep::Wait(Wait {
         until,
         reason: WaitReason::RateLimited,
         ticket: None,
         attempt: 1,
         checkpoint: false,
         ..
-    } = step
+    }) = step
     else {
         panic!("expected a rate-limited wait, got {step:?}")
     };
@@ -131,7 +131,7 @@ fn x_should_retry_false_delivers_the_429() {
         .call_response(Millis(10), &mut call, PoolId(0), Some(lease), 429, &r)
         .unwrap()
         .step;
-    assert_eq!(step, CallStep::Deliver);
+    assert_eq!(step, ResponseStep::Deliver);
 }
 
 #[test]
@@ -153,7 +153,7 @@ fn a_server_error_is_retried_only_when_the_provider_says_so() {
         )
         .unwrap()
         .step;
-    assert_eq!(step, CallStep::Deliver);
+    assert_eq!(step, ResponseStep::Deliver);
     let lease = sent(
         c.call_lease(Millis(20), &mut call, &ask(1, 1000, 100))
             .unwrap(),
@@ -166,11 +166,11 @@ fn a_server_error_is_retried_only_when_the_provider_says_so() {
     assert!(
         matches!(
             step,
-            CallStep::Wait {
+            ResponseStep::Wait(Wait {
                 reason: WaitReason::Overloaded,
                 attempt: 1,
                 ..
-            }
+            })
         ),
         "{step:?}"
     );
@@ -199,19 +199,19 @@ fn gives_up_after_max_attempts_with_the_last_retry_after() {
             )
             .unwrap()
             .step;
-        if let CallStep::Wait { until, .. } = step {
+        if let ResponseStep::Wait(Wait { until, .. }) = step {
             now = until.0;
         }
         steps.push(step);
     }
     assert_eq!(
         steps[2],
-        CallStep::GiveUp {
+        ResponseStep::GiveUp(GiveUp {
             reason: GiveUpReason::Attempts,
             refusal: None,
             attempts: 3,
             last_retry_after_ms: Some(1000),
-        }
+        })
     );
     assert_eq!(c.metrics(Millis(now)).live_leases, 0);
 }
@@ -231,7 +231,7 @@ fn a_concurrency_429_backs_off_from_one_second_capped_by_retry_after() {
                 .call_response(now, &mut call, PoolId(0), Some(lease), 429, &r)
                 .unwrap()
                 .step;
-            let CallStep::Wait { until, .. } = step else {
+            let ResponseStep::Wait(Wait { until, .. }) = step else {
                 panic!("{step:?}")
             };
             let waited = until.since(now);
@@ -247,7 +247,7 @@ fn a_concurrency_429_backs_off_from_one_second_capped_by_retry_after() {
     };
     let now = c.now();
     let lease = sent(c.call_lease(now, &mut call, &ask(1, 10, 10)).unwrap());
-    let CallStep::Wait { until, .. } = c
+    let ResponseStep::Wait(Wait { until, .. }) = c
         .call_response(now, &mut call, PoolId(0), Some(lease), 429, &short)
         .unwrap()
         .step
@@ -279,10 +279,10 @@ fn an_rpm_429_waits_until_the_earlier_of_retry_after_and_reset_at() {
     assert!(
         matches!(
             step,
-            CallStep::Wait {
+            ResponseStep::Wait(Wait {
                 until: Millis(15_000),
                 ..
-            }
+            })
         ),
         "{step:?}"
     );
@@ -301,12 +301,12 @@ fn a_refusal_waits_until_retry_at_and_gives_up_after_max_refusals() {
     assert!(
         matches!(
             step,
-            CallStep::Wait {
+            LeaseStep::Wait(Wait {
                 reason: WaitReason::Queued,
                 ticket: Some(_),
                 checkpoint: true,
                 ..
-            }
+            })
         ),
         "{step:?}"
     );
@@ -319,24 +319,24 @@ fn a_refusal_waits_until_retry_at_and_gives_up_after_max_refusals() {
             assert!(
                 matches!(
                     step,
-                    CallStep::Wait {
+                    LeaseStep::Wait(Wait {
                         reason: WaitReason::Refused,
                         refusal: Some(RejectReason::QueueFull),
                         ticket: None,
                         ..
-                    }
+                    })
                 ),
                 "{step:?}"
             );
         } else {
             assert_eq!(
                 step,
-                CallStep::GiveUp {
+                LeaseStep::GiveUp(GiveUp {
                     reason: GiveUpReason::Refusals,
                     refusal: Some(RejectReason::QueueFull),
                     attempts: 0,
                     last_retry_after_ms: None
-                }
+                })
             );
         }
     }
@@ -352,11 +352,11 @@ fn a_request_that_never_fits_gives_up_at_once() {
     assert!(
         matches!(
             step,
-            CallStep::GiveUp {
+            LeaseStep::GiveUp(GiveUp {
                 reason: GiveUpReason::NeverFits,
                 refusal: Some(RejectReason::ExceedsCapacity { .. }),
                 ..
-            }
+            })
         ),
         "{step:?}"
     );
@@ -432,7 +432,7 @@ fn a_429_is_not_an_estimate_miss() {
         "the 429 settles its lease as nothing used"
     );
     let until = match r.step {
-        CallStep::Wait { until, .. } => until,
+        ResponseStep::Wait(Wait { until, .. }) => until,
         other => panic!("expected a wait, got {other:?}"),
     };
     let lease = sent(c.call_lease(until, &mut call, &ask(1, 1000, 100)).unwrap());

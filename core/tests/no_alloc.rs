@@ -10,8 +10,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use tokenwarden_core::{
-    AgentId, Call, CallStep, Config, Coordinator, Decision, HeaderReport, LeaseRequest, Millis,
-    PoolId, Role, Usage,
+    AgentId, Call, Config, Coordinator, Decision, HeaderReport, LeaseRequest, LeaseStep, Millis,
+    PoolId, ResponseStep, Role, Usage,
 };
 
 struct Counting;
@@ -174,7 +174,7 @@ fn steady_state_call_steps_do_not_allocate() {
         loop {
             *now += 3;
             let lease = match c.call_lease(Millis(*now), &mut call, &req).unwrap() {
-                CallStep::Send { lease, .. } => lease,
+                LeaseStep::Send { lease, .. } => lease,
                 other => panic!("expected send at {now}, got {other:?}"),
             };
             let (status, report) = if i % 4 == 0 && call.failed == 0 {
@@ -193,7 +193,7 @@ fn steady_state_call_steps_do_not_allocate() {
                 )
                 .unwrap();
             match answer.step {
-                CallStep::Deliver => {
+                ResponseStep::Deliver => {
                     let usage = Usage {
                         input_tokens: req.input_tokens,
                         output_tokens: 100 + i % 900,
@@ -202,8 +202,8 @@ fn steady_state_call_steps_do_not_allocate() {
                     c.settle(Millis(*now), lease, &usage).unwrap();
                     break;
                 }
-                CallStep::Wait { until, .. } => *now = (*now).max(until.0),
-                other => panic!("unexpected {other:?}"),
+                ResponseStep::Wait(wait) => *now = (*now).max(wait.until.0),
+                ResponseStep::GiveUp(g) => panic!("gave up: {g:?}"),
             }
         }
         while c.poll_event().is_some() {}

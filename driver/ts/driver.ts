@@ -9,8 +9,6 @@ import { Emitter } from './emitter.js'
 import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import type {
   Axis,
-  BackoffResult,
-  BackoffState,
   CallResponseResult,
   CallState,
   CallStep,
@@ -486,11 +484,6 @@ export class Driver extends Emitter<DriverEvents> {
     this.#rateLimited(pool, lease, status, report)
     this.#afterCall()
     return report
-  }
-
-  /** The next backoff step for one call (seeded full jitter, or Retry-After plus jitter). */
-  backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult {
-    return this.engine.backoff(state, retryAfterMs)
   }
 
   /**

@@ -35,8 +35,6 @@ import { invalidArgument, normalizeEngineError } from './errors.js'
 import type {
   Axis,
   AxisReport,
-  BackoffResult,
-  BackoffState,
   CallLeaseResult,
   CallResponseResult,
   CallState,
@@ -45,6 +43,8 @@ import type {
   Engine,
   EngineEvent,
   HeaderReport,
+  Input,
+  Output,
   LeaseRequest,
   MarginReason,
   Metrics,
@@ -70,23 +70,13 @@ export interface RegisterBinding {
   callLeaseIo(io: Float64Array): number
   callResponseIo(io: Float64Array, headers: string): number
   handleResponseIo(io: Float64Array, headers: string): number
+  /** The register-file result held back because it needs `bigint`s (code 9): JSON text or an object. */
   takeWide(): unknown
-  /** A call or report result that needs `bigint`s: JSON text or an object. */
-  takeWideJson(): unknown
-  requestLease(now: U64, request: unknown): unknown
-  settle(now: U64, lease: U64, usage: unknown): unknown
-  cancel(now: U64, lease: U64): void
-  renew(now: U64, lease: U64): U64
-  handleResponse(now: U64, pool: number, lease: U64 | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): unknown
-  handleTimeout(now: U64): void
+  /** The host protocol: an `Input` as JSON text (camelCase keys), its `Output` back as JSON text or an object. */
+  handle(now: U64, input: string): unknown
   pollTimeout(): U64 | null
-  backoff(state: BackoffState, retryAfterMs: U64 | null): unknown
-  callLease(now: U64, call: CallState, request: unknown): unknown
-  callResponse(now: U64, call: CallState, pool: number, lease: U64 | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): unknown
-  callInterrupted(now: U64, lease: U64, seen: unknown): unknown
-  openTask(now: U64, spec: unknown): void
-  taskFailed(now: U64, task: U64, signature: U64): number
-  endTask(now: U64, task: U64, outcome: TaskOutcome): unknown
+  /** The next event as JSON text or an object, or `null`. */
+  pollEvent(): unknown
   metrics(now: U64): unknown
   snapshot(): string
   check(): void
@@ -158,9 +148,59 @@ function headerText(headers: unknown): string | null {
 
 const optional = (v: number): number | null => (v === -1 ? null : v)
 
-/** Big results cross as JSON text unless a number needs a bigint (then as an object). */
+/** Results cross as JSON text unless a number needs a bigint (then as an object). */
 function fromJson(v: unknown): unknown {
   return typeof v === 'string' ? JSON.parse(v) : v
+}
+
+/**
+ * An input as JSON text, `bigint`s written out exactly (`JSON.stringify` refuses them).
+ * `undefined` members are left out, as `JSON.stringify` does.
+ */
+export function toJson(v: unknown): string {
+  if (typeof v === 'bigint') return v.toString()
+  if (v === null || typeof v !== 'object') return JSON.stringify(v) ?? 'null'
+  if (Array.isArray(v)) return `[${v.map((x) => (x === undefined ? 'null' : toJson(x))).join(',')}]`
+  const parts: string[] = []
+  for (const [k, x] of Object.entries(v)) if (x !== undefined) parts.push(`${JSON.stringify(k)}:${toJson(x)}`)
+  return `{${parts.join(',')}}`
+}
+
+/** A decision from an output of `request_lease` (`never_fits` is a reject with no retry time). */
+function decisionOf(out: Output): Decision {
+  switch (out.output) {
+    case 'granted':
+      return { kind: 'grant', lease: out.lease, expiresAt: out.expiresAt }
+    case 'queued':
+      return { kind: 'queued', lease: out.lease, eta: out.eta }
+    case 'refused':
+      return { kind: 'reject', retryAt: out.retryAt, reason: out.reason }
+    case 'never_fits':
+      return { kind: 'reject', retryAt: null, reason: out.reason }
+    default:
+      throw new Error(`internal: not a decision: ${out.output}`)
+  }
+}
+
+/** A settlement from an output of `settle` or `call_interrupted`. */
+function settledOf(out: Output): Settlement {
+  return (out as { settlement: Settlement }).settlement
+}
+
+/** A call step from an output of `call_lease` or `call_response`. */
+function stepOf(out: Output): CallStep {
+  switch (out.output) {
+    case 'send':
+      return { kind: 'send', lease: out.lease, expiresAt: out.expiresAt }
+    case 'wait':
+      return { kind: 'wait', ...out.wait }
+    case 'give_up':
+      return { kind: 'give_up', ...out.giveUp }
+    case 'deliver':
+      return { kind: 'deliver' }
+    default:
+      throw new Error(`internal: not a call step: ${out.output}`)
+  }
 }
 
 /** A rejection's reason from its code and axis code. */
@@ -235,7 +275,7 @@ export class RegisterEngine implements Engine {
       if (confirmed !== undefined && typeof confirmed !== 'boolean') {
         throw invalidArgument(`\`cachedPrefixConfirmed\` must be a boolean, got ${typeof confirmed}`, 'cachedPrefixConfirmed')
       }
-      return this.#slow(() => this.#c.requestLease(now, r) as Decision, 'requestLease')
+      return decisionOf(this.#handle(now, { op: 'request_lease', request: r }, 'requestLease'))
     }
     let kind: number
     try {
@@ -247,7 +287,7 @@ export class RegisterEngine implements Engine {
     }
     if (kind === DECISION_GRANT) return { kind: 'grant', lease: io[0]!, expiresAt: io[1]! }
     if (kind === DECISION_QUEUED) return { kind: 'queued', lease: io[0]!, eta: io[1]! }
-    if (kind === WIDE) return this.#c.takeWide() as Decision
+    if (kind === WIDE) return fromJson(this.#c.takeWide()) as Decision
     return { kind: 'reject', retryAt: io[1] === -1 ? null : io[1]!, reason: rejectReason(io[2]!, io[3]!) }
   }
 
@@ -345,7 +385,7 @@ export class RegisterEngine implements Engine {
     io[5] = field(u.outputTokens)
     if (io[0] !== io[0] || io[1] !== io[1] || io[2] !== io[2] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5]) {
       checkNumeric(u, USAGE_FIELDS)
-      return this.#slow(() => this.#c.settle(now, lease as U64, u) as Settlement, 'settle')
+      return settledOf(this.#handle(now, { op: 'settle', lease, usage: u }, 'settle'))
     }
     let code: number
     try {
@@ -355,12 +395,15 @@ export class RegisterEngine implements Engine {
     } catch (e) {
       throw normalizeEngineError(e, 'settle')
     }
-    if (code === WIDE) return this.#c.takeWide() as Settlement
+    if (code === WIDE) return fromJson(this.#c.takeWide()) as Settlement
     return { reserved: [io[0]!, io[1]!, io[2]!, io[3]!], used: [io[4]!, io[5]!, io[6]!, io[7]!] }
   }
 
   cancel(now: U64, lease: number): void {
-    if (!exact(now) || !exact(lease)) return this.#slow(() => this.#c.cancel(now, lease), 'cancel')
+    if (!exact(now) || !exact(lease)) {
+      this.#handle(now, { op: 'cancel', lease }, 'cancel')
+      return
+    }
     this.#io[0] = now
     this.#io[1] = lease
     try {
@@ -372,9 +415,9 @@ export class RegisterEngine implements Engine {
     }
   }
 
-  /** Not a hot call (once every few seconds of a long call): the object path. */
+  /** Not a hot call (once every few seconds of a long call): the host protocol. */
   renew(now: U64, lease: number): U64 {
-    return this.#slow(() => this.#c.renew(now, lease), 'renew')
+    return (this.#handle(now, { op: 'renew', lease }, 'renew') as { expiresAt: U64 }).expiresAt
   }
 
   handleResponse(
@@ -387,7 +430,8 @@ export class RegisterEngine implements Engine {
   ): HeaderReport {
     const text = headerText(headers)
     if (text === null || !this.#response(now, pool, lease, status, unixNowMs)) {
-      return fromJson(this.#slow(() => this.#c.handleResponse(now, pool, lease, status, headers, unixNowMs), 'handleResponse')) as HeaderReport
+      const out = this.#handle(now, { op: 'response', pool, lease, status, headers, unixNowMs }, 'handleResponse')
+      return (out as { report: HeaderReport }).report
     }
     let code: number
     try {
@@ -397,11 +441,14 @@ export class RegisterEngine implements Engine {
     } catch (e) {
       throw normalizeEngineError(e, 'handleResponse')
     }
-    return code === WIDE ? (fromJson(this.#c.takeWideJson()) as HeaderReport) : this.#reportOut()
+    return code === WIDE ? (fromJson(this.#c.takeWide()) as HeaderReport) : this.#reportOut()
   }
 
   handleTimeout(now: U64): void {
-    if (!exact(now)) return this.#slow(() => this.#c.handleTimeout(now), 'handleTimeout')
+    if (!exact(now)) {
+      this.#handle(now, { op: 'timeout' }, 'handleTimeout')
+      return
+    }
     this.#io[0] = now
     this.#after = false
     try {
@@ -444,17 +491,24 @@ export class RegisterEngine implements Engine {
       case EV_FLOOR:
         return { kind: 'margin_at_floor', pool: io[0]!, axis: (AXES[io[1]!] as Axis | undefined) ?? null, marginPermille: io[2]!, since: io[3]! }
       default:
-        return this.#c.takeWide() as EngineEvent
+        return fromJson(this.#c.takeWide()) as EngineEvent
     }
   }
 
-  backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult {
-    return this.#slow(() => this.#c.backoff(state, retryAfterMs) as BackoffResult, 'backoff')
+  handle(now: U64, input: Input): Output {
+    if (input === null || typeof input !== 'object') throw invalidArgument(`handle needs an input object, got ${input === null ? 'null' : typeof input}`, 'input')
+    return this.#handle(now, input, 'handle')
+  }
+
+  /** The host protocol through the binding: every input without a register-file path. */
+  #handle(now: U64, input: Input, what: string): Output {
+    return fromJson(this.#slow(() => this.#c.handle(now, toJson(input)), what)) as Output
   }
 
   callLease(now: U64, call: CallState, request: LeaseRequest): CallLeaseResult {
     if (request === null || typeof request !== 'object' || !this.#request(now, request) || !this.#call(call, CALL_STATE_SLOT)) {
-      return fromJson(this.#slow(() => this.#c.callLease(now, call, request), 'callLease')) as CallLeaseResult
+      const out = this.#handle(now, { op: 'call_lease', call, request }, 'callLease') as Output & { call: CallState }
+      return { call: out.call, step: stepOf(out) }
     }
     let code: number
     try {
@@ -464,7 +518,7 @@ export class RegisterEngine implements Engine {
     } catch (e) {
       throw normalizeEngineError(e, 'callLease')
     }
-    return code === WIDE ? (fromJson(this.#c.takeWideJson()) as CallLeaseResult) : this.#stepOut(code)
+    return code === WIDE ? (fromJson(this.#c.takeWide()) as CallLeaseResult) : this.#stepOut(code)
   }
 
   callResponse(
@@ -478,9 +532,12 @@ export class RegisterEngine implements Engine {
   ): CallResponseResult {
     const text = headerText(headers)
     if (text === null || !this.#response(now, pool, lease, status, unixNowMs) || !this.#call(call, 5)) {
-      return fromJson(
-        this.#slow(() => this.#c.callResponse(now, call, pool, lease, status, headers, unixNowMs), 'callResponse'),
-      ) as CallResponseResult
+      const out = this.#handle(now, { op: 'call_response', call, pool, lease, status, headers, unixNowMs }, 'callResponse') as Output & {
+        call: CallState
+        settled?: Settlement
+        report: HeaderReport
+      }
+      return { call: out.call, step: stepOf(out), settled: out.settled ?? null, report: out.report }
     }
     let code: number
     try {
@@ -490,7 +547,7 @@ export class RegisterEngine implements Engine {
     } catch (e) {
       throw normalizeEngineError(e, 'callResponse')
     }
-    if (code === WIDE) return fromJson(this.#c.takeWideJson()) as CallResponseResult
+    if (code === WIDE) return fromJson(this.#c.takeWide()) as CallResponseResult
     const io = this.#io
     const { call: next, step } = this.#stepOut(code)
     const settled: Settlement | null = io[11] === 1 ? { reserved: [io[12]!, io[13]!, io[14]!, io[15]!], used: [io[16]!, io[17]!, io[18]!, io[19]!] } : null
@@ -499,7 +556,7 @@ export class RegisterEngine implements Engine {
 
   callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement {
     if (seen !== null && typeof seen === 'object') checkKeys(seen, USAGE_KEYS, 'usage')
-    return this.#slow(() => this.#c.callInterrupted(now, lease, seen), 'callInterrupted') as Settlement
+    return settledOf(this.#handle(now, { op: 'call_interrupted', lease, seen }, 'callInterrupted'))
   }
 
   openTask(now: U64, spec: TaskSpec): void {
@@ -510,15 +567,15 @@ export class RegisterEngine implements Engine {
     if (spec.role !== undefined && spec.role !== null && ROLE_CODES[spec.role] === undefined) {
       throw invalidArgument('`role` must be planner, reviewer or worker', 'role')
     }
-    this.#slow(() => this.#c.openTask(now, spec), 'openTask')
+    this.#handle(now, { op: 'open_task', task: spec }, 'openTask')
   }
 
   taskFailed(now: U64, task: U64, signature: U64): number {
-    return this.#slow(() => this.#c.taskFailed(now, task, signature), 'taskFailed')
+    return (this.#handle(now, { op: 'task_failed', task, signature }, 'taskFailed') as { inARow: number }).inARow
   }
 
   endTask(now: U64, task: U64, outcome: TaskOutcome): TaskSummary {
-    return fromJson(this.#slow(() => this.#c.endTask(now, task, outcome), 'endTask')) as TaskSummary
+    return (this.#handle(now, { op: 'end_task', task, outcome }, 'endTask') as { summary: TaskSummary }).summary
   }
 
   metrics(now: U64): Metrics {

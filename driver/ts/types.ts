@@ -171,23 +171,6 @@ export type EngineEvent =
   | { kind: 'estimate_alert'; agent: U64; errorPermille: number }
   | { kind: 'margin_at_floor'; pool: number; axis: Axis | null; marginPermille: number; since: U64 }
 
-/** One call's backoff state. Start with `{ failed: 0, lastRetryAfterMs: null }`. */
-export interface BackoffState {
-  failed: number
-  lastRetryAfterMs: U64 | null
-}
-
-/** What to do after a failed attempt. */
-export type BackoffStep =
-  | { kind: 'retry'; delayMs: U64; attempt: number }
-  | { kind: 'give_up'; attempts: number; lastRetryAfterMs: U64 | null }
-
-/** `backoff()`'s answer: the state to pass back next time, and the step. */
-export interface BackoffResult {
-  state: BackoffState
-  step: BackoffStep
-}
-
 /**
  * One model call's state between its steps (the core's `Call`). Start with
  * {@link newCall}`()` and pass back the `call` each step returns.
@@ -219,17 +202,9 @@ export type GiveUpReason = 'never_fits' | 'refusals' | 'attempts'
  */
 export type CallStep =
   | { kind: 'send'; lease: number; expiresAt: U64 }
-  | {
-      kind: 'wait'
-      until: U64
-      reason: WaitReason
-      ticket: number | null
-      refusal: RejectReason | null
-      attempt: number
-      checkpoint: boolean
-    }
+  | ({ kind: 'wait' } & Wait)
   | { kind: 'deliver' }
-  | { kind: 'give_up'; reason: GiveUpReason; refusal: RejectReason | null; attempts: number; lastRetryAfterMs: U64 | null }
+  | ({ kind: 'give_up' } & GiveUp)
 
 /** `callLease()`'s answer. */
 export interface CallLeaseResult {
@@ -245,6 +220,73 @@ export interface CallResponseResult {
   settled: Settlement | null
   report: HeaderReport
 }
+
+/** A wait the core tells a call to make (the core's `Wait`): see {@link CallStep}. */
+export interface Wait {
+  until: U64
+  reason: WaitReason
+  ticket: number | null
+  refusal: RejectReason | null
+  attempt: number
+  checkpoint: boolean
+}
+
+/** A call that stops (the core's `GiveUp`): see {@link CallStep}. */
+export interface GiveUp {
+  reason: GiveUpReason
+  refusal: RejectReason | null
+  attempts: number
+  lastRetryAfterMs: U64 | null
+}
+
+/**
+ * One input to the engine (the core's `Input`), for {@link Engine.handle}: every input the
+ * core takes, as one value. The typed methods (`requestLease`, `callLease`, …) are the same
+ * decisions.
+ */
+export type Input =
+  | { op: 'request_lease'; request: LeaseRequest }
+  | { op: 'settle'; lease: number; usage: Usage }
+  | { op: 'cancel'; lease: number }
+  | { op: 'renew'; lease: number }
+  | { op: 'response'; pool: number; lease?: number | null; status: number; headers?: Array<[string, string]>; unixNowMs?: U64 | null }
+  | { op: 'timeout' }
+  | { op: 'call_lease'; call?: CallState; request: LeaseRequest }
+  | {
+      op: 'call_response'
+      call?: CallState
+      pool: number
+      lease?: number | null
+      status: number
+      headers?: Array<[string, string]>
+      unixNowMs?: U64 | null
+    }
+  | { op: 'call_interrupted'; lease: number; seen?: Usage | null }
+  | { op: 'open_task'; task: TaskSpec }
+  | { op: 'task_failed'; task: U64; signature: U64 }
+  | { op: 'end_task'; task: U64; outcome: TaskOutcome }
+
+/**
+ * The engine's answer to one {@link Input} (the core's `Output`): one variant per
+ * transition, so a host matches on what to do, never on a field being null.
+ */
+export type Output =
+  | { output: 'granted'; lease: number; expiresAt: U64 }
+  | { output: 'queued'; lease: number; eta: U64 }
+  | { output: 'refused'; reason: RejectReason; retryAt: U64 }
+  | { output: 'never_fits'; reason: RejectReason }
+  | { output: 'send'; call: CallState; lease: number; expiresAt: U64 }
+  | { output: 'wait'; call: CallState; wait: Wait; settled?: Settlement; report?: HeaderReport }
+  | { output: 'give_up'; call: CallState; giveUp: GiveUp; settled?: Settlement; report?: HeaderReport }
+  | { output: 'deliver'; call: CallState; settled?: Settlement; report: HeaderReport }
+  | { output: 'settled'; settlement: Settlement }
+  | { output: 'cancelled' }
+  | { output: 'renewed'; expiresAt: U64 }
+  | { output: 'reported'; report: HeaderReport }
+  | { output: 'timed_out' }
+  | { output: 'task_opened' }
+  | { output: 'task_failed'; inARow: number }
+  | { output: 'task_ended'; summary: TaskSummary }
 
 /** What one response said about one axis. */
 export interface AxisReport {
@@ -393,7 +435,11 @@ export interface Engine {
   handleTimeout(now: U64): void
   pollTimeout(): U64 | null
   pollEvent(): EngineEvent | null
-  backoff(state: BackoffState, retryAfterMs: U64 | null): BackoffResult
+  /**
+   * The host protocol: applies one input at `now` and answers its output. Every input the
+   * core takes crosses here, the typed methods' and any newer one.
+   */
+  handle(now: U64, input: Input): Output
   /** The call lifecycle: asks for capacity for `call` and says what to do next. */
   callLease(now: U64, call: CallState, request: LeaseRequest): CallLeaseResult
   /**

@@ -1,7 +1,7 @@
 //! # tokenwarden-wasmtime
 //!
 //! [`tokenwarden-core`](tokenwarden_core) compiled to a WebAssembly component (WIT world
-//! `tokenwarden:quota/plugin@1.3.0`, in `wit/v1/`) and a host that runs it under wasmtime
+//! `tokenwarden:quota/plugin@2.0.0`, in `wit/v2/`) and a host that runs it under wasmtime
 //! as a sandboxed plugin.
 //!
 //! The API mirrors the native [`Coordinator`](tokenwarden_core::Coordinator) method for
@@ -41,10 +41,10 @@
 use core::fmt;
 
 use tokenwarden_core::{
-    AgentId, Axis, Backoff, BackoffStep, Call, CallResponse, CallStep, Decision, Demand, Event,
-    GiveUpReason, HeaderReport, LeaseError, LeaseId, LeaseRequest, MarginReason, Metrics, Millis,
-    PoolId, RejectReason, Role, Settlement, Snapshot, TaskId, TaskOutcome, TaskSpec, TaskSummary,
-    Usage, WaitReason,
+    AgentId, Axis, Call, CallResponse, CallStep, Decision, Demand, Event, GiveUp, GiveUpReason,
+    HeaderReport, Input, LeaseError, LeaseId, LeaseRequest, MarginReason, Metrics, Millis, Output,
+    PoolId, RejectReason, ResponseStep, Role, Settlement, Snapshot, TaskId, TaskOutcome, TaskSpec,
+    TaskSummary, Usage, Wait, WaitReason,
     headers::{AxisReport, RateAxis},
 };
 pub use wasmtime;
@@ -54,7 +54,7 @@ use wasmtime::{Engine, Store};
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "wit/v1",
+        path: "wit/v2",
         world: "plugin",
     });
 }
@@ -66,10 +66,10 @@ use bindings::exports::tokenwarden::quota::coordinator as w;
 pub const COMPONENT: &[u8] = include_bytes!(env!("TOKENWARDEN_COMPONENT"));
 
 /// The WIT package this host speaks.
-pub const WIT_PACKAGE: &str = "tokenwarden:quota@1.3.0";
+pub const WIT_PACKAGE: &str = "tokenwarden:quota@2.0.0";
 
 /// The exported interface the host looks up in a component.
-pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@1.3.0";
+pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@2.0.0";
 
 /// Resource limits applied to every coordinator of a [`Plugin`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub enum PluginError {
         /// The cap in force.
         limit_bytes: usize,
     },
-    /// The bytes are not a component of the `tokenwarden:quota@1.3.0` `plugin` world (or it
+    /// The bytes are not a component of the `tokenwarden:quota@2.0.0` `plugin` world (or it
     /// imports something, or it answered with something the host cannot read).
     Incompatible(String),
     /// An earlier call on this coordinator failed inside the plugin, which leaves the
@@ -624,29 +624,19 @@ impl PluginCoordinator {
         Ok(guest!(self, |c, s, h| c.call_poll_event2(s, h))?.map(event))
     }
 
-    /// See [`Coordinator::backoff`](tokenwarden_core::Coordinator::backoff).
-    pub fn backoff(
-        &mut self,
-        state: &mut Backoff,
-        retry_after_ms: Option<u64>,
-    ) -> Result<BackoffStep, Error> {
-        let st = w::BackoffState {
-            failed: state.failed,
-            last_retry_after_ms: state.last_retry_after_ms,
-        };
-        let (st, step) = guest!(self, |c, s, h| c.call_backoff(s, h, st, retry_after_ms))?;
-        state.failed = st.failed;
-        state.last_retry_after_ms = st.last_retry_after_ms;
-        Ok(match step {
-            w::BackoffStep::Retry(r) => BackoffStep::Retry {
-                delay_ms: r.delay_ms,
-                attempt: r.attempt,
-            },
-            w::BackoffStep::GiveUp(g) => BackoffStep::GiveUp {
-                attempts: g.attempts,
-                last_retry_after_ms: g.last_retry_after_ms,
-            },
-        })
+    /// The host protocol, [`Coordinator::handle`](tokenwarden_core::Coordinator::handle):
+    /// the input crosses as JSON and the output comes back as JSON, so every input the core
+    /// takes reaches the plugin without a change to this host or the interface.
+    pub fn handle(&mut self, now: Millis, input: &Input) -> Result<Output, Error> {
+        let text = serde_json::to_string(input).map_err(incompatible)?;
+        match guest!(self, |c, s, h| c.call_handle(s, h, now.0, &text))? {
+            Ok(out) => serde_json::from_str(&out)
+                .map_err(|e| incompatible(format!("the plugin answered an unknown output: {e}"))),
+            Err(w::ProtocolError::Lease(e)) => Err(lease_error(e)),
+            Err(w::ProtocolError::InvalidInput(why)) => Err(incompatible(format!(
+                "the plugin does not take this input: {why}"
+            ))),
+        }
     }
 
     /// See [`Coordinator::call_lease`](tokenwarden_core::Coordinator::call_lease).
@@ -703,7 +693,7 @@ impl PluginCoordinator {
             used: demand(s.used),
         });
         let response = CallResponse {
-            step: call_step(answer.step)?,
+            step: response_step(call_step(answer.step)?)?,
             settled,
         };
         Ok((response, header_report(&answer.report)))
@@ -917,13 +907,25 @@ fn reject_reason(r: w::RejectReason) -> RejectReason {
     }
 }
 
+/// A response's step: a plugin that answers "send" to a response is broken, not the core.
+fn response_step(s: CallStep) -> Result<ResponseStep, Error> {
+    Ok(match s {
+        CallStep::Deliver => ResponseStep::Deliver,
+        CallStep::Wait(w) => ResponseStep::Wait(w),
+        CallStep::GiveUp(g) => ResponseStep::GiveUp(g),
+        CallStep::Send { .. } => {
+            return Err(incompatible("the plugin answered a response with send"));
+        }
+    })
+}
+
 fn call_step(s: w::CallStep) -> Result<CallStep, Error> {
     Ok(match s {
         w::CallStep::Send(g) => CallStep::Send {
             lease: LeaseId(g.lease),
             expires_at: Millis(g.expires_at),
         },
-        w::CallStep::Wait(wt) => CallStep::Wait {
+        w::CallStep::Wait(wt) => CallStep::Wait(Wait {
             until: Millis(wt.until),
             reason: match wt.reason {
                 w::WaitReason::Queued => WaitReason::Queued,
@@ -935,9 +937,9 @@ fn call_step(s: w::CallStep) -> Result<CallStep, Error> {
             refusal: wt.refusal.map(reject_reason),
             attempt: wt.attempt,
             checkpoint: wt.checkpoint,
-        },
+        }),
         w::CallStep::Deliver => CallStep::Deliver,
-        w::CallStep::GiveUp(g) => CallStep::GiveUp {
+        w::CallStep::GiveUp(g) => CallStep::GiveUp(GiveUp {
             reason: match g.reason {
                 w::GiveUpReason::NeverFits => GiveUpReason::NeverFits,
                 w::GiveUpReason::Refusals => GiveUpReason::Refusals,
@@ -946,7 +948,7 @@ fn call_step(s: w::CallStep) -> Result<CallStep, Error> {
             refusal: g.refusal.map(reject_reason),
             attempts: g.attempts,
             last_retry_after_ms: g.last_retry_after_ms,
-        },
+        }),
     })
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use tokenwarden_core::{LeaseRequest, Usage};
 
-const WIT: &str = include_str!("../wit/v1/tokenwarden.wit");
+const WIT: &str = include_str!("../wit/v2/tokenwarden.wit");
 
 /// The field names of `record <name> { … }` in the WIT text.
 fn record_fields(name: &str) -> BTreeSet<String> {

@@ -2,8 +2,9 @@
 
 use super::Coordinator;
 use crate::agents::{Sample, WaitKind, Waiting};
-use crate::backoff::ceiling;
-use crate::call::{Call, CallResponse, CallStep, GiveUpReason, WaitReason};
+use crate::call::{
+    Call, CallResponse, GiveUp, GiveUpReason, LeaseStep, ResponseStep, Wait, WaitReason,
+};
 use crate::decision::Decision;
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, RateAxis};
@@ -22,20 +23,18 @@ impl Coordinator {
         now: Millis,
         call: &mut Call,
         req: &LeaseRequest,
-    ) -> Result<CallStep, LeaseError> {
+    ) -> Result<LeaseStep, LeaseError> {
         let decision = self.request_lease(now, req)?;
         let now = self.now;
         Ok(match decision {
-            Decision::Grant { lease, expires_at } => CallStep::Send { lease, expires_at },
+            Decision::Grant { lease, expires_at } => LeaseStep::Send { lease, expires_at },
             Decision::Queued { lease, eta } => {
                 // Told to checkpoint by the wait it is expected to have, not by its bound
                 // (which may be many times longer).
                 let expected = self.expected_grant(lease).unwrap_or(eta).min(eta);
-                let mut step = self.wait(now, call, eta, WaitReason::Queued, Some(lease), None);
-                if let CallStep::Wait { checkpoint, .. } = &mut step {
-                    *checkpoint = self.checkpoint(expected.since(now));
-                }
-                step
+                let mut wait = self.wait(now, call, eta, WaitReason::Queued, Some(lease), None);
+                wait.checkpoint = self.checkpoint(expected.since(now));
+                LeaseStep::Wait(wait)
             }
             Decision::Reject {
                 retry_at: Some(at),
@@ -43,20 +42,20 @@ impl Coordinator {
             } => {
                 call.refusals = call.refusals.saturating_add(1);
                 if call.refusals > self.config.call.max_refusals {
-                    self.give_up(call, GiveUpReason::Refusals, Some(reason))
+                    LeaseStep::GiveUp(self.give_up(call, GiveUpReason::Refusals, Some(reason)))
                 } else {
-                    let step = self.wait(now, call, at, WaitReason::Refused, None, Some(reason));
-                    self.note_wait(self.agents.find(req.agent), &step, None);
+                    let wait = self.wait(now, call, at, WaitReason::Refused, None, Some(reason));
+                    self.note_wait(self.agents.find(req.agent), &wait, None);
                     if let Ok(p) = self.pool_index(req.pool) {
-                        self.count_wait(p, now, &step);
+                        self.count_wait(p, now, &wait);
                     }
-                    step
+                    LeaseStep::Wait(wait)
                 }
             }
             Decision::Reject {
                 retry_at: None,
                 reason,
-            } => self.give_up(call, GiveUpReason::NeverFits, Some(reason)),
+            } => LeaseStep::GiveUp(self.give_up(call, GiveUpReason::NeverFits, Some(reason))),
         })
     }
 
@@ -113,21 +112,23 @@ impl Coordinator {
             .into_iter()
             .find(|a| report.axis(*a).remaining == Some(0))
         });
-        self.note_wait(agent, &step, axis);
-        if let Ok(p) = self.pool_index(pool) {
-            self.count_wait(p, now, &step);
+        if let ResponseStep::Wait(wait) = &step {
+            self.note_wait(agent, wait, axis);
+            if let Ok(p) = self.pool_index(pool) {
+                self.count_wait(p, now, wait);
+            }
         }
         Ok(CallResponse { step, settled })
     }
 
     /// Adds a wait told with no ticket to the pool's minute (a queued ticket's wait is
     /// counted when it is granted), for the fleet advice's demand.
-    fn count_wait(&mut self, p: u32, now: Millis, step: &CallStep) {
-        if let CallStep::Wait {
+    fn count_wait(&mut self, p: u32, now: Millis, wait: &Wait) {
+        if let Wait {
             until,
             ticket: None,
             ..
-        } = *step
+        } = *wait
         {
             if let Some(m) = self
                 .pools
@@ -141,13 +142,13 @@ impl Coordinator {
 
     /// Keeps a wait without a ticket on the agent, for its activity in the metrics: a
     /// queued call shows as queued already, a call sent or delivered waits for nothing.
-    fn note_wait(&mut self, agent: Option<u32>, step: &CallStep, axis: Option<RateAxis>) {
-        let CallStep::Wait {
+    fn note_wait(&mut self, agent: Option<u32>, wait: &Wait, axis: Option<RateAxis>) {
+        let Wait {
             until,
             reason,
             ticket: None,
             ..
-        } = *step
+        } = *wait
         else {
             return;
         };
@@ -172,14 +173,14 @@ impl Coordinator {
         call: &mut Call,
         status: u16,
         report: &HeaderReport,
-    ) -> CallStep {
+    ) -> ResponseStep {
         let retryable = match report.should_retry {
             Some(false) => false,
             Some(true) => status == 429 || status >= 500,
             None => status == 429,
         };
         if !retryable {
-            return CallStep::Deliver;
+            return ResponseStep::Deliver;
         }
         call.failed = call.failed.saturating_add(1);
         if report.retry_after_ms.is_some() {
@@ -187,7 +188,7 @@ impl Coordinator {
         }
         let b = self.config.backoff;
         if call.failed >= b.max_attempts {
-            return self.give_up(call, GiveUpReason::Attempts, None);
+            return ResponseStep::GiveUp(self.give_up(call, GiveUpReason::Attempts, None));
         }
         let concurrent = status == 429 && report.exceeded == Some(RateAxis::Concurrent);
         let delay = match report.retry_after_ms {
@@ -211,7 +212,7 @@ impl Coordinator {
         } else {
             WaitReason::Overloaded
         };
-        self.wait(now, call, now.plus(delay), reason, None, None)
+        ResponseStep::Wait(self.wait(now, call, now.plus(delay), reason, None, None))
     }
 
     /// Settles a lease whose call ended without a usage report (the connection dropped,
@@ -270,9 +271,9 @@ impl Coordinator {
         reason: WaitReason,
         ticket: Option<LeaseId>,
         refusal: Option<crate::RejectReason>,
-    ) -> CallStep {
+    ) -> Wait {
         let until = until.max(now);
-        CallStep::Wait {
+        Wait {
             until,
             reason,
             ticket,
@@ -293,12 +294,37 @@ impl Coordinator {
         call: &Call,
         reason: GiveUpReason,
         refusal: Option<crate::RejectReason>,
-    ) -> CallStep {
-        CallStep::GiveUp {
+    ) -> GiveUp {
+        GiveUp {
             reason,
             refusal,
             attempts: call.failed,
             last_retry_after_ms: call.last_retry_after_ms,
         }
+    }
+}
+
+/// `min(cap, base × 2^(failed − 1))`, without overflow: the ceiling of a full-jitter wait.
+fn ceiling(base: u64, failed: u32, cap: u64) -> u64 {
+    let exp = failed.saturating_sub(1).min(63);
+    base.checked_shl(exp)
+        .filter(|c| c >> exp == base)
+        .map_or(cap, |c| c.min(cap))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ceiling;
+
+    #[test]
+    fn ceiling_doubles_up_to_the_cap_and_never_overflows() {
+        assert_eq!(ceiling(1_000, 1, 30_000), 1_000);
+        assert_eq!(ceiling(1_000, 3, 30_000), 4_000);
+        assert_eq!(ceiling(1_000, 10, 30_000), 30_000);
+        // base × 2^(n−1) would overflow: the cap, not a wrapped product.
+        assert_eq!(ceiling(u64::MAX / 2, 3, u64::MAX), u64::MAX);
+        assert_eq!(ceiling(u64::MAX / 2, 2, 7), 7);
+        assert_eq!(ceiling(1, 64, u64::MAX), 1 << 63);
+        assert_eq!(ceiling(0, 0, 5), 0);
     }
 }

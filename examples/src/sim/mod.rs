@@ -27,8 +27,9 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use tokenwarden_core::{
-    AgentId, Axis, Call as CallState, CallStep, Config, Coordinator, Event, LeaseId, LeaseRequest,
-    Millis, PoolId, Rng, Role, TaskFigures, TaskId, TaskOutcome, TaskSpec, Usage, parse_headers,
+    AgentId, Axis, Call as CallState, Config, Coordinator, Event, LeaseId, LeaseRequest, LeaseStep,
+    Millis, PoolId, ResponseStep, Rng, Role, TaskFigures, TaskId, TaskOutcome, TaskSpec, Usage,
+    Wait, parse_headers,
 };
 
 use bodies::{Conversation, Preamble, Prompt, PromptCache, Reply, Vocab};
@@ -1016,19 +1017,19 @@ impl<'a> Sim<'a> {
             .expect("valid lease request");
         self.agents[i].call_state = state;
         match step {
-            CallStep::Send { lease, .. } => {
+            LeaseStep::Send { lease, .. } => {
                 self.agents[i].lease = Some(lease);
                 self.send(i);
             }
-            CallStep::Wait {
+            LeaseStep::Wait(Wait {
                 ticket: Some(ticket),
                 ..
-            } => self.agents[i].lease = Some(ticket),
-            CallStep::Wait { until, .. } => {
+            }) => self.agents[i].lease = Some(ticket),
+            LeaseStep::Wait(Wait { until, .. }) => {
                 self.agents[i].lease = None;
                 self.at(until.0.max(now + 1), Ev::Retry(i));
             }
-            CallStep::GiveUp { .. } | CallStep::Deliver => {
+            LeaseStep::GiveUp(_) => {
                 self.agents[i].lease = None;
                 self.break_turn(i);
             }
@@ -1154,10 +1155,11 @@ impl<'a> Sim<'a> {
                         .expect("known pool and lease");
                     self.agents[i].call_state = state;
                     match answer.step {
-                        CallStep::Wait { until, .. } => {
+                        ResponseStep::Wait(Wait { until, .. }) => {
                             self.at(until.0.max(now + 1), Ev::Retry(i));
                         }
-                        CallStep::Send { .. } | CallStep::Deliver | CallStep::GiveUp { .. } => {
+                        // A 429 is never delivered unless the provider says not to retry.
+                        ResponseStep::Deliver | ResponseStep::GiveUp(_) => {
                             self.break_turn(i);
                         }
                     }
@@ -1270,7 +1272,7 @@ impl<'a> Sim<'a> {
             let answer = c
                 .call_response(Millis(now), &mut state, PoolId(0), None, 200, &report)
                 .expect("known pool");
-            debug_assert_eq!(answer.step, CallStep::Deliver);
+            debug_assert_eq!(answer.step, ResponseStep::Deliver);
             let delay = self.sc.settle_delay_ms;
             if delay == 0 {
                 self.settle(i, tag);

@@ -1,5 +1,5 @@
 //! `tokenwarden-core` exported through the `tokenwarden:quota/coordinator` interface
-//! (`../wit/v1`). Every function converts its arguments, calls the core once and converts
+//! (`../wit/v2`). Every function converts its arguments, calls the core once and converts
 //! the result back: there is no logic here, so the component decides exactly as the
 //! native crate does.
 //!
@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use tokenwarden_core as tw;
 
 wit_bindgen::generate!({
-    path: "../wit/v1",
+    path: "../wit/v2",
     world: "plugin",
 });
 
@@ -135,20 +135,20 @@ fn usage_in(u: w::Usage) -> tw::Usage {
     }
 }
 
-fn call_step(s: tw::CallStep) -> w::CallStep {
-    match s {
+fn call_step(s: impl Into<tw::CallStep>) -> w::CallStep {
+    match s.into() {
         tw::CallStep::Send { lease, expires_at } => w::CallStep::Send(w::Grant {
             lease: lease.0,
             expires_at: expires_at.0,
         }),
-        tw::CallStep::Wait {
+        tw::CallStep::Wait(tw::Wait {
             until,
             reason,
             ticket,
             refusal,
             attempt,
             checkpoint,
-        } => w::CallStep::Wait(w::CallWait {
+        }) => w::CallStep::Wait(w::CallWait {
             until: until.0,
             reason: match reason {
                 tw::WaitReason::Queued => w::WaitReason::Queued,
@@ -162,12 +162,12 @@ fn call_step(s: tw::CallStep) -> w::CallStep {
             checkpoint,
         }),
         tw::CallStep::Deliver => w::CallStep::Deliver,
-        tw::CallStep::GiveUp {
+        tw::CallStep::GiveUp(tw::GiveUp {
             reason,
             refusal,
             attempts,
             last_retry_after_ms,
-        } => w::CallStep::GiveUp(w::CallGiveUp {
+        }) => w::CallStep::GiveUp(w::CallGiveUp {
             reason: match reason {
                 tw::GiveUpReason::NeverFits => w::GiveUpReason::NeverFits,
                 tw::GiveUpReason::Refusals => w::GiveUpReason::Refusals,
@@ -289,21 +289,6 @@ fn header_report(r: &tw::HeaderReport) -> w::HeaderReport {
         reset_at_ms: r.reset_at_ms,
         recognised: r.recognised,
         malformed: r.malformed,
-    }
-}
-
-fn backoff_step(s: tw::BackoffStep) -> w::BackoffStep {
-    match s {
-        tw::BackoffStep::Retry { delay_ms, attempt } => {
-            w::BackoffStep::Retry(w::Retry { delay_ms, attempt })
-        }
-        tw::BackoffStep::GiveUp {
-            attempts,
-            last_retry_after_ms,
-        } => w::BackoffStep::GiveUp(w::GiveUp {
-            attempts,
-            last_retry_after_ms,
-        }),
     }
 }
 
@@ -447,23 +432,15 @@ impl w::GuestCoordinator for Coord {
         self.0.borrow_mut().poll_event().map(event2)
     }
 
-    fn backoff(
-        &self,
-        state: w::BackoffState,
-        retry_after_ms: Option<u64>,
-    ) -> (w::BackoffState, w::BackoffStep) {
-        let mut s = tw::Backoff {
-            failed: state.failed,
-            last_retry_after_ms: state.last_retry_after_ms,
-        };
-        let step = self.0.borrow_mut().backoff(&mut s, retry_after_ms);
-        (
-            w::BackoffState {
-                failed: s.failed,
-                last_retry_after_ms: s.last_retry_after_ms,
-            },
-            backoff_step(step),
-        )
+    fn handle(&self, now: u64, input: String) -> Result<String, w::ProtocolError> {
+        let input: tw::Input = serde_json::from_str(&input)
+            .map_err(|e| w::ProtocolError::InvalidInput(e.to_string()))?;
+        let output = self
+            .0
+            .borrow_mut()
+            .handle(tw::Millis(now), &input)
+            .map_err(|e| w::ProtocolError::Lease(lease_error(e)))?;
+        serde_json::to_string(&output).map_err(|e| w::ProtocolError::InvalidInput(e.to_string()))
     }
 
     fn call_lease(

@@ -7,10 +7,8 @@
 use std::sync::OnceLock;
 
 use serde_json::{Value, json};
-use tokenwarden_conformance::{Engine, Response, lease_error, to_value};
-use tokenwarden_core::{
-    Backoff, Call, LeaseId, LeaseRequest, Millis, PoolId, TaskId, TaskOutcome, TaskSpec, Usage,
-};
+use tokenwarden_conformance::{Engine, lease_error, to_value};
+use tokenwarden_core::{Input, Millis};
 use tokenwarden_wasmtime::{COMPONENT, Error, Plugin, PluginCoordinator};
 
 /// One compiled plugin per test binary (compiling is the slow part).
@@ -81,36 +79,10 @@ impl<const RELOAD: bool> Engine for PluginEngine<RELOAD> {
             Err(e) => Err(plugin_err(e)),
         }
     }
-    fn request_lease(&mut self, now: u64, req: &LeaseRequest) -> Result<Value, String> {
-        result(self.0.request_lease(Millis(now), req))
-    }
-    fn settle(&mut self, now: u64, lease: u64, usage: &Usage) -> Result<Value, String> {
-        result(self.0.settle(Millis(now), LeaseId(lease), usage))
-    }
-    fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String> {
-        result(self.0.cancel(Millis(now), LeaseId(lease)))
-    }
-    fn renew(&mut self, now: u64, lease: u64) -> Result<Value, String> {
-        result(self.0.renew(Millis(now), LeaseId(lease)))
-    }
-    fn response(&mut self, now: u64, r: &Response) -> Result<Value, String> {
-        let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
-        let report = self.0.handle_response(
-            Millis(now),
-            PoolId(r.pool),
-            r.lease.map(LeaseId),
-            r.status,
-            pairs,
-            r.unix_now_ms,
-        );
-        match report {
-            Ok(report) => Ok(json!({ "report": to_value(&report) })),
-            Err(Error::Lease(l)) => Ok(lease_error(l)),
-            Err(other) => Err(plugin_err(other)),
-        }
-    }
-    fn handle_timeout(&mut self, now: u64) -> Result<(), String> {
-        self.0.handle_timeout(Millis(now)).map_err(plugin_err)
+    fn handle(&mut self, now: u64, input: &Value) -> Result<Value, String> {
+        let input: Input =
+            serde_json::from_value(input.clone()).map_err(|e| format!("bad input {input}: {e}"))?;
+        result(self.0.handle(Millis(now), &input))
     }
     fn poll_timeout(&mut self) -> Result<Option<u64>, String> {
         Ok(self.0.poll_timeout().map_err(plugin_err)?.map(|t| t.0))
@@ -121,63 +93,6 @@ impl<const RELOAD: bool> Engine for PluginEngine<RELOAD> {
             .poll_event()
             .map_err(plugin_err)?
             .map(|e| to_value(&e)))
-    }
-    fn backoff(
-        &mut self,
-        mut state: Backoff,
-        retry_after_ms: Option<u64>,
-    ) -> Result<Value, String> {
-        result(self.0.backoff(&mut state, retry_after_ms))
-    }
-    fn call_lease(
-        &mut self,
-        now: u64,
-        mut call: Call,
-        req: &LeaseRequest,
-    ) -> Result<Value, String> {
-        match self.0.call_lease(Millis(now), &mut call, req) {
-            Ok(step) => Ok(json!({ "call": to_value(&call), "step": to_value(&step) })),
-            Err(Error::Lease(l)) => Ok(lease_error(l)),
-            Err(other) => Err(plugin_err(other)),
-        }
-    }
-    fn call_response(&mut self, now: u64, mut call: Call, r: &Response) -> Result<Value, String> {
-        let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
-        match self.0.call_response(
-            Millis(now),
-            &mut call,
-            PoolId(r.pool),
-            r.lease.map(LeaseId),
-            r.status,
-            pairs,
-            r.unix_now_ms,
-        ) {
-            Ok((answer, report)) => Ok(json!({
-                "call": to_value(&call),
-                "step": to_value(&answer.step),
-                "settled": to_value(&answer.settled),
-                "report": to_value(&report),
-            })),
-            Err(Error::Lease(l)) => Ok(lease_error(l)),
-            Err(other) => Err(plugin_err(other)),
-        }
-    }
-    fn call_interrupted(
-        &mut self,
-        now: u64,
-        lease: u64,
-        seen: Option<&Usage>,
-    ) -> Result<Value, String> {
-        result(self.0.call_interrupted(Millis(now), LeaseId(lease), seen))
-    }
-    fn open_task(&mut self, now: u64, spec: &TaskSpec) -> Result<Value, String> {
-        result(self.0.open_task(Millis(now), spec))
-    }
-    fn task_failed(&mut self, now: u64, task: u64, signature: u64) -> Result<Value, String> {
-        result(self.0.task_failed(Millis(now), TaskId(task), signature))
-    }
-    fn end_task(&mut self, now: u64, task: u64, outcome: TaskOutcome) -> Result<Value, String> {
-        result(self.0.end_task(Millis(now), TaskId(task), outcome))
     }
     fn metrics(&mut self, now: u64) -> Result<Value, String> {
         result(self.0.metrics(Millis(now)))

@@ -4,12 +4,14 @@
 //! inputs and the exact list of output records every runtime must produce. This crate
 //! replays a trace through the native core and returns the records; the other runtimes'
 //! runners are short adapters that do the same through their binding.
+//!
+//! A runner is "decode, handle, encode": each input record is the core's host-protocol
+//! `Input` (its `op` and fields, with `at` and `check` beside them), handed to the engine's
+//! `handle`; the `Output` it answers is encoded as the record's `result` ([`result_of`]).
+//! An input the runner has never heard of needs nothing here: its `result` is its `Output`.
 
 use serde_json::{Map, Value, json};
-use tokenwarden_core::{
-    Backoff, Call, Config, Coordinator, HeaderReport, LeaseId, LeaseRequest, Millis, PoolId,
-    TaskId, TaskOutcome, TaskSpec, Usage, parse_headers,
-};
+use tokenwarden_core::{Config, Coordinator, Input, Millis};
 
 /// Most driven wake-ups between two inputs before the runner calls the trace broken.
 pub const MAX_DRIVE_STEPS: usize = 1_000_000;
@@ -24,10 +26,6 @@ fn u64_field(input: &Value, name: &str) -> Result<u64, String> {
     field(input, name)?
         .as_u64()
         .ok_or_else(|| format!("`{name}` must be an unsigned integer"))
-}
-
-fn parse<T: serde::de::DeserializeOwned>(v: &Value, what: &str) -> Result<T, String> {
-    serde_json::from_value(v.clone()).map_err(|e| format!("bad `{what}`: {e}"))
 }
 
 /// Serializes a core value into a record field.
@@ -46,52 +44,22 @@ pub fn lease_error(e: tokenwarden_core::LeaseError) -> Value {
     }
 }
 
-/// A runtime that can replay traces: the native core, or an adapter over a binding. Each
-/// method mirrors one core call and returns its result as a record value (core errors
-/// become `{"error": code}` values); an `Err(String)` is a failure of the runtime itself
-/// and fails the replay.
+/// A runtime that can replay traces: the native core, or an adapter over a binding. An
+/// `Err(String)` is a failure of the runtime itself and fails the replay; the core's
+/// refusals are values (`{"error": code}`).
 pub trait Engine: Sized {
     /// `Coordinator::new`; `Ok(Err(result))` is a configuration error as its record value.
     fn create(config_json: &str, seed: u64, start: u64) -> Result<Result<Self, Value>, String>;
-    /// `request_lease`.
-    fn request_lease(&mut self, now: u64, req: &LeaseRequest) -> Result<Value, String>;
-    /// `settle`.
-    fn settle(&mut self, now: u64, lease: u64, usage: &Usage) -> Result<Value, String>;
-    /// `cancel`.
-    fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String>;
-    /// `renew`; the value is the new expiry.
-    fn renew(&mut self, now: u64, lease: u64) -> Result<Value, String>;
-    /// `parse_headers` then `handle_response`; the value is `{"report": ...}`.
-    fn response(&mut self, now: u64, r: &Response) -> Result<Value, String>;
-    /// `handle_timeout`.
-    fn handle_timeout(&mut self, now: u64) -> Result<(), String>;
+    /// The host protocol: `input` is the core's `Input` as JSON (`op`-tagged, snake_case),
+    /// the answer its `Output` as JSON, or the error as a record value ([`lease_error`]).
+    fn handle(&mut self, now: u64, input: &Value) -> Result<Value, String>;
     /// `poll_timeout`.
     fn poll_timeout(&mut self) -> Result<Option<u64>, String>;
     /// `poll_event`, serialized.
     fn poll_event(&mut self) -> Result<Option<Value>, String>;
-    /// `backoff` from the given state.
-    fn backoff(&mut self, state: Backoff, retry_after_ms: Option<u64>) -> Result<Value, String>;
-    /// `call_lease` from the given state; the value is `{"call": state, "step": step}`.
-    fn call_lease(&mut self, now: u64, call: Call, req: &LeaseRequest) -> Result<Value, String>;
-    /// `parse_headers` then `call_response` from the given state; the value is
-    /// `{"call": state, "step": step, "settled": settlement or null, "report": report}`.
-    fn call_response(&mut self, now: u64, call: Call, r: &Response) -> Result<Value, String>;
-    /// `call_interrupted`; the value is the settlement.
-    fn call_interrupted(
-        &mut self,
-        now: u64,
-        lease: u64,
-        seen: Option<&Usage>,
-    ) -> Result<Value, String>;
-    /// `open_task`; the value is null (or the error record).
-    fn open_task(&mut self, now: u64, spec: &TaskSpec) -> Result<Value, String>;
-    /// `task_failed`; the value is the repeats in a row.
-    fn task_failed(&mut self, now: u64, task: u64, signature: u64) -> Result<Value, String>;
-    /// `end_task`; the value is the task's summary.
-    fn end_task(&mut self, now: u64, task: u64, outcome: TaskOutcome) -> Result<Value, String>;
-    /// `metrics`, serialized.
+    /// `metrics(now)`, serialized.
     fn metrics(&mut self, now: u64) -> Result<Value, String>;
-    /// Replaces the coordinator by one restored from its own snapshot.
+    /// Replaces the coordinator with one restored from its own snapshot.
     fn snapshot_restore(&mut self) -> Result<(), String>;
     /// `Coordinator::check`.
     fn check(&mut self) -> Result<(), String>;
@@ -101,27 +69,8 @@ pub trait Engine: Sized {
     }
 }
 
-/// The arguments of a `response` input.
-#[derive(Clone, Debug)]
-pub struct Response {
-    /// Pool index.
-    pub pool: u32,
-    /// The lease the response belongs to, if any.
-    pub lease: Option<u64>,
-    /// HTTP status.
-    pub status: u16,
-    /// Header name/value pairs.
-    pub headers: Vec<(String, String)>,
-    /// The host's wall clock, if the trace gives one.
-    pub unix_now_ms: Option<u64>,
-}
-
 /// The native core, the reference.
 pub struct Native(Coordinator);
-
-fn native_result<T: serde::Serialize>(r: Result<T, tokenwarden_core::LeaseError>) -> Value {
-    r.map_or_else(lease_error, |v| to_value(&v))
-}
 
 impl Engine for Native {
     fn create(config_json: &str, seed: u64, start: u64) -> Result<Result<Self, Value>, String> {
@@ -139,115 +88,19 @@ impl Engine for Native {
             .map(|c| Ok(Native(c)))
             .map_err(|e| e.to_string())
     }
-    fn request_lease(&mut self, now: u64, req: &LeaseRequest) -> Result<Value, String> {
-        Ok(native_result(self.0.request_lease(Millis(now), req)))
-    }
-    fn settle(&mut self, now: u64, lease: u64, usage: &Usage) -> Result<Value, String> {
-        Ok(native_result(self.0.settle(
-            Millis(now),
-            LeaseId(lease),
-            usage,
-        )))
-    }
-    fn cancel(&mut self, now: u64, lease: u64) -> Result<Value, String> {
-        Ok(native_result(self.0.cancel(Millis(now), LeaseId(lease))))
-    }
-    fn renew(&mut self, now: u64, lease: u64) -> Result<Value, String> {
-        Ok(native_result(self.0.renew(Millis(now), LeaseId(lease))))
-    }
-    fn response(&mut self, now: u64, r: &Response) -> Result<Value, String> {
-        let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
-        let report: HeaderReport = parse_headers(pairs, r.unix_now_ms);
-        let lease = r.lease.map(LeaseId);
-        Ok(
-            match self
-                .0
-                .handle_response(Millis(now), PoolId(r.pool), lease, r.status, &report)
-            {
-                Ok(()) => json!({ "report": to_value(&report) }),
-                Err(e) => lease_error(e),
-            },
-        )
-    }
-    fn handle_timeout(&mut self, now: u64) -> Result<(), String> {
-        self.0.handle_timeout(Millis(now));
-        Ok(())
+    fn handle(&mut self, now: u64, input: &Value) -> Result<Value, String> {
+        let input: Input =
+            serde_json::from_value(input.clone()).map_err(|e| format!("bad input {input}: {e}"))?;
+        Ok(self
+            .0
+            .handle(Millis(now), &input)
+            .map_or_else(lease_error, |out| to_value(&out)))
     }
     fn poll_timeout(&mut self) -> Result<Option<u64>, String> {
         Ok(self.0.poll_timeout().map(|t| t.0))
     }
     fn poll_event(&mut self) -> Result<Option<Value>, String> {
         Ok(self.0.poll_event().map(|e| to_value(&e)))
-    }
-    fn backoff(
-        &mut self,
-        mut state: Backoff,
-        retry_after_ms: Option<u64>,
-    ) -> Result<Value, String> {
-        Ok(to_value(&self.0.backoff(&mut state, retry_after_ms)))
-    }
-    fn call_lease(
-        &mut self,
-        now: u64,
-        mut call: Call,
-        req: &LeaseRequest,
-    ) -> Result<Value, String> {
-        Ok(match self.0.call_lease(Millis(now), &mut call, req) {
-            Ok(step) => json!({ "call": to_value(&call), "step": to_value(&step) }),
-            Err(e) => lease_error(e),
-        })
-    }
-    fn call_response(&mut self, now: u64, mut call: Call, r: &Response) -> Result<Value, String> {
-        let pairs = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_str()));
-        let report: HeaderReport = parse_headers(pairs, r.unix_now_ms);
-        let lease = r.lease.map(LeaseId);
-        Ok(
-            match self.0.call_response(
-                Millis(now),
-                &mut call,
-                PoolId(r.pool),
-                lease,
-                r.status,
-                &report,
-            ) {
-                Ok(answer) => json!({
-                    "call": to_value(&call),
-                    "step": to_value(&answer.step),
-                    "settled": to_value(&answer.settled),
-                    "report": to_value(&report),
-                }),
-                Err(e) => lease_error(e),
-            },
-        )
-    }
-    fn call_interrupted(
-        &mut self,
-        now: u64,
-        lease: u64,
-        seen: Option<&Usage>,
-    ) -> Result<Value, String> {
-        Ok(native_result(self.0.call_interrupted(
-            Millis(now),
-            LeaseId(lease),
-            seen,
-        )))
-    }
-    fn open_task(&mut self, now: u64, spec: &TaskSpec) -> Result<Value, String> {
-        Ok(native_result(self.0.open_task(Millis(now), spec)))
-    }
-    fn task_failed(&mut self, now: u64, task: u64, signature: u64) -> Result<Value, String> {
-        Ok(native_result(self.0.task_failed(
-            Millis(now),
-            TaskId(task),
-            signature,
-        )))
-    }
-    fn end_task(&mut self, now: u64, task: u64, outcome: TaskOutcome) -> Result<Value, String> {
-        Ok(native_result(self.0.end_task(
-            Millis(now),
-            TaskId(task),
-            outcome,
-        )))
     }
     fn metrics(&mut self, now: u64) -> Result<Value, String> {
         Ok(to_value(&self.0.metrics(Millis(now))))
@@ -262,28 +115,79 @@ impl Engine for Native {
     }
 }
 
-/// The arguments of a `response` or `call_response` input.
-fn response_input(input: &Value) -> Result<Response, String> {
-    Ok(Response {
-        pool: u32::try_from(u64_field(input, "pool")?).map_err(|e| e.to_string())?,
-        lease: input.get("lease").and_then(Value::as_u64),
-        status: u16::try_from(u64_field(input, "status")?).map_err(|e| e.to_string())?,
-        headers: parse(field(input, "headers")?, "headers")?,
-        unix_now_ms: input.get("unix_now_ms").and_then(Value::as_u64),
-    })
+/// The input record as the core's `Input`: without `at` and `check`, and a call step's
+/// `call` (the call's name in the trace) replaced by the state its last step returned.
+fn input_of(
+    record: &Value,
+    calls: &std::collections::BTreeMap<u64, Value>,
+) -> Result<Value, String> {
+    let mut input = record
+        .as_object()
+        .ok_or("an input is a JSON object")?
+        .clone();
+    input.remove("at");
+    input.remove("check");
+    if let Some(name) = input.get("call").and_then(Value::as_u64) {
+        let state = calls.get(&name).cloned().unwrap_or_else(|| json!({}));
+        input.insert("call".into(), state);
+    }
+    Ok(Value::Object(input))
 }
 
-/// The state of the trace's call `name`: what its last step returned, or a new call.
-fn call_state(calls: &std::collections::BTreeMap<u64, Value>, name: u64) -> Result<Call, String> {
-    calls
-        .get(&name)
-        .map_or(Ok(Call::new()), |v| parse(v, "call state"))
-}
-
-/// Keeps the state a call step returned (an error leaves it as it was).
-fn keep_call(calls: &mut std::collections::BTreeMap<u64, Value>, name: u64, result: &Value) {
-    if let Some(state) = result.get("call") {
-        calls.insert(name, state.clone());
+/// An `Output` (JSON) as the `result` of a record of `op`, in the shapes of the typed API
+/// the traces were first written against (`SCHEMA.md`): a decision, a settlement, `{call,
+/// step}`, … An error record, and the output of an op not listed here, are kept as they are.
+#[must_use]
+pub fn result_of(op: &str, out: Value) -> Value {
+    if out.get("error").is_some() {
+        return out;
+    }
+    let get = |k: &str| out.get(k).cloned().unwrap_or(Value::Null);
+    let step = || {
+        let mut step = match out.get("output").and_then(Value::as_str) {
+            Some("send") => {
+                json!({ "kind": "send", "lease": get("lease"), "expires_at": get("expires_at") })
+            }
+            Some("wait") => get("wait"),
+            Some("give_up") => get("give_up"),
+            _ => json!({}),
+        };
+        let kind = match out.get("output").and_then(Value::as_str) {
+            Some("deliver") => "deliver",
+            Some("wait") => "wait",
+            Some("give_up") => "give_up",
+            _ => "send",
+        };
+        if let Value::Object(m) = &mut step {
+            m.insert("kind".into(), json!(kind));
+        }
+        step
+    };
+    match op {
+        "request_lease" => match out.get("output").and_then(Value::as_str) {
+            Some("granted") => {
+                json!({ "kind": "grant", "lease": get("lease"), "expires_at": get("expires_at") })
+            }
+            Some("queued") => json!({ "kind": "queued", "lease": get("lease"), "eta": get("eta") }),
+            Some("refused") => {
+                json!({ "kind": "reject", "retry_at": get("retry_at"), "reason": get("reason") })
+            }
+            Some("never_fits") => {
+                json!({ "kind": "reject", "retry_at": null, "reason": get("reason") })
+            }
+            _ => out,
+        },
+        "settle" | "call_interrupted" => get("settlement"),
+        "cancel" | "timeout" | "open_task" => Value::Null,
+        "renew" => get("expires_at"),
+        "response" => json!({ "report": get("report") }),
+        "call_lease" => json!({ "call": get("call"), "step": step() }),
+        "call_response" => json!({
+            "call": get("call"), "step": step(), "settled": get("settled"), "report": get("report"),
+        }),
+        "task_failed" => get("in_a_row"),
+        "end_task" => get("summary"),
+        _ => out,
     }
 }
 
@@ -335,7 +239,7 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
             if steps > MAX_DRIVE_STEPS {
                 return Err(format!("poll_timeout does not progress at {t}ms"));
             }
-            c.handle_timeout(t)?;
+            c.handle(t, &json!({ "op": "timeout" }))?;
             let mut events = Vec::new();
             drain_events(&mut c, t, &mut events)?;
             if !events.is_empty() {
@@ -345,64 +249,23 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
         }
         c.before_input()?;
         let result = match op {
-            "request_lease" => c.request_lease(at, &parse(field(input, "request")?, "request")?)?,
-            "settle" => {
-                let usage: Usage = parse(field(input, "usage")?, "usage")?;
-                c.settle(at, u64_field(input, "lease")?, &usage)?
-            }
-            "cancel" => c.cancel(at, u64_field(input, "lease")?)?,
-            "renew" => c.renew(at, u64_field(input, "lease")?)?,
-            "response" => c.response(at, &response_input(input)?)?,
-            "timeout" => {
-                c.handle_timeout(at)?;
-                Value::Null
-            }
-            "backoff" => {
-                let state = Backoff {
-                    failed: u32::try_from(input.get("failed").and_then(Value::as_u64).unwrap_or(0))
-                        .map_err(|e| e.to_string())?,
-                    last_retry_after_ms: input.get("last_retry_after_ms").and_then(Value::as_u64),
-                };
-                c.backoff(state, input.get("retry_after_ms").and_then(Value::as_u64))?
-            }
-            "call_lease" => {
-                let name = u64_field(input, "call")?;
-                let req = parse(field(input, "request")?, "request")?;
-                let result = c.call_lease(at, call_state(&calls, name)?, &req)?;
-                keep_call(&mut calls, name, &result);
-                result
-            }
-            "call_response" => {
-                let name = u64_field(input, "call")?;
-                let r = response_input(input)?;
-                let result = c.call_response(at, call_state(&calls, name)?, &r)?;
-                keep_call(&mut calls, name, &result);
-                result
-            }
-            "call_interrupted" => {
-                let seen: Option<Usage> = match input.get("seen") {
-                    None | Some(Value::Null) => None,
-                    Some(v) => Some(parse(v, "seen")?),
-                };
-                c.call_interrupted(at, u64_field(input, "lease")?, seen.as_ref())?
-            }
-            "open_task" => c.open_task(at, &parse(field(input, "task")?, "task")?)?,
-            "task_failed" => c.task_failed(
-                at,
-                u64_field(input, "task")?,
-                u64_field(input, "signature")?,
-            )?,
-            "end_task" => c.end_task(
-                at,
-                u64_field(input, "task")?,
-                parse(field(input, "outcome")?, "outcome")?,
-            )?,
             "metrics" => c.metrics(at)?,
             "snapshot_restore" => {
                 c.snapshot_restore()?;
                 Value::Null
             }
-            other => return Err(format!("unknown op `{other}`")),
+            _ => {
+                let out = c.handle(at, &input_of(input, &calls)?)?;
+                let result = result_of(op, out);
+                // A call step's state is kept under its name (an error leaves it as it was).
+                if let (Some(name), Some(state)) = (
+                    input.get("call").and_then(Value::as_u64),
+                    result.get("call"),
+                ) {
+                    calls.insert(name, state.clone());
+                }
+                result
+            }
         };
         if let Some(check) = input.get("check") {
             if !subset(check, &result) {

@@ -44,8 +44,64 @@ const result = (f) => {
   }
 }
 
-/** Replays one parsed trace; returns its output records (snake_case, like `expected`). */
-export function replay(trace, factory) {
+/** A trace input as the host protocol's `Input` (camelCase): `at` and `check` left out, a call's name replaced by its state. */
+function protocolInput(input, callState) {
+  const { at: _at, check: _check, ...rest } = input
+  const camelled = recase(rest, camel)
+  if (rest.call !== undefined) camelled.call = callState(rest.call)
+  return camelled
+}
+
+/** An `Output` (snake_case) as the typed method's result for `op` (the Rust runner's `result_of`). */
+export function resultOf(op, out) {
+  if (out === null || typeof out !== 'object' || 'error' in out) return out
+  const step = () => {
+    switch (out.output) {
+      case 'send':
+        return { kind: 'send', lease: out.lease, expires_at: out.expires_at }
+      case 'wait':
+        return { kind: 'wait', ...out.wait }
+      case 'give_up':
+        return { kind: 'give_up', ...out.give_up }
+      default:
+        return { kind: 'deliver' }
+    }
+  }
+  switch (op) {
+    case 'request_lease':
+      if (out.output === 'granted') return { kind: 'grant', lease: out.lease, expires_at: out.expires_at }
+      if (out.output === 'queued') return { kind: 'queued', lease: out.lease, eta: out.eta }
+      return { kind: 'reject', retry_at: out.output === 'refused' ? out.retry_at : null, reason: out.reason }
+    case 'settle':
+    case 'call_interrupted':
+      return out.settlement
+    case 'cancel':
+    case 'timeout':
+    case 'open_task':
+      return null
+    case 'renew':
+      return out.expires_at
+    case 'response':
+      return { report: out.report }
+    case 'call_lease':
+      return { call: out.call, step: step() }
+    case 'call_response':
+      return { call: out.call, step: step(), settled: out.settled ?? null, report: out.report }
+    case 'task_failed':
+      return out.in_a_row
+    case 'end_task':
+      return out.summary
+    default:
+      return out
+  }
+}
+
+/**
+ * Replays one parsed trace; returns its output records (snake_case, like `expected`).
+ * With `protocol`, every input goes through the engine's `handle` (the host protocol);
+ * otherwise through the typed methods (and `handle` for inputs they do not cover).
+ */
+export function replay(trace, factory, { protocol = false } = {}) {
   const start = trace.start ?? 0
   const out = []
   let engine
@@ -75,6 +131,14 @@ export function replay(trace, factory) {
       if (events.length > 0) out.push({ at: t, op: 'drive' }, ...events)
     }
     let r
+    if (protocol && input.op !== 'metrics' && input.op !== 'snapshot_restore') {
+      // Every input through `handle`, its output encoded as the typed method's result.
+      r = result(() => resultOf(input.op, recase(engine.handle(at, protocolInput(input, callState)), snake)))
+      if (input.op.startsWith('call_') && r?.call !== undefined) calls.set(input.call, r.call)
+      out.push({ at, op: input.op, result: r, next_timeout: engine.pollTimeout() })
+      out.push(...drain(at))
+      continue
+    }
     switch (input.op) {
       case 'request_lease': {
         const req = { agent: 0, pool: 0, ...recase(input.request, camel) }
@@ -102,11 +166,6 @@ export function replay(trace, factory) {
         engine.handleTimeout(at)
         r = null
         break
-      case 'backoff': {
-        const state = { failed: input.failed ?? 0, lastRetryAfterMs: input.last_retry_after_ms ?? null }
-        r = recase(engine.backoff(state, input.retry_after_ms ?? null).step, snake)
-        break
-      }
       case 'call_lease': {
         const req = { agent: 0, pool: 0, ...recase(input.request, camel) }
         r = result(() => recase(engine.callLease(at, callState(input.call), req), snake))
@@ -142,7 +201,8 @@ export function replay(trace, factory) {
         r = null
         break
       default:
-        throw new Error(`unknown op ${input.op}`)
+        // An input the typed methods do not cover: the host protocol, its output as it is.
+        r = result(() => recase(engine.handle(at, protocolInput(input, callState)), snake))
     }
     out.push({ at, op: input.op, result: r, next_timeout: engine.pollTimeout() })
     out.push(...drain(at))
@@ -151,8 +211,8 @@ export function replay(trace, factory) {
 }
 
 /** Replays a trace and compares with `expected`; returns null or the first difference. */
-export function verify(trace, factory) {
-  const got = replay(trace, factory)
+export function verify(trace, factory, options) {
+  const got = replay(trace, factory, options)
   const want = trace.expected
   if (got.length !== want.length) {
     const first = got.findIndex((g, i) => !equal(g, want[i]))

@@ -305,7 +305,7 @@ test(`every call on a freed wasm engine throws \`closed\` (${engineName})`, { sk
     handleTimeout: () => gone.handleTimeout(1),
     pollTimeout: () => gone.pollTimeout(),
     pollEvent: () => gone.pollEvent(),
-    backoff: () => gone.backoff({ failed: 0, lastRetryAfterMs: null }, null),
+    handle: () => gone.handle(1, { op: 'timeout' }),
     callLease: () => gone.callLease(1, { failed: 0, refusals: 0, lastRetryAfterMs: null }, { agent: 1, pool: 0 }),
     callInterrupted: () => gone.callInterrupted(1, d.lease, null),
     openTask: () => gone.openTask(1, { task: 1 }),
@@ -324,11 +324,18 @@ test(`the addon's own class refuses unknown keys too (${engineName})`, { skip: e
   const { createRequire } = await import('node:module')
   const { Coordinator } = createRequire(import.meta.url)('tokenwarden/binding')
   const c = new Coordinator(JSON.stringify(config), 1, 0)
-  const d = c.requestLease(0, { agent: 1, pool: 0, inputTokens: 10 })
+  const handle = (now, input) => {
+    const out = c.handle(now, JSON.stringify(input))
+    return typeof out === 'string' ? JSON.parse(out) : out
+  }
+  const d = handle(0, { op: 'request_lease', request: { agent: 1, pool: 0, inputTokens: 10 } })
+  assert.equal(d.output, 'granted')
   const before = c.snapshot()
-  assert.throws(() => c.settle(1, d.lease, { input_tokens: 5 }), (e) => e.code === 'invalid_argument' && e.field === 'input_tokens' && /did you mean `inputTokens`/.test(e.message))
-  assert.throws(() => c.requestLease(1, { agent: 1, pool: 0, max_tokens: 5 }), (e) => e.field === 'max_tokens')
-  assert.throws(() => c.callLease(1, { failed: 0, refusals: 0, lastRetryAfterMs: null }, { agent: 1, pool: 0, cached: 1 }), (e) => e.field === 'cached')
-  assert.throws(() => c.callInterrupted(1, d.lease, { output_tokens: 1 }), (e) => e.field === 'output_tokens')
+  assert.throws(() => handle(1, { op: 'settle', lease: d.lease, usage: { input_tokens: 5 } }), (e) => e.code === 'invalid_argument' && e.field === 'input_tokens' && /did you mean `inputTokens`/.test(e.message))
+  assert.throws(() => handle(1, { op: 'request_lease', request: { agent: 1, pool: 0, max_tokens: 5 } }), (e) => e.field === 'max_tokens')
+  assert.throws(() => handle(1, { op: 'call_lease', call: {}, request: { agent: 1, pool: 0, cached: 1 } }), (e) => e.field === 'cached' && /unknown field `cached`/.test(e.message))
+  assert.throws(() => handle(1, { op: 'call_interrupted', lease: d.lease, seen: { output_tokens: 1 } }), (e) => e.field === 'output_tokens')
+  assert.throws(() => handle(1, { op: 'fly' }), (e) => e instanceof RangeError && e.code === 'invalid_argument' && /unknown variant `fly`/.test(e.message))
+  assert.throws(() => c.handle(1, 'not json'), (e) => e instanceof TypeError && /not JSON/.test(e.message))
   assert.equal(c.snapshot(), before)
 })

@@ -224,15 +224,6 @@ describe('responses and events', () => {
     assert.equal(alert.agent, 5)
   })
 
-  test('backoff follows the core: Retry-After plus jitter, then full jitter', () => {
-    const { driver } = setup()
-    const first = driver.backoff({ failed: 0, lastRetryAfterMs: null }, 2000)
-    assert.equal(first.step.kind, 'retry')
-    assert.ok(first.step.delayMs >= 2000 && first.step.delayMs <= 3000)
-    const second = driver.backoff(first.state, null)
-    assert.equal(second.state.failed, 2)
-  })
-
   test('metrics show usage, queue and each agent', async () => {
     const { driver } = setup()
     const lease = await driver.acquire(req(1, 1000))

@@ -1,5 +1,5 @@
 // Every conformance trace in tests/traces replayed through the native addon (or the wasm
-// build with TOKENWARDEN_ENGINE=wasm), compared
+// build with TOKENWARDEN_ENGINE=wasm), by the typed methods and then by `handle`, compared
 // record by record with the native Rust core's `expected` output.
 import assert from 'node:assert/strict'
 import { readFileSync, readdirSync } from 'node:fs'
@@ -19,5 +19,7 @@ for (const file of files) {
   test(`trace ${file} (${engineName})`, () => {
     const trace = parse(readFileSync(new URL(file, dir), 'utf8'))
     assert.equal(verify(trace, engines), null)
+    // The same records with every input through the host protocol (`engine.handle`).
+    assert.equal(verify(trace, engines, { protocol: true }), null, 'through handle')
   })
 }

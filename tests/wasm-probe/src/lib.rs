@@ -1,10 +1,10 @@
 //! A probe, not a product: it links every part of `tokenwarden-core` (config parsing,
-//! leases, the queue, headers, metrics, snapshots, backoff) into one exported function so
+//! leases, the queue, headers, metrics, snapshots, the host protocol) into one exported function so
 //! that `scripts/check-wasm-imports.py` can prove the core compiled for
 //! `wasm32-unknown-unknown` needs nothing from its host: no clock, no randomness, no I/O.
 
 use tokenwarden_core::{
-    AgentId, Backoff, Config, Coordinator, Decision, LeaseRequest, Millis, Usage, parse_headers,
+    AgentId, Config, Coordinator, Decision, Input, LeaseRequest, Millis, Usage, parse_headers,
 };
 
 /// Runs a short lease cycle and returns a checksum of what happened (0 on a config error).
@@ -55,8 +55,14 @@ pub extern "C" fn tokenwarden_probe(seed: u64) -> u64 {
             break;
         }
     }
-    let mut b = Backoff::new();
-    let _ = c.backoff(&mut b, None);
+    // The host protocol, its input decoded from JSON as a host sends it.
+    if let Ok(input) = serde_json::from_str::<Input>(
+        r#"{"op":"call_lease","request":{"agent":9,"pool":0,"input_tokens":10}}"#,
+    ) {
+        if c.handle(Millis(30), &input).is_ok() {
+            sum = sum.wrapping_add(1);
+        }
+    }
     let json = c.snapshot_json();
     if let Ok(restored) = Coordinator::restore_json(&json) {
         sum = sum.wrapping_add(restored.metrics(Millis(20)).pools.len() as u64);
