@@ -951,6 +951,29 @@ impl Coordinator {
         }
     }
 
+    /// The operator holds a pool: nothing is granted from it until `until` (a key being
+    /// rotated, a provider incident announced, a spend alarm). Leases already granted run
+    /// on; queued tickets keep their places and are granted after the hold, like after a
+    /// 429's pause (an ETA given before the hold does not count it). A hold only ever
+    /// lengthens the pause in force and is bounded, like a provider's, by
+    /// `feedback.max_pause_ms` from now: asking again extends it. Returns when grants
+    /// resume; an [`Event::Paused`] is raised when the pause grew.
+    ///
+    /// `UnknownPool` for a pool that does not exist (nothing changes).
+    pub fn hold(&mut self, now: Millis, pool: PoolId, until: Millis) -> Result<Millis, LeaseError> {
+        let p = self.pool_index(pool)?;
+        let now = self.advance(now);
+        let until = until.min(now.plus(self.config.feedback.max_pause_ms));
+        let Some(pl) = self.pools.get_mut(p as usize) else {
+            return Err(LeaseError::UnknownPool);
+        };
+        if until > pl.paused_until {
+            pl.paused_until = until;
+            self.events.push_back(Event::Paused { pool, until });
+        }
+        Ok(pl.paused_until.max(now))
+    }
+
     /// Keeps a granted lease alive: its expiry moves to `now + lease_ttl_ms` (never
     /// earlier than it was) and the new expiry is returned. A host renews a lease while
     /// its call is still working (a streamed answer whose bytes still flow), so the

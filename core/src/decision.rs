@@ -104,7 +104,7 @@ pub enum Event {
         /// Why it moved.
         reason: MarginReason,
     },
-    /// A 429 paused new grants for the whole pool.
+    /// A 429, or an operator's [`hold`](crate::Coordinator::hold), paused new grants for the whole pool.
     Paused {
         /// The pool.
         pool: PoolId,

@@ -37,7 +37,7 @@
 //! deliver, wait and ask again, or give up ([`ResponseStep`]: retryable statuses,
 //! `retry-after` against `reset_at`, jittered waits and give-up limits are all decided
 //! here); [`Coordinator::call_interrupted`] charges a call that ended without a usage
-//! report.
+//! report. [`Coordinator::hold`] is the operator's: no grant from a pool until a time.
 //!
 //! ## The host protocol
 //!

@@ -128,6 +128,14 @@ pub enum Input {
         /// How it ended.
         outcome: TaskOutcome,
     },
+    /// The operator holds a pool: no grant until `until` (a key being rotated, a provider
+    /// incident, a spend alarm): [`Coordinator::hold`].
+    Hold {
+        /// The pool.
+        pool: PoolId,
+        /// Until when.
+        until: Millis,
+    },
 }
 
 /// The coordinator's answer to one [`Input`]. Its JSON is tagged by `output`. Each
@@ -240,6 +248,14 @@ pub enum Output {
     TaskEnded {
         /// The figures.
         summary: TaskSummary,
+    },
+    /// `hold`: the pool grants nothing until `until` (the hold asked for, bounded by
+    /// `feedback.max_pause_ms`, or a longer pause already in force).
+    Held {
+        /// The pool.
+        pool: PoolId,
+        /// When grants resume.
+        until: Millis,
     },
 }
 
@@ -386,6 +402,10 @@ impl Coordinator {
             },
             Input::EndTask { task, outcome } => Output::TaskEnded {
                 summary: self.end_task(now, *task, *outcome)?,
+            },
+            Input::Hold { pool, until } => Output::Held {
+                pool: *pool,
+                until: self.hold(now, *pool, *until)?,
             },
         })
     }

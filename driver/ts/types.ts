@@ -265,6 +265,7 @@ export type Input =
   | { op: 'open_task'; task: TaskSpec }
   | { op: 'task_failed'; task: U64; signature: U64 }
   | { op: 'end_task'; task: U64; outcome: TaskOutcome }
+  | { op: 'hold'; pool: number; until: U64 }
 
 /**
  * The engine's answer to one {@link Input} (the core's `Output`): one variant per
@@ -287,6 +288,7 @@ export type Output =
   | { output: 'task_opened' }
   | { output: 'task_failed'; inARow: number }
   | { output: 'task_ended'; summary: TaskSummary }
+  | { output: 'held'; pool: number; until: U64 }
 
 /** What one response said about one axis. */
 export interface AxisReport {
