@@ -7,6 +7,8 @@
 //! - [`ArgError`]: the class (`Error`, `RangeError`, `TypeError`), stable code, message and
 //!   offending field of every error a binding throws, built from the core's errors;
 //! - [`camel`] / [`camel_keys`]: object keys in camelCase, enum tags left alone;
+//! - [`handle`]: the host protocol from JavaScript, the core's `Input` decoded from
+//!   camelCase JSON text (a bad field named) and handed to `Coordinator::handle`;
 //! - [`io`]: the register-file layouts of the hot calls (a `Float64Array` of
 //!   [`io::IO_SLOTS`] slots) with their field orders and codes, and the result held back
 //!   when it needs `bigint`s;
@@ -141,25 +143,6 @@ impl From<&core::RestoreError> for ArgError {
     fn from(e: &core::RestoreError) -> ArgError {
         ArgError::state(e.code(), e.to_string())
     }
-}
-
-/// The error for a key of a `what` object (`lease request`, `usage`) that an engine does
-/// not read, or `None` when `key` is one of `fields`. Ignored, the provider's own snake_case
-/// usage (`input_tokens`) would be recorded as 0 used; the message suggests the camelCase
-/// field for a snake_case spelling of one. (`driver/ts/register.ts` gives the same error
-/// before the register file, where both engines' hot calls never see the object.)
-#[must_use]
-pub fn unknown_key(key: &str, fields: &[&str], what: &str) -> Option<ArgError> {
-    if fields.contains(&key) {
-        return None;
-    }
-    let camel = camel(key);
-    let hint = if camel != key && fields.contains(&camel.as_str()) {
-        format!("; did you mean `{camel}`? (fields are camelCase)")
-    } else {
-        format!("; the fields are {}", fields.join(", "))
-    };
-    Some(ArgError::type_error(format!("unknown field `{key}` in the {what}{hint}")).with_field(key))
 }
 
 /// A `number` argument as a `u64`: a non-negative integer below 2^64.
@@ -736,15 +719,6 @@ pub mod io {
 
     /// The roles' names, in [`ROLES`] order (the core's serde tags, as objects spell them).
     pub const ROLE_NAMES: [&str; 3] = ["worker", "reviewer", "planner"];
-
-    /// The role an object names (`"planner"`, …), or the error both bindings throw.
-    pub fn role_named(name: Option<&str>) -> Result<core::Role, ArgError> {
-        ROLE_NAMES
-            .iter()
-            .position(|n| Some(*n) == name)
-            .and_then(|i| ROLES.get(i).copied())
-            .ok_or_else(bad_role)
-    }
 
     /// An unknown role: a `RangeError` naming the field.
     fn bad_role() -> ArgError {

@@ -207,12 +207,7 @@ fn every_role_has_its_code() {
     }
     for (name, role) in io::ROLE_NAMES.iter().zip(io::ROLES) {
         assert_eq!(tag(&role), *name, "ROLE_NAMES follows the core's tags");
-        assert_eq!(io::role_named(Some(name)), Ok(role));
     }
-    assert_eq!(
-        io::role_named(Some("admiral")).map_err(|e| e.field),
-        Err(Some("role".to_owned()))
-    );
     let mut regs = [0.0; io::IO_SLOTS];
     regs[6] = f64::NAN;
     let e = io::io_lease_request(&regs).unwrap_err();
@@ -558,29 +553,6 @@ fn camel_json_is_camel_keys_as_text() {
         serde_json::json!({ "a_b": "say \"c_d\": e_f", "g_h": [-12, 1.5e3, { "i_j": null }] });
     let parsed: Value = serde_json::from_str(&camel_json(&escaped).expect("fits")).expect("JSON");
     assert_eq!(parsed, camel_keys(escaped));
-}
-
-#[test]
-fn an_unknown_key_is_named_with_the_camel_case_field_suggested() {
-    assert_eq!(unknown_key("inputTokens", &io::USAGE_FIELDS, "usage"), None);
-    let e = unknown_key("input_tokens", &io::USAGE_FIELDS, "usage").unwrap_or_else(|| panic!());
-    assert_eq!(
-        (e.kind, e.code, e.field.as_deref()),
-        (ErrorKind::Type, "invalid_argument", Some("input_tokens"))
-    );
-    assert!(
-        e.message.contains("did you mean `inputTokens`"),
-        "{}",
-        e.message
-    );
-    let e = unknown_key("tokens", &io::LEASE_REQUEST_FIELDS, "lease request")
-        .unwrap_or_else(|| panic!());
-    assert!(
-        e.message
-            .starts_with("unknown field `tokens` in the lease request; the fields are agent, pool"),
-        "{}",
-        e.message
-    );
 }
 
 #[test]
