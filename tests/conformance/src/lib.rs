@@ -249,7 +249,7 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
         }
         c.before_input()?;
         let result = match op {
-            "metrics" => c.metrics(at)?,
+            "metrics" => metrics_record(input, c.metrics(at)?),
             "snapshot_restore" => {
                 c.snapshot_restore()?;
                 Value::Null
@@ -282,6 +282,40 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
             .map_err(|e| format!("state inconsistent after {op} at {at}: {e}"))?;
     }
     Ok(out)
+}
+
+/// A `metrics` record's `result`: the whole metrics for an input marked `"whole": true` or
+/// without a `check`, else only what its `check` names ([`project`]), so a trace that is not
+/// about metrics does not change when a metrics field is added.
+#[must_use]
+pub fn metrics_record(input: &Value, metrics: Value) -> Value {
+    match input.get("check") {
+        Some(check) if input.get("whole") != Some(&Value::Bool(true)) => project(&metrics, check),
+        _ => metrics,
+    }
+}
+
+/// The part of `got` that `want` names: an object's keys that `want` has, an array's
+/// elements that `want`'s elements match (as [`subset`] pairs them, in order), each
+/// projected in turn; anything else as it is.
+#[must_use]
+pub fn project(got: &Value, want: &Value) -> Value {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => Value::Object(
+            w.iter()
+                .filter_map(|(k, wv)| g.get(k).map(|gv| (k.clone(), project(gv, wv))))
+                .collect(),
+        ),
+        (Value::Array(w), Value::Array(g)) => {
+            let mut rest = g.iter();
+            Value::Array(
+                w.iter()
+                    .filter_map(|wv| rest.find(|gv| subset(wv, gv)).map(|gv| project(gv, wv)))
+                    .collect(),
+            )
+        }
+        _ => got.clone(),
+    }
 }
 
 /// Whether `want` is contained in `got`: objects by key (extra keys in `got` are fine),

@@ -44,6 +44,51 @@ const result = (f) => {
   }
 }
 
+/** Whether `want` is contained in `got` (the Rust runner's `subset`). */
+function contains(want, got) {
+  if (Array.isArray(want)) {
+    if (!Array.isArray(got)) return false
+    let i = 0
+    return want.every((w) => {
+      while (i < got.length) if (contains(w, got[i++])) return true
+      return false
+    })
+  }
+  if (want !== null && typeof want === 'object') {
+    return got !== null && typeof got === 'object' && !Array.isArray(got) && Object.entries(want).every(([k, w]) => k in got && contains(w, got[k]))
+  }
+  return equal(want, got)
+}
+
+/** The part of `got` that `want` names (the Rust runner's `project`). */
+function project(got, want) {
+  if (Array.isArray(want) && Array.isArray(got)) {
+    const out = []
+    let i = 0
+    for (const w of want) {
+      while (i < got.length) {
+        const g = got[i++]
+        if (contains(w, g)) {
+          out.push(project(g, w))
+          break
+        }
+      }
+    }
+    return out
+  }
+  if (want !== null && typeof want === 'object' && !Array.isArray(want) && got !== null && typeof got === 'object' && !Array.isArray(got)) {
+    const out = {}
+    for (const [k, w] of Object.entries(want)) if (k in got) out[k] = project(got[k], w)
+    return out
+  }
+  return got
+}
+
+/** A `metrics` record's result: whole when marked `whole` or unchecked, else what its `check` names. */
+function metricsRecord(input, metrics) {
+  return input.check !== undefined && input.whole !== true ? project(metrics, input.check) : metrics
+}
+
 /** A trace input as the host protocol's `Input` (camelCase): `at` and `check` left out, a call's name replaced by its state. */
 function protocolInput(input, callState) {
   const { at: _at, check: _check, ...rest } = input
@@ -194,7 +239,7 @@ export function replay(trace, factory, { protocol = false } = {}) {
         r = result(() => recase(engine.endTask(at, input.task, input.outcome), snake))
         break
       case 'metrics':
-        r = recase(engine.metrics(at), snake)
+        r = metricsRecord(input, recase(engine.metrics(at), snake))
         break
       case 'snapshot_restore':
         engine = factory.restore(engine.snapshot())
