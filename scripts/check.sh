@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The contributor's quick check, before a commit: formatting, lints, the core's tests, the
+# The contributor's quick check, before a commit: formatting and lints (Rust and, with biome,
+# the TypeScript driver and the edge), the core's tests, the
 # conformance traces (native core, and the JS engines' replay) and the JavaScript unit suites
 # on the native addon. A few minutes on 2 cores once the tree has been built; the whole
 # test command (scripts/test.sh, what CI runs) installs and runs everything else.
@@ -37,6 +38,9 @@ fi
 
 step "conformance traces through the native core"
 cargo run --quiet -p tokenwarden-conformance | { grep -v '^ok ' || true; }
+
+step "biome: formatting and lints of the TypeScript driver and the edge limiter"
+driver/node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench
 
 step "driver (TypeScript) and the native addon, rebuilt"
 (cd driver && npm run --silent build)

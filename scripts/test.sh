@@ -84,9 +84,11 @@ step "core built for wasm32-unknown-unknown imports nothing"
 cargo build --quiet --release --target wasm32-unknown-unknown -p tokenwarden-wasm-probe
 python3 scripts/check-wasm-imports.py target/wasm32-unknown-unknown/release/tokenwarden_wasm_probe.wasm tokenwarden_probe
 
-step "npm packages: npm ci and build the driver layer, the addon + TypeScript (generated types unchanged), the test infrastructure"
+step "npm packages: npm ci and build the driver layer (formatted and linted with biome), the addon + TypeScript (generated types unchanged), the test infrastructure"
 npm_ci() { (cd "$1" && npm ci --no-audit --no-fund --loglevel=error); }
 npm_ci driver && (cd driver && npm run --silent build)
+# Formatting and lints of the TypeScript driver and the edge limiter (biome.json at the root).
+driver/node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench || { echo "FAILED: biome (rerun: driver/node_modules/.bin/biome check driver/ts edge; --write applies the formatting)" >&2; exit 1; }
 est_log=$(cargo test --quiet -p tokenwarden-examples --test estimator -- --ignored 2>&1) && echo "fleet simulator on the product's estimator (examples/tests/estimator.rs): $(grep '^test result' <<<"$est_log")" || { echo "$est_log"; echo "FAILED: the simulator's estimator scenario (rerun: cargo test -p tokenwarden-examples --test estimator -- --ignored)" >&2; exit 1; }
 npm_ci testing
 (

@@ -43,4 +43,20 @@ export const EVENTS_SLOT = 48
 /** After a register-file call that returned: `pollTimeout()`, -1 none, -2 above 2^53 - 1. */
 export const TIMEOUT_SLOT = 49
 /** Every stable code an engine's errors carry. */
-export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'unknown_task', 'too_many_tasks', 'internal', 'corrupt'] as const
+export const ENGINE_ERROR_CODES = [
+  'unknown_pool',
+  'unknown_lease',
+  'not_granted',
+  'too_large',
+  'invalid_argument',
+  'config_parse',
+  'invalid_config',
+  'snapshot_version',
+  'snapshot_parse',
+  'snapshot_config',
+  'snapshot_corrupt',
+  'unknown_task',
+  'too_many_tasks',
+  'internal',
+  'corrupt',
+] as const

@@ -78,7 +78,8 @@ export class CountTokensClient {
       throw optionError('baseURL', `must be an absolute URL, got ${JSON.stringify(String(baseURL))}`)
     }
     if (base.protocol !== 'https:' && base.protocol !== 'http:') throw optionError('baseURL', `must be an http(s) URL, got ${base.protocol}`)
-    if (!(Number.isInteger(timeoutMs) && timeoutMs >= 1 && timeoutMs <= MAX_PAUSE_MS)) throw optionError('timeoutMs', `must be an integer number of milliseconds from 1 to ${MAX_PAUSE_MS}, got ${timeoutMs}`)
+    if (!(Number.isInteger(timeoutMs) && timeoutMs >= 1 && timeoutMs <= MAX_PAUSE_MS))
+      throw optionError('timeoutMs', `must be an integer number of milliseconds from 1 to ${MAX_PAUSE_MS}, got ${timeoutMs}`)
     if (!(Number.isInteger(pauseAfterFailureMs) && pauseAfterFailureMs >= 0 && pauseAfterFailureMs <= MAX_PAUSE_MS)) {
       throw optionError('pauseAfterFailureMs', `must be an integer number of milliseconds from 0 to ${MAX_PAUSE_MS}, got ${pauseAfterFailureMs}`)
     }

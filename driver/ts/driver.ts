@@ -229,7 +229,9 @@ export type HeadersLike = Headers | Record<string, string | string[] | undefined
 export function headerPairs(headers: HeadersLike): Array<[string, string]> {
   const out: Array<[string, string]> = []
   if (typeof (headers as Headers).forEach === 'function' && typeof (headers as Headers).get === 'function') {
-    ;(headers as Headers).forEach((value, name) => out.push([name, value]))
+    ;(headers as Headers).forEach((value, name) => {
+      out.push([name, value])
+    })
     return out
   }
   if (Symbol.iterator in (headers as object)) {
@@ -274,10 +276,7 @@ export class Driver extends Emitter<DriverEvents> {
   pool(name: string): number {
     const id = this.engine.poolId(name)
     if (id === null) {
-      throw new TokenwardenError(
-        'unknown_pool',
-        `no pool named ${JSON.stringify(name)}; the configuration has ${this.engine.pools.map((p) => JSON.stringify(p)).join(', ')}`,
-      )
+      throw new TokenwardenError('unknown_pool', `no pool named ${JSON.stringify(name)}; the configuration has ${this.engine.pools.map((p) => JSON.stringify(p)).join(', ')}`)
     }
     return id
   }

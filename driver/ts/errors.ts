@@ -39,10 +39,7 @@ export class LeaseRejectedError extends TokenwardenError {
   readonly gaveUp: GiveUpReason | null
   constructor(reason: RejectReason, retryAt: U64 | null, now: number, gaveUp: GiveUpReason | null = null) {
     const retryAfterMs = retryAt === null ? null : Math.max(0, Number(retryAt) - now)
-    const why =
-      reason.kind === 'exceeds_capacity'
-        ? `the request needs more ${reason.axis} than the pool allows in a window`
-        : reason.kind.replace(/_/g, ' ')
+    const why = reason.kind === 'exceeds_capacity' ? `the request needs more ${reason.axis} than the pool allows in a window` : reason.kind.replace(/_/g, ' ')
     super(
       'rejected',
       gaveUp === 'refusals'

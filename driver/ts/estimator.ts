@@ -113,7 +113,7 @@ const encoder = new TextEncoder()
 /** UTF-8 length of a string. */
 function bytes(s: string): number {
   // Fast path for ASCII, which most prompts mostly are.
-  let n = s.length
+  const n = s.length
   for (let i = 0; i < s.length; i++) {
     if (s.charCodeAt(i) > 0x7f) return encoder.encode(s).length
   }
@@ -242,7 +242,7 @@ function anthropicImageTokens(size: Size | null): number {
     h = (h * 1568) / long
   }
   const area = w * h
-  const scaled = area > 1092 * 1092 ? 1092 * 1092 : area
+  const scaled = Math.min(area, 1092 * 1092)
   return Math.max(1, Math.ceil(scaled / 750))
 }
 const ANTHROPIC_IMAGE_MAX = Math.ceil((1092 * 1092) / 750)
@@ -302,8 +302,7 @@ function mediaCost(meter: Meter, provider: Provider, b: Record<string, unknown>)
 }
 
 function readMedia(meter: Meter, provider: Provider, b: Record<string, unknown>): Cost | null {
-  const image = (size: Size | null, detail?: unknown): Cost =>
-    tokensCost(provider === 'openai' ? openaiImageTokens(size, detail) : anthropicImageTokens(size))
+  const image = (size: Size | null, detail?: unknown): Cost => tokensCost(provider === 'openai' ? openaiImageTokens(size, detail) : anthropicImageTokens(size))
   if (b.type === 'image') {
     // Anthropic: { source: { type: 'base64', data } | { type: 'url' } | { type: 'file' } }.
     const source = b.source as Record<string, unknown> | undefined
@@ -869,7 +868,7 @@ export class BytesPerTokenEstimator implements Estimator {
     let predicted = 0
     for (let k = 0; k < CLASSES; k++) {
       const p = ((units[k] as number) - (from === null ? 0 : (from[k] as number))) * (t[k] as number)
-      parts[k] = p > 0 ? p : 0
+      parts[k] = Math.max(p, 0)
       predicted += parts[k] as number
     }
     if (!(tokens > 0 && predicted > 0 && predicted >= minTokens) || !Number.isFinite(tokens / predicted)) return
@@ -1178,7 +1177,7 @@ export class DefaultEstimator implements Estimator {
       return e
     }
     const counter = this.#counter
-    if (counter !== null && counter.available() && !by.knowsPrefixOf(input)) {
+    if (counter?.available() && !by.knowsPrefixOf(input)) {
       return counter.count(input.body).then(
         (tokens) => {
           by.recordPromptTokens(input, tokens)

@@ -195,10 +195,7 @@ function resolvePool(driver: Driver, spec: FetchOptions['pool'], model: string, 
   const byName = driver.engine.poolId(model)
   if (byName !== null) return byName
   if (driver.engine.pools.length === 1) return 0
-  throw new TokenwardenError(
-    'unknown_pool',
-    `no pool for model ${JSON.stringify(model)}: name a pool after it or pass \`pool\` to fetch(); pools: ${driver.engine.pools.join(', ')}`,
-  )
+  throw new TokenwardenError('unknown_pool', `no pool for model ${JSON.stringify(model)}: name a pool after it or pass \`pool\` to fetch(); pools: ${driver.engine.pools.join(', ')}`)
 }
 
 async function readBody(input: RequestInfo | URL, init: RequestInit | undefined): Promise<string | null> {
@@ -217,12 +214,7 @@ function isEventStream(res: Response): boolean {
 /** Builds the wrapped `fetch`. Use `Tokenwarden.fetch()`, which supplies the context. */
 export function createFetch(ctx: FetchContext, options: FetchOptions = {}): typeof fetch {
   const { driver, estimator } = ctx
-  const agent: U64 =
-    options.agent === undefined
-      ? ctx.nextAgent()
-      : typeof options.agent === 'string'
-        ? agentIdFor(options.agent)
-        : options.agent
+  const agent: U64 = options.agent === undefined ? ctx.nextAgent() : typeof options.agent === 'string' ? agentIdFor(options.agent) : options.agent
   const task: U64 | undefined = typeof options.task === 'string' ? taskIdFor(options.task) : options.task
   if (options.timeouts !== undefined && (options.timeouts === null || typeof options.timeouts !== 'object')) {
     throw Object.assign(new TypeError('fetch(): `timeouts` must be an object: { firstByteMs?, idleMs? }'), { code: 'invalid_argument', field: 'timeouts' })
@@ -240,8 +232,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
     if (provider === null) return send(input, init)
     // A model call's redirect is handed back, never followed: it would take the API key to
     // wherever the Location points.
-    const unleased = (): Promise<Response> =>
-      input instanceof Request ? send(new Request(input, { ...init, redirect: 'manual' })) : send(input, { ...init, redirect: 'manual' })
+    const unleased = (): Promise<Response> => (input instanceof Request ? send(new Request(input, { ...init, redirect: 'manual' })) : send(input, { ...init, redirect: 'manual' }))
     const text = await readBody(input, init)
     let body: Record<string, unknown>
     try {
@@ -271,7 +262,10 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       } catch (e) {
         withdraw?.abort(e)
         // Granted meanwhile: give it back unused.
-        lease?.then((l) => l.cancel(), () => {})
+        lease?.then(
+          (l) => l.cancel(),
+          () => {},
+        )
         throw e
       }
     }
@@ -478,8 +472,17 @@ function estimateOf(driver: Driver, estimator: Estimator, input: EstimateInput):
   }
   const checked = (e: Estimate): Estimate => {
     const { inputTokens, cachedPrefixTokens, cachedPrefixConfirmed } = (e ?? {}) as Partial<Estimate>
-    if (Number.isSafeInteger(inputTokens) && (inputTokens as number) >= 0 && Number.isSafeInteger(cachedPrefixTokens) && (cachedPrefixTokens as number) >= 0 && (cachedPrefixConfirmed === undefined || typeof cachedPrefixConfirmed === 'boolean')) return e
-    return fallback(new TypeError(`the estimate must be { inputTokens, cachedPrefixTokens } of non-negative integers (and an optional boolean cachedPrefixConfirmed), got ${JSON.stringify(e) ?? String(e)}`))
+    if (
+      Number.isSafeInteger(inputTokens) &&
+      (inputTokens as number) >= 0 &&
+      Number.isSafeInteger(cachedPrefixTokens) &&
+      (cachedPrefixTokens as number) >= 0 &&
+      (cachedPrefixConfirmed === undefined || typeof cachedPrefixConfirmed === 'boolean')
+    )
+      return e
+    return fallback(
+      new TypeError(`the estimate must be { inputTokens, cachedPrefixTokens } of non-negative integers (and an optional boolean cachedPrefixConfirmed), got ${JSON.stringify(e) ?? String(e)}`),
+    )
   }
   let e: Estimate | Promise<Estimate>
   try {
@@ -490,15 +493,7 @@ function estimateOf(driver: Driver, estimator: Estimator, input: EstimateInput):
   return isThenable(e) ? Promise.resolve(e).then(checked, fallback) : checked(e)
 }
 
-function learn(
-  driver: Driver,
-  estimator: Estimator,
-  provider: Provider,
-  model: string,
-  body: Record<string, unknown>,
-  estimate: Estimate,
-  usage: Usage,
-): void {
+function learn(driver: Driver, estimator: Estimator, provider: Provider, model: string, body: Record<string, unknown>, estimate: Estimate, usage: Usage): void {
   const n = (v: Usage[keyof Usage]): number => Number(v ?? 0)
   const observed = {
     inputTokens: n(usage.inputTokens),
@@ -708,16 +703,7 @@ function renewer(lease: Lease, driver: Driver): () => void {
  * (a JSON answer: one that ends within them is settled by the time the caller has it, as
  * the SDKs read it whole anyway); the rest, and all of a stream, passes as it arrives.
  */
-async function relay(
-  res: Response,
-  lease: Lease,
-  driver: Driver,
-  meter: Meter,
-  upstream: AbortController,
-  idleMs: number,
-  holdBytes: number,
-  onUsage: (usage: Usage) => void,
-): Promise<Response> {
+async function relay(res: Response, lease: Lease, driver: Driver, meter: Meter, upstream: AbortController, idleMs: number, holdBytes: number, onUsage: (usage: Usage) => void): Promise<Response> {
   const reader = (res.body as ReadableStream<Uint8Array>).getReader()
   const clock = driver.clock
   const init = { status: res.status, statusText: res.statusText, headers: res.headers }

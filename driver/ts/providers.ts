@@ -42,10 +42,8 @@ export const DEFAULT_MAX_TOKENS = 4096
  */
 export function callShape(provider: Provider, body: Record<string, unknown>): CallShape {
   const model = typeof body.model === 'string' ? body.model : ''
-  const raw =
-    provider === 'anthropic' ? body.max_tokens : (body.max_output_tokens ?? body.max_completion_tokens ?? body.max_tokens)
-  const maxTokens =
-    typeof raw === 'number' && Number.isSafeInteger(raw) && raw >= 0 ? raw : DEFAULT_MAX_TOKENS
+  const raw = provider === 'anthropic' ? body.max_tokens : (body.max_output_tokens ?? body.max_completion_tokens ?? body.max_tokens)
+  const maxTokens = typeof raw === 'number' && Number.isSafeInteger(raw) && raw >= 0 ? raw : DEFAULT_MAX_TOKENS
   return { model, maxTokens, stream: body.stream === true }
 }
 
@@ -518,14 +516,7 @@ export function errorTypeFor(status: number): string {
  * (Anthropic `{"type":"error","error":{"type","message"}}`, OpenAI
  * `{"error":{"message","type","code"}}`), with tokenwarden's own fields under `tokenwarden`.
  */
-export function providerErrorBody(
-  provider: Provider,
-  status: number,
-  message: string,
-  tokenwarden: { error: string } & Record<string, unknown>,
-): Record<string, unknown> {
+export function providerErrorBody(provider: Provider, status: number, message: string, tokenwarden: { error: string } & Record<string, unknown>): Record<string, unknown> {
   const type = errorTypeFor(status)
-  return provider === 'anthropic'
-    ? { type: 'error', error: { type, message }, tokenwarden }
-    : { error: { message, type, code: tokenwarden.error }, tokenwarden }
+  return provider === 'anthropic' ? { type: 'error', error: { type, message }, tokenwarden } : { error: { message, type, code: tokenwarden.error }, tokenwarden }
 }

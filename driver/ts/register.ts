@@ -233,7 +233,7 @@ function checkFinite(v: unknown, path: string): void {
       throw err
     }
   } else if (Array.isArray(v)) {
-    v.forEach((x, i) => checkFinite(x, `${path}[${i}]`))
+    for (const [i, x] of v.entries()) checkFinite(x, `${path}[${i}]`)
   } else if (v !== null && typeof v === 'object') {
     for (const [k, x] of Object.entries(v)) checkFinite(x, path === '' ? k : `${path}.${k}`)
   }
@@ -420,14 +420,7 @@ export class RegisterEngine implements Engine {
     return (this.#handle(now, { op: 'renew', lease }, 'renew') as { expiresAt: U64 }).expiresAt
   }
 
-  handleResponse(
-    now: U64,
-    pool: number,
-    lease: number | null,
-    status: number,
-    headers: Array<[string, string]>,
-    unixNowMs: U64 | null,
-  ): HeaderReport {
+  handleResponse(now: U64, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): HeaderReport {
     const text = headerText(headers)
     if (text === null || !this.#response(now, pool, lease, status, unixNowMs)) {
       const out = this.#handle(now, { op: 'response', pool, lease, status, headers, unixNowMs }, 'handleResponse')
@@ -521,15 +514,7 @@ export class RegisterEngine implements Engine {
     return code === WIDE ? (fromJson(this.#c.takeWide()) as CallLeaseResult) : this.#stepOut(code)
   }
 
-  callResponse(
-    now: U64,
-    call: CallState,
-    pool: number,
-    lease: number | null,
-    status: number,
-    headers: Array<[string, string]>,
-    unixNowMs: U64 | null,
-  ): CallResponseResult {
+  callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): CallResponseResult {
     const text = headerText(headers)
     if (text === null || !this.#response(now, pool, lease, status, unixNowMs) || !this.#call(call, 5)) {
       const out = this.#handle(now, { op: 'call_response', call, pool, lease, status, headers, unixNowMs }, 'callResponse') as Output & {
@@ -600,4 +585,3 @@ export class RegisterEngine implements Engine {
     }
   }
 }
-

@@ -12,23 +12,7 @@ import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import { Tokenwarden } from './tokenwarden.js'
 import type { Clock } from './clock.js'
 import type { AcquireOptions } from './driver.js'
-import type {
-  CallResponseResult,
-  CallState,
-  CallStep,
-  Engine,
-  EngineFactory,
-  HeaderReport,
-  LeaseRequest,
-  RejectReason,
-  Settlement,
-  TaskOutcome,
-  TaskSpec,
-  TaskSummary,
-  U64,
-  Usage,
-} from './types.js'
-
+import type { CallResponseResult, CallState, CallStep, Engine, EngineFactory, HeaderReport, LeaseRequest, RejectReason, Settlement, TaskOutcome, TaskSpec, TaskSummary, U64, Usage } from './types.js'
 
 /** What a fallback must offer for tasks. */
 type TaskOps = Pick<Tokenwarden, 'openTask' | 'taskFailed' | 'endTask'>
@@ -182,13 +166,7 @@ export class RemoteTokenwarden extends Tokenwarden {
     return this.#downSince !== null
   }
 
-  async #call(
-    method: string,
-    path: string,
-    body?: unknown,
-    timeoutMs = this.#o.timeoutMs,
-    abort: AbortSignal | null = null,
-  ): Promise<{ status: number; body: Record<string, unknown> }> {
+  async #call(method: string, path: string, body?: unknown, timeoutMs = this.#o.timeoutMs, abort: AbortSignal | null = null): Promise<{ status: number; body: Record<string, unknown> }> {
     const url = `${this.#o.url}/v1/fleets/${encodeURIComponent(this.#o.fleet)}/quotas/${encodeURIComponent(this.#o.quota)}${path}`
     let res: Response
     try {
@@ -401,11 +379,23 @@ export class RemoteTokenwarden extends Tokenwarden {
   }
 
   override async taskFailed(task: U64, signature: U64): Promise<number> {
-    return this.#taskOp(task, `/tasks/${String(task)}/failed`, { signature: Number(signature) }, (tw) => tw.taskFailed(task, signature), (b) => Number(b.repeats))
+    return this.#taskOp(
+      task,
+      `/tasks/${String(task)}/failed`,
+      { signature: Number(signature) },
+      (tw) => tw.taskFailed(task, signature),
+      (b) => Number(b.repeats),
+    )
   }
 
   override async endTask(task: U64, outcome: TaskOutcome): Promise<TaskSummary> {
-    const s = await this.#taskOp(task, `/tasks/${String(task)}/done`, { outcome }, (tw) => tw.endTask(task, outcome), (b) => b as unknown as TaskSummary)
+    const s = await this.#taskOp(
+      task,
+      `/tasks/${String(task)}/done`,
+      { outcome },
+      (tw) => tw.endTask(task, outcome),
+      (b) => b as unknown as TaskSummary,
+    )
     this.#tasks.delete(String(task))
     return s
   }
@@ -421,13 +411,7 @@ export class RemoteTokenwarden extends Tokenwarden {
     }
   }
 
-  async #taskOp<T>(
-    task: U64,
-    path: string,
-    body: unknown,
-    local: (tw: TaskOps) => T | Promise<T>,
-    read: (b: Record<string, unknown>) => T,
-  ): Promise<T> {
+  async #taskOp<T>(task: U64, path: string, body: unknown, local: (tw: TaskOps) => T | Promise<T>, read: (b: Record<string, unknown>) => T): Promise<T> {
     try {
       if (!this.#remoteUsable()) throw new Unreachable('the edge limiter is failed open')
       const r = await this.#call('POST', path, body)
@@ -511,7 +495,9 @@ export class RemoteTokenwarden extends Tokenwarden {
 function randomId(): string {
   const bytes = new Uint8Array(12)
   crypto.getRandomValues(bytes)
-  return Array.from(bytes, (b) => b.toString(36).padStart(2, '0')).join('').slice(0, 24)
+  return Array.from(bytes, (b) => b.toString(36).padStart(2, '0'))
+    .join('')
+    .slice(0, 24)
 }
 
 function isFactory(e: Engine | EngineFactory): e is EngineFactory {

@@ -135,18 +135,10 @@ export interface Usage {
 }
 
 /** Why a request was rejected. */
-export type RejectReason =
-  | { kind: 'exceeds_capacity'; axis: Axis }
-  | { kind: 'wait_too_long' }
-  | { kind: 'queue_full' }
-  | { kind: 'too_many_leases' }
-  | { kind: 'too_many_agents' }
+export type RejectReason = { kind: 'exceeds_capacity'; axis: Axis } | { kind: 'wait_too_long' } | { kind: 'queue_full' } | { kind: 'too_many_leases' } | { kind: 'too_many_agents' }
 
 /** The answer to `requestLease`. */
-export type Decision =
-  | { kind: 'grant'; lease: number; expiresAt: U64 }
-  | { kind: 'queued'; lease: number; eta: U64 }
-  | { kind: 'reject'; retryAt: U64 | null; reason: RejectReason }
+export type Decision = { kind: 'grant'; lease: number; expiresAt: U64 } | { kind: 'queued'; lease: number; eta: U64 } | { kind: 'reject'; retryAt: U64 | null; reason: RejectReason }
 
 /** Reserved and used amounts per axis: input tokens, output tokens, tokens, requests. */
 export interface Settlement {
@@ -200,11 +192,7 @@ export type GiveUpReason = 'never_fits' | 'refusals' | 'attempts'
  * until `until` (for the ticket's grant, or to ask again), checkpointing the turn first when
  * `checkpoint` says the wait is long; hand the response over; or give up.
  */
-export type CallStep =
-  | { kind: 'send'; lease: number; expiresAt: U64 }
-  | ({ kind: 'wait' } & Wait)
-  | { kind: 'deliver' }
-  | ({ kind: 'give_up' } & GiveUp)
+export type CallStep = { kind: 'send'; lease: number; expiresAt: U64 } | ({ kind: 'wait' } & Wait) | { kind: 'deliver' } | ({ kind: 'give_up' } & GiveUp)
 
 /** `callLease()`'s answer. */
 export interface CallLeaseResult {
@@ -426,14 +414,7 @@ export interface Engine {
    */
   renew(now: U64, lease: number): U64
   /** Parses the headers (name/value pairs), resyncs the pool, pauses it on a 429. */
-  handleResponse(
-    now: U64,
-    pool: number,
-    lease: number | null,
-    status: number,
-    headers: Array<[string, string]>,
-    unixNowMs: U64 | null,
-  ): HeaderReport
+  handleResponse(now: U64, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): HeaderReport
   handleTimeout(now: U64): void
   pollTimeout(): U64 | null
   pollEvent(): EngineEvent | null
@@ -448,15 +429,7 @@ export interface Engine {
    * The call lifecycle: feeds a response back (as `handleResponse`) and says what to do
    * with it. A response that is not a success is settled here as nothing used.
    */
-  callResponse(
-    now: U64,
-    call: CallState,
-    pool: number,
-    lease: number | null,
-    status: number,
-    headers: Array<[string, string]>,
-    unixNowMs: U64 | null,
-  ): CallResponseResult
+  callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): CallResponseResult
   /**
    * Settles conservatively a lease whose call ended without a usage report (network
    * error, abort, broken stream); `seen` is the usage seen before the end, or `null`.

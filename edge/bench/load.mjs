@@ -42,7 +42,14 @@ const call = (quota, path, body, method = 'POST') =>
   new Promise((resolve, reject) => {
     const text = body === undefined ? undefined : JSON.stringify(body)
     const req = http.request(
-      { agent, host: origin.hostname, port: origin.port, method, path: `/v1/fleets/load/quotas/${quota}${path}`, headers: { ...headers, ...(text === undefined ? {} : { 'content-length': Buffer.byteLength(text) }) } },
+      {
+        agent,
+        host: origin.hostname,
+        port: origin.port,
+        method,
+        path: `/v1/fleets/load/quotas/${quota}${path}`,
+        headers: { ...headers, ...(text === undefined ? {} : { 'content-length': Buffer.byteLength(text) }) },
+      },
       (res) => {
         let data = ''
         res.setEncoding('utf8')
@@ -85,7 +92,9 @@ await Promise.all(Array.from({ length: CLIENTS }, (_, i) => client(i)))
 const elapsed = (performance.now() - t0) / 1000
 clearInterval(ticker)
 const sorted = [...perSecond].sort((a, b) => a - b)
-console.log(`throughput: ${pairs} lease+settle pairs in ${elapsed.toFixed(1)} s = ${(pairs / elapsed).toFixed(0)} pairs/s with ${CLIENTS} clients (persistence on); per-second min ${sorted[0]?.toFixed(0)}, median ${sorted[sorted.length >> 1]?.toFixed(0)}; errors ${errors}`)
+console.log(
+  `throughput: ${pairs} lease+settle pairs in ${elapsed.toFixed(1)} s = ${(pairs / elapsed).toFixed(0)} pairs/s with ${CLIENTS} clients (persistence on); per-second min ${sorted[0]?.toFixed(0)}, median ${sorted[sorted.length >> 1]?.toFixed(0)}; errors ${errors}`,
+)
 
 // Phase 2: correctness under concurrent load against tight limits.
 const CHECK_S = 10
@@ -135,7 +144,9 @@ for (const [t, tokens] of grants) {
   worst = Math.max(worst, sum - rate * (t - t00) - minPrefix)
 }
 const metrics = (await call('tight', '/metrics', undefined, 'GET')).body
-console.log(`correctness: ${granted} grants in ${CHECK_S} s by 64 clients; peak in flight ${peak} (limit ${TIGHT.max_concurrent}); worst window ${worst.toFixed(0)} input tokens against a bucket of ${capacity.toFixed(0)} (+ refill over the window); server counters ${JSON.stringify(metrics.pools[0].counters)}`)
+console.log(
+  `correctness: ${granted} grants in ${CHECK_S} s by 64 clients; peak in flight ${peak} (limit ${TIGHT.max_concurrent}); worst window ${worst.toFixed(0)} input tokens against a bucket of ${capacity.toFixed(0)} (+ refill over the window); server counters ${JSON.stringify(metrics.pools[0].counters)}`,
+)
 const ok = peak <= TIGHT.max_concurrent && worst <= capacity + 1
 console.log(ok ? 'OK: nothing was admitted beyond the limits' : 'FAILED: admissions beyond the limits')
 agent.destroy()

@@ -54,7 +54,10 @@ function parseFleetsUncached(text) {
     if (typeof fleet.secret !== 'string' || fleet.secret.length < 16 || fleet.secret.length > MAX_SECRET_CHARS) {
       throw new Error(`fleets.${name}.secret must be a string of 16 to ${MAX_SECRET_CHARS} characters`)
     }
-    if (fleet.admin_secret !== undefined && (typeof fleet.admin_secret !== 'string' || fleet.admin_secret.length < 16 || fleet.admin_secret.length > MAX_SECRET_CHARS || fleet.admin_secret === fleet.secret)) {
+    if (
+      fleet.admin_secret !== undefined &&
+      (typeof fleet.admin_secret !== 'string' || fleet.admin_secret.length < 16 || fleet.admin_secret.length > MAX_SECRET_CHARS || fleet.admin_secret === fleet.secret)
+    ) {
       throw new Error(`fleets.${name}.admin_secret must be a string of 16 to ${MAX_SECRET_CHARS} characters, other than the fleet's secret`)
     }
     if (fleet.proxy_open !== undefined && fleet.proxy_open !== true && fleet.proxy_open !== false && fleet.proxy_open !== 'credential') {
@@ -169,7 +172,11 @@ export async function authenticate(fleets, fleet, request, { proxy = false, cred
   if (proxy && secret === null && f0?.proxy_open === true) return { fleet: f0, agent: null, open: true }
   if (secret !== null && isCredential(secret)) return { fleet: f0, agent: await credentialAgent(f0, fleet, secret), open: false }
   if (proxy && secret === null && f0?.proxy_open === 'credential') {
-    throw new HttpError(401, 'unauthorized', 'this fleet takes proxied calls without the fleet secret only from an agent credential: put it in place of the agent name (/agents/<credential>/<role>/…) or send it in x-tokenwarden-token')
+    throw new HttpError(
+      401,
+      'unauthorized',
+      'this fleet takes proxied calls without the fleet secret only from an agent credential: put it in place of the agent name (/agents/<credential>/<role>/…) or send it in x-tokenwarden-token',
+    )
   }
   return { fleet: await authenticateFleet(f0, secret, proxy), agent: null, open: false }
 }
@@ -248,7 +255,7 @@ export async function authenticateAdmin(fleets, fleet, request) {
   const f = Object.hasOwn(fleets, fleet) ? fleets[fleet] : null
   const expected = typeof f?.admin_secret === 'string' ? f.admin_secret : null
   const ok = await sameSecret(given, expected)
-  if (!ok || expected === null) throw new HttpError(401, 'unauthorized', 'admin routes need the fleet\'s admin secret: Authorization: Bearer <admin_secret>')
+  if (!ok || expected === null) throw new HttpError(401, 'unauthorized', "admin routes need the fleet's admin secret: Authorization: Bearer <admin_secret>")
   return f
 }
 

@@ -64,9 +64,21 @@ export function prometheusText(metrics, labels) {
   out.family('tokenwarden_agent_in_flight', 'gauge', `Leases in flight, per agent (the ${MAX_AGENT_LABELS} most active by name, the rest as "other").`)
   out.family('tokenwarden_agent_queued', 'gauge', 'Tickets queued, per agent.')
   out.family('tokenwarden_agent_settled_total', 'counter', 'Leases settled, per agent.')
-  out.family('tokenwarden_agent_state', 'gauge', 'What each agent is doing now: 1 for its state, 0 for the others (for "other", how many agents are in each state). Waiting is queued, refused (until a retry time), rate_limited (waiting out a 429) or backing_off (an overload).')
-  out.family('tokenwarden_agent_rate_limited', 'gauge', 'Agents waiting out a 429, by the limit the provider named or its headers showed spent (axis "unknown" when neither did): 1 per named agent, a count for "other".')
-  out.family('tokenwarden_agent_wait_remaining_seconds', 'gauge', 'Seconds until a waiting agent is expected to go on: a refusal, 429 or overload wait until its end, a queued ticket until its expected grant (for "other", the longest).')
+  out.family(
+    'tokenwarden_agent_state',
+    'gauge',
+    'What each agent is doing now: 1 for its state, 0 for the others (for "other", how many agents are in each state). Waiting is queued, refused (until a retry time), rate_limited (waiting out a 429) or backing_off (an overload).',
+  )
+  out.family(
+    'tokenwarden_agent_rate_limited',
+    'gauge',
+    'Agents waiting out a 429, by the limit the provider named or its headers showed spent (axis "unknown" when neither did): 1 per named agent, a count for "other".',
+  )
+  out.family(
+    'tokenwarden_agent_wait_remaining_seconds',
+    'gauge',
+    'Seconds until a waiting agent is expected to go on: a refusal, 429 or overload wait until its end, a queued ticket until its expected grant (for "other", the longest).',
+  )
   for (const [agent, f] of perAgent(agents)) {
     const l = [...base, ['agent', agent]]
     out.sample('tokenwarden_agent_in_flight', l, f.inFlight)
@@ -84,7 +96,11 @@ export function prometheusText(metrics, labels) {
   out.family('tokenwarden_used_last_minute_ratio', 'gauge', "Usage in the last complete minute against the provider's limit, for axes with a known limit.")
   out.family('tokenwarden_margin_ratio', 'gauge', 'Share of the provider limit the coordinator currently grants (1 = all of it).')
   out.family('tokenwarden_paused', 'gauge', '1 while grants are paused after a 429, else 0.')
-  out.family('tokenwarden_margin_at_floor_seconds', 'gauge', 'How long the margin has sat at its floor without rising (0 when it is not there); past margin.floor_alert_ms something outside the coordinator is using the key.')
+  out.family(
+    'tokenwarden_margin_at_floor_seconds',
+    'gauge',
+    'How long the margin has sat at its floor without rising (0 when it is not there); past margin.floor_alert_ms something outside the coordinator is using the key.',
+  )
   out.family('tokenwarden_queue_depth', 'gauge', 'Tickets queued.')
   out.family('tokenwarden_in_flight', 'gauge', 'Leases in flight.')
   out.family('tokenwarden_max_concurrent', 'gauge', 'The concurrency limit, where known.')
@@ -101,8 +117,12 @@ export function prometheusText(metrics, labels) {
 
   // The ceilings hit (the edge's counters since its object started, beside the core's
   // metrics): 429s by the limit the provider named, refusals by reason and axis.
-  out.family('tokenwarden_rate_limited_by_axis_total', 'counter', '429 responses reported, by the limit the provider said was exceeded (its rate_limit_type; "unknown" when it named none), since the quota\'s object started.')
-  out.family('tokenwarden_rejected_by_reason_total', 'counter', 'Requests refused, by the core\'s reason (and the axis, for exceeds_capacity), since the quota\'s object started.')
+  out.family(
+    'tokenwarden_rate_limited_by_axis_total',
+    'counter',
+    '429 responses reported, by the limit the provider said was exceeded (its rate_limit_type; "unknown" when it named none), since the quota\'s object started.',
+  )
+  out.family('tokenwarden_rejected_by_reason_total', 'counter', "Requests refused, by the core's reason (and the axis, for exceeds_capacity), since the quota's object started.")
   for (const c of metrics.ceilings?.pools ?? []) {
     const p = [...base, ['pool', String(c.pool)]]
     for (const [axis, k] of Object.entries(c.rateLimited ?? {})) out.sample('tokenwarden_rate_limited_by_axis_total', [...p, ['axis', axis]], k)
@@ -133,7 +153,10 @@ export function prometheusText(metrics, labels) {
     out.family('tokenwarden_task_tokens_total', 'counter', 'Tokens charged to the tasks that ended.')
     out.sample('tokenwarden_task_tokens_total', base, tasks.sinceStart?.tokens ?? 0)
     out.family('tokenwarden_task_seconds', 'gauge', 'Wall time of the merged tasks since start, by quantile (within 3.2 %).')
-    for (const [quantile, ms] of [['0.5', tasks.sinceStart?.taskTimeP50Ms], ['0.95', tasks.sinceStart?.taskTimeP95Ms]]) {
+    for (const [quantile, ms] of [
+      ['0.5', tasks.sinceStart?.taskTimeP50Ms],
+      ['0.95', tasks.sinceStart?.taskTimeP95Ms],
+    ]) {
       if (ms !== null && ms !== undefined) out.sample('tokenwarden_task_seconds', [...base, ['quantile', quantile]], toNumber(ms) / 1000)
     }
     out.family('tokenwarden_tokens_per_merged_task', 'gauge', 'Tokens of the ended tasks (every outcome) per merged task, since start and over the last complete minute.')
@@ -141,7 +164,10 @@ export function prometheusText(metrics, labels) {
     out.family('tokenwarden_critical_path_wait_seconds', 'gauge', 'Quota wait of the ended tasks times the tasks each unblocks (agent-seconds), since start and over the last complete minute.')
     out.family('tokenwarden_quota_wait_seconds', 'gauge', 'Time the ended tasks waited on the quota, since start and over the last complete minute.')
     out.family('tokenwarden_rate_limited_ratio', 'gauge', '429 responses per call sent, since start and over the last complete minute.')
-    for (const [span, f] of [['since_start', tasks.sinceStart], ['last_minute', tasks.lastMinute]]) {
+    for (const [span, f] of [
+      ['since_start', tasks.sinceStart],
+      ['last_minute', tasks.lastMinute],
+    ]) {
       if (!f) continue
       const s = [...base, ['span', span]]
       if (f.tokensPerMergedTask !== null && f.tokensPerMergedTask !== undefined) out.sample('tokenwarden_tokens_per_merged_task', s, f.tokensPerMergedTask)
@@ -174,7 +200,10 @@ export function prometheusText(metrics, labels) {
     if (pool.maxConcurrent !== null && pool.maxConcurrent !== undefined) {
       out.sample('tokenwarden_max_concurrent', p, pool.maxConcurrent)
     }
-    for (const [quantile, ms] of [['0.5', pool.queueWaitP50Ms], ['0.95', pool.queueWaitP95Ms]]) {
+    for (const [quantile, ms] of [
+      ['0.5', pool.queueWaitP50Ms],
+      ['0.95', pool.queueWaitP95Ms],
+    ]) {
       if (ms !== null && ms !== undefined) {
         out.sample('tokenwarden_queue_wait_seconds', [...p, ['quantile', quantile]], toNumber(ms) / 1000)
       }
@@ -218,7 +247,17 @@ function perAgent(agents) {
       const state = AGENT_STATES.includes(a.activity?.state) ? a.activity.state : 'idle'
       const active = toNumber(a.inFlight) + Math.max(toNumber(a.queued), WAITING.has(state) ? 1 : 0)
       const axis = state === 'rate_limited' ? (typeof a.activity.axis === 'string' ? a.activity.axis : 'unknown') : null
-      return { label: typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent), inFlight: toNumber(a.inFlight), queued: toNumber(a.queued), settled: toNumber(a.settled), lastSeen: toNumber(a.lastSeen), state, active, axis, waitUntil: waitUntilOf(a.activity) }
+      return {
+        label: typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent),
+        inFlight: toNumber(a.inFlight),
+        queued: toNumber(a.queued),
+        settled: toNumber(a.settled),
+        lastSeen: toNumber(a.lastSeen),
+        state,
+        active,
+        axis,
+        waitUntil: waitUntilOf(a.activity),
+      }
     })
     .sort((x, y) => y.active - x.active || y.settled - x.settled || y.lastSeen - x.lastSeen || (x.label < y.label ? -1 : x.label > y.label ? 1 : 0))
   const out = new Map()

@@ -441,7 +441,10 @@ export class QuotaObject {
           return json(200, this.#named(tw.metrics()))
         case 'GET timeline': {
           const pools = (tw.metrics().pools ?? []).map((p) => String(p.name))
-          return json(200, this.timeline.view(Date.now(), (agent) => this.agentIds?.nameOf(agent) ?? null, pools))
+          return json(
+            200,
+            this.timeline.view(Date.now(), (agent) => this.agentIds?.nameOf(agent) ?? null, pools),
+          )
         }
         case 'POST reset':
           response = await this.#reset()
@@ -538,7 +541,7 @@ export class QuotaObject {
     for (const k of Object.keys(b)) if (k !== 'call' && !FIELDS.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`)
     const { call: given, ...fields } = b
     const call = given === undefined ? newCall() : callState(given)
-    const pool = typeof fields.pool === 'string' ? tw.pool(fields.pool) : fields.pool ?? 0
+    const pool = typeof fields.pool === 'string' ? tw.pool(fields.pool) : (fields.pool ?? 0)
     const agent = await this.#agentFor(fields.agent, who)
     const request = { ...fields, agent: agent.id, pool }
     if (fields.task === undefined || fields.task === null) delete request.task
@@ -602,7 +605,8 @@ export class QuotaObject {
       else {
         const max = parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.quotas?.[quota]?.config?.max_tasks ?? DEFAULT_MAX_TASKS
         const open = Number(tw.metrics().tasks.open)
-        if (open >= Math.floor((max * 3) / 4)) throw new HttpError(409, 'too_many_tasks', `${open} tasks are open: an agent credential opens new ones only below three quarters of max_tasks (${max}); the rest is the operator's`)
+        if (open >= Math.floor((max * 3) / 4))
+          throw new HttpError(409, 'too_many_tasks', `${open} tasks are open: an agent credential opens new ones only below three quarters of max_tasks (${max}); the rest is the operator's`)
       }
     }
     tw.openTask(spec)
@@ -613,8 +617,10 @@ export class QuotaObject {
   /** A failed attempt of an open task: `{ signature }` (a hash the client computed; never the test or diff itself). */
   #taskFailed(tw, id, b, who) {
     this.#mayAct(Number(id), who)
-    for (const k of Object.keys(b)) if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
-    if (!Number.isSafeInteger(b.signature) || b.signature < 0) throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
+    for (const k of Object.keys(b))
+      if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
+    if (!Number.isSafeInteger(b.signature) || b.signature < 0)
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
     return json(200, { task: Number(id), repeats: tw.taskFailed(Number(id), b.signature) })
   }
 
@@ -684,13 +690,18 @@ export class QuotaObject {
    * its lease as nothing used: the lease ends here.
    */
   #response(tw, b, who) {
-    for (const k of Object.keys(b)) if (!['pool', 'lease', 'status', 'headers', 'call'].includes(k)) throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the report`), { field: k })
+    for (const k of Object.keys(b))
+      if (!['pool', 'lease', 'status', 'headers', 'call'].includes(k)) throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the report`), { field: k })
     checkHeaderPairs(b.headers)
-    if (!Number.isInteger(b.status) || b.status < 100 || b.status > 599) throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
+    if (!Number.isInteger(b.status) || b.status < 100 || b.status > 599)
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
     // Evidence about one call: the granted lease it was sent under, held by the reporter
     // (the Worker has checked the handle), in the lease's own pool.
     const lease = b.lease
-    if (lease === null || lease === undefined) throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be the handle of the granted lease whose call this response answers: a report is evidence about one call'), { field: 'lease' })
+    if (lease === null || lease === undefined)
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be the handle of the granted lease whose call this response answers: a report is evidence about one call'), {
+        field: 'lease',
+      })
     const rec = this.#known(lease, who)
     if (rec.state !== 'granted') throw Object.assign(new HttpError(409, 'not_granted', 'this lease is a queued ticket: nothing was sent under it, so no response can answer it'), { field: 'lease' })
     const pool = b.pool === undefined || b.pool === null ? rec.pool : typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool
@@ -763,7 +774,8 @@ export class QuotaObject {
     }
     const unblocks = pick('unblocks') ?? (children > 0 ? String(children) : null)
     const signature = request.headers.get('x-tokenwarden-failure-signature')
-    if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature)))) throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
+    if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature))))
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
     const upstream = new URL(q.upstream)
     upstream.pathname = upstream.pathname.replace(/\/$/, '') + path
     // The client's query string passes through (Claude Code sends `?beta=true`).
@@ -806,7 +818,10 @@ export class QuotaObject {
     // 429 to clear) gets its response head now and SSE comments until the provider's stream
     // follows: the client sees a live connection, and a client that went away is noticed
     // when a write to it fails — the call is then withdrawn, not forwarded for nobody.
-    const settled = answer.then((res) => ({ res }), (err) => ({ err }))
+    const settled = answer.then(
+      (res) => ({ res }),
+      (err) => ({ err }),
+    )
     let first = await Promise.race([settled, new Promise((r) => setTimeout(() => r(null), KEEPALIVE_AFTER_MS))])
     // Already with the provider: its own status and headers are what the client gets.
     if (first === null && sent) first = await settled
@@ -1077,7 +1092,18 @@ async function body(request) {
   return b
 }
 
-const STATUS = { unknown_lease: 404, unknown_pool: 400, not_granted: 409, too_large: 400, invalid_argument: 400, closed: 503, unknown_task: 404, too_many_tasks: 409, upstream_timeout: 504, aborted: 499 }
+const STATUS = {
+  unknown_lease: 404,
+  unknown_pool: 400,
+  not_granted: 409,
+  too_large: 400,
+  invalid_argument: 400,
+  closed: 503,
+  unknown_task: 404,
+  too_many_tasks: 409,
+  upstream_timeout: 504,
+  aborted: 499,
+}
 
 /**
  * Errors as JSON: `{ error: code, message, field? }` with the right status. With a

@@ -16,8 +16,7 @@ export const CHUNK = 64
 /** The head's key; chunks are `state<path>#<content hash>`. */
 export const PREFIX = 'state'
 
-const exact = (_key, value, context) =>
-  typeof value === 'number' && !Number.isSafeInteger(value) && Number.isInteger(value) ? JSON.rawJSON(context.source) : value
+const exact = (_key, value, context) => (typeof value === 'number' && !Number.isSafeInteger(value) && Number.isInteger(value) ? JSON.rawJSON(context.source) : value)
 
 /** Parses JSON keeping every integer exact. */
 export function parseExact(text) {

@@ -149,9 +149,7 @@ export class WaitLog {
         return []
       }
     })()
-    const state = pools
-      .map((p) => `${p.name}: margin ${Math.round(p.marginPermille / 10)} %, ${p.queueDepth} in line, ${p.inFlight} in flight, held by ${ceilingOf(p)}`)
-      .join('; ')
+    const state = pools.map((p) => `${p.name}: margin ${Math.round(p.marginPermille / 10)} %, ${p.queueDepth} in line, ${p.inFlight} in flight, held by ${ceilingOf(p)}`).join('; ')
     this.#print(
       `tokenwarden: last ${Math.round((now - m.start) / 1000)} s: ${m.granted} calls granted, ${m.waits} waited over ${LONG_WAIT_MS / 1000} s` +
         (m.longest > 0 ? ` (longest ${seconds(m.longest)} s)` : '') +

@@ -139,12 +139,17 @@ test('Prometheus: a state gauge per agent (bounded: the 20 most active by name, 
   // settled calls.
   for (let i = 0; i < 25; i++) {
     const activity =
-      i === 0 ? { state: 'rate_limited', until: now + 14_000, axis: 'input_tokens' }
-      : i === 1 ? { state: 'refused', until: now + 5_000 }
-      : i === 2 ? { state: 'backing_off', until: now + 2_000 }
-      : i === 3 ? { state: 'in_flight' }
-      : i < 22 ? { state: 'queued', since: now - 12_000, expectedGrant: now + 8_000 }
-      : { state: 'rate_limited', until: now + 30_000, axis: null }
+      i === 0
+        ? { state: 'rate_limited', until: now + 14_000, axis: 'input_tokens' }
+        : i === 1
+          ? { state: 'refused', until: now + 5_000 }
+          : i === 2
+            ? { state: 'backing_off', until: now + 2_000 }
+            : i === 3
+              ? { state: 'in_flight' }
+              : i < 22
+                ? { state: 'queued', since: now - 12_000, expectedGrant: now + 8_000 }
+                : { state: 'rate_limited', until: now + 30_000, axis: null }
     agents.push({ agent: i, name: `w${String(i).padStart(2, '0')}`, activity, inFlight: i === 3 ? 1 : 0, queued: activity.state === 'queued' ? 1 : 0, settled: 0, lastSeen: now })
   }
   for (let i = 0; i < 10; i++) agents.push({ agent: 100 + i, name: `idle${i}`, activity: { state: 'idle' }, inFlight: 0, queued: 0, settled: 50, lastSeen: now })
@@ -182,7 +187,12 @@ test('Prometheus: a state gauge per agent (bounded: the 20 most active by name, 
 /** A stand-in for the driver's event emitter. */
 function emitter() {
   const on = new Map()
-  return { on: (name, fn) => on.set(name, [...(on.get(name) ?? []), fn]), emit: (name, e) => (on.get(name) ?? []).forEach((fn) => fn(e)) }
+  return {
+    on: (name, fn) => on.set(name, [...(on.get(name) ?? []), fn]),
+    emit: (name, e) => {
+      for (const fn of on.get(name) ?? []) fn(e)
+    },
+  }
 }
 
 test('the timeline is a fixed-size ring of the last minutes: 429s name their agent (by the lease) and the limit', () => {
@@ -204,7 +214,13 @@ test('the timeline is a fixed-size ring of the last minutes: 429s name their age
   assert.equal(limited.agent, String((TIMELINE_MAX_EVENTS + 999) % 7) === '6' ? 'six' : String((TIMELINE_MAX_EVENTS + 999) % 7))
   assert.equal(limited.exceeded, 'input_tokens')
   assert.equal(limited.pool, 'default')
-  assert.deepEqual(v.events.filter((e) => e.kind === 'refused').map((e) => [e.agent, e.reason, e.axis]), [['3', 'exceeds_capacity', 'input_tokens'], ['4', 'queue_full', null]])
+  assert.deepEqual(
+    v.events.filter((e) => e.kind === 'refused').map((e) => [e.agent, e.reason, e.axis]),
+    [
+      ['3', 'exceeds_capacity', 'input_tokens'],
+      ['4', 'queue_full', null],
+    ],
+  )
   assert.equal(v.events.filter((e) => e.kind === 'backoff').length, 1, 'a wait after a refusal is the refusal, not a second event')
   assert.deepEqual(t.ceilings(['default']).pools, [{ pool: 'default', rateLimited: { input_tokens: 1 }, rejected: { 'exceeds_capacity:input_tokens': 1, queue_full: 1 } }])
   assert.equal(t.view(Date.now() + TIMELINE_WINDOW_MS + 1000, names, ['default']).events.length, 0, 'older than the window: left out')
@@ -216,8 +232,19 @@ test('the timeline is a fixed-size ring of the last minutes: 429s name their age
 async function traffic() {
   const live = []
   for (let i = 0; i < 5; i++) live.push(await (await call('api', '/leases', { agent: `a${i}`, pool: 0, inputTokens: 2000, maxTokens: 500 })).json())
-  assert.deepEqual(live.map((d) => d.kind), ['grant', 'grant', 'grant', 'queued', 'queued'])
-  const r = await call('api', '/responses', { pool: 0, lease: live[0].lease, status: 429, headers: [['retry-after', '30'], ['rate_limit_type', 'input_tokens']] })
+  assert.deepEqual(
+    live.map((d) => d.kind),
+    ['grant', 'grant', 'grant', 'queued', 'queued'],
+  )
+  const r = await call('api', '/responses', {
+    pool: 0,
+    lease: live[0].lease,
+    status: 429,
+    headers: [
+      ['retry-after', '30'],
+      ['rate_limit_type', 'input_tokens'],
+    ],
+  })
   assert.equal(r.status, 200, await r.clone().text())
   const refused = await (await call('api', '/leases', { agent: 'a5', pool: 0, inputTokens: 500_000, maxTokens: 500 })).json()
   assert.equal(refused.kind, 'reject')
@@ -233,9 +260,18 @@ test('GET …/timeline: authenticated, the call starts, 429s and refusals by age
   const tl = await (await call('api', '/timeline')).json()
   assert.equal(tl.windowMs, TIMELINE_WINDOW_MS)
   const kinds = (k) => tl.events.filter((e) => e.kind === k)
-  assert.deepEqual(kinds('send').map((e) => e.agent), ['a0', 'a1', 'a2'])
-  assert.deepEqual(kinds('rate_limited').map((e) => [e.agent, e.exceeded, e.retryAfterMs]), [['a0', 'input_tokens', 30_000]])
-  assert.deepEqual(kinds('refused').map((e) => [e.agent, e.reason, e.axis, e.until]), [['a5', 'exceeds_capacity', 'input_tokens', null]])
+  assert.deepEqual(
+    kinds('send').map((e) => e.agent),
+    ['a0', 'a1', 'a2'],
+  )
+  assert.deepEqual(
+    kinds('rate_limited').map((e) => [e.agent, e.exceeded, e.retryAfterMs]),
+    [['a0', 'input_tokens', 30_000]],
+  )
+  assert.deepEqual(
+    kinds('refused').map((e) => [e.agent, e.reason, e.axis, e.until]),
+    [['a5', 'exceeds_capacity', 'input_tokens', null]],
+  )
   const metrics = await (await call('api', '/metrics')).json()
   assert.deepEqual(metrics.ceilings.pools, [{ pool: POOL.name, rateLimited: { input_tokens: 1 }, rejected: { 'exceeds_capacity:input_tokens': 1 } }])
   const a0 = metrics.agents.find((a) => a.name === 'a0')
@@ -288,7 +324,15 @@ test('the dashboard: the first visit says how to sign in and where the secret is
 
   // Item 5: the overlay — a row per agent, call starts, the open waits, the 429 in red with
   // its limit, the pool's 429s per minute on top.
-  const rows = await page.$$eval('svg#timeline-chart g.tl-row', (gs) => gs.map((g) => ({ ...g.dataset, sends: g.querySelectorAll('rect.tl-send').length, limited: [...g.querySelectorAll('path.tl-429')].map((p) => p.dataset.exceeded), open: g.querySelectorAll('rect.tl-wait[data-kind="queued"][data-open="true"]').length, refused: g.querySelectorAll('rect.tl-wait[data-kind="refused"]').length })))
+  const rows = await page.$$eval('svg#timeline-chart g.tl-row', (gs) =>
+    gs.map((g) => ({
+      ...g.dataset,
+      sends: g.querySelectorAll('rect.tl-send').length,
+      limited: [...g.querySelectorAll('path.tl-429')].map((p) => p.dataset.exceeded),
+      open: g.querySelectorAll('rect.tl-wait[data-kind="queued"][data-open="true"]').length,
+      refused: g.querySelectorAll('rect.tl-wait[data-kind="refused"]').length,
+    })),
+  )
   const row = (name) => rows.find((r) => r.agentName === name)
   for (const n of ['a0', 'a1', 'a2']) assert.equal(row(n).sends, 1, n)
   assert.deepEqual(row('a0').limited, ['input_tokens'])
@@ -296,7 +340,10 @@ test('the dashboard: the first visit says how to sign in and where the secret is
   assert.equal(row('a4').open, 1)
   assert.equal(row('a5').refused, 1)
   const minutes = await page.$$eval('svg#timeline-chart rect.tl-minute', (rs) => rs.map((r) => Number(r.dataset.rateLimited)))
-  assert.equal(minutes.reduce((a, b) => a + b, 0), 1)
+  assert.equal(
+    minutes.reduce((a, b) => a + b, 0),
+    1,
+  )
 
   // Item 2: the ceiling named in the event list and beside the pool.
   const events = await page.$$eval('tr.event', (rs) => rs.map((r) => ({ ...r.dataset, text: r.textContent })))
@@ -375,12 +422,20 @@ test('a live fleet through proxy mode against tight limits: waits, 429s and call
       if ((sends.size >= 5 && limited >= 1 && waited >= 3 && waitingNow >= 2 && Date.now() > deadline - 75_000) || Date.now() > deadline) break
     }
     const count = (k) => tl.events.filter((e) => e.kind === k).length
-    assert.ok(tl.events.some((e) => e.kind === 'rate_limited' && e.exceeded !== null), `a 429 naming its limit: ${count('send')} sends, ${count('rate_limited')} 429s, ${count('refused')} refusals, ${count('backoff')} backoffs; statuses ${outcomes.join()}`)
+    assert.ok(
+      tl.events.some((e) => e.kind === 'rate_limited' && e.exceeded !== null),
+      `a 429 naming its limit: ${count('send')} sends, ${count('rate_limited')} 429s, ${count('refused')} refusals, ${count('backoff')} backoffs; statuses ${outcomes.join()}`,
+    )
     // The screenshot when the page shows agents in flight beside waiting ones.
     const until = Date.now() + 30_000
     while (Date.now() < until) {
       const d = await page.$eval('#summary', (el) => ({ ...el.dataset }))
-      if (Number(d.agentsInFlight) >= 1 && Number(d.agentsQueued) + Number(d.agentsRateLimited) + Number(d.agentsRefused) + Number(d.agentsBackingOff) >= 2 && Number(d.agentsRateLimited) + Number(d.agentsBackingOff) >= 1) break
+      if (
+        Number(d.agentsInFlight) >= 1 &&
+        Number(d.agentsQueued) + Number(d.agentsRateLimited) + Number(d.agentsRefused) + Number(d.agentsBackingOff) >= 2 &&
+        Number(d.agentsRateLimited) + Number(d.agentsBackingOff) >= 1
+      )
+        break
       await page.waitForTimeout(250)
     }
     const rows = await page.$$eval('svg#timeline-chart g.tl-row', (gs) => gs.map((g) => ({ name: g.dataset.agentName, sends: Number(g.dataset.sends) })))
@@ -388,7 +443,10 @@ test('a live fleet through proxy mode against tight limits: waits, 429s and call
     assert.ok(rows.filter((r) => r.sends > 0).length >= 5)
     assert.ok((await page.$$('svg#timeline-chart path.tl-429')).length >= 1)
     const states = await page.$$eval('tr.agent', (rs) => rs.map((r) => r.dataset.state))
-    assert.ok(states.some((s) => s !== 'idle'), states.join())
+    assert.ok(
+      states.some((s) => s !== 'idle'),
+      states.join(),
+    )
     await page.screenshot({ path: screenshot, fullPage: true })
     assert.deepEqual(errors, [])
   } finally {

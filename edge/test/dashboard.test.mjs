@@ -18,9 +18,7 @@ const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium'
 const skip = existsSync(CHROMIUM) ? false : `no Chromium at ${CHROMIUM}`
 const SECRET = 'dashboard-secret-0123456789'
 const outdir = fileURLToPath(new URL('../.build/dashboard/', import.meta.url))
-const screenshot = fileURLToPath(
-  new URL(process.env.UPDATE_SCREENSHOT ? '../../docs/edge-dashboard.png' : '../.build/edge-dashboard.png', import.meta.url),
-)
+const screenshot = fileURLToPath(new URL(process.env.UPDATE_SCREENSHOT ? '../../docs/edge-dashboard.png' : '../.build/edge-dashboard.png', import.meta.url))
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 3 }
 
 let worker
@@ -52,7 +50,11 @@ after(async () => {
 test('the dashboard shows the live figures of the quota', { skip }, async () => {
   const q = `${worker.base}/v1/fleets/ops/quotas/anthropic`
   const call = (path, body) =>
-    fetch(`${q}${path}`, { method: body === undefined ? 'GET' : 'POST', headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' }, body: body === undefined ? undefined : JSON.stringify(body) })
+    fetch(`${q}${path}`, {
+      method: body === undefined ? 'GET' : 'POST',
+      headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    })
   // Some traffic: settled calls, three granted, two queued, and a 429 on one of the granted
   // (which ends that lease, settled as nothing used: two stay in flight).
   // Each of those four is a task, merged.
@@ -63,7 +65,10 @@ test('the dashboard shows the live figures of the quota', { skip }, async () => 
   }
   const live = []
   for (let i = 0; i < 5; i++) live.push(await (await call('/leases', { agent: `agent-${i}`, pool: 0, inputTokens: 2000, maxTokens: 500, role: i === 0 ? 'planner' : 'worker' })).json())
-  assert.deepEqual(live.map((d) => d.kind), ['grant', 'grant', 'grant', 'queued', 'queued'])
+  assert.deepEqual(
+    live.map((d) => d.kind),
+    ['grant', 'grant', 'grant', 'queued', 'queued'],
+  )
   await call('/responses', { pool: 0, lease: live[0].lease, status: 429, headers: [['retry-after', '30']] })
   const metrics = await (await call('/metrics')).json()
 
@@ -94,7 +99,10 @@ test('the dashboard shows the live figures of the quota', { skip }, async () => 
   // Agents by name, not by id: the name in the first cell and in data-agent-name.
   const rows = await page.$$eval('tr.agent', (rows) => rows.map((r) => ({ name: r.dataset.agentName, shown: r.cells[0].textContent })))
   assert.deepEqual(rows.map((r) => r.name).sort(), metrics.agents.map((a) => a.name).sort())
-  assert.ok(rows.some((r) => r.shown === 'done-0'), JSON.stringify(rows))
+  assert.ok(
+    rows.some((r) => r.shown === 'done-0'),
+    JSON.stringify(rows),
+  )
   for (const r of rows) assert.equal(r.shown, r.name)
   const tasks = await page.$eval('#tasks', (el) => ({ ...el.dataset, hidden: el.hidden }))
   assert.equal(tasks.hidden, false)

@@ -32,7 +32,23 @@ let base
 
 function fleets() {
   return JSON.stringify({
-    'fleet-a': { secret: SECRET_A, admin_secret: ADMIN_A, quotas: { main: { config: { pools: [POOL] }, upstream: mock.url }, other: { config: { pools: [POOL] } }, limited: { config: { pools: [POOL] } }, short: { config: { pools: [POOL], lease_ttl_ms: 1000 } }, locked: { config: { pools: [POOL] } }, big: { config: { pools: [{ ...POOL, input_tokens_per_minute: 100_000_000, output_tokens_per_minute: 100_000_000, requests_per_minute: 1_000_000, max_concurrent: null }] } }, retry: { config: { pools: [POOL] }, upstream: mock.url }, slow: { config: { pools: [SLOW] }, upstream: mock.url }, neverfits: { config: { pools: [POOL] }, upstream: mock.url }, gone: { config: { pools: [SLOW] }, upstream: mock.url }, openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url } } },
+    'fleet-a': {
+      secret: SECRET_A,
+      admin_secret: ADMIN_A,
+      quotas: {
+        main: { config: { pools: [POOL] }, upstream: mock.url },
+        other: { config: { pools: [POOL] } },
+        limited: { config: { pools: [POOL] } },
+        short: { config: { pools: [POOL], lease_ttl_ms: 1000 } },
+        locked: { config: { pools: [POOL] } },
+        big: { config: { pools: [{ ...POOL, input_tokens_per_minute: 100_000_000, output_tokens_per_minute: 100_000_000, requests_per_minute: 1_000_000, max_concurrent: null }] } },
+        retry: { config: { pools: [POOL] }, upstream: mock.url },
+        slow: { config: { pools: [SLOW] }, upstream: mock.url },
+        neverfits: { config: { pools: [POOL] }, upstream: mock.url },
+        gone: { config: { pools: [SLOW] }, upstream: mock.url },
+        openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url },
+      },
+    },
     'fleet-b': { secret: SECRET_B, quotas: { main: { config: { pools: [POOL] } } } },
   })
 }
@@ -186,8 +202,7 @@ describe('security', () => {
 
 describe('per-agent credentials', () => {
   test('an agent credential leases only for its agent and ends only its own leases', async () => {
-    const mint = (agent, secret = SECRET_A, fleet = 'fleet-a') =>
-      fetch(`${base}/v1/fleets/${fleet}/agents/${agent}/credential`, { method: 'POST', headers: { authorization: `Bearer ${secret}` } })
+    const mint = (agent, secret = SECRET_A, fleet = 'fleet-a') => fetch(`${base}/v1/fleets/${fleet}/agents/${agent}/credential`, { method: 'POST', headers: { authorization: `Bearer ${secret}` } })
     const minted = await mint('alice')
     assert.equal(minted.status, 200)
     const { credential } = await minted.json()
@@ -199,7 +214,7 @@ describe('per-agent credentials', () => {
     const mine = await (await lease({ agent: undefined }, { secret: credential })).json()
     assert.equal(mine.kind, 'grant', 'no agent in the body: the credential names it')
     const again = await lease({ agent: 'alice' }, { secret: credential })
-    assert.equal(again.status, 200, 'the body may repeat the credential\'s agent')
+    assert.equal(again.status, 200, "the body may repeat the credential's agent")
     assert.equal((await post(`/leases/${(await again.json()).lease}/settle`, {}, { secret: credential })).status, 200)
     const other = await lease({ agent: 'bob' }, { secret: credential })
     assert.equal(other.status, 403)
@@ -214,7 +229,7 @@ describe('per-agent credentials', () => {
       await post(`/leases/${bobs.lease}/interrupted`, { seen: null }, { secret: credential }),
       await post('/responses', { pool: 0, lease: bobs.lease, status: 200, headers: [] }, { secret: credential }),
     ]) {
-      assert.equal(res.status, 403, 'another agent\'s lease is forbidden')
+      assert.equal(res.status, 403, "another agent's lease is forbidden")
       assert.equal((await res.json()).error, 'forbidden')
     }
     assert.equal((await post(`/leases/${mine.lease}/settle`, { inputTokens: 900 }, { secret: credential })).status, 200)
@@ -320,14 +335,73 @@ describe('no client input gets a 500', () => {
     const pick = (xs) => xs[rnd(xs.length)]
     const deep = (d) => (d === 0 ? 1 : [deep(d - 1)])
     const values = () => [null, 0, -1, 1.5, 2 ** 64, 'x', '', true, [], {}, [null], [[1, 2]], [['a', null]], { a: 1 }, deep(200), 'a'.repeat(5000), Number.MAX_SAFE_INTEGER]
-    const segments = ['leases', 'proxy', 'metrics', 'dashboard', 'responses', 'settle', 'cancel', 'renew', 'interrupted', 'tasks', 'done', 'failed', 'admin', 'reset', 'agents', 'worker', 'anthropic', 'openai', 'chat', 'completions', 'v1', 'messages', '%E0%A4%A', '%', '%zz', '..', '.', '', 'tw1.fleet-a.main.1.abc', 'tw2.fleet-a.main.1.zz.abc', 'twa1.fleet-a.x.abc', 'a'.repeat(300), '%00', '%2F']
-    const fields = ['agent', 'pool', 'inputTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'status', 'headers', 'lease', 'model', 'messages', 'max_tokens', 'stream', 'cachedPrefixTokens', 'outputTokens']
+    const segments = [
+      'leases',
+      'proxy',
+      'metrics',
+      'dashboard',
+      'responses',
+      'settle',
+      'cancel',
+      'renew',
+      'interrupted',
+      'tasks',
+      'done',
+      'failed',
+      'admin',
+      'reset',
+      'agents',
+      'worker',
+      'anthropic',
+      'openai',
+      'chat',
+      'completions',
+      'v1',
+      'messages',
+      '%E0%A4%A',
+      '%',
+      '%zz',
+      '..',
+      '.',
+      '',
+      'tw1.fleet-a.main.1.abc',
+      'tw2.fleet-a.main.1.zz.abc',
+      'twa1.fleet-a.x.abc',
+      'a'.repeat(300),
+      '%00',
+      '%2F',
+    ]
+    const fields = [
+      'agent',
+      'pool',
+      'inputTokens',
+      'maxTokens',
+      'role',
+      'unblocks',
+      'failureSignature',
+      'status',
+      'headers',
+      'lease',
+      'model',
+      'messages',
+      'max_tokens',
+      'stream',
+      'cachedPrefixTokens',
+      'outputTokens',
+    ]
     const failures = []
     for (let i = 0; i < 3_000; i++) {
       const method = pick(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'OPTIONS', 'HEAD'])
       const depth = 1 + rnd(4)
       const tail = Array.from({ length: depth }, () => pick(segments)).join('/')
-      const path = pick([`/v1/fleets/fleet-a/quotas/main/${tail}`, `/v1/fleets/${pick(segments)}/quotas/${pick(segments)}/${tail}`, `/${tail}`, `/v1/fleets/fleet-a/quotas/main/proxy/v1/messages`, '/v1/fleets/fleet-a/quotas/main/leases', '/v1/fleets/fleet-a/quotas/main/responses'])
+      const path = pick([
+        `/v1/fleets/fleet-a/quotas/main/${tail}`,
+        `/v1/fleets/${pick(segments)}/quotas/${pick(segments)}/${tail}`,
+        `/${tail}`,
+        `/v1/fleets/fleet-a/quotas/main/proxy/v1/messages`,
+        '/v1/fleets/fleet-a/quotas/main/leases',
+        '/v1/fleets/fleet-a/quotas/main/responses',
+      ])
       const body = {}
       for (let k = rnd(5); k > 0; k--) body[pick(fields)] = pick(values())
       const text = pick([JSON.stringify(body), JSON.stringify(pick(values())), '{', 'not json', ''])
@@ -360,7 +434,14 @@ describe('client mistakes are 4xx naming what was wrong', () => {
 
   test('POST /responses with headers that are not string pairs is a 400 naming the entry', async () => {
     const deep = JSON.parse('['.repeat(500) + ']'.repeat(500))
-    for (const [headers, field] of [[[null], 'headers[0]'], [[['a', null]], 'headers[0]'], [[['ok', 'v'], [deep]], 'headers[1]'], [[[1, 2]], 'headers[0]'], ['x', 'headers'], [Array.from({ length: 300 }, () => ['a', 'b']), 'headers']]) {
+    for (const [headers, field] of [
+      [[null], 'headers[0]'],
+      [[['a', null]], 'headers[0]'],
+      [[['ok', 'v'], [deep]], 'headers[1]'],
+      [[[1, 2]], 'headers[0]'],
+      ['x', 'headers'],
+      [Array.from({ length: 300 }, () => ['a', 'b']), 'headers'],
+    ]) {
       const r = await post('/responses', { pool: 0, status: 200, headers })
       assert.equal(r.status, 400, JSON.stringify(headers).slice(0, 40))
       const b = await r.json()
@@ -432,7 +513,20 @@ describe('no member can lock a quota for good', () => {
     assert.equal(victim.kind, 'grant')
     // A limit of 1 with nothing remaining and a reset far away: the limit moves only to a
     // quarter of the configured 100,000.
-    await post('/responses', { pool: 0, lease: l.lease, status: 200, headers: [['anthropic-ratelimit-input-tokens-limit', '1'], ['anthropic-ratelimit-input-tokens-remaining', '0'], ['anthropic-ratelimit-input-tokens-reset', '2999-01-01T00:00:00Z']] }, { quota })
+    await post(
+      '/responses',
+      {
+        pool: 0,
+        lease: l.lease,
+        status: 200,
+        headers: [
+          ['anthropic-ratelimit-input-tokens-limit', '1'],
+          ['anthropic-ratelimit-input-tokens-remaining', '0'],
+          ['anthropic-ratelimit-input-tokens-reset', '2999-01-01T00:00:00Z'],
+        ],
+      },
+      { quota },
+    )
     let m = await (await api('/metrics', { quota })).json()
     assert.equal(Number(m.pools[0].axes[0].limit), 25_000)
     // A 429 with a day-long retry-after, on a lease of the reporter's, pauses the quota for
@@ -483,7 +577,9 @@ describe('proxy mode', () => {
     assert.equal(m.liveLeases, 0, 'settled at the end of the stream')
   })
 
-  test('OpenAI chat completions, streamed with include_usage and not, through the official SDK', { skip: Number(process.versions.node.split('.')[0]) < 22 ? 'run with Node >= 22' : false }, async () => {
+  test('OpenAI chat completions, streamed with include_usage and not, through the official SDK', {
+    skip: Number(process.versions.node.split('.')[0]) < 22 ? 'run with Node >= 22' : false,
+  }, async () => {
     const { default: OpenAI } = await import('openai')
     const client = new OpenAI({ apiKey: 'sk-test-openai', baseURL: `${base}/v1/fleets/fleet-a/quotas/openai/proxy/v1`, defaultHeaders: { 'x-tokenwarden-token': SECRET_A }, maxRetries: 0 })
     const params = { model: 'gpt-5', max_completion_tokens: 100, messages: [{ role: 'user', content: 'hello' }] }
@@ -513,7 +609,10 @@ describe('proxy mode', () => {
     assert.equal(r.status, 200, 'the 429 is waited out, not returned')
     assert.equal((await r.json()).usage.output_tokens, 30)
     assert.ok(elapsed >= 1_900 && elapsed < 4_500, `answered after ${Math.round(elapsed)} ms`)
-    assert.deepEqual(mock.log.slice(before).map((e) => e.status), [429, 200])
+    assert.deepEqual(
+      mock.log.slice(before).map((e) => e.status),
+      [429, 200],
+    )
     const m = await (await api('/metrics', { quota: 'retry' })).json()
     assert.equal(m.liveLeases, 0)
   })
@@ -569,7 +668,11 @@ describe('proxy mode', () => {
   test('the fleet secret never reaches the provider: proxy mode takes it only in x-tokenwarden-token and forwards an allow-list of headers', async () => {
     // The secret in Authorization (where OpenAI's key goes) is refused, not forwarded.
     const before = mock.log.length
-    const viaAuth = await fetch(`${proxyBase()}/v1/messages`, { method: 'POST', headers: { authorization: `Bearer ${SECRET_A}`, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }, body: body() })
+    const viaAuth = await fetch(`${proxyBase()}/v1/messages`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${SECRET_A}`, 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+      body: body(),
+    })
     assert.equal(viaAuth.status, 401)
     // In the provider's error format, which the SDKs show: tokenwarden's reason in its message.
     const refused = await viaAuth.json()
@@ -581,7 +684,17 @@ describe('proxy mode', () => {
     // With the token header, only the provider's headers and the client's identity go through.
     const r = await fetch(`${proxyBase()}/v1/messages?beta=true`, {
       method: 'POST',
-      headers: { ...headers, 'anthropic-beta': 'prompt-caching-2024-07-31', cookie: 'session=agent-cookie', 'user-agent': 'claude-cli/2.1.332 (external, cli)', 'x-app': 'cli', 'x-stainless-lang': 'js', 'x-claude-code-session-id': 'sess-1', 'x-forwarded-for': '10.1.2.3', 'x-echo': SECRET_A },
+      headers: {
+        ...headers,
+        'anthropic-beta': 'prompt-caching-2024-07-31',
+        cookie: 'session=agent-cookie',
+        'user-agent': 'claude-cli/2.1.332 (external, cli)',
+        'x-app': 'cli',
+        'x-stainless-lang': 'js',
+        'x-claude-code-session-id': 'sess-1',
+        'x-forwarded-for': '10.1.2.3',
+        'x-echo': SECRET_A,
+      },
       body: body(),
     })
     assert.equal(r.status, 200)
@@ -604,7 +717,9 @@ describe('proxy mode', () => {
     assert.equal(r.status, 401)
   })
 
-  test('the official Anthropic SDK works with its base URL pointed at the Worker', { skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false }, async () => {
+  test('the official Anthropic SDK works with its base URL pointed at the Worker', {
+    skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false,
+  }, async () => {
     const { default: Anthropic } = await import('@anthropic-ai/sdk')
     const client = new Anthropic({ apiKey: 'sk-ant-test-key', baseURL: proxyBase(), defaultHeaders: { 'x-tokenwarden-token': SECRET_A, 'x-tokenwarden-agent': 'sdk-agent' }, maxRetries: 0 })
     const calls = await Promise.all(
@@ -651,7 +766,14 @@ describe('tasks', () => {
     assert.equal(m.tokens, before.tokens + 730)
     assert.ok(m.tokensPerMergedTask > 0 && m.taskTimeP50Ms !== null && m.rateLimitedPermille !== null)
     const text = await (await api('/metrics', { headers: { accept: 'text/plain' } })).text()
-    for (const family of ['tokenwarden_tasks_open', 'tokenwarden_tasks_ended_total{fleet="fleet-a",quota="main",outcome="merged"}', 'tokenwarden_tokens_per_merged_task{fleet="fleet-a",quota="main",span="since_start"}', 'tokenwarden_task_seconds{fleet="fleet-a",quota="main",quantile="0.95"}', 'tokenwarden_critical_path_wait_seconds', 'tokenwarden_rate_limited_ratio']) {
+    for (const family of [
+      'tokenwarden_tasks_open',
+      'tokenwarden_tasks_ended_total{fleet="fleet-a",quota="main",outcome="merged"}',
+      'tokenwarden_tokens_per_merged_task{fleet="fleet-a",quota="main",span="since_start"}',
+      'tokenwarden_task_seconds{fleet="fleet-a",quota="main",quantile="0.95"}',
+      'tokenwarden_critical_path_wait_seconds',
+      'tokenwarden_rate_limited_ratio',
+    ]) {
       assert.ok(text.includes(family), `Prometheus text has ${family}`)
     }
   })

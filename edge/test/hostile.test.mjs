@@ -219,9 +219,13 @@ describe('agents are told apart by their full name', () => {
     assert.equal((await post(`/leases/${ok.lease}/settle`, { inputTokens: 1 }, { secret: bob })).status, 200)
   })
 
-  test("in proxy mode a credential may name only its own agent, by the full name", async () => {
+  test('in proxy mode a credential may name only its own agent, by the full name', async () => {
     const mallory = await credential('w-X-MF1M')
-    const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': mallory, 'x-tokenwarden-agent': 'alice' }, body: messages() })
+    const r = await fetch(`${base}/v1/fleets/f/quotas/main/proxy/v1/messages`, {
+      method: 'POST',
+      headers: { ...anthropicHeaders, 'x-tokenwarden-token': mallory, 'x-tokenwarden-agent': 'alice' },
+      body: messages(),
+    })
     assert.equal(r.status, 403)
     await r.arrayBuffer()
   })
@@ -309,7 +313,11 @@ describe('what a report may do', () => {
     m = await metrics({ quota })
     const paused = Number(m.pools[0].pausedUntil) - at
     assert.ok(paused > 30_000 && paused <= 61_000, `paused for ${paused} ms`)
-    assert.equal((await post('/responses', { lease: fill[0].lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })).status, 404, 'the report ended the lease: one pause per lease')
+    assert.equal(
+      (await post('/responses', { lease: fill[0].lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })).status,
+      404,
+      'the report ended the lease: one pause per lease',
+    )
     assert.equal((await post('/admin/reset', {}, { quota, secret: ADMIN })).status, 200)
   })
 })
@@ -396,10 +404,15 @@ describe('secrets never reach the provider', () => {
     assert.equal(mock.log.length, before + 1)
     const sent = mock.log.at(-1).headers
     assert.equal(sent['anthropic-beta'], 'prompt-caching-2024-07-31', 'the provider headers pass')
-    for (const name of ['anthropic-admin', 'anthropic-upper', 'anthropic-encoded', 'openai-credential', 'anthropic-stray', 'anthropic-twice', 'anthropic-shouting']) assert.equal(sent[name], undefined, `${name} is not forwarded`)
+    for (const name of ['anthropic-admin', 'anthropic-upper', 'anthropic-encoded', 'openai-credential', 'anthropic-stray', 'anthropic-twice', 'anthropic-shouting'])
+      assert.equal(sent[name], undefined, `${name} is not forwarded`)
     // A credential in Authorization on an open fleet (where Authorization is the provider's).
     const cred = await credential('o1', { fleet: 'open', secret: OPEN_SECRET })
-    const o = await fetch(`${base}/v1/fleets/open/quotas/main/agents/o1/worker/anthropic/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, authorization: `Bearer ${cred}` }, body: messages() })
+    const o = await fetch(`${base}/v1/fleets/open/quotas/main/agents/o1/worker/anthropic/v1/messages`, {
+      method: 'POST',
+      headers: { ...anthropicHeaders, authorization: `Bearer ${cred}` },
+      body: messages(),
+    })
     assert.equal(o.status, 200)
     await o.arrayBuffer()
     assert.equal(mock.log.at(-1).headers.authorization, undefined, 'a credential in Authorization is not forwarded')
@@ -408,7 +421,10 @@ describe('secrets never reach the provider', () => {
 
 describe('a fleet without a secret for proxied calls (proxy_open)', () => {
   test('secretless callers are not counted as clients', async () => {
-    await flood(50, 5, (i) => [`${base}/v1/fleets/open/quotas/main/agents/c${i}/worker/anthropic/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-client': `proc-${i}` }, body: messages() }])
+    await flood(50, 5, (i) => [
+      `${base}/v1/fleets/open/quotas/main/agents/c${i}/worker/anthropic/v1/messages`,
+      { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-client': `proc-${i}` }, body: messages() },
+    ])
     const l = await (await lease({ agent: 'counted' }, { fleet: 'open', secret: OPEN_SECRET, headers: { 'x-tokenwarden-client': 'real-one' } })).json()
     assert.equal(l.clients, 1, 'only the authenticated remote driver is counted')
   })
@@ -439,7 +455,11 @@ describe('an upstream that cannot be reached', () => {
     assert.equal(b.type, 'error')
     assert.equal(b.error.type, 'api_error')
     assert.match(b.error.message, /could not be reached/)
-    const o = await fetch(`${base}/v1/fleets/f/quotas/nowhere/proxy/v1/chat/completions`, { method: 'POST', headers: { authorization: 'Bearer sk-test', 'content-type': 'application/json', 'x-tokenwarden-token': SECRET }, body: JSON.stringify({ model: 'claude-sonnet-4-6', messages: [{ role: 'user', content: 'hi' }] }) })
+    const o = await fetch(`${base}/v1/fleets/f/quotas/nowhere/proxy/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: 'Bearer sk-test', 'content-type': 'application/json', 'x-tokenwarden-token': SECRET },
+      body: JSON.stringify({ model: 'claude-sonnet-4-6', messages: [{ role: 'user', content: 'hi' }] }),
+    })
     assert.equal(o.status, 502)
     assert.equal((await o.json()).error.code, 'upstream_unreachable')
     const m = await metrics({ quota: 'nowhere' })
@@ -460,7 +480,13 @@ describe("the provider's other routes and what agents send", () => {
     assert.equal(models.status, 200)
     assert.equal(models.headers.get('x-provider-header'), 'kept', "the provider's response headers pass")
     await models.arrayBuffer()
-    assert.deepEqual(echoed.map((r) => [r.method, r.url]), [['POST', '/v1/messages/count_tokens?beta=true'], ['GET', '/v1/models?limit=5']])
+    assert.deepEqual(
+      echoed.map((r) => [r.method, r.url]),
+      [
+        ['POST', '/v1/messages/count_tokens?beta=true'],
+        ['GET', '/v1/models?limit=5'],
+      ],
+    )
     assert.equal(echoed[1].headers.authorization, 'Bearer sk-provider-key')
     const m = await metrics({ quota: 'echo' })
     assert.equal(Number(m.pools[0].counters.granted ?? 0), 0, 'nothing was leased')
@@ -474,14 +500,33 @@ describe("the provider's other routes and what agents send", () => {
     echoed.length = 0
     const r = await fetch(`${base}/v1/fleets/f/quotas/echo/proxy/v1/messages?beta=true`, {
       method: 'POST',
-      headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET, 'user-agent': 'claude-cli/2.1.332 (external, cli)', 'x-app': 'cli', 'x-stainless-retry-count': '0', 'x-claude-code-session-id': 's-1', originator: 'codex_cli_rs', 'session-id': 'codex-1', 'x-codex-beta-features': 'x', cookie: 'c=1' },
+      headers: {
+        ...anthropicHeaders,
+        'x-tokenwarden-token': SECRET,
+        'user-agent': 'claude-cli/2.1.332 (external, cli)',
+        'x-app': 'cli',
+        'x-stainless-retry-count': '0',
+        'x-claude-code-session-id': 's-1',
+        originator: 'codex_cli_rs',
+        'session-id': 'codex-1',
+        'x-codex-beta-features': 'x',
+        cookie: 'c=1',
+      },
       body: messages(),
     })
     assert.equal(r.status, 200)
     await r.arrayBuffer()
     const sent = echoed.at(-1)
     assert.equal(sent.url, '/v1/messages?beta=true')
-    for (const [name, value] of [['user-agent', 'claude-cli/2.1.332 (external, cli)'], ['x-app', 'cli'], ['x-stainless-retry-count', '0'], ['x-claude-code-session-id', 's-1'], ['originator', 'codex_cli_rs'], ['session-id', 'codex-1'], ['x-codex-beta-features', 'x']]) {
+    for (const [name, value] of [
+      ['user-agent', 'claude-cli/2.1.332 (external, cli)'],
+      ['x-app', 'cli'],
+      ['x-stainless-retry-count', '0'],
+      ['x-claude-code-session-id', 's-1'],
+      ['originator', 'codex_cli_rs'],
+      ['session-id', 'codex-1'],
+      ['x-codex-beta-features', 'x'],
+    ]) {
       assert.equal(sent.headers[name], value, `${name} is forwarded`)
     }
     assert.equal(sent.headers.cookie, undefined)
@@ -489,7 +534,11 @@ describe("the provider's other routes and what agents send", () => {
   })
 
   test("a streamed call already with the provider gets the provider's own status and headers, even when they take over a second", async () => {
-    const r = await fetch(`${base}/v1/fleets/f/quotas/echo/proxy/v1/messages?slow-overload=1`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET }, body: messages({ stream: true }) })
+    const r = await fetch(`${base}/v1/fleets/f/quotas/echo/proxy/v1/messages?slow-overload=1`, {
+      method: 'POST',
+      headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET },
+      body: messages({ stream: true }),
+    })
     assert.equal(r.status, 529, 'not a 200 keep-alive stream')
     assert.equal(r.headers.get('request-id'), 'req-1')
     assert.equal(r.headers.get('x-tokenwarden-kept-alive'), null)
@@ -549,7 +598,12 @@ describe('a streamed proxied call whose client gives up while it waits', () => {
     await held(quota)
     const before = mock.log.length
     const ac = new AbortController()
-    const r = await fetch(`${base}/v1/fleets/f/quotas/${quota}/proxy/v1/messages`, { method: 'POST', headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET }, body: messages({ stream: true }), signal: ac.signal })
+    const r = await fetch(`${base}/v1/fleets/f/quotas/${quota}/proxy/v1/messages`, {
+      method: 'POST',
+      headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET },
+      body: messages({ stream: true }),
+      signal: ac.signal,
+    })
     // The head comes while the call waits in line: a live stream of keep-alive comments.
     assert.equal(r.status, 200)
     assert.equal(r.headers.get('x-tokenwarden-kept-alive'), '1')
@@ -564,7 +618,10 @@ describe('a streamed proxied call whose client gives up while it waits', () => {
     assert.equal((await metrics({ quota })).liveLeases, 1, 'only the held lease is live')
   })
 
-  test('the official Anthropic SDK aborted while its stream waits: withdrawn, nothing forwarded', { timeout: 60_000, skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false }, async () => {
+  test('the official Anthropic SDK aborted while its stream waits: withdrawn, nothing forwarded', {
+    timeout: 60_000,
+    skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false,
+  }, async () => {
     const { default: Anthropic } = await import('@anthropic-ai/sdk')
     const quota = 'slow2'
     await held(quota)
@@ -582,7 +639,10 @@ describe('a streamed proxied call whose client gives up while it waits', () => {
     assert.equal(mock.log.length, before, 'nothing was forwarded')
   })
 
-  test('a client that waits gets the provider stream after the keep-alive comments, through the official SDK', { timeout: 60_000, skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false }, async () => {
+  test('a client that waits gets the provider stream after the keep-alive comments, through the official SDK', {
+    timeout: 60_000,
+    skip: Number(process.versions.node.split('.')[0]) < 22 ? 'the current @anthropic-ai/sdk needs Node >= 22' : false,
+  }, async () => {
     const { default: Anthropic } = await import('@anthropic-ai/sdk')
     const quota = 'slow3'
     await held(quota)

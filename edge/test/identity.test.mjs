@@ -95,13 +95,19 @@ test("a Codex subagent (x-openai-subagent, its own thread-id) is its session's c
   assert.deepEqual(await names('codexsub'), [root, `${root}/019a7c5e-child-a`, `${root}/review`])
 })
 
-test("a parent with a live subagent is served ahead of a plain worker queued before it (its calls unblock the child)", async () => {
+test('a parent with a live subagent is served ahead of a plain worker queued before it (its calls unblock the child)', async () => {
   const url = `${q('order')}/proxy`
   const parent = 'b2f0c9a4-0000-4000-8000-000000000001'
   // The subagent's call makes the main thread its parent.
   await claudeCall(url, { 'x-claude-code-session-id': parent, 'x-claude-code-agent-id': 'a1111111111111111' })
   // The one concurrency slot held through the API, then a worker queued, then the parent.
-  const held = await (await fetch(`${q('order')}/leases`, { method: 'POST', headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' }, body: JSON.stringify({ agent: 'holder', pool: 0, inputTokens: 10, maxTokens: 10 }) })).json()
+  const held = await (
+    await fetch(`${q('order')}/leases`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ agent: 'holder', pool: 0, inputTokens: 10, maxTokens: 10 }),
+    })
+  ).json()
   assert.equal(held.kind, 'grant')
   const from = mock.log.length
   const worker = claudeCall(`${q('order')}/agents/plain/worker/anthropic`, {}, ' worker')
@@ -109,7 +115,11 @@ test("a parent with a live subagent is served ahead of a plain worker queued bef
   const main = claudeCall(url, { 'x-claude-code-session-id': parent }, ' parent')
   await new Promise((r) => setTimeout(r, 300))
   assert.equal(mock.log.length, from, 'both wait for the slot')
-  const settled = await fetch(`${q('order')}/leases/${held.lease}/settle`, { method: 'POST', headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' }, body: JSON.stringify({ inputTokens: 10, outputTokens: 10 }) })
+  const settled = await fetch(`${q('order')}/leases/${held.lease}/settle`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ inputTokens: 10, outputTokens: 10 }),
+  })
   assert.equal(settled.status, 200)
   await Promise.all([worker, main])
   const order = mock.log.slice(from).map((e) => (e.headers?.['user-agent'] ?? '').split(' ').pop())

@@ -39,8 +39,7 @@ after(async () => {
   if (persist) rmSync(persist, { recursive: true, force: true })
 })
 
-const edgeMetrics = async () =>
-  (await (await fetch(`${worker.base}/v1/fleets/f/quotas/q/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()).pools[0].counters
+const edgeMetrics = async () => (await (await fetch(`${worker.base}/v1/fleets/f/quotas/q/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()).pools[0].counters
 
 async function fleet(tw, n, calls) {
   const errors = []
@@ -83,7 +82,10 @@ test('leases through the Worker, fails open when it is down, and comes back', as
   await new Promise((r) => setTimeout(r, 100)) // settles are sent as the responses end
   let counters = await edgeMetrics()
   assert.equal(Number(counters.settled), 16, 'the edge limiter settled every call')
-  assert.ok(events.some((e) => e.name === 'queued'), 'some calls queued at the edge (its concurrency limit is 4)')
+  assert.ok(
+    events.some((e) => e.name === 'queued'),
+    'some calls queued at the edge (its concurrency limit is 4)',
+  )
   assert.ok(!tw.failedOpen)
 
   // 2. The Worker goes down mid-run: calls go on, leased locally, with one fail_open event.
@@ -104,7 +106,10 @@ test('leases through the Worker, fails open when it is down, and comes back', as
   assert.ok(!tw.failedOpen)
   counters = await edgeMetrics()
   assert.equal(Number(counters.settled), 18, 'the restarted Worker kept its counters and settled the new calls')
-  assert.deepEqual(events.filter((e) => e.name === 'remote_error'), [])
+  assert.deepEqual(
+    events.filter((e) => e.name === 'remote_error'),
+    [],
+  )
   assert.equal(mock.stats().overLimit, false)
   tw.close()
 })
@@ -125,7 +130,10 @@ test('an aborted queued acquire stops its long poll at once; refusals emit rejec
   for (const name of ['queued', 'granted', 'rejected', 'settled']) tw.on(name, (e) => events.push({ name, ...e }))
   const held = []
   for (let i = 0; i < 4; i++) held.push(await tw.acquire({ agent: `holder-${i}`, pool: 0, inputTokens: 100, maxTokens: 10 }))
-  assert.ok(held.every((l) => Number.isSafeInteger(l.id) && l.id >= 0), 'a remote lease has the limiter\'s id')
+  assert.ok(
+    held.every((l) => Number.isSafeInteger(l.id) && l.id >= 0),
+    "a remote lease has the limiter's id",
+  )
 
   const ac = new AbortController()
   const waiting = tw.acquire({ agent: 'waiter', pool: 0, inputTokens: 100, maxTokens: 10 }, { signal: ac.signal })
@@ -159,8 +167,7 @@ test('an aborted queued acquire stops its long poll at once; refusals emit rejec
 })
 
 test('failing open, each of N processes leases locally at 1/N of the quota, and says so', async () => {
-  const make = () =>
-    new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'shared', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, timeoutMs: 500, retryRemoteMs: 60_000 })
+  const make = () => new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'shared', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, timeoutMs: 500, retryRemoteMs: 60_000 })
   const a = make()
   const b = make()
   const opened = []
@@ -171,13 +178,13 @@ test('failing open, each of N processes leases locally at 1/N of the quota, and 
   // The whole quota hands out 170k input tokens at once (200k at 85 %): 150k would fit it.
   await worker.mf.dispose()
   try {
-  await assert.rejects(a.acquire({ agent: 7, pool: 0, inputTokens: 150_000, maxTokens: 10 }), (e) => e.code === 'rejected' && e.reason.kind === 'exceeds_capacity')
-  assert.equal(opened.length, 1)
-  assert.equal(opened[0].share, 0.5)
-  assert.match(opened[0].message, /1\/2 of the quota \(the limiter last saw 2 processes/)
-  // Half of it still serves what fits half.
-  const l = await a.acquire({ agent: 7, pool: 0, inputTokens: 50_000, maxTokens: 10 })
-  l.settle({ inputTokens: 50_000 })
+    await assert.rejects(a.acquire({ agent: 7, pool: 0, inputTokens: 150_000, maxTokens: 10 }), (e) => e.code === 'rejected' && e.reason.kind === 'exceeds_capacity')
+    assert.equal(opened.length, 1)
+    assert.equal(opened[0].share, 0.5)
+    assert.match(opened[0].message, /1\/2 of the quota \(the limiter last saw 2 processes/)
+    // Half of it still serves what fits half.
+    const l = await a.acquire({ agent: 7, pool: 0, inputTokens: 50_000, maxTokens: 10 })
+    l.settle({ inputTokens: 50_000 })
   } finally {
     a.close()
     b.close()

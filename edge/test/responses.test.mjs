@@ -121,7 +121,11 @@ describe('the Responses API in proxy mode', () => {
     assert.equal(streamed.usage.output_tokens, 30)
     await idle()
     assert.equal(await settled(), before + 2)
-    assert.deepEqual(seen.map((e) => `${e.method} ${e.url}`), ['POST /v1/responses', 'POST /v1/responses'], 'the /v1 of the base URL may be left out')
+    assert.deepEqual(
+      seen.map((e) => `${e.method} ${e.url}`),
+      ['POST /v1/responses', 'POST /v1/responses'],
+      'the /v1 of the base URL may be left out',
+    )
   })
 
   test("Codex's identity headers reach the provider; tokenwarden's never do", async () => {
@@ -168,7 +172,10 @@ describe('the Responses API in proxy mode', () => {
       const err = await r.json()
       assert.equal(typeof err.error.message, 'string', 'in OpenAI format')
     }
-    assert.deepEqual(seen.map((e) => `${e.method} ${e.url}`), paths.map(([m, p]) => `${m} ${p}`))
+    assert.deepEqual(
+      seen.map((e) => `${e.method} ${e.url}`),
+      paths.map(([m, p]) => `${m} ${p}`),
+    )
     const after = await metrics()
     const granted = (m) => Number(m.pools[0].counters.grantedNow) + Number(m.pools[0].counters.grantedFromQueue)
     assert.equal(granted(after), granted(before), 'nothing leased')

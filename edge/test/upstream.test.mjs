@@ -21,7 +21,7 @@ const QUOTAS = ['huge', 'huge64', 'gpt', 'stream60', 'nodelta', 'error', 'string
 
 /** A node:http server; `handler` answers every request. */
 async function server() {
-  const s = { requests: [], handler: (req, res) => res.writeHead(500).end() }
+  const s = { requests: [], handler: (_req, res) => res.writeHead(500).end() }
   s.http = http.createServer((req, res) => {
     const chunks = []
     req.on('data', (c) => chunks.push(c))
@@ -71,7 +71,7 @@ const ask = (extra = {}) => JSON.stringify({ model: 'claude-sonnet-4-6', max_tok
 const proxy = (quota, path, body) => fetch(`${base}/v1/fleets/up/quotas/${quota}/proxy${path}`, { method: 'POST', headers, body, redirect: 'manual' })
 const sse = (event, data) => `event: ${event}\ndata: ${JSON.stringify({ type: event, ...data })}\n\n`
 const answer = (body, { status = 200, type = 'application/json', extra = {} } = {}) => {
-  upstream.handler = (req, res) => res.writeHead(status, { 'content-type': type, ...extra }).end(body)
+  upstream.handler = (_req, res) => res.writeHead(status, { 'content-type': type, ...extra }).end(body)
 }
 
 /** The quota's metrics once its proxied call has settled (a stream settles as it ends). */
@@ -86,7 +86,7 @@ async function settled(quota) {
   assert.equal(m.liveLeases, 0, 'no lease is left held')
   // What the call was charged: the sum of the pool's minutes (input, output, tokens, requests).
   const used = [0, 0, 0, 0]
-  for (const minute of m.pools[0].minutes) minute.used.forEach((v, i) => (used[i] += Number(v)))
+  for (const minute of m.pools[0].minutes) for (const [i, v] of minute.used.entries()) used[i] += Number(v)
   return used
 }
 
@@ -144,7 +144,11 @@ describe('streams cut short and malformed usage through the proxy (issue 25, ite
       `data: ${JSON.stringify({ choices: [], usage: { prompt_tokens: -3, completion_tokens: '7' } })}\n\n` +
       'data: [DONE]\n\n'
     answer(body, { type: 'text/event-stream' })
-    const r = await proxy('gptstream', '/v1/chat/completions', JSON.stringify({ model: 'gpt-5', stream: true, stream_options: { include_usage: true }, max_completion_tokens: 5_000, messages: [{ role: 'user', content: 'hi' }] }))
+    const r = await proxy(
+      'gptstream',
+      '/v1/chat/completions',
+      JSON.stringify({ model: 'gpt-5', stream: true, stream_options: { include_usage: true }, max_completion_tokens: 5_000, messages: [{ role: 'user', content: 'hi' }] }),
+    )
     assert.equal(await r.text(), body)
     assert.equal((await settled('gptstream'))[1], 1_016)
   })
@@ -165,7 +169,7 @@ describe('redirects through the proxy (issue 25, item 11)', () => {
   // fetch of the Durable Object (edge/src/worker.js, toObject) must not follow it either
   // (today it tries, and fails on the streamed request body: 500).
   test('a 307 to another origin is handed to the client as it is; the API key goes nowhere else; nothing is charged', async () => {
-    elsewhere.handler = (req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"usage":{"input_tokens":1,"output_tokens":1}}')
+    elsewhere.handler = (_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"usage":{"input_tokens":1,"output_tokens":1}}')
     const body = '{"type":"error","error":{"type":"moved","message":"see elsewhere"}}'
     answer(body, { status: 307, extra: { location: `${elsewhere.url}/steal` } })
     const r = await proxy('redirect', '/v1/messages', ask())
@@ -184,7 +188,7 @@ describe('long and big answers through the proxy (issue 25, item 11)', () => {
     let release
     const released = new Promise((r) => (release = r))
     let ended = false
-    upstream.handler = async (req, res) => {
+    upstream.handler = async (_req, res) => {
       res.writeHead(200, { 'content-type': 'application/json' })
       res.write(head)
       // The rest only once the client has the response (or, where the proxy buffers, after 3 s).
@@ -204,7 +208,7 @@ describe('long and big answers through the proxy (issue 25, item 11)', () => {
   test('a stream longer than the lease TTL keeps its slot while bytes flow: the next proxied call waits for its end', async () => {
     upstream.requests.length = 0
     let streamEnded = null
-    upstream.handler = async (req, res, r) => {
+    upstream.handler = async (_req, res, r) => {
       if (upstream.requests.indexOf(r) > 0) {
         res.writeHead(200, { 'content-type': 'application/json' }).end('{"id":"m2","content":[],"usage":{"input_tokens":10,"output_tokens":2}}')
         return

@@ -10,7 +10,12 @@ function setup(metrics) {
   const tw = { on: (name, f) => (handlers[name] = f), metrics: () => metrics }
   const lines = []
   let now = 1_000_000
-  new WaitLog(tw, (id) => (id === 7 ? 'bob' : `agent ${id}`), (l) => lines.push(l), () => now)
+  new WaitLog(
+    tw,
+    (id) => (id === 7 ? 'bob' : `agent ${id}`),
+    (l) => lines.push(l),
+    () => now,
+  )
   return { handlers, lines, advance: (ms) => (now += ms) }
 }
 
@@ -34,7 +39,10 @@ test('a queued wait gives the expected wait and the bound; its end is a line; a 
   handlers.rate_limited({})
   advance(52_000)
   handlers.granted({ lease: 2, agent: 8, pool: 0, waitedMs: 0 })
-  assert.match(lines[2], /^tokenwarden: last 61 s: 2 calls granted, 1 waited over 3 s \(longest 9\.0 s\), 1 answered 429 by the provider, 0 refused — sonnet: margin 85 %, 3 in line, 1 in flight, held by input tokens\/min$/)
+  assert.match(
+    lines[2],
+    /^tokenwarden: last 61 s: 2 calls granted, 1 waited over 3 s \(longest 9\.0 s\), 1 answered 429 by the provider, 0 refused — sonnet: margin 85 %, 3 in line, 1 in flight, held by input tokens\/min$/,
+  )
   assert.equal(lines.length, 3)
 })
 
