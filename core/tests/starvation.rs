@@ -8,12 +8,15 @@
 //! agents, sizes, think times and roles. In each, every queued ticket given once all the
 //! agents have asked is granted by its ETA.
 
+mod support;
+
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use support::host::{CallSpec, Ended, Host, Reply, World};
 use tokenwarden_core::{
-    AgentId, Config, Coordinator, Decision, Event, LeaseId, LeaseRequest, Millis, PoolId, Role,
-    Usage,
+    AgentId, Config, Coordinator, Event, LeaseId, LeaseRequest, Millis, Output, PoolId, Role,
+    Usage, WaitReason,
 };
 
 const MAX_TOKENS: u64 = 100;
@@ -28,12 +31,6 @@ struct Scenario {
     big: u64,
     big_role: Role,
     big_asks_at: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Action {
-    Ask(u64),
-    Settle(u64, LeaseId),
 }
 
 struct Run {
@@ -81,113 +78,134 @@ impl Scenario {
     }
 }
 
+/// The scenario as the world around the reference host loop: every agent's calls take
+/// `CALL_MS` and succeed; a small agent starts its next call its think time after one ends.
+struct Fleet<'a> {
+    sc: &'a Scenario,
+    /// ETAs given once every agent has asked, by ticket.
+    etas: BTreeMap<LeaseId, Millis>,
+    all_known: u64,
+    out: Run,
+}
+
+impl Fleet<'_> {
+    fn spec(&self, agent: u64) -> CallSpec {
+        CallSpec {
+            request: self.sc.ask(agent),
+        }
+    }
+}
+
+impl World for Fleet<'_> {
+    fn send(&mut self, _now: u64, _id: u64, call: &CallSpec) -> Reply {
+        Reply {
+            status: 200,
+            headers: Vec::new(),
+            duration_ms: CALL_MS,
+            usage: Usage {
+                input_tokens: call.request.input_tokens,
+                output_tokens: MAX_TOKENS,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn ended(&mut self, now: u64, _id: u64, call: &CallSpec, how: Ended) -> Vec<(u64, CallSpec)> {
+        let agent = call.request.agent.0;
+        assert_eq!(how, Ended::Delivered, "agent {agent}'s call at {now} ms");
+        if agent == BIG_AGENT {
+            return Vec::new();
+        }
+        let think = self.sc.small[(agent - 1) as usize].1;
+        vec![(now + think, self.spec(agent))]
+    }
+
+    fn output(&mut self, now: u64, _id: u64, call: &CallSpec, out: &Output) {
+        let agent = call.request.agent.0;
+        match out {
+            Output::Send { .. } if agent == BIG_AGENT => self.out.granted_at = Some(Millis(now)),
+            Output::Wait { wait, .. } => {
+                if let Some(ticket) = wait.ticket {
+                    if now >= self.all_known {
+                        self.etas.insert(ticket, wait.until);
+                        self.out.promised += 1;
+                    }
+                    if agent == BIG_AGENT {
+                        self.out.queued_eta.push(wait.until);
+                    }
+                } else {
+                    assert_eq!(
+                        wait.reason,
+                        WaitReason::Refused,
+                        "agent {agent} at {now} ms"
+                    );
+                    assert!(wait.until.0 > now, "{wait:?} at {now} ms");
+                    if agent == BIG_AGENT {
+                        self.out.refusals += 1;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn event(&mut self, now: u64, e: &Event) {
+        if let Event::Granted { lease, agent, .. } = *e {
+            if let Some(eta) = self.etas.remove(&lease) {
+                if now > eta.0 {
+                    self.out.late.push((agent.0, eta, Millis(now)));
+                }
+            }
+            if agent.0 == BIG_AGENT {
+                self.out.granted_at = Some(Millis(now));
+            }
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.out.granted_at.is_some()
+    }
+}
+
 fn run(sc: &Scenario) -> Run {
     let config = Config::from_json(r#"{"pools":[{"name":"p","input_tokens_per_minute":60000}]}"#)
         .unwrap_or_else(|e| panic!("{e}"));
-    let mut c = Coordinator::new(config, 7, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
-    let mut actions: BTreeMap<(u64, u64), Action> = BTreeMap::new();
-    let mut seq = 0u64;
-    let mut at = |actions: &mut BTreeMap<(u64, u64), Action>, t: u64, a: Action| {
-        seq += 1;
-        actions.insert((t, seq), a);
-    };
-    for agent in 1..=sc.small.len() as u64 {
-        at(&mut actions, agent * 10, Action::Ask(agent));
-    }
-    at(&mut actions, sc.big_asks_at, Action::Ask(BIG_AGENT));
-    let mut owner: BTreeMap<LeaseId, u64> = BTreeMap::new();
+    let coord = Coordinator::new(config, 7, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
+    let mut first: Vec<(u64, CallSpec)> = (1..=sc.small.len() as u64)
+        .map(|agent| {
+            (
+                agent * 10,
+                CallSpec {
+                    request: sc.ask(agent),
+                },
+            )
+        })
+        .collect();
+    first.push((
+        sc.big_asks_at,
+        CallSpec {
+            request: sc.ask(BIG_AGENT),
+        },
+    ));
     // An ETA counts the agents known to the pool when it is given: check those given once
     // every agent has asked.
-    let all_known = (sc.small.len() as u64 * 10).max(sc.big_asks_at);
-    let mut etas: BTreeMap<LeaseId, Millis> = BTreeMap::new();
-    let mut out = Run {
-        granted_at: None,
-        refusals: 0,
-        queued_eta: Vec::new(),
-        promised: 0,
-        late: Vec::new(),
+    let mut fleet = Fleet {
+        sc,
+        etas: BTreeMap::new(),
+        all_known: (sc.small.len() as u64 * 10).max(sc.big_asks_at),
+        out: Run {
+            granted_at: None,
+            refusals: 0,
+            queued_eta: Vec::new(),
+            promised: 0,
+            late: Vec::new(),
+        },
     };
-    loop {
-        let next = actions.keys().next().map(|k| k.0);
-        let wake = c.poll_timeout().map(|t| t.0);
-        let now = match (next, wake) {
-            (Some(n), Some(w)) => n.min(w),
-            (Some(n), None) => n,
-            (None, Some(w)) => w,
-            (None, None) => break,
-        };
-        if now > sc.big_asks_at + bound_ms(sc) + 60_000 {
-            break;
-        }
-        if wake == Some(now) {
-            c.handle_timeout(Millis(now));
-        } else if let Some((_, action)) = actions.pop_first() {
-            match action {
-                Action::Ask(agent) => match c.request_lease(Millis(now), &sc.ask(agent)) {
-                    Ok(Decision::Grant { lease, .. }) => {
-                        if agent == BIG_AGENT {
-                            out.granted_at = Some(Millis(now));
-                        }
-                        at(&mut actions, now + CALL_MS, Action::Settle(agent, lease));
-                    }
-                    Ok(Decision::Queued { lease, eta }) => {
-                        owner.insert(lease, agent);
-                        if now >= all_known {
-                            etas.insert(lease, eta);
-                            out.promised += 1;
-                        }
-                        if agent == BIG_AGENT {
-                            out.queued_eta.push(eta);
-                        }
-                    }
-                    Ok(Decision::Reject {
-                        retry_at: Some(t),
-                        reason,
-                    }) => {
-                        if agent == BIG_AGENT {
-                            out.refusals += 1;
-                        }
-                        assert!(t.0 > now, "{reason:?}: retry at {t:?} at {now} ms");
-                        at(&mut actions, t.0, Action::Ask(agent));
-                    }
-                    other => panic!("agent {agent} at {now} ms: {other:?}"),
-                },
-                Action::Settle(agent, lease) => {
-                    let (input, _) = sc.of(agent);
-                    let usage = Usage {
-                        input_tokens: input,
-                        output_tokens: MAX_TOKENS,
-                        ..Default::default()
-                    };
-                    c.settle(Millis(now), lease, &usage)
-                        .unwrap_or_else(|e| panic!("settle at {now} ms: {e}"));
-                    if agent != BIG_AGENT {
-                        let think = sc.small[(agent - 1) as usize].1;
-                        at(&mut actions, now + think, Action::Ask(agent));
-                    }
-                }
-            }
-        }
-        while let Some(e) = c.poll_event() {
-            if let Event::Granted { lease, agent, .. } = e {
-                owner.remove(&lease);
-                if let Some(eta) = etas.remove(&lease) {
-                    if now > eta.0 {
-                        out.late.push((agent.0, eta, Millis(now)));
-                    }
-                }
-                if agent.0 == BIG_AGENT {
-                    out.granted_at = Some(Millis(now));
-                }
-                at(&mut actions, now + CALL_MS, Action::Settle(agent.0, lease));
-            }
-        }
-        if out.granted_at.is_some() {
-            break;
-        }
-    }
-    c.check().unwrap_or_else(|e| panic!("{e}"));
-    out
+    let mut host = Host::new(coord, first);
+    let until = sc.big_asks_at + bound_ms(sc) + 60_000;
+    host.run(&mut fleet, until);
+    host.coord.check().unwrap_or_else(|e| panic!("{e}"));
+    fleet.out
 }
 
 /// A role's default weight, thousandths.

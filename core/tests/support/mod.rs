@@ -1,0 +1,3 @@
+//! Test support shared by the core's integration tests.
+
+pub mod host;
