@@ -128,6 +128,13 @@ pub enum Input {
         /// How it ended.
         outcome: TaskOutcome,
     },
+    /// The host restarted: end every live lease and ticket not in `keep`, as calls that
+    /// died with it: [`Coordinator::restarted`].
+    Restarted {
+        /// The leases and tickets the host still holds.
+        #[serde(default)]
+        keep: Vec<LeaseId>,
+    },
     /// The operator holds a pool: no grant until `until` (a key being rotated, a provider
     /// incident, a spend alarm): [`Coordinator::hold`].
     Hold {
@@ -248,6 +255,13 @@ pub enum Output {
     TaskEnded {
         /// The figures.
         summary: TaskSummary,
+    },
+    /// `restarted`: the leases charged as interrupted calls and the tickets withdrawn.
+    Ended {
+        /// Granted leases, charged as calls that returned nothing.
+        interrupted: Vec<LeaseId>,
+        /// Queued tickets, withdrawn.
+        withdrawn: Vec<LeaseId>,
     },
     /// `hold`: the pool grants nothing until `until` (the hold asked for, bounded by
     /// `feedback.max_pause_ms`, or a longer pause already in force).
@@ -403,6 +417,13 @@ impl Coordinator {
             Input::EndTask { task, outcome } => Output::TaskEnded {
                 summary: self.end_task(now, *task, *outcome)?,
             },
+            Input::Restarted { keep } => {
+                let (interrupted, withdrawn) = self.restarted(now, keep);
+                Output::Ended {
+                    interrupted,
+                    withdrawn,
+                }
+            }
             Input::Hold { pool, until } => Output::Held {
                 pool: *pool,
                 until: self.hold(now, *pool, *until)?,

@@ -253,6 +253,7 @@ export type Input =
   | { op: 'open_task'; task: TaskSpec }
   | { op: 'task_failed'; task: U64; signature: U64 }
   | { op: 'end_task'; task: U64; outcome: TaskOutcome }
+  | { op: 'restarted'; keep?: number[] }
   | { op: 'hold'; pool: number; until: U64 }
 
 /**
@@ -276,6 +277,7 @@ export type Output =
   | { output: 'task_opened' }
   | { output: 'task_failed'; inARow: number }
   | { output: 'task_ended'; summary: TaskSummary }
+  | { output: 'ended'; interrupted: number[]; withdrawn: number[] }
   | { output: 'held'; pool: number; until: U64 }
 
 /** What one response said about one axis. */

@@ -258,16 +258,11 @@ export class QuotaObject {
       // their leases or take their tickets. End them now (a granted one charged as the core
       // charges a call cut short, a ticket withdrawn) rather than let them hold capacity
       // until their TTL.
-      const orphans = orphansOf(snapshot, leases)
-      for (const { id, phase } of orphans) {
-        try {
-          if (phase === 'active') this.tw.callInterrupted(id, null, null, null)
-          else this.tw.cancel(id)
-        } catch {
-          // already gone
-        }
-      }
-      if (orphans.length > 0) await this.#persistSoon()
+      // The core decides what each is charged: `restarted` ends every lease and ticket not
+      // in the object's own records.
+      const ended = this.tw.engine.handle(this.tw.clock.now(), { op: 'restarted', keep: leases.map(([id]) => id) })
+      this.tw.tick()
+      if (ended.interrupted.length + ended.withdrawn.length > 0) await this.#persistSoon()
     })
   }
 
@@ -956,27 +951,6 @@ function upstreamFailure(err, provider) {
   const { status, message } = failureOf(err)
   const code = err?.upstream === true ? 'upstream_unreachable' : 'upstream_timeout'
   return json(status, providerErrorBody(provider, status, message, { error: code, message: message.replace(/^tokenwarden: /, '') }))
-}
-
-/**
- * The leases and tickets of a restored snapshot that no API client holds (those are in
- * `leases`, the object's own records): the proxied calls' — `{ id, phase }`, phase `active`
- * (granted) or `queued`. Read from the snapshot's lease table; ids above 2^53 are skipped
- * (they expire by their TTL).
- */
-export function orphansOf(snapshot, leases) {
-  const s = typeof snapshot === 'string' ? parseExact(snapshot) : snapshot
-  const slots = s?.state?.leases?.slots
-  if (!Array.isArray(slots)) return []
-  const held = new Set(leases.map(([id]) => id))
-  const out = []
-  for (const slot of slots) {
-    const e = slot?.entry
-    if (e === null || typeof e !== 'object' || !Number.isSafeInteger(e.id) || held.has(e.id)) continue
-    const phase = e.phase?.active !== undefined ? 'active' : e.phase?.queued !== undefined ? 'queued' : null
-    if (phase !== null) out.push({ id: e.id, phase })
-  }
-  return out
 }
 
 /** The keys a proxy path may name before the provider's path. */

@@ -12,6 +12,7 @@ use crate::ids::PoolId;
 use crate::lease::{LeaseId, Phase};
 use crate::request::{LeaseRequest, Usage};
 use crate::time::Millis;
+use alloc::vec::Vec;
 
 impl Coordinator {
     /// Asks for capacity for `call` ([`Coordinator::request_lease`]) and says what to do:
@@ -261,6 +262,38 @@ impl Coordinator {
             }
         };
         self.settle_as(now, lease, &usage, Sample::NotCompleted)
+    }
+
+    /// The host restarted: every call it had in flight died with it. Each live lease or
+    /// ticket not in `keep` (those the host still holds, e.g. for its API clients) is ended
+    /// as the core ends a call cut short: a granted lease is charged as an interrupted call
+    /// that returned nothing ([`Coordinator::call_interrupted`] with `None`), a queued ticket
+    /// withdrawn ([`Coordinator::cancel`]). Returns the ids ended, each list in id order.
+    /// Time moves to `now` first; leases whose expiry is due are reaped by it, not ended
+    /// here.
+    pub fn restarted(&mut self, now: Millis, keep: &[LeaseId]) -> (Vec<LeaseId>, Vec<LeaseId>) {
+        self.handle_timeout(now);
+        let now = self.now;
+        let mut kept = keep.to_vec();
+        kept.sort_unstable();
+        let mut ended: Vec<(LeaseId, bool)> = self
+            .leases
+            .entries()
+            .filter(|e| kept.binary_search(&e.id).is_err())
+            .map(|e| (e.id, matches!(e.phase, Phase::Queued { .. })))
+            .collect();
+        ended.sort_unstable_by_key(|(id, _)| *id);
+        let (mut interrupted, mut withdrawn) = (Vec::new(), Vec::new());
+        for (id, queued) in ended {
+            if queued {
+                if self.cancel(now, id).is_ok() {
+                    withdrawn.push(id);
+                }
+            } else if self.call_interrupted(now, id, None).is_ok() {
+                interrupted.push(id);
+            }
+        }
+        (interrupted, withdrawn)
     }
 
     fn wait(
