@@ -86,7 +86,7 @@ export declare class Coordinator {
   pollEventIo(): number
   /**
    * `callLease` on the register file (the request in slots 0 to 9, the call in 10 to
-   * 12); returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+   * 12); returns a `STEP_*` code, or 9 wide (then `takeWide()`).
    */
   callLeaseIo(): number
   /**
@@ -94,12 +94,12 @@ export declare class Coordinator {
   value
   …`;
    * the first argument is the attached register file, unread: the wasm build's signature);
-   * returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+   * returns a `STEP_*` code, or 9 wide (then `takeWide()`).
    */
   callResponseIo(io: Float64Array, headers: string): number
   /**
    * `handleResponse` on the register file, the headers as one string; returns 0, or 9
-   * wide (then `takeWideJson()`).
+   * wide (then `takeWide()`).
    */
   handleResponseIo(io: Float64Array, headers: string): number
   /**

@@ -416,7 +416,7 @@ fn call_steps_are_written_with_the_cores_tags() {
     assert_eq!(
         io::io_call_step(&mut regs, &call, &send),
         io::WIDE,
-        "an instant above 2^53 needs takeWideJson"
+        "an instant above 2^53 needs takeWide"
     );
     assert_eq!(
         io::io_call_step(&mut regs, &call, &core::CallStep::Deliver),

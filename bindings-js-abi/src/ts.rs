@@ -53,7 +53,7 @@ export const AXES = {axes}
 export const EVENTS = {events}
 /** A margin change's reason code (its event's slot 3): the index in this list. */
 export const MARGIN_REASONS = {margin_reasons}
-/** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWideJson()`). */
+/** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWide()`). */
 export const STEP_SEND = {step_send}
 export const STEP_WAIT = {step_wait}
 export const STEP_DELIVER = {step_deliver}

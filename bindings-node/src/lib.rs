@@ -253,7 +253,7 @@ impl Coordinator {
     }
 
     /// `callLease` on the register file (the request in slots 0 to 9, the call in 10 to
-    /// 12); returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    /// 12); returns a `STEP_*` code, or 9 wide (then `takeWide()`).
     #[napi]
     pub fn call_lease_io(&mut self, env: Env) -> napi::Result<i32> {
         let Coordinator { inner, io, wide } = self;
@@ -275,7 +275,7 @@ impl Coordinator {
 
     /// `callResponse` on the register file, the headers as one string (`name\nvalue\n…`;
     /// the first argument is the attached register file, unread: the wasm build's signature);
-    /// returns a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    /// returns a `STEP_*` code, or 9 wide (then `takeWide()`).
     #[napi]
     pub fn call_response_io(
         &mut self,
@@ -305,7 +305,7 @@ impl Coordinator {
     }
 
     /// `handleResponse` on the register file, the headers as one string; returns 0, or 9
-    /// wide (then `takeWideJson()`).
+    /// wide (then `takeWide()`).
     #[napi]
     pub fn handle_response_io(
         &mut self,

@@ -302,7 +302,7 @@ impl Coordinator {
     }
 
     /// `callLease` on the register file (the request in slots 0 to 9, the call in 10 to
-    /// 12): a `STEP_*` code, or 9 wide (then `takeWideJson()`).
+    /// 12): a `STEP_*` code, or 9 wide (then `takeWide()`).
     #[wasm_bindgen(js_name = callLeaseIo)]
     pub fn call_lease_io(&mut self) -> Result<i32, Thrown> {
         let Coordinator {
@@ -324,7 +324,7 @@ impl Coordinator {
 
     /// `callResponse` on the register file, the headers the first `headers_len` bytes of
     /// the text buffer (`name\nvalue\n…`): a `STEP_*` code, or 9 wide (then
-    /// `takeWideJson()`).
+    /// `takeWide()`).
     #[wasm_bindgen(js_name = callResponseIo)]
     pub fn call_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
         let ResponseParts { inner, wide, io, r } = self.response_parts(headers_len)?;
@@ -345,7 +345,7 @@ impl Coordinator {
     }
 
     /// `handleResponse` on the register file, the headers the first `headers_len` bytes of
-    /// the text buffer: 0, or 9 wide (then `takeWideJson()`).
+    /// the text buffer: 0, or 9 wide (then `takeWide()`).
     #[wasm_bindgen(js_name = handleResponseIo)]
     pub fn handle_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
         let ResponseParts { inner, wide, io, r } = self.response_parts(headers_len)?;

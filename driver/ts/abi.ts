@@ -25,7 +25,7 @@ export const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests'] as c
 export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert', 'margin_at_floor'] as const
 /** A margin change's reason code (its event's slot 3): the index in this list. */
 export const MARGIN_REASONS = ['rate_limited', 'recovered', 'confirmed', 'headers_disagreed'] as const
-/** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWideJson()`). */
+/** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWide()`). */
 export const STEP_SEND = 0
 export const STEP_WAIT = 1
 export const STEP_DELIVER = 2
@@ -43,20 +43,4 @@ export const EVENTS_SLOT = 48
 /** After a register-file call that returned: `pollTimeout()`, -1 none, -2 above 2^53 - 1. */
 export const TIMEOUT_SLOT = 49
 /** Every stable code an engine's errors carry. */
-export const ENGINE_ERROR_CODES = [
-  'unknown_pool',
-  'unknown_lease',
-  'not_granted',
-  'too_large',
-  'invalid_argument',
-  'config_parse',
-  'invalid_config',
-  'snapshot_version',
-  'snapshot_parse',
-  'snapshot_config',
-  'snapshot_corrupt',
-  'unknown_task',
-  'too_many_tasks',
-  'internal',
-  'corrupt',
-] as const
+export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'unknown_task', 'too_many_tasks', 'internal', 'corrupt'] as const
