@@ -592,8 +592,10 @@ pub mod io {
     pub const DECISION_GRANT: i32 = 0;
     /// The request was queued.
     pub const DECISION_QUEUED: i32 = 1;
-    /// The request was rejected.
+    /// The request was refused for now; the instant slot says when to ask again.
     pub const DECISION_REJECT: i32 = 2;
+    /// The request can never be served as asked (the instant slot is −1).
+    pub const DECISION_NEVER: i32 = 3;
     /// The result does not fit a `number`: fetch it with `takeWide()`.
     pub const WIDE: i32 = 9;
 
@@ -823,20 +825,25 @@ pub mod io {
     /// Writes a decision; `WIDE` when an instant does not fit a `number`.
     pub fn io_decision(io: &mut [f64], d: &core::Decision) -> i32 {
         let none = u64::MAX; // written as −1 below
+        let reason_codes = |reason: core::RejectReason| match reason {
+            core::RejectReason::ExceedsCapacity { axis: a } => (0, axis_index(a)),
+            core::RejectReason::WaitTooLong => (1, 0),
+            core::RejectReason::QueueFull => (2, 0),
+            core::RejectReason::TooManyLeases => (3, 0),
+            core::RejectReason::TooManyAgents => (4, 0),
+        };
         let (code, lease, at, reason, axis_index) = match *d {
             core::Decision::Grant { lease, expires_at } => {
                 (DECISION_GRANT, lease.0, expires_at.0, 0, 0)
             }
             core::Decision::Queued { lease, eta } => (DECISION_QUEUED, lease.0, eta.0, 0, 0),
             core::Decision::Reject { retry_at, reason } => {
-                let (r, a) = match reason {
-                    core::RejectReason::ExceedsCapacity { axis: a } => (0, axis_index(a)),
-                    core::RejectReason::WaitTooLong => (1, 0),
-                    core::RejectReason::QueueFull => (2, 0),
-                    core::RejectReason::TooManyLeases => (3, 0),
-                    core::RejectReason::TooManyAgents => (4, 0),
-                };
-                (DECISION_REJECT, 0, retry_at.map_or(none, |t| t.0), r, a)
+                let (r, a) = reason_codes(reason);
+                (DECISION_REJECT, 0, retry_at.0, r, a)
+            }
+            core::Decision::NeverFits { reason } => {
+                let (r, a) = reason_codes(reason);
+                (DECISION_NEVER, 0, none, r, a)
             }
         };
         if at != none && !fits(&[at]) {

@@ -90,11 +90,18 @@ fn a_decision_that_fits_is_written_and_one_that_does_not_is_wide() {
     };
     assert_eq!(io::io_decision(&mut io, &d), io::WIDE);
     let d = core::Decision::Reject {
-        retry_at: None,
+        retry_at: core::Millis(5_000),
         reason: core::RejectReason::QueueFull,
     };
     assert_eq!(io::io_decision(&mut io, &d), io::DECISION_REJECT);
-    assert_eq!(&io[..3], &[0.0, -1.0, 2.0]);
+    assert_eq!(&io[..3], &[0.0, 5_000.0, 2.0]);
+    let d = core::Decision::NeverFits {
+        reason: core::RejectReason::ExceedsCapacity {
+            axis: core::Axis::OutputTokens,
+        },
+    };
+    assert_eq!(io::io_decision(&mut io, &d), io::DECISION_NEVER);
+    assert_eq!(&io[..4], &[0.0, -1.0, 0.0, 1.0]);
 }
 
 /// The committed TypeScript mirror is what the tables generate.
@@ -238,7 +245,7 @@ fn reject_reasons_and_axes_are_written_as_their_codes() {
         }
         let mut regs = [0.0; io::IO_SLOTS];
         let d = core::Decision::Reject {
-            retry_at: None,
+            retry_at: core::Millis(1),
             reason,
         };
         assert_eq!(io::io_decision(&mut regs, &d), io::DECISION_REJECT);
@@ -246,8 +253,7 @@ fn reject_reasons_and_axes_are_written_as_their_codes() {
     }
     for (code, axis) in io::AXES.iter().enumerate() {
         let mut regs = [0.0; io::IO_SLOTS];
-        let d = core::Decision::Reject {
-            retry_at: None,
+        let d = core::Decision::NeverFits {
             reason: core::RejectReason::ExceedsCapacity { axis: *axis },
         };
         let _ = io::io_decision(&mut regs, &d);

@@ -36,6 +36,7 @@ export const IO_SLOTS = {slots}
 export const DECISION_GRANT = {grant}
 export const DECISION_QUEUED = {queued}
 export const DECISION_REJECT = {reject}
+export const DECISION_NEVER = {never}
 export const WIDE = {wide}
 /** `requestLeaseIo`'s argument slots from 1 (slot 0 is `now`), in slot order; `cachedPrefixConfirmed` is 1 or 0. */
 export const LEASE_REQUEST_FIELDS = {request}
@@ -77,6 +78,7 @@ export const ENGINE_ERROR_CODES = {errors}
         grant = io::DECISION_GRANT,
         queued = io::DECISION_QUEUED,
         reject = io::DECISION_REJECT,
+        never = io::DECISION_NEVER,
         wide = io::WIDE,
         request = tuple(&io::LEASE_REQUEST_FIELDS),
         call_state_slot = io::CALL_STATE_SLOT,

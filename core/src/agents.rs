@@ -252,7 +252,7 @@ impl Agent {
         // A call the provider refused, one that ended without a usage report, or a report
         // of nothing at all says nothing about how good the estimate was.
         let reported = actual.get(Axis::InputTokens) > 0 || actual.get(Axis::OutputTokens) > 0;
-        if sample == Sample::NotCompleted || !reported {
+        if sample != Sample::Completed || !reported {
             return None;
         }
         let (input, output) = (Axis::InputTokens, Axis::OutputTokens);
@@ -328,10 +328,12 @@ pub(crate) enum Sample {
     /// ([`crate::Coordinator::settle`]).
     Completed,
     /// The provider refused the call (a non-2xx response settled by
-    /// [`crate::Coordinator::call_response`]) or it ended without a usage report
-    /// ([`crate::Coordinator::call_interrupted`]): the usage is the core's rule, not a
-    /// measure.
-    NotCompleted,
+    /// [`crate::Coordinator::call_response`]): it read nothing, so no prompt cache was
+    /// written either; the usage (none) is the core's rule, not a measure.
+    Refused,
+    /// It ended without a usage report ([`crate::Coordinator::call_interrupted`]): the
+    /// usage is the core's rule, not a measure.
+    Interrupted,
 }
 
 /// How far an estimate missed, in thousandths of the actual figure (at most 1000×).

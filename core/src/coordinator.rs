@@ -361,13 +361,15 @@ impl Coordinator {
                 m.rejected = m.rejected.saturating_add(1);
             }
         }
-        Decision::Reject { retry_at, reason }
+        match retry_at {
+            Some(retry_at) => Decision::Reject { retry_at, reason },
+            None => Decision::NeverFits { reason },
+        }
     }
 
     /// When to come back after a transient refusal: `hint` (the head's grant, a lease's
     /// expiry) if known and ahead, else one backoff base from now (a concurrency slot or
-    /// an agent slot frees when some call settles, which the core cannot foresee). Never
-    /// `None`: that means "never" to callers.
+    /// an agent slot frees when some call settles, which the core cannot foresee).
     fn transient_retry(&self, now: Millis, hint: Option<Millis>) -> Millis {
         hint.filter(|t| *t > now)
             .unwrap_or_else(|| now.plus(self.config.backoff.base_ms))
@@ -382,12 +384,12 @@ impl Coordinator {
         agent_slot: u32,
         vstart: u128,
         now: Millis,
-        retry_at: Option<Millis>,
+        retry_at: Millis,
         reason: RejectReason,
     ) -> Decision {
-        let until = retry_at.unwrap_or(now).plus(self.config.window_ms);
+        let until = retry_at.plus(self.config.window_ms);
         self.agents.hold(agent_slot, p, Held { vstart, until });
-        self.reject(p, now, retry_at, reason)
+        self.reject(p, now, Some(retry_at), reason)
     }
 
     /// Asks for capacity before a model call. Returns a [`Decision`]; errors only for a
@@ -482,10 +484,8 @@ impl Coordinator {
             t.end_wait(now);
             match decision {
                 Decision::Grant { .. } => t.calls = t.calls.saturating_add(1),
-                Decision::Reject {
-                    retry_at: Some(_), ..
-                } => t.waiting_since = Some(now),
-                Decision::Queued { .. } | Decision::Reject { .. } => {}
+                Decision::Reject { .. } => t.waiting_since = Some(now),
+                Decision::Queued { .. } | Decision::NeverFits { .. } => {}
             }
         }
         Ok(decision)
@@ -581,7 +581,7 @@ impl Coordinator {
                 agent_slot,
                 vstart,
                 now,
-                Some(retry_at),
+                retry_at,
                 RejectReason::TooManyLeases,
             );
         }
@@ -633,7 +633,7 @@ impl Coordinator {
                 agent_slot,
                 vstart,
                 now,
-                Some(retry_at),
+                retry_at,
                 RejectReason::QueueFull,
             );
         }
@@ -651,7 +651,7 @@ impl Coordinator {
             pool.queue.undo_insert(key, inserted);
             let retry_at = Millis(expected.0.saturating_sub(max_wait)).max(now.plus(1));
             let reason = RejectReason::WaitTooLong;
-            return self.refuse(p, agent_slot, vstart, now, Some(retry_at), reason);
+            return self.refuse(p, agent_slot, vstart, now, retry_at, reason);
         }
         // The promise: also what the other agents can still be served ahead of it.
         let overtaking = self.overtaking(p, agent_slot, key.vfinish, now);
@@ -811,9 +811,11 @@ impl Coordinator {
             t.tokens = t.tokens.saturating_add(actual.get(Axis::Tokens));
         }
         self.correct_place(&entry, &actual);
-        let cache_used = entry.ask.cached_prefix_tokens > 0
-            || usage.cache_read_input_tokens > 0
-            || usage.cache_creation_input_tokens > 0;
+        // A refused call never reached the model: its prefix was not cached by it.
+        let cache_used = sample != Sample::Refused
+            && (entry.ask.cached_prefix_tokens > 0
+                || usage.cache_read_input_tokens > 0
+                || usage.cache_creation_input_tokens > 0);
         let warm_until = cache_used.then(|| now.plus(self.config.prompt_cache_ttl_ms));
         let reported = actual.get(Axis::InputTokens) > 0 || actual.get(Axis::OutputTokens) > 0;
         let keep = self.config.output_reserve.samples;

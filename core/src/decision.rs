@@ -47,11 +47,17 @@ pub enum Decision {
         /// Estimated grant time (assumes estimates hold and no higher-priority arrivals).
         eta: Millis,
     },
-    /// Not now. Come back at `retry_at` (`None` only for `exceeds_capacity` when the request
-    /// can never be served as asked; every transient refusal carries a time).
+    /// Not now. Come back at `retry_at` (the request keeps its place in the fair order
+    /// until a window after it).
     Reject {
         /// When a new request has a fair chance.
-        retry_at: Option<Millis>,
+        retry_at: Millis,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// Never as asked: the request needs more than the pool allows in a window
+    /// (`exceeds_capacity`). Asking again with the same figures is refused again.
+    NeverFits {
         /// Why.
         reason: RejectReason,
     },

@@ -17,7 +17,8 @@
 //!
 //! Bad input is an error value ([`LeaseError`], [`ConfigError`], [`RestoreError`]) and leaves
 //! the state untouched. A *decision* is not an error: a request that cannot be served now
-//! gets [`Decision::Queued`] or [`Decision::Reject`], with a reason.
+//! gets [`Decision::Queued`], [`Decision::Reject`] (with when to ask again) or
+//! [`Decision::NeverFits`], with a reason.
 //!
 //! ## Inputs
 //!

@@ -278,14 +278,8 @@ impl Output {
         match decision {
             Decision::Grant { lease, expires_at } => Output::Granted { lease, expires_at },
             Decision::Queued { lease, eta } => Output::Queued { lease, eta },
-            Decision::Reject {
-                retry_at: Some(retry_at),
-                reason,
-            } => Output::Refused { reason, retry_at },
-            Decision::Reject {
-                retry_at: None,
-                reason,
-            } => Output::NeverFits { reason },
+            Decision::Reject { retry_at, reason } => Output::Refused { reason, retry_at },
+            Decision::NeverFits { reason } => Output::NeverFits { reason },
         }
     }
 }

@@ -38,7 +38,8 @@ fn ten_agents_wanting_40k_a_minute_on_a_100k_key_are_advised_about_two() {
                         owner.insert(lease, a);
                         *st = S::Queued;
                     }
-                    Decision::Reject { retry_at, .. } => *st = S::Idle(retry_at.unwrap().0),
+                    Decision::Reject { retry_at, .. } => *st = S::Idle(retry_at.0),
+                    Decision::NeverFits { reason } => panic!("never fits: {reason:?}"),
                 },
                 S::Calling(lease, until) if until <= now => {
                     let used = Usage {

@@ -195,8 +195,7 @@ fn rejects_a_request_that_can_never_fit() {
     let d = c.request_lease(Millis(0), &ask(1, 100_001, 10)).unwrap();
     assert_eq!(
         d,
-        Decision::Reject {
-            retry_at: None,
+        Decision::NeverFits {
             reason: RejectReason::ExceedsCapacity {
                 axis: Axis::InputTokens
             }
@@ -249,7 +248,7 @@ fn a_long_conversation_whose_uncached_part_fits_is_not_refused_for_its_cached_pr
             },
         )
         .unwrap();
-    assert!(matches!(d, Decision::Reject { retry_at: None, .. }));
+    assert!(matches!(d, Decision::NeverFits { .. }));
 }
 
 #[test]
@@ -317,8 +316,7 @@ fn openai_pre_charges_max_tokens_and_refuses_what_the_provider_refuses() {
     // OpenAI answers "Request too large" to max(max_tokens, input) above the TPM limit.
     assert_eq!(
         c.request_lease(Millis(0), &ask(1, 1_000, 128_000)).unwrap(),
-        Decision::Reject {
-            retry_at: None,
+        Decision::NeverFits {
             reason: RejectReason::ExceedsCapacity { axis: Axis::Tokens }
         }
     );
@@ -341,7 +339,7 @@ fn rejects_when_estimated_wait_is_too_long() {
     assert_eq!(
         d,
         Decision::Reject {
-            retry_at: Some(Millis(2_000)),
+            retry_at: Millis(2_000),
             reason: RejectReason::WaitTooLong
         }
     );
@@ -360,7 +358,7 @@ fn rejects_when_queue_is_full() {
             d,
             Decision::Reject {
                 reason: RejectReason::QueueFull,
-                retry_at: Some(_)
+                ..
             }
         ),
         "{d:?}"
@@ -844,7 +842,7 @@ fn idle_agents_are_forgotten_when_the_table_is_full() {
     assert_eq!(
         d,
         Decision::Reject {
-            retry_at: Some(Millis(120_000)),
+            retry_at: Millis(120_000),
             reason: RejectReason::TooManyAgents
         },
         "back when the first lease ends"
@@ -1057,7 +1055,7 @@ fn transient_refusals_always_name_a_retry_time() {
     let _ = queued(c.request_lease(Millis(0), &ask(2, 10, 10)).unwrap());
     match c.request_lease(Millis(5), &ask(2, 10, 10)).unwrap() {
         Decision::Reject {
-            retry_at: Some(t),
+            retry_at: t,
             reason: RejectReason::QueueFull,
         } => assert_eq!(t, Millis(1_005), "one backoff base after now (5 ms)"),
         other => panic!("at 5 ms: {other:?}"),
@@ -1065,7 +1063,7 @@ fn transient_refusals_always_name_a_retry_time() {
     // A full table of busy agents: back when a lease ends (the first expires at 120 s).
     match c.request_lease(Millis(5), &ask(3, 10, 10)).unwrap() {
         Decision::Reject {
-            retry_at: Some(t),
+            retry_at: t,
             reason: RejectReason::TooManyAgents,
         } => assert_eq!(t, Millis(120_000)),
         other => panic!("at 5 ms: {other:?}"),

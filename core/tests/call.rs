@@ -119,6 +119,52 @@ fn a_429_waits_for_retry_after_and_the_next_ask_is_sent() {
 }
 
 #[test]
+fn a_refused_call_leaves_its_prompt_cache_cold() {
+    // Found by the simulation driving the reference host loop: a 429 settled by the core
+    // counted as a call that warmed the agent's prompt cache, so the next call did not
+    // reserve its cached prefix, which the provider charges as input while the cache is
+    // cold. A refused call never reached the model: nothing was cached.
+    let mut c = coord("");
+    let cached = LeaseRequest {
+        cached_prefix_tokens: 20_000,
+        ..ask(1, 1_000, 100)
+    };
+    let mut call = Call::new();
+    let lease = sent(c.call_lease(Millis(0), &mut call, &cached).unwrap());
+    let r = c
+        .call_response(
+            Millis(10),
+            &mut call,
+            PoolId(0),
+            Some(lease),
+            429,
+            &headers(&[]),
+        )
+        .unwrap();
+    assert_eq!(
+        r.settled.map(|s| s.reserved.get(Axis::InputTokens)),
+        Some(21_000),
+        "a cold cache: the prefix is reserved as input"
+    );
+    // A completed call at `at` (settled from its usage a second later): its input reserved.
+    let completed = |c: &mut Coordinator, at: u64| {
+        let lease = sent(c.call_lease(Millis(at), &mut Call::new(), &cached).unwrap());
+        let s = c
+            .settle(Millis(at + 1_000), lease, &Usage::default())
+            .unwrap();
+        s.reserved.get(Axis::InputTokens)
+    };
+    // The next call of the same agent reserves the prefix again: the cache is still cold.
+    assert_eq!(completed(&mut c, 5_000), 21_000, "still cold after a 429");
+    // A completed call warms it: the next leaves the prefix out.
+    assert_eq!(
+        completed(&mut c, 7_000),
+        1_000,
+        "warm after a completed call"
+    );
+}
+
+#[test]
 fn x_should_retry_false_delivers_the_429() {
     let mut c = coord("");
     let mut call = Call::new();

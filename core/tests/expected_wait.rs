@@ -113,9 +113,10 @@ fn run(seed: u64, minutes: u64) -> (Vec<(u64, u64, u64)>, u64) {
                         }
                         Decision::Reject { retry_at, .. } => {
                             state[a] = State::Idle {
-                                at: retry_at.expect("a transient refusal").0.max(now + 1),
+                                at: retry_at.0.max(now + 1),
                             }
                         }
+                        Decision::NeverFits { reason } => panic!("never fits: {reason:?}"),
                     }
                 }
                 State::Calling { lease, until } if until <= now => {

@@ -64,7 +64,9 @@ fn backlogged(config: &str, shapes: &[Shape], minutes: u64) -> Vec<Served> {
             Decision::Queued { lease, .. } => {
                 owner.insert(lease, i);
             }
-            Decision::Reject { reason, .. } => panic!("agent {} refused: {reason:?}", i + 1),
+            Decision::Reject { reason, .. } | Decision::NeverFits { reason } => {
+                panic!("agent {} refused: {reason:?}", i + 1)
+            }
         }
     };
     for i in 0..shapes.len() {

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use tokenwarden_core::{
     AgentId, Axis, Coordinator, Decision, Event, LeaseError, LeaseId, LeaseRequest, MAX_TOKENS,
-    Millis, PoolId, Role, Settlement, TaskId, Usage, parse_headers,
+    Millis, PoolId, RejectReason, Role, Settlement, TaskId, Usage, parse_headers,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -817,10 +817,14 @@ impl Harness {
                                 assert!(eta >= now, "eta {eta} before now {now}");
                                 self.fresh(lease, req, Life::Queued);
                             }
-                            Decision::Reject { retry_at, .. } => {
-                                if let Some(r) = retry_at {
-                                    assert!(r >= now, "retry_at {r} before now {now}");
-                                }
+                            Decision::Reject { retry_at: r, .. } => {
+                                assert!(r >= now, "retry_at {r} before now {now}");
+                            }
+                            Decision::NeverFits { reason } => {
+                                assert!(
+                                    matches!(reason, RejectReason::ExceedsCapacity { .. }),
+                                    "never fits: {reason:?}"
+                                );
                             }
                         }
                     }

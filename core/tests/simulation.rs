@@ -793,13 +793,16 @@ impl Sim {
                             .then(|| now + self.rng.range(1, self.window));
                         self.agents[a].state = State::Waiting { lease, give_up_at };
                     }
-                    Decision::Reject { retry_at, reason } => {
-                        let at = match (retry_at, reason) {
-                            (Some(t), _) => t.0.max(now + 1),
-                            (None, RejectReason::ExceedsCapacity { .. }) => now + 1,
-                            (None, r) => self.fail(format_args!("rejected for good: {r:?}")),
+                    Decision::Reject { retry_at, .. } => {
+                        self.agents[a].state = State::Idle {
+                            at: retry_at.0.max(now + 1),
                         };
-                        self.agents[a].state = State::Idle { at };
+                    }
+                    Decision::NeverFits { reason } => {
+                        if !matches!(reason, RejectReason::ExceedsCapacity { .. }) {
+                            self.fail(format_args!("rejected for good: {reason:?}"));
+                        }
+                        self.agents[a].state = State::Idle { at: now + 1 };
                     }
                 }
             }

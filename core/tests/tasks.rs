@@ -178,11 +178,7 @@ fn a_refusal_starts_the_task_s_wait_and_the_next_ask_ends_it() {
     let d = c
         .request_lease(Millis(0), &ask(2, 50_000, Some(4)))
         .unwrap();
-    let Decision::Reject {
-        retry_at: Some(retry_at),
-        ..
-    } = d
-    else {
+    let Decision::Reject { retry_at, .. } = d else {
         panic!("expected a refusal, got {d:?}");
     };
     // Back at retry_at: kept place, queued or granted; the refused span is quota wait.

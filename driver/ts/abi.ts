@@ -8,6 +8,7 @@ export const IO_SLOTS = 50
 export const DECISION_GRANT = 0
 export const DECISION_QUEUED = 1
 export const DECISION_REJECT = 2
+export const DECISION_NEVER = 3
 export const WIDE = 9
 /** `requestLeaseIo`'s argument slots from 1 (slot 0 is `now`), in slot order; `cachedPrefixConfirmed` is 1 or 0. */
 export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'task', 'cachedPrefixConfirmed'] as const

@@ -317,11 +317,14 @@ export class Driver extends Emitter<DriverEvents> {
         result = this.#enqueue(d.lease, request, now, Number(d.eta), signal)
         break
       case 'reject':
+      case 'never_fits': {
+        const retryAt = d.kind === 'reject' ? d.retryAt : null
         if (this.listening('rejected')) {
-          this.emit('rejected', { agent: request.agent, pool: request.pool, reason: d.reason, retryAt: d.retryAt })
+          this.emit('rejected', { agent: request.agent, pool: request.pool, reason: d.reason, retryAt })
         }
-        result = Promise.reject(new LeaseRejectedError(d.reason, d.retryAt, now))
+        result = Promise.reject(new LeaseRejectedError(d.reason, retryAt, now))
         break
+      }
     }
     this.#afterCall()
     return result

@@ -26,13 +26,20 @@ export class TokenwardenError extends Error {
 }
 
 /**
- * `acquire()` was refused: the pool cannot serve the request now (`retryAt` says when a new
- * request has a fair chance) or ever (`retryAt` is `null`, e.g. more tokens than the limit).
+ * `acquire()` was refused: the pool cannot serve the request now (`retryable`, and
+ * `retryAt` says when a new request has a fair chance), or ever as asked (more tokens than
+ * the pool allows in a window), or the call gave up (`gaveUp`).
  */
 export class LeaseRejectedError extends TokenwardenError {
-  /** When to try again, on the driver's clock (ms), or `null`: never as asked. */
+  /**
+   * Whether asking again can be served: `true` for a refusal for now (ask again at
+   * `retryAt`); `false` for a request that can never be served as asked, or a call the core
+   * gave up (`gaveUp`).
+   */
+  readonly retryable: boolean
+  /** When a retryable refusal may ask again, on the driver's clock (ms); `null` when not `retryable`. */
   readonly retryAt: U64 | null
-  /** How long from now that is, ms, or `null`. */
+  /** How long from now that is, ms; `null` when not `retryable`. */
   readonly retryAfterMs: number | null
   readonly reason: RejectReason
   /** Set when a call gave up (the core's call lifecycle): after too many refusals, or never fits. */
@@ -49,6 +56,7 @@ export class LeaseRejectedError extends TokenwardenError {
           : `lease rejected: ${why}; retry in ${(retryAfterMs / 1000).toFixed(1)} s`,
     )
     this.name = 'LeaseRejectedError'
+    this.retryable = retryAt !== null && gaveUp === null
     this.retryAt = retryAt
     this.retryAfterMs = retryAfterMs
     this.reason = reason

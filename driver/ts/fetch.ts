@@ -414,11 +414,11 @@ function refusalResponse(e: unknown, provider: Provider): Response | null {
   let fields: { error: string } & Record<string, unknown>
   if (e instanceof LeaseRejectedError) {
     fields = { error: 'rejected', reason: e.reason, retryAt: e.retryAt === null ? null : Number(e.retryAt), retryAfterMs: e.retryAfterMs, gaveUp: e.gaveUp, message: e.message }
-    if (e.retryAfterMs === null) {
-      status = 400
-    } else {
+    if (e.retryable && e.retryAfterMs !== null) {
       status = 429
       headers['retry-after'] = String(Math.max(1, Math.ceil(e.retryAfterMs / 1000)))
+    } else {
+      status = 400
     }
   } else if (e instanceof TokenwardenError && ['rejected', 'closed', 'unknown_pool'].includes(e.code)) {
     status = e.code === 'closed' ? 503 : e.code === 'unknown_pool' ? 400 : 429

@@ -11,6 +11,7 @@
 import {
   AXES,
   DECISION_GRANT,
+  DECISION_NEVER,
   DECISION_QUEUED,
   EVENTS,
   EVENTS_SLOT,
@@ -166,7 +167,7 @@ export function toJson(v: unknown): string {
   return `{${parts.join(',')}}`
 }
 
-/** A decision from an output of `request_lease` (`never_fits` is a reject with no retry time). */
+/** A decision from an output of `request_lease`. */
 function decisionOf(out: Output): Decision {
   switch (out.output) {
     case 'granted':
@@ -176,7 +177,7 @@ function decisionOf(out: Output): Decision {
     case 'refused':
       return { kind: 'reject', retryAt: out.retryAt, reason: out.reason }
     case 'never_fits':
-      return { kind: 'reject', retryAt: null, reason: out.reason }
+      return { kind: 'never_fits', reason: out.reason }
     default:
       throw new Error(`internal: not a decision: ${out.output}`)
   }
@@ -288,7 +289,8 @@ export class RegisterEngine implements Engine {
     if (kind === DECISION_GRANT) return { kind: 'grant', lease: io[0]!, expiresAt: io[1]! }
     if (kind === DECISION_QUEUED) return { kind: 'queued', lease: io[0]!, eta: io[1]! }
     if (kind === WIDE) return fromJson(this.#c.takeWide()) as Decision
-    return { kind: 'reject', retryAt: io[1] === -1 ? null : io[1]!, reason: rejectReason(io[2]!, io[3]!) }
+    if (kind === DECISION_NEVER) return { kind: 'never_fits', reason: rejectReason(io[2]!, io[3]!) }
+    return { kind: 'reject', retryAt: io[1]!, reason: rejectReason(io[2]!, io[3]!) }
   }
 
   /** Writes `now` and a lease request to slots 0 to 10; false when one needs the object path. */

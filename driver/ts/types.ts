@@ -138,7 +138,13 @@ export interface Usage {
 export type RejectReason = { kind: 'exceeds_capacity'; axis: Axis } | { kind: 'wait_too_long' } | { kind: 'queue_full' } | { kind: 'too_many_leases' } | { kind: 'too_many_agents' }
 
 /** The answer to `requestLease`. */
-export type Decision = { kind: 'grant'; lease: number; expiresAt: U64 } | { kind: 'queued'; lease: number; eta: U64 } | { kind: 'reject'; retryAt: U64 | null; reason: RejectReason }
+export type Decision =
+  | { kind: 'grant'; lease: number; expiresAt: U64 }
+  | { kind: 'queued'; lease: number; eta: U64 }
+  /** Not now: ask again at `retryAt`. */
+  | { kind: 'reject'; retryAt: U64; reason: RejectReason }
+  /** Never as asked: more than the pool allows in a window (`exceeds_capacity`). */
+  | { kind: 'never_fits'; reason: RejectReason }
 
 /** Reserved and used amounts per axis: input tokens, output tokens, tokens, requests. */
 export interface Settlement {

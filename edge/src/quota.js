@@ -9,7 +9,7 @@
 // Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LEASE_REQUEST_FIELDS, LeaseRejectedError, Tokenwarden, USAGE_FIELDS, agentIdFor, errorTypeFor, newCall, providerErrorBody, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
+import { LEASE_REQUEST_FIELDS, LeaseRejectedError, ManualClock, Tokenwarden, USAGE_FIELDS, agentIdFor, errorTypeFor, newCall, providerErrorBody, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { Family, sessionIdentity } from './identity.js'
@@ -40,12 +40,43 @@ const SEND_FLUSH_MS = 50
  * open, which keeps the object in memory, so its timer fires when its time comes. When no
  * request is open the object may be evicted with its timers; the alarm (set after every
  * change for the engine's next wake-up) survives that and reaps and grants then.
+ *
+ * Injected, for tests: where the Worker's environment sets `TOKENWARDEN_TEST_CLOCK=1`, the
+ * operator's `POST …/admin/clock { advanceMs }` stops this object's time at the runtime's
+ * and from then on moves it only by hand (a `ManualClock`: its timers fire as it passes
+ * them), so a test of a wait asserts what happens at an instant, not within a wall-time
+ * bound. Time given to the engine, the waits of calls and long polls, and the instants in
+ * answers all come from here; the writes' batching timers and the alarm stay the runtime's.
  */
-const clock = {
-  now: () => Date.now(),
-  unixNow: () => Date.now(),
-  setTimer: (fn, ms) => setTimeout(fn, ms),
-  clearTimer: (h) => clearTimeout(h),
+export class ObjectClock {
+  /** @type {ManualClock | null} */
+  #manual = null
+  now() {
+    return this.#manual === null ? Date.now() : this.#manual.now()
+  }
+  unixNow() {
+    return this.#manual === null ? Date.now() : this.#manual.unixNow()
+  }
+  setTimer(fn, ms) {
+    return this.#manual === null ? { real: setTimeout(fn, ms) } : { manual: this.#manual.setTimer(fn, ms) }
+  }
+  clearTimer(h) {
+    if (h?.manual !== undefined) this.#manual?.clearTimer(h.manual)
+    else clearTimeout(h?.real)
+  }
+  /** Whether a test moves this clock by hand. */
+  get manual() {
+    return this.#manual !== null
+  }
+  /** Stops time at the runtime's (the first time) and moves it `ms` forward; returns the new now. */
+  async advance(ms) {
+    if (this.#manual === null) {
+      const t = Date.now()
+      this.#manual = new ManualClock(t, t)
+    }
+    await this.#manual.advance(ms)
+    return this.#manual.now()
+  }
 }
 
 /**
@@ -243,6 +274,8 @@ export class QuotaObject {
     this.taskOwners = new Map()
     /** Recent call events and the ceilings hit, in memory only (timeline.js). */
     this.timeline = new Timeline()
+    /** The object's time and timers (see ObjectClock). */
+    this.clock = new ObjectClock()
     /** Agent names stored before a restart, until AgentIds takes them (id → name). */
     this.storedNames = new Map()
     this.ctx.blockConcurrencyWhile(async () => {
@@ -273,13 +306,13 @@ export class QuotaObject {
     const q = fleets[fleet]?.quotas?.[quota]
     if (q === undefined) throw new HttpError(404, 'not_found', 'no such quota')
     const seed = crypto.getRandomValues(new Uint32Array(1))[0]
-    this.#start(wasmEngines.create(coreConfig(q.config), seed, Date.now()), [])
+    this.#start(wasmEngines.create(coreConfig(q.config), seed, this.clock.now()), [])
     this.epoch = newEpoch()
     return this.tw
   }
 
   #start(engine, leases) {
-    this.tw = new Tokenwarden({ engine, clock })
+    this.tw = new Tokenwarden({ engine, clock: this.clock })
     this.timeline.listen(this.tw)
     this.leases = new Map(leases)
     this.tw.on('granted', (e) => {
@@ -359,7 +392,8 @@ export class QuotaObject {
     this.lastWrite = { put: w.put, deleted: w.deleted, bytes: w.bytes, pieces: this.written.size }
     const writes = [w.done]
     const wake = this.tw.nextWake()
-    const at = wake === null ? null : Math.max(wake, Date.now() + 1)
+    // Where a test moves time by hand, the engine's wake-ups are the test's to bring.
+    const at = wake === null || this.clock.manual ? null : Math.max(wake, Date.now() + 1)
     if (at !== this.alarmAt) {
       this.alarmAt = at
       writes.push(at === null ? this.ctx.storage.deleteAlarm() : this.ctx.storage.setAlarm(at))
@@ -438,11 +472,14 @@ export class QuotaObject {
           const pools = (tw.metrics().pools ?? []).map((p) => String(p.name))
           return json(
             200,
-            this.timeline.view(Date.now(), (agent) => this.agentIds?.nameOf(agent) ?? null, pools),
+            this.timeline.view(this.clock.now(), (agent) => this.agentIds?.nameOf(agent) ?? null, pools),
           )
         }
         case 'POST reset':
           response = await this.#reset()
+          break
+        case 'POST clock':
+          response = await this.#advanceClock(await body(request))
           break
         case 'POST proxy':
         case 'GET proxy':
@@ -474,7 +511,7 @@ export class QuotaObject {
    * quota: their fallback while the limiter is unreachable is that share of it.
    */
   #seen(client) {
-    const now = Date.now()
+    const now = this.clock.now()
     if (client !== null) {
       this.clients.delete(client)
       this.clients.set(client, now)
@@ -562,7 +599,7 @@ export class QuotaObject {
       return json(202, { kind: 'queued', lease: step.ticket, epoch: this.epoch, eta: step.until, ...out })
     }
     const retryAt = step.kind === 'wait' ? step.until : null
-    const refused = new LeaseRejectedError(step.refusal, retryAt, Date.now(), step.kind === 'give_up' ? step.reason : null)
+    const refused = new LeaseRejectedError(step.refusal, retryAt, this.clock.now(), step.kind === 'give_up' ? step.reason : null)
     return json(200, { kind: 'reject', retryAt, retryAfterMs: refused.retryAfterMs, reason: step.refusal, message: refused.message, ...out })
   }
 
@@ -654,6 +691,16 @@ export class QuotaObject {
     return json(200, { reset: true, ended })
   }
 
+  /** Tests only (`TOKENWARDEN_TEST_CLOCK=1`): moves the object's clock by hand (see ObjectClock). */
+  async #advanceClock(b) {
+    if (this.env?.TOKENWARDEN_TEST_CLOCK !== '1') throw new HttpError(404, 'not_found', 'no such route')
+    for (const k of Object.keys(b)) if (k !== 'advanceMs') throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body`), { field: k })
+    const ms = b.advanceMs
+    if (!Number.isInteger(ms) || ms < 0 || ms > 86_400_000)
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`advanceMs` must be an integer number of milliseconds from 0 to 86400000'), { field: 'advanceMs' })
+    return json(200, { now: await this.clock.advance(ms) })
+  }
+
   async #wait(lease, timeout, who) {
     const rec = this.#known(lease, who)
     if (rec.state === 'queued' && timeout > 0) {
@@ -661,7 +708,7 @@ export class QuotaObject {
         const list = this.waiters.get(lease) ?? []
         list.push(resolve)
         this.waiters.set(lease, list)
-        setTimeout(resolve, Math.min(timeout, MAX_WAIT_MS))
+        this.clock.setTimer(resolve, Math.min(timeout, MAX_WAIT_MS))
       })
     }
     const now = this.leases.get(lease)
@@ -755,7 +802,7 @@ export class QuotaObject {
     }
     // Named by nothing above: by the client's session headers (a subagent by its own id).
     const session = who === null && named === null ? sessionIdentity(request.headers) : null
-    const now = Date.now()
+    const now = this.clock.now()
     if (session !== null) this.family.seen(session, now)
     // A parent with live subagents plans for them: its calls unblock them (capped by the core).
     const children = session === null ? 0 : this.family.live(session.name, now)
@@ -1087,20 +1134,28 @@ const STATUS = {
  * refusal a retry can cure also says `x-should-retry: true` beside its `retry-after`.
  */
 export function errorResponse(e, provider = null) {
-  const { status, body, headers } = errorParts(e)
+  const { status, body, headers, retry } = errorParts(e)
   if (provider === null) return json(status, body, headers)
   const wrapped = providerErrorBody(provider, status, `tokenwarden: ${body.message}`, body)
-  return json(status, wrapped, status === 429 || status === 503 ? { ...headers, 'x-should-retry': 'true' } : { ...headers, 'x-should-retry': 'false' })
+  return json(status, wrapped, { ...headers, 'x-should-retry': retry ? 'true' : 'false' })
 }
 
-/** An error's status, tokenwarden body and headers. */
+/**
+ * An error's status, tokenwarden body and headers, and whether a retry can cure it (a
+ * refusal the core said to retry, or a limiter that is shutting down).
+ */
 function errorParts(e) {
+  const parts = statusOf(e)
+  return { ...parts, retry: e instanceof LeaseRejectedError ? e.retryable : parts.status === 503 }
+}
+
+function statusOf(e) {
   if (e instanceof HttpError) return { status: e.status, body: { error: e.code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) }, headers: {} }
   if (e instanceof LeaseRejectedError) {
     // A refusal in proxy mode: 429 with when to come back, or 400 for a call that can
     // never be served as asked (more than the pool allows in a window).
     const body = { error: 'rejected', reason: e.reason, retryAt: e.retryAt, retryAfterMs: e.retryAfterMs, message: e.message }
-    if (e.retryAfterMs === null) return { status: 400, body, headers: {} }
+    if (!e.retryable || e.retryAfterMs === null) return { status: 400, body, headers: {} }
     return { status: 429, body, headers: { 'retry-after': String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))) } }
   }
   const code = e?.code

@@ -45,6 +45,7 @@ function fleets() {
         retry: { config: { pools: [POOL] }, upstream: mock.url },
         slow: { config: { pools: [SLOW] }, upstream: mock.url },
         neverfits: { config: { pools: [POOL] }, upstream: mock.url },
+        clocked: { config: { pools: [POOL] } },
         gone: { config: { pools: [SLOW] }, upstream: mock.url },
         openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url },
       },
@@ -54,7 +55,7 @@ function fleets() {
 }
 
 async function start() {
-  ;({ mf, base } = await startWorker({ outdir, persist, fleets: JSON.parse(fleets()), bindings: { TOKENWARDEN_MAX_PROXY_BODY_BYTES: String(PROXY_LIMIT) } }))
+  ;({ mf, base } = await startWorker({ outdir, persist, fleets: JSON.parse(fleets()), bindings: { TOKENWARDEN_MAX_PROXY_BODY_BYTES: String(PROXY_LIMIT), TOKENWARDEN_TEST_CLOCK: '1' } }))
 }
 
 before(async () => {
@@ -78,6 +79,32 @@ const api = (path, { secret = SECRET_A, fleet = 'fleet-a', quota = 'main', ...in
   })
 const post = (path, body, opts = {}) => api(path, { method: 'POST', body: typeof body === 'string' ? body : JSON.stringify(body), ...opts })
 const lease = (body, opts) => post('/leases', { agent: 'a1', pool: 'claude-sonnet-4-6', inputTokens: 1000, maxTokens: 100, ...body }, opts)
+/**
+ * Moves a quota's clock by hand (the Worker runs with TOKENWARDEN_TEST_CLOCK=1): the first
+ * call stops the object's time, which from then on passes only here, its timers firing as
+ * it goes. Returns the object's new now.
+ */
+async function advance(quota, ms) {
+  const r = await post('/admin/clock', { advanceMs: ms }, { quota, secret: ADMIN_A })
+  assert.equal(r.status, 200, await r.clone().text())
+  return (await r.json()).now
+}
+/** Real time, for a request to reach the object and for what it sets going to settle. */
+const settle = (ms = 100) => new Promise((r) => setTimeout(r, ms))
+/** Resolves once `cond()` holds (polled in real time; the test's own timeout bounds it). */
+async function until(cond) {
+  while (!(await cond())) await settle(20)
+}
+/** Whether a promise has settled by now. */
+async function isSettled(p) {
+  let done = false
+  p.then(
+    () => (done = true),
+    () => (done = true),
+  )
+  await settle()
+  return done
+}
 
 describe('the HTTP API', () => {
   test('grant, settle, and the handle is spent afterwards', async () => {
@@ -115,18 +142,40 @@ describe('the HTTP API', () => {
   })
 
   test('cancelling a queued ticket ends its long poll at once (404), not at its timeout', async () => {
-    const a = await (await lease({ agent: 'c1' })).json()
-    const b = await (await lease({ agent: 'c2' })).json()
-    const ticket = await (await lease({ agent: 'c3' })).json()
+    // The quota's time stands still: the poll's 20 s timeout never comes, so only the
+    // cancel can end it.
+    const quota = 'clocked'
+    await advance(quota, 0)
+    const a = await (await lease({ agent: 'c1' }, { quota })).json()
+    const b = await (await lease({ agent: 'c2' }, { quota })).json()
+    const ticket = await (await lease({ agent: 'c3' }, { quota })).json()
     assert.equal(ticket.kind, 'queued')
-    const t0 = performance.now()
-    const poll = api(`/leases/${ticket.lease}?wait=20000`)
-    await new Promise((r) => setTimeout(r, 100))
-    assert.equal((await api(`/leases/${ticket.lease}`, { method: 'DELETE' })).status, 200)
+    const poll = api(`/leases/${ticket.lease}?wait=20000`, { quota })
+    assert.equal(await isSettled(poll), false, 'the long poll waits')
+    assert.equal((await api(`/leases/${ticket.lease}`, { method: 'DELETE', quota })).status, 200)
     const ended = await poll
     assert.equal(ended.status, 404)
-    assert.ok(performance.now() - t0 < 5_000, `the poll ended after ${Math.round(performance.now() - t0)} ms`)
-    for (const l of [a.lease, b.lease]) assert.equal((await api(`/leases/${l}`, { method: 'DELETE' })).status, 200)
+    for (const l of [a.lease, b.lease]) assert.equal((await api(`/leases/${l}`, { method: 'DELETE', quota })).status, 200)
+    // And a long poll does end at its timeout, on the object's clock: still queued (202).
+    const c = await (await lease({ agent: 'c4' }, { quota })).json()
+    const d = await (await lease({ agent: 'c5' }, { quota })).json()
+    const t2 = await (await lease({ agent: 'c6' }, { quota })).json()
+    const timed = api(`/leases/${t2.lease}?wait=5000`, { quota })
+    await settle()
+    await advance(quota, 4_999)
+    assert.equal(await isSettled(timed), false, '1 ms before its timeout')
+    await advance(quota, 1)
+    assert.equal((await timed).status, 202)
+    for (const l of [c.lease, d.lease, t2.lease]) assert.equal((await api(`/leases/${l}`, { method: 'DELETE', quota })).status, 200)
+  })
+
+  test("the clock route is the operator's, and checks its body", async () => {
+    assert.equal((await post('/admin/clock', { advanceMs: 1 }, { quota: 'clocked' })).status, 401, 'not with the fleet secret')
+    const bad = await post('/admin/clock', { advanceMs: -1 }, { quota: 'clocked', secret: ADMIN_A })
+    assert.equal(bad.status, 400)
+    assert.equal((await bad.json()).field, 'advanceMs')
+    const unknown = await post('/admin/clock', { advanceMs: 1, by: 2 }, { quota: 'clocked', secret: ADMIN_A })
+    assert.equal((await unknown.json()).field, 'by')
   })
 
   test('a request that can never fit is a rejection with no retry time', async () => {
@@ -265,7 +314,16 @@ describe('persistence', () => {
     // Agents keep their names (metrics, dashboard, Prometheus) before they call again.
     assert.deepEqual(after.agents.map((a) => a.name).sort(), ['p1', 'p2', 'p3'])
     assert.equal(after.liveLeases, before.liveLeases, 'leases and tickets survive')
-    assert.ok(Number(after.pools[0].axes[0].available) <= Number(before.pools[0].axes[0].available) + 2000, 'the debt survives')
+    // The debt survives: no more input capacity than the refill (85,000 a minute) over the
+    // time between the two readings, on the object's own clock (the restart takes what it
+    // takes; no wall-time bound), give or take 200 tokens (140 ms: a reading's level is as
+    // of the object's last change, a little before its `now`). The debt is 19,000.
+    const refill = Math.ceil(((Number(after.now) - Number(before.now)) * 85_000) / 60_000) + 200
+    assert.ok(Number(before.pools[0].axes[0].available) + refill < 85_000, 'read before the bucket could refill: the check can tell')
+    assert.ok(
+      Number(after.pools[0].axes[0].available) <= Number(before.pools[0].axes[0].available) + refill,
+      `the debt survives: ${JSON.stringify([before.pools[0].axes[0].available, after.pools[0].axes[0].available, refill])}`,
+    )
     // The ticket is still queued and is granted when l1 settles after the restart.
     const poll = api(`/leases/${ticket.lease}?wait=5000`, { quota })
     await new Promise((r) => setTimeout(r, 100))
@@ -531,11 +589,10 @@ describe('no member can lock a quota for good', () => {
     assert.equal(Number(m.pools[0].axes[0].limit), 25_000)
     // A 429 with a day-long retry-after, on a lease of the reporter's, pauses the quota for
     // at most the edge's minute (and ends that lease, settled as nothing used).
-    const at = Date.now()
     await post('/responses', { pool: 0, lease: victim.lease, status: 429, headers: [['retry-after', '86400']] }, { quota })
     m = await (await api('/metrics', { quota })).json()
-    const paused = Number(m.pools[0].pausedUntil) - at
-    assert.ok(paused > 30_000 && paused <= 61_000, `paused for ${paused} ms`)
+    const paused = Number(m.pools[0].pausedUntil) - Number(m.now)
+    assert.ok(paused > 30_000 && paused <= 60_000, `paused for ${paused} more ms`)
     // A settle of 2^53 - 1 input tokens is clamped to one window of the limit.
     const s = await (await post(`/leases/${l.lease}/settle`, { inputTokens: 9007199254740991, outputTokens: 1 }, { quota })).json()
     assert.equal(Number(s.used[0]), 25_000)
@@ -599,16 +656,20 @@ describe('proxy mode', () => {
     assert.equal(m.liveLeases, 0)
   })
 
-  test('a proxied call that meets a 429 with retry-after: 2 is answered (200) once it clears, in about 2-3 s', { timeout: 30_000 }, async () => {
+  test('a proxied call that meets a 429 with retry-after: 2 is sent again once it clears (2 s, plus at most the 1 s jitter), and answered 200', { timeout: 30_000 }, async () => {
     const url = `${base}/v1/fleets/fleet-a/quotas/retry/proxy/v1/messages`
+    await advance('retry', 0)
     const before = mock.log.length
     mock.fail429(1, { retryAfterSeconds: 2 })
-    const t0 = performance.now()
-    const r = await fetch(url, { method: 'POST', headers, body: body() })
-    const elapsed = performance.now() - t0
+    const answer = fetch(url, { method: 'POST', headers, body: body() })
+    await until(() => mock.log.length > before)
+    await advance('retry', 1_999)
+    assert.equal(await isSettled(answer), false, 'not before the retry-after')
+    assert.equal(mock.log.length, before + 1, 'nothing sent again yet')
+    await advance('retry', 1_001)
+    const r = await answer
     assert.equal(r.status, 200, 'the 429 is waited out, not returned')
     assert.equal((await r.json()).usage.output_tokens, 30)
-    assert.ok(elapsed >= 1_900 && elapsed < 4_500, `answered after ${Math.round(elapsed)} ms`)
     assert.deepEqual(
       mock.log.slice(before).map((e) => e.status),
       [429, 200],
@@ -620,14 +681,20 @@ describe('proxy mode', () => {
   test('a proxied call that must wait for refill is answered when the refill allows', { timeout: 30_000 }, async () => {
     const quota = 'slow'
     // Take almost all of the 5,100 tokens, so the proxied call (~300 input tokens) queues.
+    await advance(quota, 0)
     const held = await (await lease({ inputTokens: 5_000, maxTokens: 1 }, { quota })).json()
     assert.equal(held.kind, 'grant')
-    const t0 = performance.now()
-    const r = await fetch(`${base}/v1/fleets/fleet-a/quotas/${quota}/proxy/v1/messages`, { method: 'POST', headers, body: body() })
-    const elapsed = performance.now() - t0
+    const before = mock.log.length
+    const answer = fetch(`${base}/v1/fleets/fleet-a/quotas/${quota}/proxy/v1/messages`, { method: 'POST', headers, body: body() })
+    await until(async () => Number((await (await api('/metrics', { quota })).json()).pools[0].queueDepth) === 1)
+    // About 300 input tokens with 100 left, at 85 a second: over 2 s of refill.
+    await advance(quota, 1_000)
+    assert.equal(await isSettled(answer), false, 'not after 1 s of refill')
+    assert.equal(mock.log.length, before, 'nothing forwarded while it waits')
+    await advance(quota, 10_000)
+    const r = await answer
     assert.equal(r.status, 200)
     await r.json()
-    assert.ok(elapsed >= 1_500 && elapsed < 15_000, `answered after ${Math.round(elapsed)} ms of refill`)
     const m = await (await api('/metrics', { quota })).json()
     assert.equal(Number(m.pools[0].counters.grantedFromQueue), 1, 'it was queued, then granted')
   })

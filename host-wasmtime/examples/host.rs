@@ -47,6 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Decision::Reject { reason, retry_at } => {
                 println!("agent {agent}: rejected ({reason:?}), retry at {retry_at:?}");
             }
+            Decision::NeverFits { reason } => {
+                println!("agent {agent}: never fits ({reason:?})");
+            }
         }
     }
 

@@ -963,8 +963,11 @@ fn decision(d: w::Decision) -> Decision {
             eta: Millis(q.eta),
         },
         w::Decision::Reject(r) => Decision::Reject {
-            retry_at: r.retry_at.map(Millis),
+            retry_at: Millis(r.retry_at),
             reason: reject_reason(r.reason),
+        },
+        w::Decision::NeverFits(r) => Decision::NeverFits {
+            reason: reject_reason(r),
         },
     }
 }

@@ -38,7 +38,7 @@ impl Coordinator {
                 LeaseStep::Wait(wait)
             }
             Decision::Reject {
-                retry_at: Some(at),
+                retry_at: at,
                 reason,
             } => {
                 call.refusals = call.refusals.saturating_add(1);
@@ -53,10 +53,9 @@ impl Coordinator {
                     LeaseStep::Wait(wait)
                 }
             }
-            Decision::Reject {
-                retry_at: None,
-                reason,
-            } => LeaseStep::GiveUp(self.give_up(call, GiveUpReason::NeverFits, Some(reason))),
+            Decision::NeverFits { reason } => {
+                LeaseStep::GiveUp(self.give_up(call, GiveUpReason::NeverFits, Some(reason)))
+            }
         })
     }
 
@@ -97,7 +96,7 @@ impl Coordinator {
         // the lease is live; settling it cannot fail but for a queued ticket.)
         let settled = match lease {
             Some(id) if !(200..300).contains(&status) => self
-                .settle_as(now, id, &Usage::default(), Sample::NotCompleted)
+                .settle_as(now, id, &Usage::default(), Sample::Refused)
                 .ok(),
             _ => None,
         };
@@ -261,7 +260,7 @@ impl Coordinator {
                 usage
             }
         };
-        self.settle_as(now, lease, &usage, Sample::NotCompleted)
+        self.settle_as(now, lease, &usage, Sample::Interrupted)
     }
 
     /// The host restarted: every call it had in flight died with it. Each live lease or

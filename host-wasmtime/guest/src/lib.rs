@@ -70,9 +70,10 @@ fn decision(d: tw::Decision) -> w::Decision {
             eta: eta.0,
         }),
         tw::Decision::Reject { retry_at, reason } => w::Decision::Reject(w::Reject {
-            retry_at: retry_at.map(|t| t.0),
+            retry_at: retry_at.0,
             reason: reject_reason(reason),
         }),
+        tw::Decision::NeverFits { reason } => w::Decision::NeverFits(reject_reason(reason)),
     }
 }
 

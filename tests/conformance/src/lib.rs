@@ -172,9 +172,7 @@ pub fn result_of(op: &str, out: Value) -> Value {
             Some("refused") => {
                 json!({ "kind": "reject", "retry_at": get("retry_at"), "reason": get("reason") })
             }
-            Some("never_fits") => {
-                json!({ "kind": "reject", "retry_at": null, "reason": get("reason") })
-            }
+            Some("never_fits") => json!({ "kind": "never_fits", "reason": get("reason") }),
             _ => out,
         },
         "settle" | "call_interrupted" => get("settlement"),

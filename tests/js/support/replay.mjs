@@ -116,7 +116,8 @@ export function resultOf(op, out) {
     case 'request_lease':
       if (out.output === 'granted') return { kind: 'grant', lease: out.lease, expires_at: out.expires_at }
       if (out.output === 'queued') return { kind: 'queued', lease: out.lease, eta: out.eta }
-      return { kind: 'reject', retry_at: out.output === 'refused' ? out.retry_at : null, reason: out.reason }
+      if (out.output === 'refused') return { kind: 'reject', retry_at: out.retry_at, reason: out.reason }
+      return { kind: 'never_fits', reason: out.reason }
     case 'settle':
     case 'call_interrupted':
       return out.settlement

@@ -150,6 +150,9 @@ test(`pollEvent and pollTimeout after a register-file call answer as the binding
   const queued = ask(12, 3)
   assert.equal(a.kind, 'grant')
   assert.equal(queued.kind, 'queued', 'two slots: the third waits')
+  // More than the pool allows in a window: never as asked, with no retry time on either path.
+  const never = ask(13, 4, 200_000)
+  assert.deepEqual(never, { kind: 'never_fits', reason: { kind: 'exceeds_capacity', axis: 'input_tokens' } })
   // The settle grants the ticket: a `granted` event waits in the register file's count.
   step((e, n) => e.settle(n(20), a.lease, { inputTokens: 900, outputTokens: 100 }))
   // A 429 pauses the pool (a `paused` event); the pause shows in pollTimeout.

@@ -80,13 +80,14 @@ describe('acquire', () => {
     assert.equal(lease.waitedMs, 0)
   })
 
-  test('a request that can never fit rejects with retryAt null', async () => {
+  test('a request that can never fit rejects as not retryable, with no retry time', async () => {
     const { driver, events } = setup()
     // Above the 100k input limit itself: the provider refuses such a call too. (90k, within
     // the limit but above the 85 % margin, is served from a full bucket.)
     const r = await settled(driver.acquire(req(1, 100_001)))
     assert.ok(r.err instanceof LeaseRejectedError)
     assert.equal(r.err.code, 'rejected')
+    assert.equal(r.err.retryable, false)
     assert.equal(r.err.retryAt, null)
     assert.equal(r.err.retryAfterMs, null)
     assert.deepEqual(r.err.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
@@ -111,6 +112,7 @@ describe('acquire', () => {
     const r = await settled(driver.acquire(req(2, 50_000)))
     assert.ok(r.err instanceof LeaseRejectedError)
     assert.equal(r.err.reason.kind, 'wait_too_long')
+    assert.equal(r.err.retryable, true)
     assert.ok(typeof r.err.retryAt === 'number' && r.err.retryAt > 0)
     assert.equal(r.err.retryAfterMs, r.err.retryAt)
   })
