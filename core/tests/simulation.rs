@@ -12,30 +12,34 @@
 //!   corrected to the real output when the call ends;
 //! * OpenAI: `max(prompt, max_tokens)` on arrival, corrected to prompt + output at the end.
 //!
-//! Agents ask for leases at random times (mostly busy, now and then a long think), send
-//! to the provider at the instant of the grant, and settle when the call ends, after a
-//! random latency shorter than the lease TTL. Their estimates are honest: actual input is
-//! between `accuracy` and all of the estimate (the cached prefix is charged only when the
-//! coordinator charged it), output at most `max_tokens`. A few crash after sending and never
-//! settle: the lease expires, and the provider counts the whole reservation as spent. A few
-//! give up waiting and cancel their ticket, or cancel a grant they will not use. Nothing
-//! reaches the provider outside a lease. The host drives time as a real one would: it
-//! sleeps until the earlier of the next agent action and `poll_timeout`, calls
-//! `handle_timeout` when the latter comes first, and drains events after every call.
+//! Agents make model calls at random times (mostly busy, now and then a long think), each
+//! through the reference host loop (`support/host.rs`), the loop every shipped host runs:
+//! `call_lease`, send at the grant, `call_response`, settle a success; a refusal is asked
+//! again when the core says, a ticket is sent at its `granted` event. Estimates are honest:
+//! actual input is between `accuracy` and all of the estimate (the cached prefix is charged
+//! only when the coordinator charged it), output at most `max_tokens`. The clients do what
+//! real ones do: a few die after sending and never answer (the lease expires, and the
+//! provider counts the whole reservation as spent), a few leave the line (their ticket is
+//! withdrawn) or give back a grant they will not use. Nothing reaches the provider outside
+//! a lease. The host sleeps until the earlier of its next job and `poll_timeout`, handles
+//! `timeout` when that comes first, and drains events after every input.
 //!
 //! Per seed: the provider never rejects a call (no 429); every lease is granted at most
-//! once and ends exactly once (settled, cancelled or expired); the reservation of every
-//! settled lease is what the simulation expected; `check()` holds at the end; and a twin
-//! restored from a snapshot taken at a random instant, fed the same inputs from then on,
-//! gives the same outputs (decisions, settlements, cancels, events, wake-ups) and ends in
-//! the same state. Seeds with 429s are collected and reported together.
+//! once and ends exactly once (settled, cancelled, settled by the core, or expired); the
+//! reservation of every settled lease is what the simulation expected; `check()` holds at
+//! the end; and a twin restored from a snapshot taken at a random instant, fed the same
+//! inputs from then on, gives the same outputs (answers, events, wake-ups) and ends in the
+//! same state. Seeds with 429s are collected and reported together.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use tokenwarden_core::{
-    AgentId, Axis, Config, Coordinator, Counting, Decision, Event, LeaseError, LeaseId,
-    LeaseRequest, Millis, PoolId, RejectReason, Role, Settlement, TaskId, Usage,
+    AgentId, Axis, Config, Coordinator, Counting, Event, GiveUpReason, LeaseId, LeaseRequest,
+    Millis, Output, PoolId, RejectReason, Role, Settlement, TaskId, Usage, Wait,
 };
+
+mod support;
+use support::host::{CallSpec, Ended, Host, Reply, Sent, World};
 
 const SEEDS: u64 = 1_000;
 
@@ -183,29 +187,18 @@ struct Lease {
     /// The output reservation, decided at the ask from the outputs seen so far.
     output: u64,
     expires_at: Millis,
+    /// Sent, answered 200, and not settled yet.
+    awaiting_settle: bool,
+    /// When it was cancelled (a ticket the cancel's own advance grants is granted then).
+    cancelled_at: Option<u64>,
 }
 
+/// A call the provider is working on.
 #[derive(Clone, Copy, Debug)]
-enum State {
-    /// Next request at `at`.
-    Idle {
-        at: u64,
-    },
-    /// Queued; cancels at `give_up_at` if not granted by then.
-    Waiting {
-        lease: LeaseId,
-        give_up_at: Option<u64>,
-    },
-    /// Sent; the provider completes the call at `at`, and the agent settles then unless
-    /// it has crashed (`usage` is `None`).
-    Calling {
-        lease: LeaseId,
-        pool: usize,
-        at: u64,
-        usage: Option<Usage>,
-        correction: [i128; 4],
-    },
-    Done,
+struct InFlight {
+    pool: usize,
+    /// The provider's correction when the call ends.
+    correction: [i128; 4],
 }
 
 struct Agent {
@@ -216,18 +209,8 @@ struct Agent {
     prefix: u64,
     /// Smallest actual/estimate ratio of its input, thousandths (1000: exact estimates).
     accuracy: u64,
-    state: State,
-}
-
-impl Agent {
-    fn next_at(&self) -> Option<u64> {
-        match self.state {
-            State::Idle { at } => Some(at),
-            State::Waiting { give_up_at, .. } => give_up_at,
-            State::Calling { at, .. } => Some(at),
-            State::Done => None,
-        }
-    }
+    /// Its first call.
+    first_at: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -249,73 +232,9 @@ fn json_opt(v: Option<u64>) -> String {
     v.map_or_else(|| "null".to_string(), |v| v.to_string())
 }
 
-/// Everything the coordinator said, to compare the original with its twin.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Out {
-    Decision(Decision),
-    Refused(LeaseError),
-    Settled(Result<Settlement, LeaseError>),
-    Cancelled(Result<(), LeaseError>),
-    Events(Vec<Event>),
-    Wake(Option<Millis>),
-}
-
-/// The coordinator, and from the snapshot instant on its restored twin, fed identical
-/// inputs.
-struct Pair {
-    main: Coordinator,
-    twin: Option<Coordinator>,
-    main_log: Vec<Out>,
-    twin_log: Vec<Out>,
-}
-
-impl Pair {
-    fn both<T>(&mut self, f: impl Fn(&mut Coordinator) -> T, out: impl Fn(&T) -> Out) -> T {
-        let r = f(&mut self.main);
-        if let Some(twin) = self.twin.as_mut() {
-            let t = f(twin);
-            self.main_log.push(out(&r));
-            self.twin_log.push(out(&t));
-        }
-        r
-    }
-
-    fn request(&mut self, now: u64, req: &LeaseRequest) -> Decision {
-        let d = self.both(
-            |c| c.request_lease(Millis(now), req),
-            |r| match r {
-                Ok(d) => Out::Decision(*d),
-                Err(e) => Out::Refused(*e),
-            },
-        );
-        d.unwrap_or_else(|e| panic!("request_lease({now}, {req:?}): {e}"))
-    }
-
-    fn settle(&mut self, now: u64, lease: LeaseId, u: &Usage) -> Result<Settlement, LeaseError> {
-        self.both(|c| c.settle(Millis(now), lease, u), |r| Out::Settled(*r))
-    }
-
-    fn cancel(&mut self, now: u64, lease: LeaseId) -> Result<(), LeaseError> {
-        self.both(|c| c.cancel(Millis(now), lease), |r| Out::Cancelled(*r))
-    }
-
-    fn timeout(&mut self, now: u64) {
-        self.both(|c| c.handle_timeout(Millis(now)), |_| Out::Wake(None));
-    }
-
-    fn poll_timeout(&mut self) -> Option<Millis> {
-        self.both(|c| c.poll_timeout(), |t| Out::Wake(*t))
-    }
-
-    fn events(&mut self) -> Vec<Event> {
-        self.both(
-            |c| std::iter::from_fn(|| c.poll_event()).collect::<Vec<_>>(),
-            |e| Out::Events(e.clone()),
-        )
-    }
-}
-
-struct Sim {
+/// The world around the host: the agents, the strict provider, and what the simulation
+/// expects of every lease.
+struct Fleet {
     seed: u64,
     rng: Prng,
     window: u64,
@@ -324,8 +243,11 @@ struct Sim {
     pools: Vec<PoolSpec>,
     providers: Vec<Provider>,
     agents: Vec<Agent>,
-    coords: Pair,
     leases: BTreeMap<LeaseId, Lease>,
+    /// Each running call's lease or ticket (host call id → lease).
+    current: BTreeMap<u64, LeaseId>,
+    /// Calls the provider is working on (host call id → what it will do at the end).
+    in_flight: BTreeMap<u64, InFlight>,
     /// Prompt caches the coordinator believes warm: (agent, pool) → until.
     warm: BTreeMap<(usize, usize), u64>,
     /// Output tokens of settled calls, newest last: per (agent, pool), and per pool.
@@ -334,15 +256,10 @@ struct Sim {
     now: u64,
     end: u64,
     rejections: Vec<String>,
-    /// A ticket being withdrawn: if the cancel's own advance grants it, it is not sent.
-    withdrawing: Option<LeaseId>,
-    /// Events drained but not yet acted on, and whether they are being acted on.
-    pending: VecDeque<Event>,
-    draining: bool,
 }
 
-impl Sim {
-    fn new(seed: u64) -> Sim {
+impl Fleet {
+    fn new(seed: u64) -> (Fleet, Coordinator) {
         let mut rng = Prng(seed.wrapping_mul(0xA076_1D64_78BD_642F) ^ 0x5eed);
         let window = [10_000, 30_000, 60_000][rng.range(0, 2) as usize];
         let ttl = rng.range(window / 4, window * 2);
@@ -417,20 +334,13 @@ impl Sim {
                 pool: rng.range(0, pools.len() as u64 - 1) as u32,
                 prefix: if rng.chance(400) { rng.range(1, 15) } else { 0 },
                 accuracy: [1000, 950, 800, 500, 0][rng.range(0, 4) as usize],
-                state: State::Idle {
-                    at: rng.range(0, 5_000),
-                },
+                first_at: rng.range(0, 5_000),
             })
             .collect();
         let end = rng.range(window * 8, window * 16);
-        Sim {
+        let coord = Coordinator::new(config, seed, Millis(0)).expect("valid config");
+        let fleet = Fleet {
             seed,
-            coords: Pair {
-                main: Coordinator::new(config, seed, Millis(0)).expect("valid config"),
-                twin: None,
-                main_log: Vec::new(),
-                twin_log: Vec::new(),
-            },
             rng,
             window,
             ttl,
@@ -439,16 +349,16 @@ impl Sim {
             providers,
             agents,
             leases: BTreeMap::new(),
+            current: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
             warm: BTreeMap::new(),
             outputs: BTreeMap::new(),
             pool_outputs: BTreeMap::new(),
             now: 0,
             end,
             rejections: Vec::new(),
-            withdrawing: None,
-            pending: VecDeque::new(),
-            draining: false,
-        }
+        };
+        (fleet, coord)
     }
 
     /// The coordinator's reservation for `req` if granted now, per axis.
@@ -555,58 +465,173 @@ impl Sim {
         panic!("seed {}: at {} ms: {what}", self.seed, self.now)
     }
 
-    fn new_lease(&mut self, id: LeaseId, agent: usize, req: LeaseRequest, life: Life) {
+    /// The agent a request is from.
+    fn agent_of(&self, req: &LeaseRequest) -> usize {
+        (req.agent.0 - 1_000) as usize
+    }
+
+    fn new_lease(&mut self, id: LeaseId, agent: usize, req: LeaseRequest) {
         if self.leases.contains_key(&id) {
             self.fail(format_args!("{id} handed out twice"));
         }
         self.leases.insert(
             id,
             Lease {
-                life,
+                life: Life::Queued,
                 agent,
                 req,
                 reserved: [0; 4],
                 output: self.output_reserve(agent, &req),
                 expires_at: Millis::MAX,
+                awaiting_settle: false,
+                cancelled_at: None,
             },
         );
     }
 
-    fn end_lease(&mut self, id: LeaseId, from: Life, how: &str) {
+    fn end_lease(&mut self, id: LeaseId, how: &str) {
+        let now = self.now;
         let l = self.leases.get_mut(&id).expect("known lease");
-        if l.life != from {
-            let life = l.life;
-            self.fail(format_args!("{id} {how} while {life:?}"));
+        if l.life == Life::Ended {
+            self.fail(format_args!("{id} {how} after it ended"));
         }
         l.life = Life::Ended;
+        l.awaiting_settle = false;
+        if how == "cancelled" {
+            l.cancelled_at = Some(now);
+        }
     }
 
-    /// Agent `a`'s lease `id` is granted now: it sends the call (or, rarely, changes its
-    /// mind and cancels).
-    fn granted(&mut self, a: usize, id: LeaseId, expires_at: Millis) {
-        let (req, output) = (self.leases[&id].req, self.leases[&id].output);
-        let reserved = self.reservation(a, &req, output);
-        {
-            let l = self.leases.get_mut(&id).expect("known lease");
-            if l.life != Life::Queued {
-                let life = l.life;
-                self.fail(format_args!("{id} granted while {life:?}"));
-            }
-            l.life = Life::Active;
-            l.reserved = reserved;
-            l.expires_at = expires_at;
+    /// Lease `id` is granted now: what it reserves, by the simulation's own reckoning.
+    fn granted(&mut self, id: LeaseId, expires_at: Millis) {
+        let l = self.leases[&id];
+        if l.life != Life::Queued {
+            self.fail(format_args!("{id} granted while {:?}", l.life));
         }
+        let reserved = self.reservation(l.agent, &l.req, l.output);
+        let l = self.leases.get_mut(&id).expect("known lease");
+        l.life = Life::Active;
+        l.reserved = reserved;
+        l.expires_at = expires_at;
+    }
+
+    /// The next call of agent `a` after one ended now, `after` ms from now.
+    fn next_call(&mut self, a: usize, after: u64) -> Vec<(u64, CallSpec)> {
+        if self.now >= self.end {
+            return Vec::new();
+        }
+        let request = self.ask(a);
+        vec![(self.now + after, CallSpec { request })]
+    }
+}
+
+impl World for Fleet {
+    fn output(&mut self, now: u64, id: u64, call: &CallSpec, out: &Output) {
+        self.now = now;
+        let settled = match out {
+            Output::Wait { settled, .. }
+            | Output::GiveUp { settled, .. }
+            | Output::Deliver { settled, .. } => *settled,
+            _ => None,
+        };
+        if settled.is_some() {
+            // A response that is not a success: the core settled its lease as nothing used.
+            let lease = self.current[&id];
+            self.end_lease(lease, "settled by the core");
+        }
+        let a = self.agent_of(&call.request);
+        match *out {
+            Output::Send {
+                lease, expires_at, ..
+            } => {
+                self.new_lease(lease, a, call.request);
+                self.granted(lease, expires_at);
+                self.current.insert(id, lease);
+            }
+            Output::Wait {
+                wait:
+                    Wait {
+                        ticket: Some(ticket),
+                        until,
+                        ..
+                    },
+                ..
+            } => {
+                if until < Millis(now) {
+                    self.fail(format_args!("eta {until} in the past"));
+                }
+                self.new_lease(ticket, a, call.request);
+                self.current.insert(id, ticket);
+            }
+            Output::GiveUp { give_up, .. }
+                if give_up.reason == GiveUpReason::NeverFits
+                    && !matches!(give_up.refusal, Some(RejectReason::ExceedsCapacity { .. })) =>
+            {
+                self.fail(format_args!("never fits: {give_up:?}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn event(&mut self, now: u64, e: &Event) {
+        self.now = now;
+        let saw_429 = !self.rejections.is_empty();
+        match *e {
+            Event::Granted {
+                lease, expires_at, ..
+            } => match self.leases.get(&lease) {
+                // Withdrawn by a cancel whose own advance granted it first: the cancel
+                // gave the lease back.
+                Some(l) if l.life == Life::Ended && l.cancelled_at == Some(now) => {}
+                Some(_) => self.granted(lease, expires_at),
+                None => self.fail(format_args!("event names {lease}, never issued")),
+            },
+            Event::Expired { lease, .. } => {
+                let Some(l) = self.leases.get(&lease).copied() else {
+                    self.fail(format_args!("event names {lease}, never issued"))
+                };
+                if l.life != Life::Active {
+                    self.fail(format_args!("{lease} expired while {:?}", l.life));
+                }
+                if l.expires_at > Millis(now) {
+                    self.fail(format_args!("{lease} expired early ({})", l.expires_at));
+                }
+                if l.awaiting_settle {
+                    self.fail(format_args!("{lease} expired before its settle"));
+                }
+                self.end_lease(lease, "expired");
+            }
+            Event::MarginChanged { .. } if !saw_429 => {
+                self.fail(format_args!("margin moved without any 429: {e:?}"))
+            }
+            Event::Paused { .. } if !saw_429 => {
+                self.fail(format_args!("paused without any 429: {e:?}"))
+            }
+            Event::MarginAtFloor { .. } if !saw_429 => {
+                self.fail(format_args!("margin at its floor without any 429: {e:?}"))
+            }
+            Event::MarginChanged { .. }
+            | Event::Paused { .. }
+            | Event::MarginAtFloor { .. }
+            | Event::EstimateAlert { .. } => {}
+        }
+    }
+
+    fn leave_at(&mut self, now: u64, _id: u64, _ticket: LeaseId) -> Option<u64> {
+        self.now = now;
+        self.rng
+            .chance(100)
+            .then(|| now + self.rng.range(1, self.window))
+    }
+
+    fn send(&mut self, now: u64, id: u64, call: &CallSpec, lease: LeaseId) -> Sent {
+        self.now = now;
+        let req = call.request;
+        let reserved = self.leases[&lease].reserved;
         if self.rng.chance(20) {
-            let r = self.coords.cancel(self.now, id);
-            if r.is_err() {
-                self.fail(format_args!("cancel of granted {id}: {r:?}"));
-            }
-            self.end_lease(id, Life::Active, "cancelled");
-            self.agents[a].state = State::Idle {
-                at: self.now + self.rng.range(1, 2_000),
-            };
-            return self.drain();
+            return Sent::Unused;
         }
+        let a = self.agent_of(&req);
         let p = req.pool.0 as usize;
         let spec = self.pools[p];
         // Honest usage: input at least `accuracy` of the estimate, never above it.
@@ -675,284 +700,130 @@ impl Sim {
                 )
             }
         };
-        if let Err(why) = self.providers[p].send(self.now, charge) {
+        if let Err(why) = self.providers[p].send(now, charge) {
             self.rejections.push(format!(
-                "429 on pool {p} at {} ms for {id} (agent {}): {why}",
-                self.now, req.agent.0
+                "429 on pool {p} at {now} ms for {lease} (agent {}): {why}",
+                req.agent.0
             ));
-            // The call failed: the agent gives the unused lease back.
-            let r = self.coords.cancel(self.now, id);
-            if r.is_err() {
-                self.fail(format_args!("cancel after 429 of {id}: {r:?}"));
-            }
-            self.end_lease(id, Life::Active, "cancelled");
-            self.agents[a].state = State::Idle {
-                at: self.now + self.rng.range(1, 2_000),
-            };
-            return self.drain();
+            return Sent::Reply(Reply {
+                status: 429,
+                headers: Vec::new(),
+                duration_ms: 0,
+                usage: Usage::default(),
+            });
         }
-        self.agents[a].state = State::Calling {
-            lease: id,
-            pool: p,
-            at: self.now + latency,
-            usage: (!crash).then_some(usage),
-            correction,
-        };
-    }
-
-    fn agent_of(&self, id: LeaseId) -> usize {
-        match self.leases.get(&id) {
-            Some(l) => l.agent,
-            None => self.fail(format_args!("event names {id}, never issued")),
-        }
-    }
-
-    /// Drains the coordinator's events and acts on them in order. A handler that calls the
-    /// coordinator again queues the new events behind the ones already drained, as a host
-    /// with an event queue would.
-    fn drain(&mut self) {
-        self.pending.extend(self.coords.events());
-        if self.draining {
-            return;
-        }
-        self.draining = true;
-        while let Some(e) = self.pending.pop_front() {
-            match e {
-                Event::Granted {
-                    lease, expires_at, ..
-                } => {
-                    let a = self.agent_of(lease);
-                    match self.agents[a].state {
-                        _ if self.withdrawing == Some(lease) => {
-                            let l = self.leases.get_mut(&lease).expect("known lease");
-                            l.life = Life::Active;
-                            l.expires_at = expires_at;
-                        }
-                        State::Waiting { lease: l, .. } if l == lease => {
-                            self.granted(a, lease, expires_at)
-                        }
-                        s => self.fail(format_args!("{lease} granted to agent {a} in {s:?}")),
-                    }
-                }
-                Event::Expired { lease, .. } => {
-                    let a = self.agent_of(lease);
-                    let l = self.leases[&lease];
-                    if l.expires_at > Millis(self.now) {
-                        self.fail(format_args!("{lease} expired early ({})", l.expires_at));
-                    }
-                    self.end_lease(lease, Life::Active, "expired");
-                    if let State::Calling {
-                        lease: l,
-                        usage: Some(_),
-                        ..
-                    } = self.agents[a].state
-                    {
-                        if l == lease {
-                            self.fail(format_args!("{lease} expired before its settle"));
-                        }
-                    }
-                }
-                Event::MarginChanged { .. } => {
-                    self.fail(format_args!("margin moved without any 429: {e:?}"))
-                }
-                Event::Paused { .. } => self.fail(format_args!("paused without any 429: {e:?}")),
-                Event::MarginAtFloor { .. } => {
-                    self.fail(format_args!("margin at its floor without any 429: {e:?}"))
-                }
-                Event::EstimateAlert { .. } => {}
-            }
-        }
-        self.draining = false;
-    }
-
-    /// Agent `a` acts at `now`.
-    fn act(&mut self, a: usize) {
-        let now = self.now;
-        match self.agents[a].state {
-            State::Idle { .. } if now >= self.end => self.agents[a].state = State::Done,
-            State::Idle { .. } => {
-                let req = self.ask(a);
-                let d = self.coords.request(now, &req);
-                match d {
-                    Decision::Grant { lease, expires_at } => {
-                        self.new_lease(lease, a, req, Life::Queued);
-                        self.agents[a].state = State::Waiting {
-                            lease,
-                            give_up_at: None,
-                        };
-                        self.granted(a, lease, expires_at);
-                    }
-                    Decision::Queued { lease, eta } => {
-                        if eta < Millis(now) {
-                            self.fail(format_args!("eta {eta} in the past"));
-                        }
-                        self.new_lease(lease, a, req, Life::Queued);
-                        let give_up_at = self
-                            .rng
-                            .chance(100)
-                            .then(|| now + self.rng.range(1, self.window));
-                        self.agents[a].state = State::Waiting { lease, give_up_at };
-                    }
-                    Decision::Reject { retry_at, .. } => {
-                        self.agents[a].state = State::Idle {
-                            at: retry_at.0.max(now + 1),
-                        };
-                    }
-                    Decision::NeverFits { reason } => {
-                        if !matches!(reason, RejectReason::ExceedsCapacity { .. }) {
-                            self.fail(format_args!("rejected for good: {reason:?}"));
-                        }
-                        self.agents[a].state = State::Idle { at: now + 1 };
-                    }
-                }
-            }
-            State::Waiting { lease, .. } => {
-                self.withdrawing = Some(lease);
-                let r = self.coords.cancel(now, lease);
-                if r.is_err() {
-                    self.fail(format_args!("cancel of ticket {lease}: {r:?}"));
-                }
-                // Events first: a ticket granted by the cancel's own advance ends as a lease.
-                self.drain();
-                self.withdrawing = None;
-                let life = self.leases[&lease].life;
-                self.end_lease(lease, life, "cancelled");
-                self.agents[a].state = State::Idle {
-                    at: now + self.rng.range(1, 5_000),
-                };
-            }
-            State::Calling {
-                lease,
-                pool,
-                usage,
+        self.in_flight.insert(
+            id,
+            InFlight {
+                pool: p,
                 correction,
-                ..
-            } => {
-                self.providers[pool].complete(now, correction);
-                match usage {
-                    Some(u) => {
-                        let r = self.coords.settle(now, lease, &u);
-                        let l = self.leases[&lease];
-                        match r {
-                            Ok(s) => {
-                                if s.reserved.0 != l.reserved {
-                                    self.fail(format_args!(
-                                        "{lease} reserved {:?}, the simulation computed {:?}",
-                                        s.reserved.0, l.reserved
-                                    ));
-                                }
-                                self.end_lease(lease, Life::Active, "settled");
-                                let p = l.req.pool.0 as usize;
-                                if s.used.0[0] > 0 || s.used.0[1] > 0 {
-                                    let out = s.used.0[1];
-                                    self.outputs.entry((a, p)).or_default().push(out);
-                                    self.pool_outputs.entry(p).or_default().push(out);
-                                }
-                                if l.req.cached_prefix_tokens > 0 {
-                                    self.warm.insert(
-                                        (a, l.req.pool.0 as usize),
-                                        now.saturating_add(self.cache_ttl),
-                                    );
-                                }
-                            }
-                            Err(e) => self.fail(format_args!("settle of {lease}: {e}")),
-                        }
-                        // Mostly busy; now and then a long think (a quiet spell for the pool).
-                        let think = if self.rng.chance(100) {
-                            self.rng.range(self.window / 2, self.window * 2)
-                        } else {
-                            self.rng.range(1, 3_000)
-                        };
-                        self.agents[a].state = State::Idle { at: now + think };
-                    }
-                    // Crashed: comes back once the coordinator has reaped the lease.
-                    None => {
-                        let e = self.leases[&lease].expires_at.0;
-                        self.agents[a].state = State::Idle {
-                            at: e.max(now) + self.rng.range(1, 5_000),
-                        };
-                    }
-                }
-            }
-            State::Done => {}
+            },
+        );
+        if crash {
+            return Sent::Crash {
+                duration_ms: latency,
+            };
         }
-        self.drain();
+        self.leases
+            .get_mut(&lease)
+            .expect("known lease")
+            .awaiting_settle = true;
+        Sent::Reply(Reply {
+            status: 200,
+            headers: Vec::new(),
+            duration_ms: latency,
+            usage,
+        })
     }
 
-    fn run(mut self) -> Result<(), String> {
-        let snapshot_at = self.rng.range(0, self.end);
-        let mut spins = 0u32;
-        let mut last_wake = None;
-        loop {
-            if self.coords.twin.is_none() && self.now >= snapshot_at {
-                let json = self.coords.main.snapshot_json();
-                let twin = Coordinator::restore_json(&json)
-                    .unwrap_or_else(|e| self.fail(format_args!("restore: {e}")));
-                self.coords.twin = Some(twin);
-            }
-            let next_agent = self.agents.iter().filter_map(Agent::next_at).min();
-            let wake = self.coords.poll_timeout();
-            let live = self.leases.values().any(|l| l.life != Life::Ended);
-            let next = match (next_agent, wake) {
-                (None, _) if !live => break,
-                (None, None) => self.fail("leases alive, nothing to wake for"),
-                (Some(a), Some(w)) => a.min(w.0),
-                (Some(a), None) => a,
-                (None, Some(w)) => w.0,
-            };
-            if next < self.now {
-                self.fail(format_args!("time would go back to {next}"));
-            }
-            // A wake-up that changes nothing, again and again, would hang a host.
-            if wake.is_some() && wake == last_wake && next == self.now {
-                spins += 1;
-                if spins > 3 {
-                    self.fail(format_args!("poll_timeout stuck at {wake:?}"));
-                }
-            } else {
-                spins = 0;
-            }
-            last_wake = wake;
-            self.now = next;
-            if wake == Some(Millis(next)) {
-                self.coords.timeout(next);
-                self.drain();
-            }
-            for a in 0..self.agents.len() {
-                if self.agents[a].next_at() == Some(self.now) {
-                    self.act(a);
-                }
-            }
+    fn answered(&mut self, now: u64, id: u64, _lease: LeaseId) {
+        self.now = now;
+        if let Some(f) = self.in_flight.remove(&id) {
+            self.providers[f.pool].complete(now, f.correction);
         }
-        if let Some(l) = self.leases.iter().find(|(_, l)| l.life != Life::Ended) {
-            self.fail(format_args!("lease never ended: {l:?}"));
-        }
-        if let Err(e) = self.coords.main.check() {
-            self.fail(format_args!("check(): {e}"));
-        }
-        let twin = self
-            .coords
-            .twin
-            .as_ref()
-            .unwrap_or_else(|| self.fail("no snapshot taken"));
-        if let Err(e) = twin.check() {
-            self.fail(format_args!("twin check(): {e}"));
-        }
-        let (m, t) = (&self.coords.main_log, &self.coords.twin_log);
-        if let Some(i) = (0..m.len().max(t.len())).find(|&i| m.get(i) != t.get(i)) {
+    }
+
+    fn settled(&mut self, now: u64, _id: u64, lease: LeaseId, s: &Settlement) {
+        self.now = now;
+        let l = self.leases[&lease];
+        if s.reserved.0 != l.reserved {
             self.fail(format_args!(
-                "twin restored at {snapshot_at} ms diverged at output {i}: {:?} vs {:?}",
-                m.get(i),
-                t.get(i)
+                "{lease} reserved {:?}, the simulation computed {:?}",
+                s.reserved.0, l.reserved
             ));
         }
-        if *twin != self.coords.main {
-            self.fail("twin's final state differs");
+        self.end_lease(lease, "settled");
+        let p = l.req.pool.0 as usize;
+        if s.used.0[0] > 0 || s.used.0[1] > 0 {
+            let out = s.used.0[1];
+            self.outputs.entry((l.agent, p)).or_default().push(out);
+            self.pool_outputs.entry(p).or_default().push(out);
         }
-        match self.rejections.first() {
-            Some(r) => Err(format!("{r} (and {} more)", self.rejections.len() - 1)),
-            None => Ok(()),
+        if l.req.cached_prefix_tokens > 0 {
+            self.warm
+                .insert((l.agent, p), now.saturating_add(self.cache_ttl));
         }
+    }
+
+    fn ended(&mut self, now: u64, id: u64, call: &CallSpec, how: Ended) -> Vec<(u64, CallSpec)> {
+        self.now = now;
+        let a = self.agent_of(&call.request);
+        let lease = self.current.remove(&id);
+        match how {
+            Ended::Delivered => {
+                // Mostly busy; now and then a long think (a quiet spell for the pool).
+                let think = if self.rng.chance(100) {
+                    self.rng.range(self.window / 2, self.window * 2)
+                } else {
+                    self.rng.range(1, 3_000)
+                };
+                self.next_call(a, think)
+            }
+            Ended::GaveUp => {
+                let after = self.rng.range(1, 2_000);
+                self.next_call(a, after)
+            }
+            Ended::Cancelled => {
+                let lease = lease.expect("a cancelled call has a lease or ticket");
+                self.end_lease(lease, "cancelled");
+                let after = self.rng.range(1, 5_000);
+                self.next_call(a, after)
+            }
+            // Crashed: comes back once the coordinator has reaped the lease.
+            Ended::Crashed => {
+                let lease = lease.expect("a crashed call was sent");
+                let e = self.leases[&lease].expires_at.0;
+                let after = e.saturating_sub(now) + self.rng.range(1, 5_000);
+                self.next_call(a, after)
+            }
+        }
+    }
+}
+
+fn run(seed: u64) -> Result<(), String> {
+    let (mut fleet, coord) = Fleet::new(seed);
+    let first: Vec<(u64, CallSpec)> = (0..fleet.agents.len())
+        .map(|a| {
+            let request = fleet.ask(a);
+            (fleet.agents[a].first_at, CallSpec { request })
+        })
+        .collect();
+    let snapshot_at = fleet.rng.range(0, fleet.end);
+    let mut host = Host::new(coord, first);
+    host.twin_at(snapshot_at);
+    host.run(&mut fleet, u64::MAX);
+    if let Some(l) = fleet.leases.iter().find(|(_, l)| l.life != Life::Ended) {
+        fleet.fail(format_args!("lease never ended: {l:?}"));
+    }
+    if let Err(e) = host.coord.check() {
+        fleet.fail(format_args!("check(): {e}"));
+    }
+    if let Some(why) = host.twin_diverged() {
+        fleet.fail(why);
+    }
+    match fleet.rejections.first() {
+        Some(r) => Err(format!("{r} (and {} more)", fleet.rejections.len() - 1)),
+        None => Ok(()),
     }
 }
 
@@ -960,7 +831,7 @@ impl Sim {
 fn thousand_seeds_no_429_and_every_lease_ends_once() {
     let mut failed = Vec::new();
     for seed in 0..SEEDS {
-        if let Err(why) = Sim::new(seed).run() {
+        if let Err(why) = run(seed) {
             failed.push((seed, why));
         }
     }

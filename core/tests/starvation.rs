@@ -13,7 +13,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use support::host::{CallSpec, Ended, Host, Reply, World};
+use support::host::{CallSpec, Ended, Host, Reply, Sent, World};
 use tokenwarden_core::{
     AgentId, Config, Coordinator, Event, LeaseId, LeaseRequest, Millis, Output, PoolId, Role,
     Usage, WaitReason,
@@ -97,8 +97,8 @@ impl Fleet<'_> {
 }
 
 impl World for Fleet<'_> {
-    fn send(&mut self, _now: u64, _id: u64, call: &CallSpec) -> Reply {
-        Reply {
+    fn send(&mut self, _now: u64, _id: u64, call: &CallSpec, _lease: LeaseId) -> Sent {
+        Sent::Reply(Reply {
             status: 200,
             headers: Vec::new(),
             duration_ms: CALL_MS,
@@ -107,7 +107,7 @@ impl World for Fleet<'_> {
                 output_tokens: MAX_TOKENS,
                 ..Default::default()
             },
-        }
+        })
     }
 
     fn ended(&mut self, now: u64, _id: u64, call: &CallSpec, how: Ended) -> Vec<(u64, CallSpec)> {

@@ -9,13 +9,21 @@
 //! `until`), `give_up`; a success is settled with the usage the world reports. Time moves
 //! to the earlier of the next job and `poll_timeout`, where `timeout` is handled; events
 //! are drained after every input.
+//!
+//! What real clients also do, when the world says so: leave a queued ticket (`cancel`, as
+//! the fetch wrapper does when its caller aborts), give back a granted lease unused
+//! (`cancel`), or die after sending (no answer: the lease is reaped at its expiry). And a
+//! host may be restored from a snapshot: from [`Host::twin_at`] on, a twin restored from
+//! the snapshot of that instant is fed every input too, and [`Host::twin_diverged`] says
+//! where its outputs, events or wake-ups first differ.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
 
 use tokenwarden_core::{
-    Call, Coordinator, Event, Input, LeaseId, LeaseRequest, Millis, Output, Usage, Wait,
+    Call, Coordinator, Event, Input, LeaseError, LeaseId, LeaseRequest, Millis, Output, Settlement,
+    Usage, Wait,
 };
 
 /// What a call asks for and what the provider will make of it.
@@ -38,6 +46,22 @@ pub struct Reply {
     pub usage: Usage,
 }
 
+/// What became of a send.
+#[derive(Clone, Debug)]
+pub enum Sent {
+    /// The provider answers after the reply's duration.
+    Reply(Reply),
+    /// The client dies after sending: no answer reaches the host; the provider is done
+    /// with the call after `duration_ms` (the world hears of it then) and the lease is
+    /// reaped at its expiry.
+    Crash {
+        /// When the provider is done with the call, ms after the send.
+        duration_ms: u64,
+    },
+    /// The client changes its mind and gives the lease back unused (`cancel`).
+    Unused,
+}
+
 /// How a call ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ended {
@@ -46,12 +70,26 @@ pub enum Ended {
     Delivered,
     /// The core said to give up.
     GaveUp,
+    /// The client left: a ticket withdrawn or a lease given back (`cancel`).
+    Cancelled,
+    /// The client died after sending.
+    Crashed,
 }
 
 /// The world around the coordinator: the provider, and the agents that start calls.
 pub trait World {
-    /// The provider's answer to `call`, sent at `now`.
-    fn send(&mut self, now: u64, id: u64, call: &CallSpec) -> Reply;
+    /// What becomes of `call`, sent at `now` under `lease`.
+    fn send(&mut self, now: u64, id: u64, call: &CallSpec, lease: LeaseId) -> Sent;
+    /// The provider is done with call `id` (answered or not): at the reply's time, before
+    /// the host hears the answer, and at a crashed call's `duration_ms`.
+    fn answered(&mut self, _now: u64, _id: u64, _lease: LeaseId) {}
+    /// The host settled call `id`'s lease from the usage the provider reported.
+    fn settled(&mut self, _now: u64, _id: u64, _lease: LeaseId, _s: &Settlement) {}
+    /// Call `id` was told to wait in line under `ticket`: when its client leaves, if the
+    /// ticket is not granted by then (`None`: it waits).
+    fn leave_at(&mut self, _now: u64, _id: u64, _ticket: LeaseId) -> Option<u64> {
+        None
+    }
     /// The call `id` ended at `now`: the calls to start next, at their times.
     fn ended(&mut self, now: u64, id: u64, call: &CallSpec, how: Ended) -> Vec<(u64, CallSpec)>;
     /// Every output the core gave for call `id` (for a test's observations).
@@ -67,8 +105,28 @@ pub trait World {
 enum Job {
     /// Ask (again) for capacity for call `id`.
     Ask(u64),
-    /// The provider answers call `id`, sent under `lease`.
-    Answer(u64, LeaseId, Reply),
+    /// The provider answers call `id`, sent under `lease` (`None`: it crashed).
+    Answer(u64, LeaseId, Option<Reply>),
+    /// Call `id`'s client leaves its place in line under `ticket`.
+    Leave(u64, LeaseId),
+}
+
+/// One thing the coordinator said, to compare a host with its restored twin.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Said {
+    /// The answer to an input.
+    Output(Box<Result<Output, LeaseError>>),
+    /// The events drained after it.
+    Events(Vec<Event>),
+    /// `poll_timeout` when the loop looked.
+    Wake(Option<Millis>),
+}
+
+struct Twin {
+    coord: Coordinator,
+    at: u64,
+    main: Vec<Said>,
+    twin: Vec<Said>,
 }
 
 struct Running {
@@ -88,6 +146,9 @@ pub struct Host {
     next_id: u64,
     /// Queued tickets, to the call they belong to.
     tickets: BTreeMap<LeaseId, u64>,
+    /// When to restore a twin, and the twin once restored.
+    twin_at: Option<u64>,
+    twin: Option<Twin>,
 }
 
 impl Host {
@@ -101,6 +162,8 @@ impl Host {
             calls: BTreeMap::new(),
             next_id: 0,
             tickets: BTreeMap::new(),
+            twin_at: None,
+            twin: None,
         };
         for (at, spec) in first {
             h.start(at, spec);
@@ -126,16 +189,79 @@ impl Host {
         self.at(at, Job::Ask(id));
     }
 
+    /// From the first step at or after `at` ms, a twin restored from the host's snapshot
+    /// is fed every input too.
+    pub fn twin_at(&mut self, at: u64) {
+        self.twin_at = Some(at);
+    }
+
+    /// Where the twin first said something else than the host (`None`: it never did, and
+    /// ends in an equal state). Panics if no twin was restored.
+    pub fn twin_diverged(&self) -> Option<String> {
+        let t = self.twin.as_ref().expect("a twin was restored");
+        if let Err(e) = t.coord.check() {
+            return Some(format!("twin check(): {e}"));
+        }
+        let (m, w) = (&t.main, &t.twin);
+        if let Some(i) = (0..m.len().max(w.len())).find(|&i| m.get(i) != w.get(i)) {
+            return Some(format!(
+                "twin restored at {} ms diverged at output {i}: {:?} vs {:?}",
+                t.at,
+                m.get(i),
+                w.get(i)
+            ));
+        }
+        (t.coord != self.coord).then(|| "the twin's final state differs".to_string())
+    }
+
+    /// Applies `f` to the coordinator, and to the twin when there is one, noting both.
+    fn both<T>(&mut self, f: impl Fn(&mut Coordinator) -> T, said: impl Fn(&T) -> Said) -> T {
+        let r = f(&mut self.coord);
+        if let Some(t) = self.twin.as_mut() {
+            let w = f(&mut t.coord);
+            t.main.push(said(&r));
+            t.twin.push(said(&w));
+        }
+        r
+    }
+
+    fn try_handle(&mut self, input: &Input) -> Result<Output, LeaseError> {
+        let now = Millis(self.now);
+        self.both(
+            |c| c.handle(now, input),
+            |r| Said::Output(Box::new(r.clone())),
+        )
+    }
+
     fn handle(&mut self, input: &Input) -> Output {
-        self.coord
-            .handle(Millis(self.now), input)
+        self.try_handle(input)
             .unwrap_or_else(|e| panic!("at {} ms, {input:?}: {e}", self.now))
+    }
+
+    fn poll_timeout(&mut self) -> Option<Millis> {
+        self.both(|c| c.poll_timeout(), |t| Said::Wake(*t))
     }
 
     fn send(&mut self, world: &mut impl World, id: u64, lease: LeaseId) {
         let spec = self.calls[&id].spec.clone();
-        let reply = world.send(self.now, id, &spec);
-        self.at(self.now + reply.duration_ms, Job::Answer(id, lease, reply));
+        match world.send(self.now, id, &spec, lease) {
+            Sent::Reply(reply) => {
+                self.at(
+                    self.now + reply.duration_ms,
+                    Job::Answer(id, lease, Some(reply)),
+                );
+            }
+            Sent::Crash { duration_ms } => {
+                self.at(self.now + duration_ms, Job::Answer(id, lease, None));
+                // The client is gone: nobody settles, the core reaps the lease.
+                self.end(world, id, Ended::Crashed);
+            }
+            Sent::Unused => {
+                let out = self.handle(&Input::Cancel { lease });
+                assert_eq!(out, Output::Cancelled);
+                self.end(world, id, Ended::Cancelled);
+            }
+        }
     }
 
     fn end(&mut self, world: &mut impl World, id: u64, how: Ended) {
@@ -164,6 +290,9 @@ impl Host {
                         ticket: Some(t), ..
                     } => {
                         self.tickets.insert(t, id);
+                        if let Some(at) = world.leave_at(self.now, id, t) {
+                            self.at(at.max(self.now), Job::Leave(id, t));
+                        }
                     }
                     Wait { until, .. } => self.at(until.0.max(self.now + 1), Job::Ask(id)),
                 }
@@ -180,8 +309,17 @@ impl Host {
         }
     }
 
+    /// Drains the events and acts on them in order; events raised while acting (a send
+    /// that cancels) come after the ones already drained, as with a host's event queue.
     fn drain(&mut self, world: &mut impl World) {
-        while let Some(e) = self.coord.poll_event() {
+        let mut pending = std::collections::VecDeque::new();
+        loop {
+            let events = self.both(
+                |c| std::iter::from_fn(|| c.poll_event()).collect::<Vec<_>>(),
+                |e| Said::Events(e.clone()),
+            );
+            pending.extend(events);
+            let Some(e) = pending.pop_front() else { break };
             world.event(self.now, &e);
             if let Event::Granted { lease, .. } = e {
                 if let Some(id) = self.tickets.remove(&lease) {
@@ -193,9 +331,22 @@ impl Host {
 
     /// Runs until nothing is left to do, or the world is done, or past `until` ms.
     pub fn run(&mut self, world: &mut impl World, until: u64) {
+        let mut last_wake = None;
+        let mut spins = 0;
         loop {
+            if self.twin.is_none() && self.twin_at.is_some_and(|t| self.now >= t) {
+                let json = self.coord.snapshot_json();
+                let coord = Coordinator::restore_json(&json)
+                    .unwrap_or_else(|e| panic!("at {} ms, restore: {e}", self.now));
+                self.twin = Some(Twin {
+                    coord,
+                    at: self.now,
+                    main: Vec::new(),
+                    twin: Vec::new(),
+                });
+            }
             let job = self.jobs.keys().next().map(|k| k.0);
-            let wake = self.coord.poll_timeout().map(|t| t.0);
+            let wake = self.poll_timeout().map(|t| t.0);
             let next = match (job, wake) {
                 (Some(j), Some(w)) => j.min(w),
                 (Some(j), None) => j,
@@ -205,8 +356,21 @@ impl Host {
             if next > until {
                 break;
             }
+            assert!(
+                wake.is_none_or(|w| w >= self.now),
+                "poll_timeout {wake:?} before now ({} ms)",
+                self.now
+            );
             self.now = self.now.max(next);
             if wake == Some(next) && job.is_none_or(|j| j > next) {
+                // A wake-up that changes nothing, again and again, would hang a host.
+                if last_wake == wake {
+                    spins += 1;
+                    assert!(spins <= 3, "poll_timeout stuck at {wake:?}");
+                } else {
+                    spins = 0;
+                }
+                last_wake = wake;
                 let out = self.handle(&Input::Timeout);
                 assert_eq!(out, Output::TimedOut);
             } else if let Some((_, job)) = self.jobs.pop_first() {
@@ -230,7 +394,17 @@ impl Host {
                 let out = self.handle(&input);
                 self.obey(world, id, out);
             }
+            Job::Leave(id, ticket) => {
+                // Still in line (not granted in the meantime): the client withdraws.
+                if self.tickets.remove(&ticket).is_some() {
+                    let out = self.handle(&Input::Cancel { lease: ticket });
+                    assert_eq!(out, Output::Cancelled);
+                    self.end(world, id, Ended::Cancelled);
+                }
+            }
             Job::Answer(id, lease, reply) => {
+                world.answered(self.now, id, lease);
+                let Some(reply) = reply else { return };
                 let Some(r) = self.calls.get(&id) else { return };
                 let input = Input::CallResponse {
                     call: r.state,
@@ -247,7 +421,10 @@ impl Host {
                         lease,
                         usage: reply.usage,
                     });
-                    assert!(matches!(settled, Output::Settled { .. }), "{settled:?}");
+                    let Output::Settled { settlement } = settled else {
+                        panic!("at {} ms, settle of {lease}: {settled:?}", self.now)
+                    };
+                    world.settled(self.now, id, lease, &settlement);
                 }
                 self.obey(world, id, out);
             }
