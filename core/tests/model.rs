@@ -23,7 +23,11 @@
 //!   cancelling a granted lease only once its expiry has come;
 //! * `handle_timeout(now)` twice at the same instant: the second call emits nothing and
 //!   changes nothing;
-//! * a `snapshot_json` → `restore_json` round trip gives an equal coordinator.
+//! * a `snapshot_json` → `restore_json` round trip gives an equal coordinator;
+//! * every input taken through the host protocol instead (`Coordinator::handle` of the same
+//!   `Input`, from the state before) gives the same answer, the same events and the same
+//!   state: the properties hold for the protocol every host speaks, not only for the typed
+//!   calls.
 //!
 //! A second property checks the admission envelope (see [`check_envelope`]).
 //!
@@ -34,8 +38,9 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use tokenwarden_core::{
-    AgentId, Axis, Coordinator, Decision, Event, LeaseError, LeaseId, LeaseRequest, MAX_TOKENS,
-    Millis, PoolId, RejectReason, Role, Settlement, TaskId, Usage, parse_headers,
+    AgentId, Axis, Coordinator, Decision, Event, Input, LeaseError, LeaseId, LeaseRequest,
+    MAX_TOKENS, Millis, Output, PoolId, RejectReason, Role, Settlement, TaskId, Usage,
+    parse_headers,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -558,6 +563,16 @@ fn drain(c: &mut Coordinator) -> Vec<Event> {
     std::iter::from_fn(|| c.poll_event()).collect()
 }
 
+/// A decision as the host protocol answers it.
+fn decision_output(d: Decision) -> Output {
+    match d {
+        Decision::Grant { lease, expires_at } => Output::Granted { lease, expires_at },
+        Decision::Queued { lease, eta } => Output::Queued { lease, eta },
+        Decision::Reject { retry_at, reason } => Output::Refused { reason, retry_at },
+        Decision::NeverFits { reason } => Output::NeverFits { reason },
+    }
+}
+
 fn first_too_large(fields: &[(&'static str, u64)]) -> Option<LeaseError> {
     fields
         .iter()
@@ -733,6 +748,27 @@ impl Harness {
         }
     }
 
+    /// Every step is also taken through the host protocol, from the state before it: the
+    /// `handle` of the same input gives the same answer, the same events and the same state
+    /// as the typed call (so the properties below hold for the protocol the hosts speak).
+    fn same_through_protocol(
+        &self,
+        before: &Coordinator,
+        t: Millis,
+        input: &Input,
+        want: Result<Output, LeaseError>,
+        events: &[Event],
+    ) {
+        let mut p = before.clone();
+        let got = p.handle(t, input);
+        assert_eq!(got, want, "handle({t}, {input:?})");
+        assert_eq!(drain(&mut p), events, "handle({t}, {input:?}): events");
+        assert!(
+            p == self.coord,
+            "handle({t}, {input:?}): a state other than the typed call's"
+        );
+    }
+
     /// Asserts an `Err` left everything as it was.
     fn unchanged(&self, before: &Coordinator, what: &str, err: LeaseError) {
         let (b, a) = (before.snapshot_json(), self.coord.snapshot_json());
@@ -787,6 +823,13 @@ impl Harness {
                 let before = self.coord.clone();
                 let res = self.coord.request_lease(t, &req);
                 let ev = drain(&mut self.coord);
+                self.same_through_protocol(
+                    &before,
+                    t,
+                    &Input::RequestLease { request: req },
+                    res.map(decision_output),
+                    &ev,
+                );
                 let expected_err = if *pool >= self.pools {
                     Some(LeaseError::UnknownPool)
                 } else {
@@ -847,6 +890,16 @@ impl Harness {
                 let advance_events = drain(&mut probe);
                 let res = self.coord.settle(t, id, &u);
                 let ev = drain(&mut self.coord);
+                self.same_through_protocol(
+                    &before,
+                    t,
+                    &Input::Settle {
+                        lease: id,
+                        usage: u,
+                    },
+                    res.map(|settlement| Output::Settled { settlement }),
+                    &ev,
+                );
                 let too_large = first_too_large(&[
                     ("input_tokens", u.input_tokens),
                     ("cache_creation_input_tokens", u.cache_creation_input_tokens),
@@ -894,6 +947,13 @@ impl Harness {
                 let advance_events = drain(&mut probe);
                 let res = self.coord.cancel(t, id);
                 let ev = drain(&mut self.coord);
+                self.same_through_protocol(
+                    &before,
+                    t,
+                    &Input::Cancel { lease: id },
+                    res.map(|()| Output::Cancelled),
+                    &ev,
+                );
                 if let Err(e) = res {
                     self.unchanged(&before, "cancel", e);
                 }
@@ -942,6 +1002,13 @@ impl Harness {
                 let before = self.coord.clone();
                 let res = self.coord.renew(t, id);
                 let ev = drain(&mut self.coord);
+                self.same_through_protocol(
+                    &before,
+                    t,
+                    &Input::Renew { lease: id },
+                    res.map(|expires_at| Output::Renewed { expires_at }),
+                    &ev,
+                );
                 if let Err(e) = res {
                     assert!(ev.is_empty(), "renew Err({e:?}) emitted {ev:?}");
                     self.unchanged(&before, "renew", e);
@@ -988,6 +1055,24 @@ impl Harness {
                     .coord
                     .handle_response(t, PoolId(*pool), id, *status, &report);
                 let ev = drain(&mut self.coord);
+                let input = Input::Response {
+                    pool: PoolId(*pool),
+                    lease: id,
+                    status: *status,
+                    headers: headers
+                        .iter()
+                        .map(|(n, v)| ((*n).to_string(), v.clone()))
+                        .collect(),
+                    unix_now_ms: *unix_now,
+                };
+                let reported = report.clone();
+                self.same_through_protocol(
+                    &before,
+                    t,
+                    &input,
+                    res.map(|()| Output::Reported { report: reported }),
+                    &ev,
+                );
                 self.read_max_concurrent();
                 let expected = if *pool >= self.pools {
                     Err(LeaseError::UnknownPool)
@@ -1015,8 +1100,10 @@ impl Harness {
                 self.events(&ev);
             }
             Op::Timeout => {
+                let before = self.coord.clone();
                 self.coord.handle_timeout(t);
                 let ev = drain(&mut self.coord);
+                self.same_through_protocol(&before, t, &Input::Timeout, Ok(Output::TimedOut), &ev);
                 self.events(&ev);
                 let once = self.coord.clone();
                 self.coord.handle_timeout(t);
