@@ -102,11 +102,11 @@ export class RemoteLease extends Lease {
   }
 
   /**
-   * The core's step for the response, decided by the local engine (the same core and
-   * configuration) so the answer waits for no round trip; the report goes to the limiter,
-   * whose core settles the lease there when the response is not a success.
+   * The core's step for the response, decided by the limiter's core: the response goes to
+   * it (which settles the lease there when it is not a success) and its step comes back.
+   * The local engine decides only when the limiter cannot answer for the lease.
    */
-  override respond(call: CallState, status: number, headers: HeadersLike): CallResponseResult {
+  override respond(call: CallState, status: number, headers: HeadersLike): Promise<CallResponseResult> {
     if (status < 200 || status > 299) this.#ended = true
     return this.#remote.remoteRespond(this, call, status, headers)
   }
@@ -459,15 +459,33 @@ export class RemoteTokenwarden extends Tokenwarden {
     }
   }
 
-  /** @internal See {@link RemoteLease.respond}. */
-  remoteRespond(lease: RemoteLease, call: CallState, status: number, headers: HeadersLike): CallResponseResult {
+  /**
+   * @internal See {@link RemoteLease.respond}. One core decides a call's next step: while
+   * the limiter answers, its own (the step it returns, a wait's `until` moved onto this
+   * driver's clock, and the call state it kept). The local engine, the same core and
+   * configuration, takes the headers in as well, since it is the fallback while the limiter
+   * is unreachable; its step is used only when the limiter cannot answer for the lease (it
+   * is unreachable, or no longer knows the lease), which is reported as a `remote_error`.
+   */
+  async remoteRespond(lease: RemoteLease, call: CallState, status: number, headers: HeadersLike): Promise<CallResponseResult> {
     const pairs = headerPairs(headers)
-    const r = this.callResponse(call, lease.pool, null, status, pairs) as CallResponseResult
+    const local = this.callResponse(call, lease.pool, null, status, pairs) as CallResponseResult
     const poolName = this.engine.pools[lease.pool]
-    void this.#call('POST', '/responses', { pool: poolName, lease: lease.handle, status, headers: pairs }).catch((e: Error) => {
-      this.emit('remote_error', { operation: 'report', message: e.message })
-    })
-    return r
+    let r: { status: number; body: Record<string, unknown> }
+    try {
+      r = await this.#call('POST', '/responses', { pool: poolName, lease: lease.handle, status, headers: pairs, call })
+    } catch (e) {
+      this.emit('remote_error', { operation: 'report', message: (e as Error).message })
+      return local
+    }
+    const shown = r.body.step as Record<string, unknown> | undefined
+    const next = r.body.call as CallState | undefined
+    if (r.status !== 200 || shown === undefined || next === undefined) {
+      this.emit('remote_error', { operation: 'report', message: `the edge limiter answered ${r.status}: ${String(r.body.message ?? JSON.stringify(r.body))}; the local engine decided` })
+      return local
+    }
+    const step = (shown.kind === 'wait' ? { ...shown, until: this.#onClock(shown.until as number) } : shown) as CallStep
+    return { call: next, step, settled: (r.body.settled as Settlement | null | undefined) ?? null, report: local.report }
   }
 
   /** @internal See {@link RemoteLease.interrupted}. */

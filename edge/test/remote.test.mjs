@@ -22,7 +22,14 @@ let persist
 let worker
 let port
 
-const fleets = { f: { secret: SECRET, quotas: { q: { config: { pools: [POOL] } }, shared: { config: { pools: [POOL] } } } } }
+// `strict` gives up on a call after one failed send; the drivers' local engines keep the
+// default (six), so which core decided a call's next step shows.
+const fleets = {
+  f: {
+    secret: SECRET,
+    quotas: { q: { config: { pools: [POOL] } }, shared: { config: { pools: [POOL] } }, strict: { config: { pools: [POOL], backoff: { max_attempts: 1 } } } },
+  },
+}
 
 before(async () => {
   rmSync(outdir, { recursive: true, force: true })
@@ -163,6 +170,28 @@ test('an aborted queued acquire stops its long poll at once; refusals emit rejec
     held.map((l) => l.id),
   )
   assert.ok(events.filter((e) => e.name === 'granted').every((e) => e.lease >= 0))
+  tw.close()
+})
+
+test("a provider's answer is decided by the limiter's core while it answers, not by the local engine", async () => {
+  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'strict', secret: SECRET, engine: nativeEngines.create({ pools: [POOL] }, 1, 0) })
+  const errors = []
+  tw.on('remote_error', (e) => errors.push(e))
+  const sent = mock.log.length
+  mock.fail429(1, { retryAfterSeconds: 1 })
+  const res = await tw.fetch({ agent: 'strict-agent' })(`${mock.url}/v1/messages`, {
+    method: 'POST',
+    headers: { 'x-api-key': 'sk-ant-test', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 50, messages: [{ role: 'user', content: 'hello' }] }),
+  })
+  // The limiter's core gave up after the one failed send its quota allows: the 429 is the
+  // caller's. (The local engine would have waited out the retry-after and sent again.)
+  assert.equal(res.status, 429)
+  await res.text()
+  assert.equal(mock.log.length - sent, 1, 'sent once')
+  assert.deepEqual(errors, [])
+  const counters = (await (await fetch(`${worker.base}/v1/fleets/f/quotas/strict/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()).pools[0].counters
+  assert.equal(Number(counters.settled), 1, 'the limiter settled the refused call (as nothing used)')
   tw.close()
 })
 
