@@ -441,9 +441,24 @@ pub struct Config {
     /// Minutes of per-minute metrics kept per pool.
     #[serde(default = "defaults::metrics_minutes")]
     pub metrics_minutes: u32,
+    /// The share of the key this coordinator holds: 1 (the default) for the whole key, `n`
+    /// for one of `n` processes that split it (a remote driver's fallback while its limiter
+    /// is unreachable). Every configured limit and `max_concurrent`, and every limit and
+    /// remaining figure the provider reports for the key, count `1/n` here (rounded up, at
+    /// least 1). From 1 to 4096.
+    #[serde(default = "defaults::share", skip_serializing_if = "is_whole")]
+    pub share: u32,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_whole(share: &u32) -> bool {
+    *share == 1
 }
 
 mod defaults {
+    pub(super) fn share() -> u32 {
+        1
+    }
     pub(super) fn window_ms() -> u64 {
         60_000
     }
@@ -480,6 +495,16 @@ mod defaults {
 pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;
 
 impl Config {
+    /// This coordinator's part of a figure for the whole key (see [`Config::share`]):
+    /// `v / share` rounded up, at least 1 unless `v` is 0.
+    #[must_use]
+    pub fn part(&self, v: u64) -> u64 {
+        match self.share {
+            0 | 1 => v,
+            n => v.div_ceil(u64::from(n)).max(u64::from(v > 0)),
+        }
+    }
+
     /// A configuration with one pool and every other field at its default.
     #[must_use]
     pub fn single_pool(pool: PoolConfig) -> Config {
@@ -503,6 +528,7 @@ impl Config {
             feedback: FeedbackConfig::default(),
             call: CallConfig::default(),
             metrics_minutes: defaults::metrics_minutes(),
+            share: defaults::share(),
         }
     }
 
@@ -623,6 +649,9 @@ impl Config {
 
     /// Queue weights, slow start, the estimate alert and the table bounds.
     fn validate_weights_and_bounds(&self) -> Result<(), ConfigError> {
+        if !(1..=4096).contains(&self.share) {
+            return Err(top("share", "must be between 1 and 4096"));
+        }
         let w = &self.weights;
         for (name, v) in [
             ("weights.planner", w.planner),

@@ -111,7 +111,10 @@ pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
 impl Pool {
     pub(crate) fn new(config: &Config, index: usize, now: Millis) -> Pool {
         let p = config.pools.get(index);
-        let limit = |f: fn(&crate::config::PoolConfig) -> Option<u64>| p.and_then(f);
+        // This coordinator's share of each configured limit (`Config::share`).
+        let limit = |f: fn(&crate::config::PoolConfig) -> Option<u64>| {
+            p.and_then(f).map(|v| config.part(v))
+        };
         let mut pool = Pool {
             buckets: [
                 Bucket::new(limit(|p| p.input_tokens_per_minute)),

@@ -1238,3 +1238,58 @@ fn a_warm_cache_bump_is_given_while_the_ticket_waits() {
         "agent 1, bumped while it waited, goes first"
     );
 }
+
+#[test]
+fn a_share_of_the_key_holds_its_part_of_every_limit_and_report() {
+    // One of four processes splitting the key (a remote driver's fallback): every limit
+    // counts a quarter here, and so does what the provider reports for the whole key.
+    let json = r#"{"pools":[{"name":"p","input_tokens_per_minute":100000,
+        "output_tokens_per_minute":20000,"requests_per_minute":1001,"max_concurrent":8}],
+        "share":4}"#;
+    let config = Config::from_json(json).unwrap();
+    assert_eq!(
+        (config.part(1001), config.part(1), config.part(0)),
+        (251, 1, 0)
+    );
+    let mut c = Coordinator::new(config, 1, Millis(0)).unwrap();
+    let limits = |c: &Coordinator, at: u64| {
+        let m = c.metrics(Millis(at));
+        let p = &m.pools[0];
+        (
+            p.axes.iter().map(|a| a.limit).collect::<Vec<_>>(),
+            p.max_concurrent,
+        )
+    };
+    let (axes, concurrent) = limits(&c, 0);
+    assert_eq!(axes, [Some(25_000), Some(5_000), None, Some(251)]);
+    assert_eq!(concurrent, Some(2));
+    // A call of 30,000 input tokens is more than a quarter allows: never as asked here.
+    assert!(matches!(
+        c.request_lease(Millis(0), &ask(1, 30_000, 10)).unwrap(),
+        Decision::NeverFits { .. }
+    ));
+    // The key's headers: limit 200,000 (50,000 here), 100,000 remaining (25,000 here, of
+    // which 17,500 above the 7,500 held back by the 85 % margin).
+    let report = parse_headers(
+        [
+            ("anthropic-ratelimit-input-tokens-limit", "200000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "100000"),
+        ],
+        None,
+    );
+    c.handle_response(Millis(1), PoolId(0), None, 200, &report)
+        .unwrap();
+    let (axes, _) = limits(&c, 1);
+    assert_eq!(axes[0], Some(50_000));
+    let available = c.metrics(Millis(1)).pools[0].axes[0].available;
+    assert!(available <= 17_500, "{available}");
+    // A share is from 1 to 4096.
+    let bad = Config::from_json(r#"{"pools":[{"name":"p","requests_per_minute":1}],"share":0}"#);
+    assert!(
+        matches!(bad, Err(ConfigError::Invalid { ref field, .. }) if field.name == "share"),
+        "{bad:?}"
+    );
+    // The whole key (share 1) is not written out.
+    let whole = Config::from_json(r#"{"pools":[{"name":"p","requests_per_minute":1}]}"#).unwrap();
+    assert!(!serde_json::to_string(&whole).unwrap().contains("share"));
+}

@@ -1065,7 +1065,7 @@ impl Harness {
                         .collect(),
                     unix_now_ms: *unix_now,
                 };
-                let reported = report.clone();
+                let reported = report;
                 self.same_through_protocol(
                     &before,
                     t,

@@ -191,7 +191,8 @@ export class RemoteTokenwarden extends Tokenwarden {
       // Misconfiguration, not an outage: do not fail open silently.
       throw new TokenwardenError('invalid_argument', `the edge limiter refused the fleet secret (${res.status}): ${String(parsed.message ?? '')}`)
     }
-    if (typeof parsed.clients === 'number' && Number.isSafeInteger(parsed.clients) && parsed.clients >= 1) this.#clients = parsed.clients
+    // The processes sharing the quota, within the core's bound on a share (`share`: 1 to 4096).
+    if (typeof parsed.clients === 'number' && Number.isSafeInteger(parsed.clients) && parsed.clients >= 1 && parsed.clients <= 4096) this.#clients = parsed.clients
     if (this.#downSince !== null) {
       const downMs = this.clock.now() - this.#downSince
       this.#downSince = null
@@ -522,18 +523,13 @@ function isFactory(e: Engine | EngineFactory): e is EngineFactory {
   return typeof (e as EngineFactory).create === 'function' && typeof (e as Engine).requestLease !== 'function'
 }
 
-/** `config` with every pool limit divided by `n` (rounded up; unknown limits stay unknown). */
+/**
+ * `config` for one of `n` processes splitting the key: the core's `share` (every limit, and
+ * every figure the provider reports for the key, counts `1/n`; the core does the sums).
+ */
 export function shareOf(config: object, n: number): object {
-  const c = typeof config === 'string' ? (JSON.parse(config) as Record<string, unknown>) : { ...(config as Record<string, unknown>) }
-  const pools = Array.isArray(c.pools) ? c.pools : []
-  c.pools = pools.map((p: Record<string, unknown>) => {
-    const out: Record<string, unknown> = { ...p }
-    for (const k of ['input_tokens_per_minute', 'output_tokens_per_minute', 'tokens_per_minute', 'requests_per_minute', 'max_concurrent']) {
-      if (typeof out[k] === 'number') out[k] = Math.max(1, Math.ceil((out[k] as number) / n))
-    }
-    return out
-  })
-  return c
+  const c = typeof config === 'string' ? (JSON.parse(config) as Record<string, unknown>) : (config as Record<string, unknown>)
+  return { ...c, share: n }
 }
 
 /** The fallback of a remote driver that failed open: a local coordinator for a share of the quota. */

@@ -122,8 +122,10 @@ impl Pool {
         ];
         for (axis, r) in mapped {
             let Some(axis) = axis else { continue };
+            // The provider's figures are the whole key's: this coordinator holds its share.
             if let Some(limit) = r.limit.filter(|l| (1..=MAX_TOKENS).contains(l)) {
-                let limit = config.feedback.bound_limit(limit, pool.limit(axis));
+                let configured = pool.limit(axis).map(|v| config.part(v));
+                let limit = config.feedback.bound_limit(config.part(limit), configured);
                 let b = self.bucket(axis);
                 if b.limit != Some(limit) {
                     let was_known = b.limit.is_some();
@@ -134,7 +136,8 @@ impl Pool {
             if let Some(remaining) = r.remaining {
                 let b = self.bucket_mut(axis);
                 let limit = b.limit.unwrap_or(0);
-                let resynced = b.resync(remaining.min(MAX_TOKENS), r.granularity, config.window_ms);
+                let remaining = config.part(remaining.min(MAX_TOKENS));
+                let resynced = b.resync(remaining, config.part(r.granularity), config.window_ms);
                 if let Some(lowered) = resynced {
                     if lowered > 0 {
                         self.counters.resyncs = self.counters.resyncs.saturating_add(1);
@@ -152,7 +155,8 @@ impl Pool {
             .limit
             .filter(|l| (1..=MAX_TOKENS).contains(l))
         {
-            self.max_concurrent = Some(config.feedback.bound_limit(limit, pool.max_concurrent));
+            let configured = pool.max_concurrent.map(|v| config.part(v));
+            self.max_concurrent = Some(config.feedback.bound_limit(config.part(limit), configured));
         }
         agrees.and_then(|a| self.compared(now, a, config, id))
     }
