@@ -319,6 +319,11 @@ pub struct FeedbackConfig {
     /// The longest a 429 may pause the pool, ms (default one day, the longest any parsed
     /// header may ask for).
     pub max_pause_ms: u64,
+    /// The longest a 429 reported by another process may pause the pool, ms (default one
+    /// minute, a rate window): a member of a shared limiter reports the responses its own
+    /// calls get (the `reported` input flag), and one member's report is evidence for the
+    /// whole quota for at most this long. Never above `max_pause_ms`.
+    pub max_reported_pause_ms: u64,
 }
 
 impl Default for FeedbackConfig {
@@ -327,6 +332,7 @@ impl Default for FeedbackConfig {
             min_limit_permille: 250,
             max_limit_permille: 4000,
             max_pause_ms: crate::headers::MAX_WAIT_MS,
+            max_reported_pause_ms: 60_000,
         }
     }
 }
@@ -736,6 +742,7 @@ impl Config {
             ));
         }
         duration("feedback.max_pause_ms", f.max_pause_ms, 1)?;
+        duration("feedback.max_reported_pause_ms", f.max_reported_pause_ms, 1)?;
         if self.max_queue_depth == 0 || self.max_queue_depth > 1_000_000 {
             return Err(top("max_queue_depth", "must be between 1 and 1000000"));
         }

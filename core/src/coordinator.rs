@@ -27,7 +27,7 @@ use crate::weight::{pending_bump, place_cost, virtual_cost, weight};
 mod call;
 mod check;
 mod eta;
-mod feedback;
+pub(crate) mod feedback;
 mod snapshot;
 mod tasks;
 

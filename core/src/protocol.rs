@@ -18,11 +18,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::call::{Call, GiveUp, LeaseStep, ResponseStep, Wait};
 use crate::coordinator::Coordinator;
+use crate::coordinator::feedback::Source;
 use crate::decision::{Decision, RejectReason, Settlement};
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, parse_headers};
 use crate::ids::PoolId;
 use crate::lease::LeaseId;
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_false(b: &bool) -> bool {
+    !*b
+}
 use crate::request::{LeaseRequest, Usage};
 use crate::tasks::{TaskId, TaskOutcome, TaskSpec, TaskSummary};
 use crate::time::Millis;
@@ -70,6 +76,10 @@ pub enum Input {
         /// The host's wall clock (Unix ms), for headers that carry dates.
         #[serde(default)]
         unix_now_ms: Option<u64>,
+        /// Reported by another process (a member of a shared limiter) rather than seen by
+        /// this host: a 429 pauses the pool for at most `feedback.max_reported_pause_ms`.
+        #[serde(default, skip_serializing_if = "is_false")]
+        reported: bool,
     },
     /// Time passed: [`Coordinator::handle_timeout`].
     Timeout,
@@ -100,6 +110,9 @@ pub enum Input {
         /// The host's wall clock (Unix ms), for headers that carry dates.
         #[serde(default)]
         unix_now_ms: Option<u64>,
+        /// As for `response`: reported by another process.
+        #[serde(default, skip_serializing_if = "is_false")]
+        reported: bool,
     },
     /// A call that ended without a usage report: [`Coordinator::call_interrupted`].
     CallInterrupted {
@@ -304,7 +317,7 @@ impl Coordinator {
     /// };
     /// let answer = coord.handle(Millis(900), &Input::CallResponse {
     ///     call, pool: PoolId(0), lease: Some(lease), status: 200,
-    ///     headers: vec![], unix_now_ms: None,
+    ///     headers: vec![], unix_now_ms: None, reported: false,
     /// }).unwrap();
     /// assert!(matches!(answer, Output::Deliver { settled: None, .. }), "a success is the host's to settle");
     /// let usage = Usage { input_tokens: 19_000, output_tokens: 700, ..Usage::default() };
@@ -335,9 +348,11 @@ impl Coordinator {
                 status,
                 headers,
                 unix_now_ms,
+                reported,
             } => {
                 let report = report_of(headers, *unix_now_ms);
-                self.handle_response(now, *pool, *lease, *status, &report)?;
+                let from = Source::of(*reported);
+                self.response_from(now, (*pool, *lease), *status, &report, from)?;
                 Output::Reported { report }
             }
             Input::Timeout => {
@@ -373,10 +388,19 @@ impl Coordinator {
                 status,
                 headers,
                 unix_now_ms,
+                reported,
             } => {
                 let mut call = *call;
                 let report = report_of(headers, *unix_now_ms);
-                let answer = self.call_response(now, &mut call, *pool, *lease, *status, &report)?;
+                let from = Source::of(*reported);
+                let answer = self.call_response_from(
+                    now,
+                    &mut call,
+                    (*pool, *lease),
+                    *status,
+                    &report,
+                    from,
+                )?;
                 let settled = answer.settled;
                 match answer.step {
                     ResponseStep::Deliver => Output::Deliver {

@@ -887,6 +887,7 @@ fn snapshot_restore_makes_the_same_decisions() {
         status: 429,
         headers: vec![],
         unix_now_ms: None,
+        reported: false,
     };
     let (wa, wb) = (
         a.handle(Millis(100_000), &limited).unwrap(),

@@ -1064,6 +1064,7 @@ impl Harness {
                         .map(|(n, v)| ((*n).to_string(), v.clone()))
                         .collect(),
                     unix_now_ms: *unix_now,
+                    reported: false,
                 };
                 let reported = report;
                 self.same_through_protocol(

@@ -97,6 +97,15 @@ export interface DriverOptions {
   clock?: Clock
 }
 
+/** Options for feeding a provider response back (`report`, `callResponse`). */
+export interface ReportOptions {
+  /**
+   * Seen by another process that reported it (a member of a shared limiter), not by this
+   * host: a 429 pauses the pool for at most `feedback.max_reported_pause_ms`.
+   */
+  reported?: boolean
+}
+
 /** Options for one `acquire`. */
 export interface AcquireOptions {
   /** Withdraws the queued ticket and rejects with `AbortError` (code `aborted`). */
@@ -375,9 +384,9 @@ export class Driver extends Emitter<DriverEvents> {
   }
 
   /** @internal The call lifecycle's response step (see {@link Lease.respond}). */
-  callResponse(call: CallState, pool: number, lease: number | null, status: number, headers: HeadersLike): CallResponseResult | Promise<CallResponseResult> {
+  callResponse(call: CallState, pool: number, lease: number | null, status: number, headers: HeadersLike, options?: ReportOptions): CallResponseResult | Promise<CallResponseResult> {
     const pairs = headerPairs(headers)
-    const r = this.engine.callResponse(this.clock.now(), call, pool, lease, status, pairs, this.clock.unixNow())
+    const r = this.engine.callResponse(this.clock.now(), call, pool, lease, status, pairs, this.clock.unixNow(), options?.reported ?? false)
     this.#rateLimited(pool, lease, status, r.report)
     if (r.settled !== null && lease !== null && this.listening('settled')) {
       this.emit('settled', { lease, agent: null, pool, settlement: r.settled })
@@ -480,9 +489,9 @@ export class Driver extends Emitter<DriverEvents> {
    * Reports a provider response: resyncs the pool from its rate-limit headers and, on a
    * 429, pauses the pool and (once per lease) cuts the margin. Emits `rate_limited`.
    */
-  report(pool: number, lease: number | null, status: number, headers: HeadersLike): HeaderReport {
+  report(pool: number, lease: number | null, status: number, headers: HeadersLike, options?: ReportOptions): HeaderReport {
     const pairs = headerPairs(headers)
-    const report = this.engine.handleResponse(this.clock.now(), pool, lease, status, pairs, this.clock.unixNow())
+    const report = this.engine.handleResponse(this.clock.now(), pool, lease, status, pairs, this.clock.unixNow(), options?.reported ?? false)
     this.#rateLimited(pool, lease, status, report)
     this.#afterCall()
     return report

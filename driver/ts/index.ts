@@ -6,7 +6,7 @@
 export { Driver, Lease, headerPairs } from './driver.js'
 export { RegisterEngine, configJson } from './register.js'
 export type { RegisterBinding } from './register.js'
-export type { AcquireOptions, CallAsk, DriverEvents, DriverOptions, HeadersLike } from './driver.js'
+export type { AcquireOptions, CallAsk, DriverEvents, DriverOptions, HeadersLike, ReportOptions } from './driver.js'
 export { Task, Tokenwarden, planFleetWith } from './tokenwarden.js'
 export { RemoteLease, RemoteTokenwarden } from './remote.js'
 export type { RemoteOptions } from './remote.js'

@@ -422,10 +422,11 @@ export class RegisterEngine implements Engine {
     return (this.#handle(now, { op: 'renew', lease }, 'renew') as { expiresAt: U64 }).expiresAt
   }
 
-  handleResponse(now: U64, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): HeaderReport {
-    const text = headerText(headers)
+  handleResponse(now: U64, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null, reported = false): HeaderReport {
+    // A reported response takes the protocol (the register file carries no `reported`).
+    const text = reported === true ? null : headerText(headers)
     if (text === null || !this.#response(now, pool, lease, status, unixNowMs)) {
-      const out = this.#handle(now, { op: 'response', pool, lease, status, headers, unixNowMs }, 'handleResponse')
+      const out = this.#handle(now, { op: 'response', pool, lease, status, headers, unixNowMs, ...(reported === false ? {} : { reported }) }, 'handleResponse')
       return (out as { report: HeaderReport }).report
     }
     let code: number
@@ -516,10 +517,11 @@ export class RegisterEngine implements Engine {
     return code === WIDE ? (fromJson(this.#c.takeWide()) as CallLeaseResult) : this.#stepOut(code)
   }
 
-  callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): CallResponseResult {
-    const text = headerText(headers)
+  callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null, reported = false): CallResponseResult {
+    const text = reported === true ? null : headerText(headers)
     if (text === null || !this.#response(now, pool, lease, status, unixNowMs) || !this.#call(call, 5)) {
-      const out = this.#handle(now, { op: 'call_response', call, pool, lease, status, headers, unixNowMs }, 'callResponse') as Output & {
+      const input = { op: 'call_response', call, pool, lease, status, headers, unixNowMs, ...(reported === false ? {} : { reported }) } as const
+      const out = this.#handle(now, input, 'callResponse') as Output & {
         call: CallState
         settled?: Settlement
         report: HeaderReport

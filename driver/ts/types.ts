@@ -243,7 +243,8 @@ export type Input =
   | { op: 'settle'; lease: number; usage: Usage }
   | { op: 'cancel'; lease: number }
   | { op: 'renew'; lease: number }
-  | { op: 'response'; pool: number; lease?: number | null; status: number; headers?: Array<[string, string]>; unixNowMs?: U64 | null }
+  /** `reported`: seen by another process (a member of a shared limiter), not this host (see `feedback.max_reported_pause_ms`). */
+  | { op: 'response'; pool: number; lease?: number | null; status: number; headers?: Array<[string, string]>; unixNowMs?: U64 | null; reported?: boolean }
   | { op: 'timeout' }
   | { op: 'call_lease'; call?: CallState; request: LeaseRequest }
   | {
@@ -254,6 +255,7 @@ export type Input =
       status: number
       headers?: Array<[string, string]>
       unixNowMs?: U64 | null
+      reported?: boolean
     }
   | { op: 'call_interrupted'; lease: number; seen?: Usage | null }
   | { op: 'open_task'; task: TaskSpec }
@@ -421,8 +423,12 @@ export interface Engine {
    * Throws `unknown_lease` for an ended or expired lease, `not_granted` for a queued ticket.
    */
   renew(now: U64, lease: number): U64
-  /** Parses the headers (name/value pairs), resyncs the pool, pauses it on a 429. */
-  handleResponse(now: U64, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): HeaderReport
+  /**
+   * Parses the headers (name/value pairs), resyncs the pool, pauses it on a 429. `reported`:
+   * the response was seen by another process that reported it (a member of a shared
+   * limiter), so a 429 pauses for at most `feedback.max_reported_pause_ms`.
+   */
+  handleResponse(now: U64, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null, reported?: boolean): HeaderReport
   handleTimeout(now: U64): void
   pollTimeout(): U64 | null
   pollEvent(): EngineEvent | null
@@ -437,7 +443,7 @@ export interface Engine {
    * The call lifecycle: feeds a response back (as `handleResponse`) and says what to do
    * with it. A response that is not a success is settled here as nothing used.
    */
-  callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null): CallResponseResult
+  callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null, reported?: boolean): CallResponseResult
   /**
    * Settles conservatively a lease whose call ended without a usage report (network
    * error, abort, broken stream); `seen` is the usage seen before the end, or `null`.

@@ -79,15 +79,6 @@ export class ObjectClock {
   }
 }
 
-/**
- * The core configuration of a quota, with the edge's own default: a 429 pauses the quota
- * for at most one minute, a rate window (a member reports the 429s its calls get, and a
- * report is taken as evidence for at most that long; `feedback.max_pause_ms` overrides).
- */
-function coreConfig(config) {
-  return { ...config, feedback: { max_pause_ms: 60_000, ...config.feedback } }
-}
-
 /** A fresh epoch for a quota's state: the time in base 36 and 32 random bits. */
 function newEpoch() {
   return `${Date.now().toString(36)}${crypto.getRandomValues(new Uint32Array(1))[0].toString(36)}`
@@ -306,7 +297,7 @@ export class QuotaObject {
     const q = fleets[fleet]?.quotas?.[quota]
     if (q === undefined) throw new HttpError(404, 'not_found', 'no such quota')
     const seed = crypto.getRandomValues(new Uint32Array(1))[0]
-    this.#start(wasmEngines.create(coreConfig(q.config), seed, this.clock.now()), [])
+    this.#start(wasmEngines.create(q.config, seed, this.clock.now()), [])
     this.epoch = newEpoch()
     return this.tw
   }
@@ -749,7 +740,9 @@ export class QuotaObject {
     const pool = b.pool === undefined || b.pool === null ? rec.pool : typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool
     if (pool !== rec.pool) throw Object.assign(new HttpError(400, 'invalid_argument', '`pool` must be the pool of the lease the response answers'), { field: 'pool' })
     const call = b.call === undefined ? newCall() : callState(b.call)
-    const r = tw.callResponse(call, pool, lease, b.status, b.headers)
+    // A member's report of its own call: the core bounds the pause one report may cause
+    // (`feedback.max_reported_pause_ms`, a minute by default).
+    const r = tw.callResponse(call, pool, lease, b.status, b.headers, { reported: true })
     if (b.status < 200 || b.status > 299) this.leases.delete(lease)
     return json(200, r)
   }

@@ -46,6 +46,7 @@ function fleets() {
         slow: { config: { pools: [SLOW] }, upstream: mock.url },
         neverfits: { config: { pools: [POOL] }, upstream: mock.url },
         clocked: { config: { pools: [POOL] } },
+        longwait: { config: { pools: [POOL] }, upstream: mock.url },
         gone: { config: { pools: [SLOW] }, upstream: mock.url },
         openai: { config: { pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 200_000, requests_per_minute: 1_000, max_concurrent: 2 }] }, upstream: mock.url },
       },
@@ -676,6 +677,26 @@ describe('proxy mode', () => {
     )
     const m = await (await api('/metrics', { quota: 'retry' })).json()
     assert.equal(m.liveLeases, 0)
+  })
+
+  test("a 429 the limiter saw itself pauses the quota for the provider's retry-after, beyond a member report's minute", { timeout: 30_000 }, async () => {
+    const quota = 'longwait'
+    await advance(quota, 0)
+    const before = mock.log.length
+    mock.fail429(1, { retryAfterSeconds: 120 })
+    const answer = fetch(`${base}/v1/fleets/fleet-a/quotas/${quota}/proxy/v1/messages`, { method: 'POST', headers, body: body() })
+    await until(() => mock.log.length > before)
+    await settle()
+    const m = await (await api('/metrics', { quota })).json()
+    const paused = Number(m.pools[0].pausedUntil) - Number(m.now)
+    assert.ok(paused > 119_000 && paused <= 120_000, `paused for ${paused} more ms`)
+    await advance(quota, 119_000)
+    assert.equal(await isSettled(answer), false, 'not before the retry-after')
+    await advance(quota, 2_000)
+    const r = await answer
+    assert.equal(r.status, 200)
+    await r.json()
+    assert.equal(mock.log.length - before, 2, 'sent again once the pause was over')
   })
 
   test('a proxied call that must wait for refill is answered when the refill allows', { timeout: 30_000 }, async () => {

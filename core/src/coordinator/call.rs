@@ -1,6 +1,7 @@
 //! The call lifecycle's decisions (see [`crate::call`]).
 
 use super::Coordinator;
+use super::feedback::Source;
 use crate::agents::{Sample, WaitKind, Waiting};
 use crate::call::{
     Call, CallResponse, GiveUp, GiveUpReason, LeaseStep, ResponseStep, Wait, WaitReason,
@@ -87,7 +88,20 @@ impl Coordinator {
         status: u16,
         report: &HeaderReport,
     ) -> Result<CallResponse, LeaseError> {
-        self.handle_response(now, pool, lease, status, report)?;
+        self.call_response_from(now, call, (pool, lease), status, report, Source::Host)
+    }
+
+    /// [`Coordinator::call_response`], saying who saw the response.
+    pub(crate) fn call_response_from(
+        &mut self,
+        now: Millis,
+        call: &mut Call,
+        (pool, lease): (PoolId, Option<LeaseId>),
+        status: u16,
+        report: &HeaderReport,
+        source: Source,
+    ) -> Result<CallResponse, LeaseError> {
+        self.response_from(now, (pool, lease), status, report, source)?;
         let now = self.now;
         let agent = lease
             .and_then(|id| self.leases.get(id))

@@ -11,6 +11,24 @@ use crate::lease::{Entry, LeaseId, Phase};
 use crate::pool::Pool;
 use crate::time::Millis;
 
+/// Who saw a provider response: this host, or another process that reported it (a member of
+/// a shared limiter), whose 429 pauses the pool for at most `feedback.max_reported_pause_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    Host,
+    Reported,
+}
+
+impl Source {
+    pub(crate) fn of(reported: bool) -> Source {
+        if reported {
+            Source::Reported
+        } else {
+            Source::Host
+        }
+    }
+}
+
 impl Coordinator {
     /// Feeds a provider response's status and parsed rate-limit headers back in.
     ///
@@ -26,6 +44,18 @@ impl Coordinator {
         lease: Option<LeaseId>,
         status: u16,
         report: &HeaderReport,
+    ) -> Result<(), LeaseError> {
+        self.response_from(now, (pool, lease), status, report, Source::Host)
+    }
+
+    /// [`Coordinator::handle_response`], saying who saw the response.
+    pub(crate) fn response_from(
+        &mut self,
+        now: Millis,
+        (pool, lease): (PoolId, Option<LeaseId>),
+        status: u16,
+        report: &HeaderReport,
+        source: Source,
     ) -> Result<(), LeaseError> {
         let p = pool.0;
         let counting = self.counting(p).ok_or(LeaseError::UnknownPool)?;
@@ -73,10 +103,25 @@ impl Coordinator {
                     cut = *gated & known == known && !blind_on_concurrency;
                 }
             }
-            pl.rate_limited(now, pool, lease.is_some(), cut, report, &self.config)
-                .into_iter()
-                .flatten()
-                .for_each(|e| self.events.push_back(e));
+            let max_pause = match source {
+                Source::Host => self.config.feedback.max_pause_ms,
+                Source::Reported => self
+                    .config
+                    .feedback
+                    .max_reported_pause_ms
+                    .min(self.config.feedback.max_pause_ms),
+            };
+            pl.rate_limited(
+                (now, pool),
+                lease.is_some(),
+                cut,
+                report,
+                &self.config,
+                max_pause,
+            )
+            .into_iter()
+            .flatten()
+            .for_each(|e| self.events.push_back(e));
             // The call waits out the 429: its task's quota wait runs until the next ask.
             let task = lease
                 .and_then(|id| self.leases.get(id))
@@ -164,16 +209,16 @@ impl Pool {
     /// A 429: counted; the pool paused until its retry time — the earlier of `retry-after`
     /// and the gateway's `reset_at` when both are given — except for a parallel-request 429,
     /// which pauses nothing and teaches an unknown concurrency limit instead; the margin cut
-    /// when `cut`.
+    /// when `cut`. The pause is at most `max_pause` ms.
     /// Returns the events that follow (at most a pause and a margin change).
     fn rate_limited(
         &mut self,
-        now: Millis,
-        pool: PoolId,
+        (now, pool): (Millis, PoolId),
         on_lease: bool,
         cut: bool,
         report: &HeaderReport,
         config: &Config,
+        max_pause: u64,
     ) -> [Option<Event>; 2] {
         self.counters.rate_limited = self.counters.rate_limited.saturating_add(1);
         if let Some(m) = self.minute(now) {
@@ -196,7 +241,7 @@ impl Pool {
             }
             .or(exceeded_reset)
             .unwrap_or(config.backoff.base_ms)
-            .min(config.feedback.max_pause_ms);
+            .min(max_pause);
             let until = now.plus(wait);
             if until > self.paused_until {
                 self.paused_until = until;

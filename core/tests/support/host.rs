@@ -413,6 +413,7 @@ impl Host {
                     status: reply.status,
                     headers: reply.headers.clone(),
                     unix_now_ms: None,
+                    reported: false,
                 };
                 let out = self.handle(&input);
                 if let Output::Deliver { settled: None, .. } = &out {

@@ -203,7 +203,7 @@ export function replay(trace, factory, { protocol = false } = {}) {
       case 'response':
         r = result(() => ({
           report: recase(
-            engine.handleResponse(at, input.pool, input.lease ?? null, input.status, input.headers, input.unix_now_ms ?? null),
+            engine.handleResponse(at, input.pool, input.lease ?? null, input.status, input.headers, input.unix_now_ms ?? null, input.reported ?? false),
             snake,
           ),
         }))
@@ -221,7 +221,7 @@ export function replay(trace, factory, { protocol = false } = {}) {
       case 'call_response':
         r = result(() =>
           recase(
-            engine.callResponse(at, callState(input.call), input.pool, input.lease ?? null, input.status, input.headers, input.unix_now_ms ?? null),
+            engine.callResponse(at, callState(input.call), input.pool, input.lease ?? null, input.status, input.headers, input.unix_now_ms ?? null, input.reported ?? false),
             snake,
           ),
         )
