@@ -555,18 +555,21 @@ pub mod io {
     /// The fast path's register file: a `Float64Array` the JavaScript wrapper owns and the
     /// addon reads arguments from and writes results to, so a hot call crosses the boundary
     /// with no object to read or build (napi property access by name costs ~100 ns a field).
-    /// Every slot holds an exact integer below 2^53, or −1 for "none". Layouts, per call:
+    /// Every slot holds an exact integer below 2^53, or −1 for "none". The slots are named
+    /// in one table ([`SLOT_TABLE`]: the modules [`arg`], [`response`], [`decision`],
+    /// [`settlement`], [`call`], [`report`], [`rate_axis`], [`after`]), which both sides
+    /// index by. Layouts, per call:
     ///
     /// | call | arguments in | results out | returns |
     /// |---|---|---|---|
-    /// | `requestLeaseIo` | now, agent, pool, input, cached, max, role (0 worker, 1 reviewer, 2 planner), unblocks, failure signature, task | lease, instant (expires at / eta / retry at), reason, axis | `DECISION_*` |
-    /// | `settleIo` | now, lease, input, cache creation, cache read, output | reserved ×4, used ×4 | 0 |
-    /// | `cancelIo` | now, lease | — | 0 |
-    /// | `handleTimeoutIo` | now | — | 0 |
+    /// | `requestLeaseIo` | [`arg::NOW`], the request from [`arg::REQUEST`] ([`LEASE_REQUEST_FIELDS`] order; role 0 worker, 1 reviewer, 2 planner) | [`decision`] (instant: expires at / eta / retry at) | `DECISION_*` |
+    /// | `settleIo` | [`arg::NOW`], [`arg::LEASE`], the usage from [`arg::USAGE`] ([`USAGE_FIELDS`] order) | [`settlement`] | 0 |
+    /// | `cancelIo` | [`arg::NOW`], [`arg::LEASE`] | — | 0 |
+    /// | `handleTimeoutIo` | [`arg::NOW`] | — | 0 |
     /// | `pollEventIo` | — | the event's fields in declaration order | `EVENT_*`, or −1 |
-    /// | `callLeaseIo` | `requestLeaseIo`'s, then the call: failed (10), refusals (11), last Retry-After (12) | the call and its step ([`CALL_SLOTS`]) | `STEP_*` |
-    /// | `callResponseIo(io, headers)` | now, pool, lease, status, Unix now, then the call (5 to 7) | the call, its step, the settlement and the header report ([`CALL_SLOTS`]) | `STEP_*` |
-    /// | `handleResponseIo(io, headers)` | as `callResponseIo`, without the call | the header report ([`REPORT_SLOT`]) | 0 |
+    /// | `callLeaseIo` | `requestLeaseIo`'s, then the call from [`arg::CALL`] (as in [`call`]) | [`call`] | `STEP_*` |
+    /// | `callResponseIo(io, headers)` | [`response`] | [`call`] with its settlement, and [`report`] | `STEP_*` |
+    /// | `handleResponseIo(io, headers)` | [`response`], without the call | [`report`] | 0 |
     ///
     /// The two response calls take the headers as one string, each name and value followed
     /// by a line feed (`name\nvalue\nname\nvalue\n`): one string crosses instead of an array
@@ -581,13 +584,63 @@ pub mod io {
     /// ([`TIMEOUT_SLOT`]), so the wrapper does not cross again to ask. They hold until
     /// the next call that changes the coordinator.
     pub const IO_SLOTS: usize = 50;
+
+    /// One table of the register file's named slots, per layout: the Rust writers and
+    /// readers below index by these names, and `abi.ts` mirrors every one as
+    /// `SLOT_<LAYOUT>_<NAME>` (generated from [`SLOT_TABLE`]), which the TypeScript side
+    /// indexes by. A slot is an index into the `Float64Array`.
+    macro_rules! slots {
+        ($( $( #[doc = $doc:literal] )* $layout:ident { $( $name:ident = $i:expr ),* $(,)? } )*) => {
+            $(
+                $( #[doc = $doc] )*
+                #[allow(missing_docs)]
+                pub mod $layout {
+                    $( pub const $name: usize = $i; )*
+                }
+            )*
+            /// Every layout and its named slots, for the generated TypeScript.
+            pub const SLOT_TABLE: &[(&str, &[(&str, usize)])] = &[
+                $( (stringify!($layout), &[ $( (stringify!($name), $i) ),* ]) ),*
+            ];
+        };
+    }
+
+    slots! {
+        /// The first argument slots: `now`, then (`cancelIo`, `settleIo`) the lease; then
+        /// `settleIo`'s usage (`USAGE_FIELDS` order) and `requestLeaseIo`'s request
+        /// (`LEASE_REQUEST_FIELDS` order, from `REQUEST`), and `callLeaseIo`'s call state.
+        arg { NOW = 0, LEASE = 1, USAGE = 2, REQUEST = 1, CALL = 11 }
+        /// `callResponseIo` / `handleResponseIo` arguments.
+        response { NOW = 0, POOL = 1, LEASE = 2, STATUS = 3, UNIX_NOW_MS = 4, CALL = 5 }
+        /// `requestLeaseIo`'s results.
+        decision { LEASE = 0, INSTANT = 1, REASON = 2, AXIS = 3 }
+        /// `settleIo`'s results: reserved ×4 from `RESERVED`, used ×4 from `USED`.
+        settlement { RESERVED = 0, USED = 4 }
+        /// `callLeaseIo` / `callResponseIo` results: the call, its step, then
+        /// `callResponseIo`'s settlement (reserved ×4 from `RESERVED`, used ×4 from `USED`).
+        call {
+            FAILED = 0, REFUSALS = 1, LAST_RETRY_AFTER_MS = 2, LEASE = 3, INSTANT = 4,
+            REASON = 5, REFUSAL = 6, REFUSAL_AXIS = 7, ATTEMPTS = 8, CHECKPOINT = 9,
+            GIVE_UP_RETRY_AFTER_MS = 10, SETTLED = 11, RESERVED = 12, USED = 16,
+        }
+        /// The header report: its fields, then from `AXES` one block of `rate_axis::WIDTH`
+        /// slots per axis of `RATE_AXES`.
+        report {
+            RECOGNISED = 20, MALFORMED = 21, RETRY_AFTER_MS = 22, RESET_AT_MS = 23,
+            SHOULD_RETRY = 24, EXCEEDED = 25, AXES = 26,
+        }
+        /// One axis's block of the header report.
+        rate_axis { LIMIT = 0, REMAINING = 1, RESET_AFTER_MS = 2, GRANULARITY = 3, WIDTH = 4 }
+        /// After every register-file call that returns: the events waiting, `pollTimeout`.
+        after { EVENTS = 48, TIMEOUT = 49 }
+    }
     /// After a register-file call: the events waiting ([`Coordinator::pending_events`]).
     ///
     /// [`Coordinator::pending_events`]: tokenwarden_core::Coordinator::pending_events
-    pub const EVENTS_SLOT: usize = 48;
+    pub const EVENTS_SLOT: usize = after::EVENTS;
     /// After a register-file call: `pollTimeout()`'s instant, −1 for none, −2 for one
     /// above 2^53 − 1 (ask `pollTimeout()` for its `bigint`).
-    pub const TIMEOUT_SLOT: usize = 49;
+    pub const TIMEOUT_SLOT: usize = after::TIMEOUT;
     /// The lease was granted.
     pub const DECISION_GRANT: i32 = 0;
     /// The request was queued.
@@ -615,7 +668,7 @@ pub mod io {
     ];
     /// `callLeaseIo`'s first call-state slot (`failed`, then `refusals`, `lastRetryAfterMs`):
     /// after `now` and the lease request.
-    pub const CALL_STATE_SLOT: usize = 1 + LEASE_REQUEST_FIELDS.len();
+    pub const CALL_STATE_SLOT: usize = arg::CALL;
     /// `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease): the usage's fields.
     pub const USAGE_FIELDS: [&str; 4] = [
         "inputTokens",
@@ -688,36 +741,10 @@ pub mod io {
         "output_tokens",
         "concurrent",
     ];
-    /// Where a call's results go, in slot order: the call (failed, refusals, last
-    /// Retry-After), the step (lease or ticket, instant, reason, refusal, refusal axis,
-    /// attempts, checkpoint, give-up's last Retry-After), then `callResponseIo`'s settlement
-    /// (settled?, reserved ×4, used ×4). −1 is "none".
-    pub const CALL_SLOTS: [&str; 20] = [
-        "failed",
-        "refusals",
-        "lastRetryAfterMs",
-        "lease",
-        "instant",
-        "reason",
-        "refusal",
-        "refusalAxis",
-        "attempts",
-        "checkpoint",
-        "giveUpRetryAfterMs",
-        "settled",
-        "reserved0",
-        "reserved1",
-        "reserved2",
-        "reserved3",
-        "used0",
-        "used1",
-        "used2",
-        "used3",
-    ];
     /// The header report's first slot: recognised, malformed, retry after, reset at,
     /// should retry (−1 none, 0, 1), exceeded (−1 none, else its [`RATE_AXES`] index), then
     /// per axis of [`RATE_AXES`] limit, remaining, reset after, granularity.
-    pub const REPORT_SLOT: usize = 20;
+    pub const REPORT_SLOT: usize = report::RECOGNISED;
 
     /// The roles' names, in [`ROLES`] order (the core's serde tags, as objects spell them).
     pub const ROLE_NAMES: [&str; 3] = ["worker", "reviewer", "planner"];
@@ -789,27 +816,56 @@ pub mod io {
         }
     }
 
-    /// Reads `now` from slot 0.
+    /// The index of `name` in `list` (at compile time: a name not there fails the build).
+    const fn index_of(list: &[&str], name: &str) -> usize {
+        let mut i = 0;
+        while i < list.len() {
+            let (a, b) = (list[i].as_bytes(), name.as_bytes());
+            if a.len() == b.len() {
+                let mut j = 0;
+                while j < a.len() && a[j] == b[j] {
+                    j += 1;
+                }
+                if j == a.len() {
+                    return i;
+                }
+            }
+            i += 1;
+        }
+        panic!("no such field")
+    }
+
+    /// The slot of a lease-request field, by its name in [`LEASE_REQUEST_FIELDS`].
+    const fn req(name: &str) -> usize {
+        arg::REQUEST + index_of(&LEASE_REQUEST_FIELDS, name)
+    }
+
+    /// The slot of a usage field, by its name in [`USAGE_FIELDS`].
+    const fn usage(name: &str) -> usize {
+        arg::USAGE + index_of(&USAGE_FIELDS, name)
+    }
+
+    /// Reads `now` ([`arg::NOW`]).
     pub fn io_now(io: &[f64]) -> Result<core::Millis, ArgError> {
-        slot(io, 0, "now").map(core::Millis)
+        slot(io, arg::NOW, "now").map(core::Millis)
     }
 
     /// Reads `requestLeaseIo`'s arguments.
     pub fn io_lease_request(io: &[f64]) -> Result<core::LeaseRequest, ArgError> {
         Ok(core::LeaseRequest {
-            agent: core::AgentId(slot(io, 1, "agent")?),
-            pool: core::PoolId(u32_from_f64(io[2], "pool")?),
-            input_tokens: slot(io, 3, "inputTokens")?,
-            cached_prefix_tokens: slot(io, 4, "cachedPrefixTokens")?,
-            max_tokens: slot(io, 5, "maxTokens")?,
-            role: u32_from_f64(io[6], "role")
+            agent: core::AgentId(slot(io, req("agent"), "agent")?),
+            pool: core::PoolId(u32_from_f64(io[req("pool")], "pool")?),
+            input_tokens: slot(io, req("inputTokens"), "inputTokens")?,
+            cached_prefix_tokens: slot(io, req("cachedPrefixTokens"), "cachedPrefixTokens")?,
+            max_tokens: slot(io, req("maxTokens"), "maxTokens")?,
+            role: u32_from_f64(io[req("role")], "role")
                 .ok()
                 .and_then(|i| ROLES.get(i as usize).copied())
                 .ok_or_else(bad_role)?,
-            unblocks: u32_from_f64(io[7], "unblocks")?,
-            failure_signature: opt_slot(io, 8, "failureSignature")?,
-            task: opt_slot(io, 9, "task")?.map(core::TaskId),
-            cached_prefix_confirmed: match io[10] {
+            unblocks: u32_from_f64(io[req("unblocks")], "unblocks")?,
+            failure_signature: opt_slot(io, req("failureSignature"), "failureSignature")?,
+            task: opt_slot(io, req("task"), "task")?.map(core::TaskId),
+            cached_prefix_confirmed: match io[req("cachedPrefixConfirmed")] {
                 0.0 => false,
                 1.0 => true,
                 _ => {
@@ -849,27 +905,37 @@ pub mod io {
         if at != none && !fits(&[at]) {
             return WIDE;
         }
-        put(io, &[lease, at, reason, axis_index]);
+        put(&mut io[decision::LEASE..], &[lease]);
+        put(&mut io[decision::INSTANT..], &[at]);
+        put(&mut io[decision::REASON..], &[reason]);
+        put(&mut io[decision::AXIS..], &[axis_index]);
         if at == none {
-            io[1] = -1.0;
+            io[decision::INSTANT] = -1.0;
         }
         code
     }
 
-    /// Reads the lease id from slot 1 (`cancelIo`).
+    /// Reads the lease id ([`arg::LEASE`], `cancelIo`).
     pub fn io_lease(io: &[f64]) -> Result<core::LeaseId, ArgError> {
-        slot(io, 1, "lease").map(core::LeaseId)
+        slot(io, arg::LEASE, "lease").map(core::LeaseId)
     }
 
     /// Reads `settleIo`'s arguments.
     pub fn io_settle(io: &[f64]) -> Result<(core::LeaseId, core::Usage), ArgError> {
+        let field = |name: &str, i: usize| slot(io, i, name);
         Ok((
-            core::LeaseId(slot(io, 1, "lease")?),
+            core::LeaseId(slot(io, arg::LEASE, "lease")?),
             core::Usage {
-                input_tokens: slot(io, 2, "inputTokens")?,
-                cache_creation_input_tokens: slot(io, 3, "cacheCreationInputTokens")?,
-                cache_read_input_tokens: slot(io, 4, "cacheReadInputTokens")?,
-                output_tokens: slot(io, 5, "outputTokens")?,
+                input_tokens: field("inputTokens", usage("inputTokens"))?,
+                cache_creation_input_tokens: field(
+                    "cacheCreationInputTokens",
+                    usage("cacheCreationInputTokens"),
+                )?,
+                cache_read_input_tokens: field(
+                    "cacheReadInputTokens",
+                    usage("cacheReadInputTokens"),
+                )?,
+                output_tokens: field("outputTokens", usage("outputTokens"))?,
             },
         ))
     }
@@ -879,8 +945,8 @@ pub mod io {
         if !fits(&s.reserved.0) || !fits(&s.used.0) {
             return WIDE;
         }
-        put(io, &s.reserved.0);
-        put(&mut io[4..], &s.used.0);
+        put(&mut io[settlement::RESERVED..], &s.reserved.0);
+        put(&mut io[settlement::USED..], &s.used.0);
         0
     }
 
@@ -980,12 +1046,13 @@ pub mod io {
         }
     }
 
-    /// Reads a call's state from three slots from `at`: failed, refusals, last Retry-After.
+    /// Reads a call's state from `at` on, laid out as in the results (failed, refusals,
+    /// last Retry-After: [`call::FAILED`] and on).
     fn io_call_at(io: &[f64], at: usize) -> Result<core::Call, ArgError> {
         Ok(core::Call {
-            failed: u32_from_f64(io[at], "failed")?,
-            refusals: u32_from_f64(io[at + 1], "refusals")?,
-            last_retry_after_ms: opt_slot(io, at + 2, "lastRetryAfterMs")?,
+            failed: u32_from_f64(io[at + call::FAILED], "failed")?,
+            refusals: u32_from_f64(io[at + call::REFUSALS], "refusals")?,
+            last_retry_after_ms: opt_slot(io, at + call::LAST_RETRY_AFTER_MS, "lastRetryAfterMs")?,
         })
     }
 
@@ -996,7 +1063,7 @@ pub mod io {
         Ok((
             io_now(io)?,
             io_lease_request(io)?,
-            io_call_at(io, CALL_STATE_SLOT)?,
+            io_call_at(io, arg::CALL)?,
         ))
     }
 
@@ -1016,11 +1083,12 @@ pub mod io {
 
     /// Reads the response calls' arguments, parsing `headers` (see the table above).
     pub fn io_response(io: &[f64], headers: &str) -> Result<ResponseIo, ArgError> {
-        let status = u16::try_from(u32_from_f64(io[3], "status")?).map_err(|_| {
-            ArgError::range("invalid_argument", "`status` must be below 65536".into())
-                .with_field("status")
-        })?;
-        let unix = opt_slot(io, 4, "unixNowMs")?;
+        let status =
+            u16::try_from(u32_from_f64(io[response::STATUS], "status")?).map_err(|_| {
+                ArgError::range("invalid_argument", "`status` must be below 65536".into())
+                    .with_field("status")
+            })?;
+        let unix = opt_slot(io, response::UNIX_NOW_MS, "unixNowMs")?;
         let bad = || {
             ArgError::range(
                 "invalid_argument",
@@ -1036,42 +1104,48 @@ pub mod io {
             }
         }
         Ok(ResponseIo {
-            now: io_now(io)?,
-            pool: core::PoolId(u32_from_f64(io[1], "pool")?),
-            lease: opt_slot(io, 2, "lease")?.map(core::LeaseId),
+            now: slot(io, response::NOW, "now").map(core::Millis)?,
+            pool: core::PoolId(u32_from_f64(io[response::POOL], "pool")?),
+            lease: opt_slot(io, response::LEASE, "lease")?.map(core::LeaseId),
             status,
             report: core::parse_headers(pairs, unix),
         })
     }
 
-    /// Reads `callResponseIo`'s call (slots 5 to 7).
+    /// Reads `callResponseIo`'s call (from [`response::CALL`]).
     pub fn io_response_call(io: &[f64]) -> Result<core::Call, ArgError> {
-        io_call_at(io, 5)
+        io_call_at(io, response::CALL)
     }
 
     /// Writes a call and its step; returns the `STEP_*` code, or `WIDE`.
     pub fn io_call_step(io: &mut [f64], call: &core::Call, step: &core::CallStep) -> i32 {
         let mut w = Slots { io, fits: true };
-        w.set(0, u64::from(call.failed));
-        w.set(1, u64::from(call.refusals));
-        w.opt(2, call.last_retry_after_ms);
-        for i in 3..=10 {
+        w.set(call::FAILED, u64::from(call.failed));
+        w.set(call::REFUSALS, u64::from(call.refusals));
+        w.opt(call::LAST_RETRY_AFTER_MS, call.last_retry_after_ms);
+        for i in [
+            call::LEASE,
+            call::INSTANT,
+            call::REASON,
+            call::REFUSAL,
+            call::GIVE_UP_RETRY_AFTER_MS,
+        ] {
             w.io[i] = -1.0;
         }
-        w.io[7] = 0.0;
-        w.io[8] = 0.0;
-        w.io[9] = 0.0;
+        for i in [call::REFUSAL_AXIS, call::ATTEMPTS, call::CHECKPOINT] {
+            w.io[i] = 0.0;
+        }
         let refusal = |w: &mut Slots<'_>, r: Option<core::RejectReason>| {
             if let Some(r) = r {
                 let (code, axis) = reject_code(r);
-                w.set(6, code);
-                w.set(7, axis);
+                w.set(call::REFUSAL, code);
+                w.set(call::REFUSAL_AXIS, axis);
             }
         };
         let code = match *step {
             core::CallStep::Send { lease, expires_at } => {
-                w.set(3, lease.0);
-                w.set(4, expires_at.0);
+                w.set(call::LEASE, lease.0);
+                w.set(call::INSTANT, expires_at.0);
                 STEP_SEND
             }
             core::CallStep::Wait(core::Wait {
@@ -1082,12 +1156,12 @@ pub mod io {
                 attempt,
                 checkpoint,
             }) => {
-                w.opt(3, ticket.map(|t| t.0));
-                w.set(4, until.0);
-                w.set(5, wait_code(reason));
+                w.opt(call::LEASE, ticket.map(|t| t.0));
+                w.set(call::INSTANT, until.0);
+                w.set(call::REASON, wait_code(reason));
                 refusal(&mut w, r);
-                w.set(8, u64::from(attempt));
-                w.set(9, u64::from(checkpoint));
+                w.set(call::ATTEMPTS, u64::from(attempt));
+                w.set(call::CHECKPOINT, u64::from(checkpoint));
                 STEP_WAIT
             }
             core::CallStep::Deliver => STEP_DELIVER,
@@ -1097,56 +1171,49 @@ pub mod io {
                 attempts,
                 last_retry_after_ms,
             }) => {
-                w.set(5, give_up_code(reason));
+                w.set(call::REASON, give_up_code(reason));
                 refusal(&mut w, r);
-                w.set(8, u64::from(attempts));
-                w.opt(10, last_retry_after_ms);
+                w.set(call::ATTEMPTS, u64::from(attempts));
+                w.opt(call::GIVE_UP_RETRY_AFTER_MS, last_retry_after_ms);
                 STEP_GIVE_UP
             }
         };
         if w.fits { code } else { WIDE }
     }
 
-    /// Writes `callResponseIo`'s settlement (slots 11 to 19); false if it needs `bigint`s.
+    /// Writes `callResponseIo`'s settlement ([`call::SETTLED`], [`call::RESERVED`],
+    /// [`call::USED`]); false if it needs `bigint`s.
     pub fn io_settled(io: &mut [f64], settled: Option<&core::Settlement>) -> bool {
         let mut w = Slots { io, fits: true };
-        match settled {
-            None => {
-                w.io[11] = 0.0;
-                for i in 12..20 {
-                    w.io[i] = 0.0;
-                }
-            }
-            Some(s) => {
-                w.io[11] = 1.0;
-                for (i, &v) in s.reserved.0.iter().enumerate() {
-                    w.set(12 + i, v);
-                }
-                for (i, &v) in s.used.0.iter().enumerate() {
-                    w.set(16 + i, v);
-                }
-            }
+        let (flag, reserved, used) =
+            settled.map_or((0, [0; 4], [0; 4]), |s| (1, s.reserved.0, s.used.0));
+        w.set(call::SETTLED, flag);
+        for (i, (&r, &u)) in reserved.iter().zip(&used).enumerate() {
+            w.set(call::RESERVED + i, r);
+            w.set(call::USED + i, u);
         }
         w.fits
     }
 
     /// Writes a header report from [`REPORT_SLOT`]; false if it needs `bigint`s.
     pub fn io_report(io: &mut [f64], r: &core::HeaderReport) -> bool {
-        let at = REPORT_SLOT;
         let mut w = Slots { io, fits: true };
-        w.set(at, u64::from(r.recognised));
-        w.set(at + 1, u64::from(r.malformed));
-        w.opt(at + 2, r.retry_after_ms);
-        w.opt(at + 3, r.reset_at_ms);
-        w.opt(at + 4, r.should_retry.map(u64::from));
-        w.opt(at + 5, r.exceeded.map(|a| rate_axis_index(a) as u64));
+        w.set(report::RECOGNISED, u64::from(r.recognised));
+        w.set(report::MALFORMED, u64::from(r.malformed));
+        w.opt(report::RETRY_AFTER_MS, r.retry_after_ms);
+        w.opt(report::RESET_AT_MS, r.reset_at_ms);
+        w.opt(report::SHOULD_RETRY, r.should_retry.map(u64::from));
+        w.opt(
+            report::EXCEEDED,
+            r.exceeded.map(|a| rate_axis_index(a) as u64),
+        );
         for (i, axis) in RATE_AXIS_ORDER.iter().enumerate() {
             let a = r.axis(*axis);
-            let base = at + 6 + 4 * i;
-            w.opt(base, a.limit);
-            w.opt(base + 1, a.remaining);
-            w.opt(base + 2, a.reset_after_ms);
-            w.set(base + 3, a.granularity);
+            let base = report::AXES + rate_axis::WIDTH * i;
+            w.opt(base + rate_axis::LIMIT, a.limit);
+            w.opt(base + rate_axis::REMAINING, a.remaining);
+            w.opt(base + rate_axis::RESET_AFTER_MS, a.reset_after_ms);
+            w.set(base + rate_axis::GRANULARITY, a.granularity);
         }
         w.fits
     }

@@ -18,6 +18,18 @@ fn tag<T: serde::Serialize>(v: &T) -> String {
         .unwrap_or_default()
 }
 
+/// `export const SLOT_<LAYOUT>_<NAME> = <slot>` for every named slot, one per line.
+fn slot_constants() -> String {
+    let mut out = String::new();
+    for (layout, slots) in io::SLOT_TABLE {
+        for (name, slot) in *slots {
+            let layout = layout.to_uppercase();
+            out.push_str(&format!("export const SLOT_{layout}_{name} = {slot}\n"));
+        }
+    }
+    out
+}
+
 /// The text of `driver/ts/abi.ts`.
 #[must_use]
 pub fn typescript() -> String {
@@ -38,11 +50,9 @@ export const DECISION_QUEUED = {queued}
 export const DECISION_REJECT = {reject}
 export const DECISION_NEVER = {never}
 export const WIDE = {wide}
-/** `requestLeaseIo`'s argument slots from 1 (slot 0 is `now`), in slot order; `cachedPrefixConfirmed` is 1 or 0. */
+/** `requestLeaseIo`'s request, from `SLOT_ARG_REQUEST` in this order; `cachedPrefixConfirmed` is 1 or 0. */
 export const LEASE_REQUEST_FIELDS = {request}
-/** `callLeaseIo`'s call state (`failed`, `refusals`, `lastRetryAfterMs`, -1 none) from this slot, after the request. */
-export const CALL_STATE_SLOT = {call_state_slot}
-/** `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease), in slot order. */
+/** `settleIo`'s usage, from `SLOT_ARG_USAGE` in this order. */
 export const USAGE_FIELDS = {usage}
 /** Role codes: the index in this list. */
 export const ROLES = {roles}
@@ -65,13 +75,13 @@ export const WAIT_REASONS = {wait_reasons}
 export const GIVE_UP_REASONS = {give_up_reasons}
 /** The header report's axes in slot order; `exceeded`'s code is the index here. */
 export const RATE_AXES = {rate_axes}
-/** The header report's first slot (recognised, malformed, retry after, reset at, should retry, exceeded, then 4 per axis). */
-export const REPORT_SLOT = {report_slot}
-/** After a register-file call that returned: the events waiting for `pollEvent`. */
-export const EVENTS_SLOT = {events_slot}
-/** After a register-file call that returned: `pollTimeout()`, -1 none, -2 above 2^53 - 1. */
-export const TIMEOUT_SLOT = {timeout_slot}
-/** Every stable code an engine's errors carry. */
+/**
+ * The register file's named slots, `SLOT_<LAYOUT>_<NAME>`, from the crate's one table
+ * (`io::SLOT_TABLE`; what each layout holds is documented there). After a register-file
+ * call that returned, `SLOT_AFTER_EVENTS` holds the events waiting for `pollEvent` and
+ * `SLOT_AFTER_TIMEOUT` what `pollTimeout()` answers (-1 none, -2 above 2^53 - 1).
+ */
+{named_slots}/** Every stable code an engine's errors carry. */
 export const ENGINE_ERROR_CODES = {errors}
 ",
         slots = io::IO_SLOTS,
@@ -81,7 +91,6 @@ export const ENGINE_ERROR_CODES = {errors}
         never = io::DECISION_NEVER,
         wide = io::WIDE,
         request = tuple(&io::LEASE_REQUEST_FIELDS),
-        call_state_slot = io::CALL_STATE_SLOT,
         usage = tuple(&io::USAGE_FIELDS),
         roles = tuple(&roles),
         reasons = tuple(&io::REJECT_REASONS),
@@ -96,8 +105,6 @@ export const ENGINE_ERROR_CODES = {errors}
         wait_reasons = tuple(&io::WAIT_REASONS),
         give_up_reasons = tuple(&io::GIVE_UP_REASONS),
         rate_axes = tuple(&io::RATE_AXES),
-        report_slot = io::REPORT_SLOT,
-        events_slot = io::EVENTS_SLOT,
-        timeout_slot = io::TIMEOUT_SLOT,
+        named_slots = slot_constants(),
     )
 }

@@ -14,20 +14,61 @@ import {
   DECISION_NEVER,
   DECISION_QUEUED,
   EVENTS,
-  EVENTS_SLOT,
   GIVE_UP_REASONS,
   IO_SLOTS,
   LEASE_REQUEST_FIELDS,
   MARGIN_REASONS,
-  CALL_STATE_SLOT,
   RATE_AXES,
   REJECT_REASONS,
-  REPORT_SLOT,
   ROLES,
+  SLOT_AFTER_EVENTS,
+  SLOT_AFTER_TIMEOUT,
+  SLOT_ARG_CALL,
+  SLOT_ARG_LEASE,
+  SLOT_ARG_NOW,
+  SLOT_ARG_REQUEST,
+  SLOT_ARG_USAGE,
+  SLOT_CALL_ATTEMPTS,
+  SLOT_CALL_CHECKPOINT,
+  SLOT_CALL_FAILED,
+  SLOT_CALL_GIVE_UP_RETRY_AFTER_MS,
+  SLOT_CALL_INSTANT,
+  SLOT_CALL_LAST_RETRY_AFTER_MS,
+  SLOT_CALL_LEASE,
+  SLOT_CALL_REASON,
+  SLOT_CALL_REFUSAL,
+  SLOT_CALL_REFUSAL_AXIS,
+  SLOT_CALL_REFUSALS,
+  SLOT_CALL_RESERVED,
+  SLOT_CALL_SETTLED,
+  SLOT_CALL_USED,
+  SLOT_DECISION_AXIS,
+  SLOT_DECISION_INSTANT,
+  SLOT_DECISION_LEASE,
+  SLOT_DECISION_REASON,
+  SLOT_RATE_AXIS_GRANULARITY,
+  SLOT_RATE_AXIS_LIMIT,
+  SLOT_RATE_AXIS_REMAINING,
+  SLOT_RATE_AXIS_RESET_AFTER_MS,
+  SLOT_RATE_AXIS_WIDTH,
+  SLOT_REPORT_AXES,
+  SLOT_REPORT_EXCEEDED,
+  SLOT_REPORT_MALFORMED,
+  SLOT_REPORT_RECOGNISED,
+  SLOT_REPORT_RESET_AT_MS,
+  SLOT_REPORT_RETRY_AFTER_MS,
+  SLOT_REPORT_SHOULD_RETRY,
+  SLOT_RESPONSE_CALL,
+  SLOT_RESPONSE_LEASE,
+  SLOT_RESPONSE_NOW,
+  SLOT_RESPONSE_POOL,
+  SLOT_RESPONSE_STATUS,
+  SLOT_RESPONSE_UNIX_NOW_MS,
+  SLOT_SETTLEMENT_RESERVED,
+  SLOT_SETTLEMENT_USED,
   STEP_DELIVER,
   STEP_SEND,
   STEP_WAIT,
-  TIMEOUT_SLOT,
   USAGE_FIELDS,
   WAIT_REASONS,
   WIDE,
@@ -167,6 +208,41 @@ export function toJson(v: unknown): string {
   return `{${parts.join(',')}}`
 }
 
+/** The header report's axes, by their place in `RATE_AXES`. */
+const A_REQUESTS = RATE_AXES.indexOf('requests')
+const A_TOKENS = RATE_AXES.indexOf('tokens')
+const A_INPUT = RATE_AXES.indexOf('input_tokens')
+const A_OUTPUT = RATE_AXES.indexOf('output_tokens')
+const A_CONCURRENT = RATE_AXES.indexOf('concurrent')
+
+/** Four slots from `at`: an amount per axis. */
+function fourFrom(io: Float64Array, at: number): [number, number, number, number] {
+  return [io[at]!, io[at + 1]!, io[at + 2]!, io[at + 3]!]
+}
+
+/** The slot of a lease-request field (`requestLeaseIo`), by its name in the generated list. */
+function requestSlot(name: (typeof LEASE_REQUEST_FIELDS)[number]): number {
+  return SLOT_ARG_REQUEST + LEASE_REQUEST_FIELDS.indexOf(name)
+}
+const R_AGENT = requestSlot('agent')
+const R_POOL = requestSlot('pool')
+const R_INPUT = requestSlot('inputTokens')
+const R_CACHED = requestSlot('cachedPrefixTokens')
+const R_MAX = requestSlot('maxTokens')
+const R_ROLE = requestSlot('role')
+const R_UNBLOCKS = requestSlot('unblocks')
+const R_FAILURE = requestSlot('failureSignature')
+const R_TASK = requestSlot('task')
+const R_CONFIRMED = requestSlot('cachedPrefixConfirmed')
+/** The slot of a usage field (`settleIo`), by its name in the generated list. */
+function usageSlot(name: (typeof USAGE_FIELDS)[number]): number {
+  return SLOT_ARG_USAGE + USAGE_FIELDS.indexOf(name)
+}
+const U_INPUT = usageSlot('inputTokens')
+const U_CREATION = usageSlot('cacheCreationInputTokens')
+const U_READ = usageSlot('cacheReadInputTokens')
+const U_OUTPUT = usageSlot('outputTokens')
+
 /** A decision from an output of `request_lease`. */
 function decisionOf(out: Output): Decision {
   switch (out.output) {
@@ -286,92 +362,132 @@ export class RegisterEngine implements Engine {
     } catch (e) {
       throw normalizeEngineError(e, 'requestLease')
     }
-    if (kind === DECISION_GRANT) return { kind: 'grant', lease: io[0]!, expiresAt: io[1]! }
-    if (kind === DECISION_QUEUED) return { kind: 'queued', lease: io[0]!, eta: io[1]! }
+    if (kind === DECISION_GRANT) return { kind: 'grant', lease: io[SLOT_DECISION_LEASE]!, expiresAt: io[SLOT_DECISION_INSTANT]! }
+    if (kind === DECISION_QUEUED) return { kind: 'queued', lease: io[SLOT_DECISION_LEASE]!, eta: io[SLOT_DECISION_INSTANT]! }
     if (kind === WIDE) return fromJson(this.#c.takeWide()) as Decision
-    if (kind === DECISION_NEVER) return { kind: 'never_fits', reason: rejectReason(io[2]!, io[3]!) }
-    return { kind: 'reject', retryAt: io[1]!, reason: rejectReason(io[2]!, io[3]!) }
+    const reason = rejectReason(io[SLOT_DECISION_REASON]!, io[SLOT_DECISION_AXIS]!)
+    if (kind === DECISION_NEVER) return { kind: 'never_fits', reason }
+    return { kind: 'reject', retryAt: io[SLOT_DECISION_INSTANT]!, reason }
   }
 
-  /** Writes `now` and a lease request to slots 0 to 10; false when one needs the object path. */
+  /** Writes `now` and a lease request (`SLOT_ARG_REQUEST` on); false when one needs the object path. */
   #request(now: U64, r: LeaseRequest): boolean {
     checkKeys(r, REQUEST_KEYS, 'lease request')
     const io = this.#io
     const role = r.role === undefined ? 0 : ROLE_CODES[r.role]
-    io[0] = exact(now) ? now : Number.NaN
-    io[1] = exact(r.agent) ? r.agent : Number.NaN
-    io[2] = r.pool
-    io[3] = field(r.inputTokens)
-    io[4] = field(r.cachedPrefixTokens)
-    io[5] = field(r.maxTokens)
-    io[6] = role ?? Number.NaN
-    io[7] = r.unblocks ?? 0
-    io[8] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
-    io[9] = r.task === undefined || r.task === null ? -1 : field(r.task)
+    io[SLOT_ARG_NOW] = exact(now) ? now : Number.NaN
+    io[R_AGENT] = exact(r.agent) ? r.agent : Number.NaN
+    io[R_POOL] = r.pool
+    io[R_INPUT] = field(r.inputTokens)
+    io[R_CACHED] = field(r.cachedPrefixTokens)
+    io[R_MAX] = field(r.maxTokens)
+    io[R_ROLE] = role ?? Number.NaN
+    io[R_UNBLOCKS] = r.unblocks ?? 0
+    io[R_FAILURE] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
+    io[R_TASK] = r.task === undefined || r.task === null ? -1 : field(r.task)
     const confirmed = r.cachedPrefixConfirmed
-    io[10] = confirmed === true ? 1 : confirmed === false || confirmed === undefined ? 0 : Number.NaN
-    return !(io[0] !== io[0] || io[1] !== io[1] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5] || io[8] !== io[8] || io[9] !== io[9] || io[10] !== io[10] || typeof r.pool !== 'number')
+    io[R_CONFIRMED] = confirmed === true ? 1 : confirmed === false || confirmed === undefined ? 0 : Number.NaN
+    return !(
+      io[SLOT_ARG_NOW] !== io[SLOT_ARG_NOW] ||
+      io[R_AGENT] !== io[R_AGENT] ||
+      io[R_INPUT] !== io[R_INPUT] ||
+      io[R_CACHED] !== io[R_CACHED] ||
+      io[R_MAX] !== io[R_MAX] ||
+      io[R_FAILURE] !== io[R_FAILURE] ||
+      io[R_TASK] !== io[R_TASK] ||
+      io[R_CONFIRMED] !== io[R_CONFIRMED] ||
+      typeof r.pool !== 'number'
+    )
   }
 
-  /** Writes a call's state to three slots from `at`; false when it needs the object path. */
+  /** Writes a call's state from `at` on, laid out as in the results (`SLOT_CALL_FAILED` on); false when it needs the object path. */
   #call(call: CallState, at: number): boolean {
     if (call === null || typeof call !== 'object') return false
     const last = call.lastRetryAfterMs
     const io = this.#io
-    io[at] = exact(call.failed) ? call.failed : Number.NaN
-    io[at + 1] = exact(call.refusals) ? call.refusals : Number.NaN
-    io[at + 2] = last === undefined || last === null ? -1 : field(last)
-    return io[at] === io[at] && io[at + 1] === io[at + 1] && io[at + 2] === io[at + 2]
+    const f = at + SLOT_CALL_FAILED
+    const r = at + SLOT_CALL_REFUSALS
+    const l = at + SLOT_CALL_LAST_RETRY_AFTER_MS
+    io[f] = exact(call.failed) ? call.failed : Number.NaN
+    io[r] = exact(call.refusals) ? call.refusals : Number.NaN
+    io[l] = last === undefined || last === null ? -1 : field(last)
+    return io[f] === io[f] && io[r] === io[r] && io[l] === io[l]
   }
 
-  /** The call and its step from the result slots (see `CALL_SLOTS` in the ABI crate). */
+  /** The call and its step from the result slots (`SLOT_CALL_*`). */
   #stepOut(code: number): { call: CallState; step: CallStep } {
     const io = this.#io
-    const call: CallState = { failed: io[0]!, refusals: io[1]!, lastRetryAfterMs: optional(io[2]!) }
-    const refusal = io[6] === -1 ? null : rejectReason(io[6]!, io[7]!)
+    const call: CallState = { failed: io[SLOT_CALL_FAILED]!, refusals: io[SLOT_CALL_REFUSALS]!, lastRetryAfterMs: optional(io[SLOT_CALL_LAST_RETRY_AFTER_MS]!) }
+    const refusal = io[SLOT_CALL_REFUSAL] === -1 ? null : rejectReason(io[SLOT_CALL_REFUSAL]!, io[SLOT_CALL_REFUSAL_AXIS]!)
     let step: CallStep
-    if (code === STEP_SEND) step = { kind: 'send', lease: io[3]!, expiresAt: io[4]! }
+    if (code === STEP_SEND) step = { kind: 'send', lease: io[SLOT_CALL_LEASE]!, expiresAt: io[SLOT_CALL_INSTANT]! }
     else if (code === STEP_WAIT) {
-      step = { kind: 'wait', until: io[4]!, reason: WAIT_REASONS[io[5]!]!, ticket: optional(io[3]!), refusal, attempt: io[8]!, checkpoint: io[9] === 1 }
+      step = {
+        kind: 'wait',
+        until: io[SLOT_CALL_INSTANT]!,
+        reason: WAIT_REASONS[io[SLOT_CALL_REASON]!]!,
+        ticket: optional(io[SLOT_CALL_LEASE]!),
+        refusal,
+        attempt: io[SLOT_CALL_ATTEMPTS]!,
+        checkpoint: io[SLOT_CALL_CHECKPOINT] === 1,
+      }
     } else if (code === STEP_DELIVER) step = { kind: 'deliver' }
-    else step = { kind: 'give_up', reason: GIVE_UP_REASONS[io[5]!]!, refusal, attempts: io[8]!, lastRetryAfterMs: optional(io[10]!) }
+    else {
+      step = {
+        kind: 'give_up',
+        reason: GIVE_UP_REASONS[io[SLOT_CALL_REASON]!]!,
+        refusal,
+        attempts: io[SLOT_CALL_ATTEMPTS]!,
+        lastRetryAfterMs: optional(io[SLOT_CALL_GIVE_UP_RETRY_AFTER_MS]!),
+      }
+    }
     return { call, step }
   }
 
-  /** The header report from its slots. */
+  /** The header report from its slots (`SLOT_REPORT_*`, then `SLOT_RATE_AXIS_*` per axis of `RATE_AXES`). */
   #reportOut(): HeaderReport {
     const io = this.#io
-    const at = REPORT_SLOT
     const axis = (i: number): AxisReport => {
-      const b = at + 6 + 4 * i
-      return { limit: optional(io[b]!), remaining: optional(io[b + 1]!), resetAfterMs: optional(io[b + 2]!), granularity: io[b + 3]! }
+      const b = SLOT_REPORT_AXES + SLOT_RATE_AXIS_WIDTH * i
+      return {
+        limit: optional(io[b + SLOT_RATE_AXIS_LIMIT]!),
+        remaining: optional(io[b + SLOT_RATE_AXIS_REMAINING]!),
+        resetAfterMs: optional(io[b + SLOT_RATE_AXIS_RESET_AFTER_MS]!),
+        granularity: io[b + SLOT_RATE_AXIS_GRANULARITY]!,
+      }
     }
-    const should = io[at + 4]!
-    const exceeded = io[at + 5]!
+    const should = io[SLOT_REPORT_SHOULD_RETRY]!
+    const exceeded = io[SLOT_REPORT_EXCEEDED]!
     return {
-      requests: axis(0),
-      tokens: axis(1),
-      inputTokens: axis(2),
-      outputTokens: axis(3),
-      concurrent: axis(4),
-      retryAfterMs: optional(io[at + 2]!),
+      requests: axis(A_REQUESTS),
+      tokens: axis(A_TOKENS),
+      inputTokens: axis(A_INPUT),
+      outputTokens: axis(A_OUTPUT),
+      concurrent: axis(A_CONCURRENT),
+      retryAfterMs: optional(io[SLOT_REPORT_RETRY_AFTER_MS]!),
       shouldRetry: should === -1 ? null : should === 1,
       exceeded: exceeded === -1 ? null : (RATE_AXES[exceeded]! as HeaderReport['exceeded']),
-      resetAtMs: optional(io[at + 3]!),
-      recognised: io[at]!,
-      malformed: io[at + 1]!,
+      resetAtMs: optional(io[SLOT_REPORT_RESET_AT_MS]!),
+      recognised: io[SLOT_REPORT_RECOGNISED]!,
+      malformed: io[SLOT_REPORT_MALFORMED]!,
     }
   }
 
-  /** Writes the response calls' first slots (now, pool, lease, status, Unix now); false for the object path. */
+  /** Writes the response calls' arguments (`SLOT_RESPONSE_*`, without the call); false for the object path. */
   #response(now: U64, pool: number, lease: number | null, status: number, unixNowMs: U64 | null): boolean {
     const io = this.#io
-    io[0] = exact(now) ? now : Number.NaN
-    io[1] = exact(pool) ? pool : Number.NaN
-    io[2] = lease === null || lease === undefined ? -1 : exact(lease) ? lease : Number.NaN
-    io[3] = exact(status) ? status : Number.NaN
-    io[4] = unixNowMs === null || unixNowMs === undefined ? -1 : exact(unixNowMs) ? unixNowMs : Number.NaN
-    return io[0] === io[0] && io[1] === io[1] && io[2] === io[2] && io[3] === io[3] && io[4] === io[4]
+    io[SLOT_RESPONSE_NOW] = exact(now) ? now : Number.NaN
+    io[SLOT_RESPONSE_POOL] = exact(pool) ? pool : Number.NaN
+    io[SLOT_RESPONSE_LEASE] = lease === null || lease === undefined ? -1 : exact(lease) ? lease : Number.NaN
+    io[SLOT_RESPONSE_STATUS] = exact(status) ? status : Number.NaN
+    io[SLOT_RESPONSE_UNIX_NOW_MS] = unixNowMs === null || unixNowMs === undefined ? -1 : exact(unixNowMs) ? unixNowMs : Number.NaN
+    return (
+      io[SLOT_RESPONSE_NOW] === io[SLOT_RESPONSE_NOW] &&
+      io[SLOT_RESPONSE_POOL] === io[SLOT_RESPONSE_POOL] &&
+      io[SLOT_RESPONSE_LEASE] === io[SLOT_RESPONSE_LEASE] &&
+      io[SLOT_RESPONSE_STATUS] === io[SLOT_RESPONSE_STATUS] &&
+      io[SLOT_RESPONSE_UNIX_NOW_MS] === io[SLOT_RESPONSE_UNIX_NOW_MS]
+    )
   }
 
   settle(now: U64, lease: number, u: Usage): Settlement {
@@ -379,13 +495,20 @@ export class RegisterEngine implements Engine {
     checkKeys(u, USAGE_KEYS, 'usage')
     // (`lease` is a number for real leases; a bigint can only be a forged id.)
     const io = this.#io
-    io[0] = exact(now) ? now : Number.NaN
-    io[1] = exact(lease) ? lease : Number.NaN
-    io[2] = field(u.inputTokens)
-    io[3] = field(u.cacheCreationInputTokens)
-    io[4] = field(u.cacheReadInputTokens)
-    io[5] = field(u.outputTokens)
-    if (io[0] !== io[0] || io[1] !== io[1] || io[2] !== io[2] || io[3] !== io[3] || io[4] !== io[4] || io[5] !== io[5]) {
+    io[SLOT_ARG_NOW] = exact(now) ? now : Number.NaN
+    io[SLOT_ARG_LEASE] = exact(lease) ? lease : Number.NaN
+    io[U_INPUT] = field(u.inputTokens)
+    io[U_CREATION] = field(u.cacheCreationInputTokens)
+    io[U_READ] = field(u.cacheReadInputTokens)
+    io[U_OUTPUT] = field(u.outputTokens)
+    if (
+      io[SLOT_ARG_NOW] !== io[SLOT_ARG_NOW] ||
+      io[SLOT_ARG_LEASE] !== io[SLOT_ARG_LEASE] ||
+      io[U_INPUT] !== io[U_INPUT] ||
+      io[U_CREATION] !== io[U_CREATION] ||
+      io[U_READ] !== io[U_READ] ||
+      io[U_OUTPUT] !== io[U_OUTPUT]
+    ) {
       checkNumeric(u, USAGE_FIELDS)
       return settledOf(this.#handle(now, { op: 'settle', lease, usage: u }, 'settle'))
     }
@@ -398,7 +521,7 @@ export class RegisterEngine implements Engine {
       throw normalizeEngineError(e, 'settle')
     }
     if (code === WIDE) return fromJson(this.#c.takeWide()) as Settlement
-    return { reserved: [io[0]!, io[1]!, io[2]!, io[3]!], used: [io[4]!, io[5]!, io[6]!, io[7]!] }
+    return { reserved: fourFrom(io, SLOT_SETTLEMENT_RESERVED), used: fourFrom(io, SLOT_SETTLEMENT_USED) }
   }
 
   cancel(now: U64, lease: number): void {
@@ -406,8 +529,8 @@ export class RegisterEngine implements Engine {
       this.#handle(now, { op: 'cancel', lease }, 'cancel')
       return
     }
-    this.#io[0] = now
-    this.#io[1] = lease
+    this.#io[SLOT_ARG_NOW] = now
+    this.#io[SLOT_ARG_LEASE] = lease
     try {
       this.#after = false
       this.#c.cancelIo(this.#io)
@@ -445,7 +568,7 @@ export class RegisterEngine implements Engine {
       this.#handle(now, { op: 'timeout' }, 'handleTimeout')
       return
     }
-    this.#io[0] = now
+    this.#io[SLOT_ARG_NOW] = now
     this.#after = false
     try {
       this.#c.handleTimeoutIo(this.#io)
@@ -457,7 +580,7 @@ export class RegisterEngine implements Engine {
 
   pollTimeout(): U64 | null {
     if (this.#after) {
-      const t = this.#io[TIMEOUT_SLOT]!
+      const t = this.#io[SLOT_AFTER_TIMEOUT]!
       if (t === -1) return null
       if (t >= 0) return t
       // -2: beyond 2^53 - 1, a bigint the binding gives.
@@ -467,7 +590,7 @@ export class RegisterEngine implements Engine {
 
   pollEvent(): EngineEvent | null {
     const io = this.#io
-    if (this.#after && io[EVENTS_SLOT] === 0) return null
+    if (this.#after && io[SLOT_AFTER_EVENTS] === 0) return null
     this.#after = false
     const code = this.#c.pollEventIo(io)
     this.#after = true
@@ -502,7 +625,7 @@ export class RegisterEngine implements Engine {
   }
 
   callLease(now: U64, call: CallState, request: LeaseRequest): CallLeaseResult {
-    if (request === null || typeof request !== 'object' || !this.#request(now, request) || !this.#call(call, CALL_STATE_SLOT)) {
+    if (request === null || typeof request !== 'object' || !this.#request(now, request) || !this.#call(call, SLOT_ARG_CALL)) {
       const out = this.#handle(now, { op: 'call_lease', call, request }, 'callLease') as Output & { call: CallState }
       return { call: out.call, step: stepOf(out) }
     }
@@ -519,7 +642,7 @@ export class RegisterEngine implements Engine {
 
   callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null, reported = false): CallResponseResult {
     const text = reported === true ? null : headerText(headers)
-    if (text === null || !this.#response(now, pool, lease, status, unixNowMs) || !this.#call(call, 5)) {
+    if (text === null || !this.#response(now, pool, lease, status, unixNowMs) || !this.#call(call, SLOT_RESPONSE_CALL)) {
       const input = { op: 'call_response', call, pool, lease, status, headers, unixNowMs, ...(reported === false ? {} : { reported }) } as const
       const out = this.#handle(now, input, 'callResponse') as Output & {
         call: CallState
@@ -539,7 +662,7 @@ export class RegisterEngine implements Engine {
     if (code === WIDE) return fromJson(this.#c.takeWide()) as CallResponseResult
     const io = this.#io
     const { call: next, step } = this.#stepOut(code)
-    const settled: Settlement | null = io[11] === 1 ? { reserved: [io[12]!, io[13]!, io[14]!, io[15]!], used: [io[16]!, io[17]!, io[18]!, io[19]!] } : null
+    const settled: Settlement | null = io[SLOT_CALL_SETTLED] === 1 ? { reserved: fourFrom(io, SLOT_CALL_RESERVED), used: fourFrom(io, SLOT_CALL_USED) } : null
     return { call: next, step, settled, report: this.#reportOut() }
   }
 
