@@ -286,8 +286,9 @@ pub enum Output {
     },
 }
 
-impl Output {
-    fn of_decision(decision: Decision) -> Output {
+/// A decision as the host protocol answers `request_lease`.
+impl From<Decision> for Output {
+    fn from(decision: Decision) -> Output {
         match decision {
             Decision::Grant { lease, expires_at } => Output::Granted { lease, expires_at },
             Decision::Queued { lease, eta } => Output::Queued { lease, eta },
@@ -329,9 +330,7 @@ impl Coordinator {
     /// ```
     pub fn handle(&mut self, now: Millis, input: &Input) -> Result<Output, LeaseError> {
         Ok(match input {
-            Input::RequestLease { request } => {
-                Output::of_decision(self.request_lease(now, request)?)
-            }
+            Input::RequestLease { request } => Output::from(self.request_lease(now, request)?),
             Input::Settle { lease, usage } => Output::Settled {
                 settlement: self.settle(now, *lease, usage)?,
             },

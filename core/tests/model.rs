@@ -563,16 +563,6 @@ fn drain(c: &mut Coordinator) -> Vec<Event> {
     std::iter::from_fn(|| c.poll_event()).collect()
 }
 
-/// A decision as the host protocol answers it.
-fn decision_output(d: Decision) -> Output {
-    match d {
-        Decision::Grant { lease, expires_at } => Output::Granted { lease, expires_at },
-        Decision::Queued { lease, eta } => Output::Queued { lease, eta },
-        Decision::Reject { retry_at, reason } => Output::Refused { reason, retry_at },
-        Decision::NeverFits { reason } => Output::NeverFits { reason },
-    }
-}
-
 fn first_too_large(fields: &[(&'static str, u64)]) -> Option<LeaseError> {
     fields
         .iter()
@@ -827,7 +817,7 @@ impl Harness {
                     &before,
                     t,
                     &Input::RequestLease { request: req },
-                    res.map(decision_output),
+                    res.map(Output::from),
                     &ev,
                 );
                 let expected_err = if *pool >= self.pools {
