@@ -591,7 +591,7 @@ export class QuotaObject {
     }
     const retryAt = step.kind === 'wait' ? step.until : null
     const refused = new LeaseRejectedError(step.refusal, retryAt, this.clock.now(), step.kind === 'give_up' ? step.reason : null)
-    return json(200, { kind: 'reject', retryAt, retryAfterMs: refused.retryAfterMs, reason: step.refusal, message: refused.message, ...out })
+    return json(200, { kind: 'reject', retryable: refused.retryable, retryAt, retryAfterMs: refused.retryAfterMs, reason: step.refusal, message: refused.message, ...out })
   }
 
   /**

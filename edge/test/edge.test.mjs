@@ -183,6 +183,7 @@ describe('the HTTP API', () => {
     // Above the 100k input limit itself (95k, within the limit, would wait for a full bucket).
     const d = await (await lease({ inputTokens: 100_001 })).json()
     assert.equal(d.kind, 'reject')
+    assert.equal(d.retryable, false)
     assert.equal(d.retryAt, null)
     assert.deepEqual(d.reason, { kind: 'exceeds_capacity', axis: 'input_tokens' })
   })
@@ -589,7 +590,8 @@ describe('no member can lock a quota for good', () => {
     let m = await (await api('/metrics', { quota })).json()
     assert.equal(Number(m.pools[0].axes[0].limit), 25_000)
     // A 429 with a day-long retry-after, on a lease of the reporter's, pauses the quota for
-    // at most the edge's minute (and ends that lease, settled as nothing used).
+    // at most a reported 429's minute (feedback.max_reported_pause_ms; and ends that lease,
+    // settled as nothing used).
     await post('/responses', { pool: 0, lease: victim.lease, status: 429, headers: [['retry-after', '86400']] }, { quota })
     m = await (await api('/metrics', { quota })).json()
     const paused = Number(m.pools[0].pausedUntil) - Number(m.now)

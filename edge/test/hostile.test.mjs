@@ -308,7 +308,8 @@ describe('what a report may do', () => {
     assert.equal(ticket.kind, 'queued')
     const t = await post('/responses', { lease: ticket.lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })
     assert.equal(t.status, 409)
-    // Its own granted lease: the 429 pauses the quota for at most the edge's minute, and ends the lease.
+    // Its own granted lease: the reported 429 pauses the quota for at most a minute (the
+    // core's feedback.max_reported_pause_ms), and ends the lease.
     const r = await post('/responses', { lease: fill[0].lease, status: 429, headers: [['retry-after', '300']] }, { quota, secret: agent })
     assert.equal(r.status, 200)
     m = await metrics({ quota })
