@@ -31,7 +31,7 @@ fn coordinator() -> (Coordinator, Vec<tokenwarden_core::LeaseId>) {
         };
         match c.request_lease(Millis(1_000), &req).expect("valid request") {
             Decision::Grant { lease, .. } | Decision::Queued { lease, .. } => leases.push(lease),
-            Decision::Reject { .. } => {}
+            Decision::Reject { .. } | Decision::NeverFits { .. } => {}
         }
     }
     (c, leases)
