@@ -881,24 +881,17 @@ pub mod io {
     /// Writes a decision; `WIDE` when an instant does not fit a `number`.
     pub fn io_decision(io: &mut [f64], d: &core::Decision) -> i32 {
         let none = u64::MAX; // written as −1 below
-        let reason_codes = |reason: core::RejectReason| match reason {
-            core::RejectReason::ExceedsCapacity { axis: a } => (0, axis_index(a)),
-            core::RejectReason::WaitTooLong => (1, 0),
-            core::RejectReason::QueueFull => (2, 0),
-            core::RejectReason::TooManyLeases => (3, 0),
-            core::RejectReason::TooManyAgents => (4, 0),
-        };
         let (code, lease, at, reason, axis_index) = match *d {
             core::Decision::Grant { lease, expires_at } => {
                 (DECISION_GRANT, lease.0, expires_at.0, 0, 0)
             }
             core::Decision::Queued { lease, eta } => (DECISION_QUEUED, lease.0, eta.0, 0, 0),
             core::Decision::Reject { retry_at, reason } => {
-                let (r, a) = reason_codes(reason);
+                let (r, a) = reject_code(reason);
                 (DECISION_REJECT, 0, retry_at.0, r, a)
             }
             core::Decision::NeverFits { reason } => {
-                let (r, a) = reason_codes(reason);
+                let (r, a) = reject_code(reason);
                 (DECISION_NEVER, 0, none, r, a)
             }
         };

@@ -220,10 +220,11 @@ function fourFrom(io: Float64Array, at: number): [number, number, number, number
   return [io[at]!, io[at + 1]!, io[at + 2]!, io[at + 3]!]
 }
 
-/** The slot of a lease-request field (`requestLeaseIo`), by its name in the generated list. */
-function requestSlot(name: (typeof LEASE_REQUEST_FIELDS)[number]): number {
-  return SLOT_ARG_REQUEST + LEASE_REQUEST_FIELDS.indexOf(name)
+/** The slot of a field in a block that starts at `base` and holds `fields` in that order. */
+function fieldSlot<F extends string>(base: number, fields: readonly F[], name: F): number {
+  return base + fields.indexOf(name)
 }
+const requestSlot = (name: (typeof LEASE_REQUEST_FIELDS)[number]): number => fieldSlot(SLOT_ARG_REQUEST, LEASE_REQUEST_FIELDS, name)
 const R_AGENT = requestSlot('agent')
 const R_POOL = requestSlot('pool')
 const R_INPUT = requestSlot('inputTokens')
@@ -234,10 +235,7 @@ const R_UNBLOCKS = requestSlot('unblocks')
 const R_FAILURE = requestSlot('failureSignature')
 const R_TASK = requestSlot('task')
 const R_CONFIRMED = requestSlot('cachedPrefixConfirmed')
-/** The slot of a usage field (`settleIo`), by its name in the generated list. */
-function usageSlot(name: (typeof USAGE_FIELDS)[number]): number {
-  return SLOT_ARG_USAGE + USAGE_FIELDS.indexOf(name)
-}
+const usageSlot = (name: (typeof USAGE_FIELDS)[number]): number => fieldSlot(SLOT_ARG_USAGE, USAGE_FIELDS, name)
 const U_INPUT = usageSlot('inputTokens')
 const U_CREATION = usageSlot('cacheCreationInputTokens')
 const U_READ = usageSlot('cacheReadInputTokens')
