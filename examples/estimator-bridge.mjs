@@ -33,7 +33,7 @@ let driver
 try {
   driver = await import(entry.startsWith('file:') ? entry : pathToFileURL(entry).href)
 } catch (e) {
-  process.stderr.write(`estimator-bridge: cannot import the built driver (${entry}): ${e?.message ?? e}\nbuild it: cd driver && npm ci && npm run build\n`)
+  process.stderr.write(`estimator-bridge: cannot import the built driver (${entry}): ${e?.message ?? e}\nbuild it: npm ci (at the repository root), then cd driver && npm run build\n`)
   process.exit(3)
 }
 const { DefaultEstimator, callShape, usageFromBody } = driver

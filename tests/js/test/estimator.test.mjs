@@ -886,7 +886,7 @@ void async; void sync; void d; void r; void bad
 `,
       )
       writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify({ compilerOptions: { strict: true, noEmit: true, module: 'NodeNext', moduleResolution: 'NodeNext', target: 'ES2022', lib: ['ES2022', 'DOM'], types: [], skipLibCheck: true }, files: ['check.ts'] }))
-      execFileSync(process.execPath, [join(root, 'driver/node_modules/typescript/bin/tsc'), '-p', join(dir, 'tsconfig.json')], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
+      execFileSync(process.execPath, [join(root, 'node_modules/typescript/bin/tsc'), '-p', join(dir, 'tsconfig.json')], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
     } catch (e) {
       assert.fail(`tsc: ${e.stdout ?? ''}${e.stderr ?? ''}${e.stdout === undefined ? e.message : ''}`)
     } finally {
