@@ -40,8 +40,11 @@ cargo run --quiet -p tokenwarden-conformance | { grep -v '^ok ' || true; }
 step "biome: formatting and lints of the TypeScript driver and the edge limiter"
 node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench
 
-step "driver (TypeScript) and the native addon, rebuilt"
+step "the driver (TypeScript) rebuilt, and the edge limiter's JavaScript type-checked against it"
 (cd driver && npm run --silent build)
+(cd edge && npm run --silent typecheck)
+
+step "the native addon, rebuilt"
 (cd bindings-node && CARGO_TERM_QUIET=true npm run --silent build)
 
 step "JavaScript unit suites and the traces on the native engine (Node 24)"

@@ -89,6 +89,8 @@ npm ci --no-audit --no-fund --loglevel=error
 (cd driver && npm run --silent build)
 # Formatting and lints of the TypeScript driver and the edge limiter (biome.json at the root).
 node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench || { echo "FAILED: biome (rerun: node_modules/.bin/biome check driver/ts edge; --write applies the formatting)" >&2; exit 1; }
+# The edge limiter's JavaScript type-checked against the driver's declarations (edge/tsconfig.json).
+(cd edge && npm run --silent typecheck) && echo "edge: type-checked" || { echo "FAILED: the edge's types (rerun: cd edge && npm run typecheck)" >&2; exit 1; }
 est_log=$(cargo test --quiet -p tokenwarden-examples --test estimator -- --ignored 2>&1) && echo "fleet simulator on the product's estimator (examples/tests/estimator.rs): $(grep '^test result' <<<"$est_log")" || { echo "$est_log"; echo "FAILED: the simulator's estimator scenario (rerun: cargo test -p tokenwarden-examples --test estimator -- --ignored)" >&2; exit 1; }
 (
   cd bindings-node

@@ -22,6 +22,14 @@ export const MAX_SECRET_CHARS = 512
 
 /** An HTTP error with a status and a stable code, rendered as JSON by the router. */
 export class HttpError extends Error {
+  /** The request field at fault, when there is one (answered as `field`). */
+  /** @type {string | undefined} */
+  field
+  /**
+   * @param {number} status the HTTP status to answer
+   * @param {string} code the error code (`invalid_argument`, `not_found`, …)
+   * @param {string} message what was wrong, for people
+   */
   constructor(status, code, message) {
     super(message)
     this.status = status
@@ -115,6 +123,7 @@ async function configuredDigest(secret) {
  * compared with: random per isolate, never equal to a presented secret's digest, so the
  * comparison takes the same time and remembers nothing about the caller.
  */
+/** @type {Uint8Array | null} */
 let nobody = null
 
 /**
@@ -221,6 +230,7 @@ const CREDENTIAL = 'twa1'
 /** HMAC keys by fleet secret (configured secrets only: bounded by the configuration). */
 const credentialKeys = new Map()
 /** The key a credential for an unknown fleet is checked with: random, no fleet's. */
+/** @type {CryptoKey | null} */
 let nobodyKey = null
 
 async function credentialMac(secret, message) {

@@ -8,6 +8,13 @@
 // its samples); a family with no sample (say `tokenwarden_limit` before any limit is known)
 // is left out. No timestamps: the scraper stamps the samples.
 
+/** @typedef {import('tokenwarden-wasm').U64} U64 */
+/**
+ * The edge's count of refusals and 429s per pool (`GET /metrics`'s `ceilings`): 429s by the
+ * limit the provider named, refusals by `reason` or `reason:axis`.
+ * @typedef {{ pools?: Array<{ pool: string | number, rateLimited?: Record<string, number>, rejected?: Record<string, number> }> }} Ceilings
+ */
+
 /** The `Content-Type` of {@link prometheusText}'s output. */
 export const PROMETHEUS_CONTENT_TYPE = 'text/plain; version=0.0.4; charset=utf-8'
 
@@ -29,8 +36,9 @@ const COUNTER_HELP = {
 /**
  * Renders `metrics` as Prometheus text (exposition format 0.0.4).
  *
- * @param {import('tokenwarden-wasm').Metrics} metrics the coordinator's
- *   metrics, as `engine.metrics(now)` returns them (numbers; bigints are accepted too)
+ * @param {import('tokenwarden-wasm').Metrics & { ceilings?: Ceilings }} metrics the coordinator's
+ *   metrics, as `engine.metrics(now)` returns them (numbers; bigints are accepted too), with
+ *   the edge's `ceilings` when it adds them
  * @param {{ fleet: string, quota: string }} labels the fleet and quota every sample is
  *   labelled with
  * @returns {string} the exposition, one `\n`-terminated line each
@@ -153,10 +161,10 @@ export function prometheusText(metrics, labels) {
     out.family('tokenwarden_task_tokens_total', 'counter', 'Tokens charged to the tasks that ended.')
     out.sample('tokenwarden_task_tokens_total', base, tasks.sinceStart?.tokens ?? 0)
     out.family('tokenwarden_task_seconds', 'gauge', 'Wall time of the merged tasks since start, by quantile (within 3.2 %).')
-    for (const [quantile, ms] of [
+    for (const [quantile, ms] of /** @type {Array<[string, U64 | null | undefined]>} */ ([
       ['0.5', tasks.sinceStart?.taskTimeP50Ms],
       ['0.95', tasks.sinceStart?.taskTimeP95Ms],
-    ]) {
+    ])) {
       if (ms !== null && ms !== undefined) out.sample('tokenwarden_task_seconds', [...base, ['quantile', quantile]], toNumber(ms) / 1000)
     }
     out.family('tokenwarden_tokens_per_merged_task', 'gauge', 'Tokens of the ended tasks (every outcome) per merged task, since start and over the last complete minute.')
@@ -164,10 +172,10 @@ export function prometheusText(metrics, labels) {
     out.family('tokenwarden_critical_path_wait_seconds', 'gauge', 'Quota wait of the ended tasks times the tasks each unblocks (agent-seconds), since start and over the last complete minute.')
     out.family('tokenwarden_quota_wait_seconds', 'gauge', 'Time the ended tasks waited on the quota, since start and over the last complete minute.')
     out.family('tokenwarden_rate_limited_ratio', 'gauge', '429 responses per call sent, since start and over the last complete minute.')
-    for (const [span, f] of [
+    for (const [span, f] of /** @type {Array<[string, import('tokenwarden-wasm').TaskFigures | undefined]>} */ ([
       ['since_start', tasks.sinceStart],
       ['last_minute', tasks.lastMinute],
-    ]) {
+    ])) {
       if (!f) continue
       const s = [...base, ['span', span]]
       if (f.tokensPerMergedTask !== null && f.tokensPerMergedTask !== undefined) out.sample('tokenwarden_tokens_per_merged_task', s, f.tokensPerMergedTask)
@@ -200,10 +208,10 @@ export function prometheusText(metrics, labels) {
     if (pool.maxConcurrent !== null && pool.maxConcurrent !== undefined) {
       out.sample('tokenwarden_max_concurrent', p, pool.maxConcurrent)
     }
-    for (const [quantile, ms] of [
+    for (const [quantile, ms] of /** @type {Array<[string, U64 | null | undefined]>} */ ([
       ['0.5', pool.queueWaitP50Ms],
       ['0.95', pool.queueWaitP95Ms],
-    ]) {
+    ])) {
       if (ms !== null && ms !== undefined) {
         out.sample('tokenwarden_queue_wait_seconds', [...p, ['quantile', quantile]], toNumber(ms) / 1000)
       }
@@ -297,7 +305,7 @@ class Exposition {
 
   /**
    * @param {string} name a family declared with {@link family}
-   * @param {Array<[string, string]>} labels
+   * @param {ReadonlyArray<ReadonlyArray<string>>} labels name and value pairs
    * @param {number | bigint | null | undefined} value
    */
   sample(name, labels, value) {

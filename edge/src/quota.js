@@ -112,6 +112,7 @@ const MASK53 = (1n << 53n) - 1n
  * Who may act on a lease is also checked by the full name (see #known).
  */
 class AgentIds {
+  /** @type {CryptoKey | null} */
   #key = null
   /** name → id and id → name, least recently used first (at most MAX_AGENT_IDS each) */
   #ids = new Map()
@@ -193,7 +194,9 @@ export function json(status, body, headers = {}) {
 
 // The fields a lease request and a usage may carry: the engine's own lists (generated from
 // the Rust side), so the HTTP API accepts exactly what the engine does.
+/** @type {Set<string>} */
 const FIELDS = new Set(LEASE_REQUEST_FIELDS)
+/** @type {Set<string>} */
 const USAGE = new Set(USAGE_FIELDS)
 
 /**
@@ -286,6 +289,7 @@ export class QuotaObject {
       // in the object's own records.
       const ended = this.tw.engine.handle(this.tw.clock.now(), { op: 'restarted', keep: leases.map(([id]) => id) })
       this.tw.tick()
+      if (ended.output !== 'ended') throw new Error(`restarted answered ${ended.output}, not ended`)
       if (ended.interrupted.length + ended.withdrawn.length > 0) await this.#persistSoon()
     })
   }
@@ -319,7 +323,7 @@ export class QuotaObject {
       this.leases.delete(e.lease)
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
-    for (const name of ['paused', 'margin_changed', 'estimate_alert', 'settled']) this.tw.on(name, () => this.#persistSoon(BACKGROUND_FLUSH_MS))
+    for (const name of /** @type {const} */ (['paused', 'margin_changed', 'estimate_alert', 'settled'])) this.tw.on(name, () => this.#persistSoon(BACKGROUND_FLUSH_MS))
     // `tokenwarden serve` prints waits where its operator looks (its terminal).
     if (this.env?.TOKENWARDEN_WAIT_LOG === '1') new WaitLog(this.tw, (id) => this.agentIds?.nameOf(id) ?? `agent ${id}`)
   }
@@ -339,7 +343,7 @@ export class QuotaObject {
       const promise = new Promise((r) => {
         resolve = r
       })
-      this.pending = { promise, resolve, at: Infinity, timer: undefined }
+      this.pending = { promise, resolve, at: Infinity, timer: /** @type {ReturnType<typeof setTimeout> | undefined} */ (undefined) }
     }
     const p = this.pending
     if (at < p.at) {
@@ -527,6 +531,10 @@ export class QuotaObject {
   }
 
   /** A live lease's record; 404 if there is none, 403 if `who` (an agent credential) is not its agent. */
+  /**
+   * @param {number} lease
+   * @param {{ id: number, name: string | null } | null} who
+   */
   #known(lease, who = null) {
     if (!Number.isSafeInteger(lease) || !this.leases.has(lease)) throw new HttpError(404, 'unknown_lease', 'no such lease: never issued, or already settled, cancelled or expired')
     const rec = this.leases.get(lease)
@@ -890,6 +898,7 @@ function wantsStream(text) {
 function keptAlive(answer, provider, gone, sent) {
   const enc = new TextEncoder()
   let timer
+  /** @type {ReadableStreamDefaultReader<Uint8Array> | null} */
   let upstreamBody = null
   const body = new ReadableStream({
     start(controller) {
@@ -965,7 +974,7 @@ function errorOf(raw) {
 
 /** One SSE error event in the provider's stream format. */
 function sseError(provider, status, type, message, code) {
-  const data = providerErrorBody(provider, status, message, { error: code ?? type, message })
+  const data = /** @type {{ error: Record<string, unknown> }} */ (providerErrorBody(provider, status, message, { error: code ?? type, message }))
   if (provider === 'anthropic') data.error.type = type
   return provider === 'anthropic' ? `event: error\ndata: ${JSON.stringify(data)}\n\n` : `data: ${JSON.stringify(data)}\n\n`
 }
@@ -1125,6 +1134,10 @@ const STATUS = {
  * parse and show (`{"type":"error","error":{"type":"rate_limit_error","message":…}}`,
  * `{"error":{"message":…,"type":…,"code":…}}`), tokenwarden's fields under `tokenwarden`; a
  * refusal a retry can cure also says `x-should-retry: true` beside its `retry-after`.
+ */
+/**
+ * @param {unknown} e
+ * @param {import('tokenwarden-wasm').Provider | null} provider
  */
 export function errorResponse(e, provider = null) {
   const { status, body, headers, retry } = errorParts(e)

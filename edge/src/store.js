@@ -16,7 +16,10 @@ export const CHUNK = 64
 /** The head's key; chunks are `state<path>#<content hash>`. */
 export const PREFIX = 'state'
 
-const exact = (_key, value, context) => (typeof value === 'number' && !Number.isSafeInteger(value) && Number.isInteger(value) ? JSON.rawJSON(context.source) : value)
+/** `JSON.rawJSON` and `JSON.isRawJSON` (ES2025 JSON.parse source text access), which TypeScript's libraries do not declare yet. */
+const RAW = /** @type {{ rawJSON(text: string): object, isRawJSON?(value: unknown): boolean }} */ (/** @type {unknown} */ (JSON))
+
+const exact = (_key, value, context) => (typeof value === 'number' && !Number.isSafeInteger(value) && Number.isInteger(value) ? RAW.rawJSON(context.source) : value)
 
 /** Parses JSON keeping every integer exact. */
 export function parseExact(text) {
@@ -64,7 +67,7 @@ export function pieces(value) {
       if (part.length > 0) flush()
       return { $chunks: keys, $length: v.length }
     }
-    if (v !== null && typeof v === 'object' && !JSON.isRawJSON?.(v)) {
+    if (v !== null && typeof v === 'object' && !RAW.isRawJSON?.(v)) {
       const o = {}
       for (const [k, x] of Object.entries(v)) o[k] = walk(x, `${path}.${k}`)
       return o
@@ -84,7 +87,7 @@ export function assemble(get) {
   }
   const revive = (v, path) => {
     if (Array.isArray(v)) return v.map((x, i) => revive(x, `${path}.${i}`))
-    if (v !== null && typeof v === 'object' && !JSON.isRawJSON(v)) {
+    if (v !== null && typeof v === 'object' && !RAW.isRawJSON(v)) {
       if (Array.isArray(v.$chunks)) {
         const out = []
         for (const key of v.$chunks) for (const x of read(key)) out.push(revive(x, `${path}#${out.length}`))

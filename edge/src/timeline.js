@@ -29,7 +29,7 @@ export const REFUSAL_REASONS = ['exceeds_capacity', 'wait_too_long', 'queue_full
 const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests']
 
 export class Timeline {
-  /** @type {Array<object | undefined>} */
+  /** @type {Array<{ t: number, agent: number | null, pool: number | string, [field: string]: unknown } | undefined>} */
   #ring = new Array(TIMELINE_MAX_EVENTS)
   #next = 0
   #size = 0

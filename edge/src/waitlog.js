@@ -29,6 +29,7 @@ export function ceilingOf(pool) {
     return `concurrency (${pool.inFlight}/${pool.maxConcurrent} in flight)`
   }
   if (pool.bindingAxis) return AXIS[pool.bindingAxis] ?? pool.bindingAxis
+  /** @type {{ axis: string, room: number } | null} */
   let worst = null
   for (const a of pool.axes ?? []) {
     if (a.limit === null || Number(a.capacity) <= 0) continue
@@ -48,7 +49,7 @@ export class WaitLog {
   #minute = { start: 0, waits: 0, longest: 0, granted: 0, rateLimited: 0, refused: 0 }
 
   /**
-   * @param {object} tw the Tokenwarden driver (events and metrics)
+   * @param {import('tokenwarden-wasm').Tokenwarden} tw the Tokenwarden driver (events and metrics)
    * @param {(agent: number) => string} nameOf an agent's name for an id
    * @param {(line: string) => void} print
    * @param {() => number} now Unix ms
