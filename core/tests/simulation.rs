@@ -13,7 +13,7 @@
 //! * OpenAI: `max(prompt, max_tokens)` on arrival, corrected to prompt + output at the end.
 //!
 //! Agents make model calls at random times (mostly busy, now and then a long think), each
-//! through the reference host loop (`support/host.rs`), the loop every shipped host runs:
+//! through the reference host loop (`tokenwarden-host-loop`, in `core/host-loop/`), the loop every shipped host runs:
 //! `call_lease`, send at the grant, `call_response`, settle a success; a refusal is asked
 //! again when the core says, a ticket is sent at its `granted` event. Estimates are honest:
 //! actual input is between `accuracy` and all of the estimate (the cached prefix is charged
@@ -38,8 +38,7 @@ use tokenwarden_core::{
     Millis, Output, PoolId, RejectReason, Role, Settlement, TaskId, Usage, Wait,
 };
 
-mod support;
-use support::host::{CallSpec, Ended, Host, Reply, Sent, World};
+use tokenwarden_host_loop::{CallSpec, Ended, Host, Reply, Sent, World};
 
 const SEEDS: u64 = 1_000;
 
@@ -521,7 +520,7 @@ impl Fleet {
             return Vec::new();
         }
         let request = self.ask(a);
-        vec![(self.now + after, CallSpec { request })]
+        vec![(self.now + after, CallSpec { request, tag: 0 })]
     }
 }
 
@@ -710,6 +709,7 @@ impl World for Fleet {
                 headers: Vec::new(),
                 duration_ms: 0,
                 usage: Usage::default(),
+                settle_after_ms: 0,
             });
         }
         self.in_flight.insert(
@@ -733,10 +733,11 @@ impl World for Fleet {
             headers: Vec::new(),
             duration_ms: latency,
             usage,
+            settle_after_ms: 0,
         })
     }
 
-    fn answered(&mut self, now: u64, id: u64, _lease: LeaseId) {
+    fn answered(&mut self, now: u64, id: u64, _lease: LeaseId, _reply: Option<&mut Reply>) {
         self.now = now;
         if let Some(f) = self.in_flight.remove(&id) {
             self.providers[f.pool].complete(now, f.correction);
@@ -805,7 +806,7 @@ fn run(seed: u64) -> Result<(), String> {
     let first: Vec<(u64, CallSpec)> = (0..fleet.agents.len())
         .map(|a| {
             let request = fleet.ask(a);
-            (fleet.agents[a].first_at, CallSpec { request })
+            (fleet.agents[a].first_at, CallSpec { request, tag: 0 })
         })
         .collect();
     let snapshot_at = fleet.rng.range(0, fleet.end);

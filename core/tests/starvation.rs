@@ -8,16 +8,14 @@
 //! agents, sizes, think times and roles. In each, every queued ticket given once all the
 //! agents have asked is granted by its ETA.
 
-mod support;
-
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use support::host::{CallSpec, Ended, Host, Reply, Sent, World};
 use tokenwarden_core::{
     AgentId, Config, Coordinator, Event, LeaseId, LeaseRequest, Millis, Output, PoolId, Role,
     Usage, WaitReason,
 };
+use tokenwarden_host_loop::{CallSpec, Ended, Host, Reply, Sent, World};
 
 const MAX_TOKENS: u64 = 100;
 const CALL_MS: u64 = 3_000;
@@ -92,6 +90,7 @@ impl Fleet<'_> {
     fn spec(&self, agent: u64) -> CallSpec {
         CallSpec {
             request: self.sc.ask(agent),
+            tag: 0,
         }
     }
 }
@@ -107,6 +106,7 @@ impl World for Fleet<'_> {
                 output_tokens: MAX_TOKENS,
                 ..Default::default()
             },
+            settle_after_ms: 0,
         })
     }
 
@@ -177,6 +177,7 @@ fn run(sc: &Scenario) -> Run {
                 agent * 10,
                 CallSpec {
                     request: sc.ask(agent),
+                    tag: 0,
                 },
             )
         })
@@ -185,6 +186,7 @@ fn run(sc: &Scenario) -> Run {
         sc.big_asks_at,
         CallSpec {
             request: sc.ask(BIG_AGENT),
+            tag: 0,
         },
     ));
     // An ETA counts the agents known to the pool when it is given: check those given once

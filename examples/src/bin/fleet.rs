@@ -8,7 +8,7 @@
 //!
 //! The `estimator` scenario runs the product's own estimator: the built driver under Node
 //! (`examples/estimator-bridge.mjs`; Node is `$TOKENWARDEN_NODE` or `node`). Without Node or
-//! the built driver (`cd driver && npm ci && npm run build`) the default run leaves that
+//! the built driver (`npm ci` at the repository root, then `cd driver && npm run build`) the default run leaves that
 //! scenario out and says so on stderr and in the report's goals; `--scenario estimator`
 //! fails instead.
 

@@ -4,7 +4,7 @@
 //! for the protocol). One process per run, spoken to synchronously.
 //!
 //! Node is `$TOKENWARDEN_NODE`, else `node` on `PATH`; the driver is `driver/dist/` of this
-//! repository (`cd driver && npm ci && npm run build`).
+//! repository (`npm ci` at the repository root, then `cd driver && npm run build`).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -15,7 +15,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use tokenwarden_core::Usage;
 
 /// What to run to get the estimator: printed with every failure to start it.
-pub const BUILD_HINT: &str = "build the driver: cd driver && npm ci && npm run build (Node >= 20.19 on PATH, or set TOKENWARDEN_NODE)";
+pub const BUILD_HINT: &str = "build the driver: npm ci at the repository root, then cd driver && npm run build (Node >= 20.19 on PATH, or set TOKENWARDEN_NODE)";
 
 /// Why the estimator could not be run.
 #[derive(Clone, Debug, PartialEq, Eq)]

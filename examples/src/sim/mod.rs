@@ -1,10 +1,13 @@
 //! A deterministic discrete-event simulator of an agent fleet on one API key.
 //!
 //! Virtual time in milliseconds, a seeded PRNG, no sleeping: an hour of a 50-agent fleet
-//! runs in well under a second. The coordinator strategies drive
-//! [`tokenwarden_core::Coordinator`] exactly as a host would: request a lease, send on a
-//! grant, wait for `Event::Granted` when queued (waking at `poll_timeout`), settle with the
-//! provider's usage and feed its rate-limit headers back.
+//! runs in well under a second. The coordinator strategies run on the reference host loop
+//! (`tokenwarden-host-loop`), the loop every shipped host runs, through the core's protocol
+//! only: the call lifecycle's ask (`call_lease`), obeyed (send, wait in line for the grant,
+//! ask again at `until`, give up), the provider's answer and rate-limit headers fed back
+//! (`call_response`), a success settled with the provider's usage, tasks opened, failed and
+//! ended as `Input`s; the simulator is the world around it (agents, provider, clock).
+//! The strategies without a coordinator keep the simulator's own event loop.
 //!
 //! The model, from the write-up this project starts from:
 //! - agents loop read → think → edit → test, about 90 s a cycle, and start together from
@@ -27,10 +30,10 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use tokenwarden_core::{
-    AgentId, Axis, Call as CallState, Config, Coordinator, Event, LeaseId, LeaseRequest, LeaseStep,
-    Millis, PoolId, ResponseStep, Rng, Role, TaskFigures, TaskId, TaskOutcome, TaskSpec, Usage,
-    Wait, parse_headers,
+    AgentId, Axis, Config, Coordinator, Input, LeaseId, LeaseRequest, Millis, PoolId, Rng, Role,
+    Settlement, TaskFigures, TaskId, TaskOutcome, TaskSpec, Usage,
 };
+use tokenwarden_host_loop::{CallSpec, Ended, Host, Reply as HostReply, Sent, World};
 
 use bodies::{Conversation, Preamble, Prompt, PromptCache, Reply, Vocab};
 pub use bridge::BridgeError;
@@ -427,14 +430,10 @@ impl RunResult {
 enum Ev {
     /// An agent's tool time is over: it makes its next call.
     Ready(usize),
-    /// A backoff or reject delay is over: try the call again.
+    /// A backoff delay is over: try the call again (no coordinator).
     Retry(usize),
-    /// The provider finished the call of this agent (attempt tag).
+    /// The provider finished the call of this agent (attempt tag; no coordinator).
     Complete(usize, u64),
-    /// Settle a finished call (after the settle delay).
-    Settle(usize, u64),
-    /// The coordinator asked to be woken.
-    CoordWake,
     /// The shared RPM counter may have a slot.
     RpmWake,
     /// Traffic from outside the fleet.
@@ -481,9 +480,9 @@ struct Agent {
     tag: u64,
     attempts: u32,
     first_try: u64,
-    call_state: CallState,
     calls_made: u64,
-    lease: Option<LeaseId>,
+    /// The HTTP status of the agent's last answer.
+    status: u16,
     wait_since: u64,
     replan_left: u32,
     pending_usage: Option<Usage>,
@@ -519,7 +518,11 @@ struct Sim<'a> {
     events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     provider: Provider,
     coord: Option<Coordinator>,
-    wake_at: Option<u64>,
+    /// What the host loop is to tell the core and to start (coordinator strategies).
+    inputs: Vec<Input>,
+    starts: Vec<(u64, CallSpec)>,
+    /// The host loop's calls, to the agent making each.
+    host_calls: std::collections::BTreeMap<u64, usize>,
     agents: Vec<Agent>,
     rpm_level: i128,
     rpm_updated: u64,
@@ -570,7 +573,9 @@ impl<'a> Sim<'a> {
             events: BinaryHeap::new(),
             provider: Provider::new(sc.limits, n + 1, 1_795_946_400_000),
             coord,
-            wake_at: None,
+            inputs: Vec::new(),
+            starts: Vec::new(),
+            host_calls: Default::default(),
             agents: (0..n)
                 .map(|_| Agent {
                     state: State::Tool,
@@ -583,9 +588,8 @@ impl<'a> Sim<'a> {
                     tag: 0,
                     attempts: 0,
                     first_try: 0,
-                    call_state: CallState::new(),
                     calls_made: 0,
-                    lease: None,
+                    status: 0,
                     wait_since: 0,
                     replan_left: 0,
                     pending_usage: None,
@@ -631,8 +635,31 @@ impl<'a> Sim<'a> {
     }
 
     fn at(&mut self, t: u64, ev: Ev) {
+        if let (Ev::Ready(i), true) = (ev, self.strategy.uses_coordinator()) {
+            // The host loop starts the call at `t` and asks the world for it then.
+            self.starts.push((
+                t,
+                CallSpec {
+                    request: LeaseRequest::default(),
+                    tag: i as u64,
+                },
+            ));
+            return;
+        }
         self.seq += 1;
         self.events.push(Reverse((t, self.seq, ev)));
+    }
+
+    /// The agent making the host loop's call `id`.
+    fn host_agent(&self, id: u64) -> Option<usize> {
+        self.host_calls.get(&id).copied()
+    }
+
+    /// An input for the core (coordinator strategies; without one, nothing is told).
+    fn tell(&mut self, input: Input) {
+        if self.strategy.uses_coordinator() {
+            self.inputs.push(input);
+        }
     }
 
     fn uniform(&mut self, lo: u64, hi: u64) -> u64 {
@@ -663,6 +690,20 @@ impl<'a> Sim<'a> {
             self.at(m * 60_000 - 1, Ev::Minute);
         }
         let finite = self.sc.agents.iter().all(|a| a.tasks.is_some());
+        if let Some(coord) = self.coord.take() {
+            // The coordinator strategies: the reference host loop drives the core, the
+            // simulator is its world.
+            let first = std::mem::take(&mut self.starts);
+            let epoch = self.provider.epoch_unix_ms;
+            let mut host = Host::new(coord, first).with_wall_clock(epoch);
+            host.run(&mut self, end.saturating_sub(1));
+            let ended_at = if finite && self.all_done() {
+                host.now
+            } else {
+                end
+            };
+            return self.finish(ended_at, Some(&host.coord));
+        }
         let mut ended_at = end;
         while let Some(Reverse((t, _, ev))) = self.events.pop() {
             if t >= end {
@@ -677,33 +718,36 @@ impl<'a> Sim<'a> {
                 Ev::Ready(i) => self.begin_call(i),
                 Ev::Retry(i) => self.attempt(i),
                 Ev::Complete(i, tag) => self.complete(i, tag),
-                Ev::Settle(i, tag) => self.settle(i, tag),
-                Ev::CoordWake => {
-                    self.wake_at = None;
-                    if let Some(c) = self.coord.as_mut() {
-                        c.handle_timeout(Millis(t));
-                    }
-                }
                 Ev::RpmWake => {
                     self.rpm_wake = false;
                     self.release_rpm();
                 }
-                Ev::Outsider => self.outsider(),
-                Ev::Minute => {
-                    let margin = self
-                        .coord
-                        .as_ref()
-                        .map(|c| c.metrics(Millis(t)).pools[0].margin_permille);
-                    if let Some(m) = margin {
-                        self.r.min_margin = Some(self.r.min_margin.map_or(m, |x| x.min(m)));
-                    }
-                    if let Some(min) = self.minute_mut() {
-                        min.margin = margin;
-                    }
+                Ev::Outsider | Ev::Minute => self.clock_event(ev, None),
+            }
+        }
+        self.finish(ended_at, None)
+    }
+
+    /// Traffic from outside the fleet, or the end of a minute (its sample of the margin).
+    fn clock_event(&mut self, ev: Ev, coord: Option<&Coordinator>) {
+        match ev {
+            Ev::Outsider => self.outsider(),
+            Ev::Minute => {
+                let margin = coord.map(|c| c.metrics(Millis(self.now)).pools[0].margin_permille);
+                if let Some(m) = margin {
+                    self.r.min_margin = Some(self.r.min_margin.map_or(m, |x| x.min(m)));
+                }
+                if let Some(min) = self.minute_mut() {
+                    min.margin = margin;
                 }
             }
-            self.pump_coordinator();
+            _ => debug_assert!(false, "{ev:?} is not a clock event"),
         }
+    }
+
+    /// The run's figures, ended at `ended_at` (the coordinator's own, when there is one).
+    fn finish(mut self, ended_at: u64, coord: Option<&Coordinator>) -> RunResult {
+        let end = self.sc.minutes * 60_000;
         // Tasks not finished at the end (running, or not started for lack of time) count
         // with their age so far, so a strategy that stalls long tasks is not flattered by
         // finishing only short ones.
@@ -728,17 +772,15 @@ impl<'a> Sim<'a> {
         let used_minutes = usize::try_from(ended_at.div_ceil(60_000)).unwrap_or(0);
         self.r.minutes.truncate(used_minutes.max(1));
         self.r.task_times.sort_unstable();
-        if let Some(c) = &self.coord {
-            let m = c.metrics(Millis(end));
-            self.r.granted_from_queue = m.pools[0].counters.granted_from_queue;
-        }
         self.r.max_in_flight = self.provider.max_in_flight_seen;
-        if let Some(c) = &self.coord {
-            self.r.product = Some(c.metrics(Millis(ended_at)).tasks.since_start);
+        if let Some(c) = coord {
+            let m = c.metrics(Millis(end.max(c.now().0)));
+            self.r.granted_from_queue = m.pools[0].counters.granted_from_queue;
+            self.r.product = Some(c.metrics(Millis(ended_at.max(c.now().0))).tasks.since_start);
             self.r.margin_floor = c.config().margin.floor_permille;
             if self.bodies.is_some() {
                 self.r.agent_input_error_permille = c
-                    .metrics(Millis(ended_at))
+                    .metrics(Millis(ended_at.max(c.now().0)))
                     .agents
                     .iter()
                     .filter(|a| a.settled > 0)
@@ -748,26 +790,6 @@ impl<'a> Sim<'a> {
             c.check().expect("coordinator state stays consistent");
         }
         self.r
-    }
-
-    /// Drains coordinator events and schedules its next wake-up.
-    fn pump_coordinator(&mut self) {
-        loop {
-            let Some(c) = self.coord.as_mut() else { return };
-            let Some(ev) = c.poll_event() else { break };
-            if let Event::Granted { lease, agent, .. } = ev {
-                let i = agent.0 as usize;
-                if self.agents[i].lease == Some(lease) && self.agents[i].state == State::Waiting {
-                    self.send(i);
-                }
-            }
-        }
-        if let Some(t) = self.coord.as_ref().and_then(|c| c.poll_timeout()) {
-            if self.wake_at.is_none_or(|w| t.0 < w) {
-                self.wake_at = Some(t.0);
-                self.at(t.0, Ev::CoordWake);
-            }
-        }
     }
 
     fn all_done(&self) -> bool {
@@ -869,11 +891,11 @@ impl<'a> Sim<'a> {
         // floor (under (d) the decay is off).
         let looping = self.sc.agents[i].looping && self.agents[i].turn > 0 && !replan;
         if looping {
-            let (task, now) = (self.task_id(i), self.now);
-            if let Some(c) = self.coord.as_mut() {
-                c.task_failed(Millis(now), task, 0xF00D ^ i as u64)
-                    .expect("the task is open");
-            }
+            let task = self.task_id(i);
+            self.tell(Input::TaskFailed {
+                task,
+                signature: 0xF00D ^ i as u64,
+            });
         }
         self.r.turn_starts.push((self.now, i));
         self.start_attempts(i);
@@ -923,21 +945,21 @@ impl<'a> Sim<'a> {
         let a = &mut self.agents[i];
         a.attempts = 0;
         a.first_try = self.now;
-        a.call_state = CallState::new();
         a.state = State::Waiting;
         a.wait_since = self.now;
         self.attempt(i);
     }
 
-    /// One attempt at the agent's call, through the strategy's admission.
+    /// One attempt at the agent's call, through the strategy's admission. Under a
+    /// coordinator the host loop asks for the call next ([`World::request`]).
     fn attempt(&mut self, i: usize) {
         match self.strategy {
-            Strategy::Backoff | Strategy::SdkDefaults => self.send(i),
+            Strategy::Backoff | Strategy::SdkDefaults => self.send_direct(i),
             Strategy::SharedRpm => {
                 self.rpm_queue.push_back(i);
                 self.release_rpm();
             }
-            Strategy::CoordinatorEqual | Strategy::Coordinator => self.request_lease(i),
+            Strategy::CoordinatorEqual | Strategy::Coordinator => {}
         }
     }
 
@@ -955,26 +977,19 @@ impl<'a> Sim<'a> {
             role: self.sc.agents[i].role,
             unblocks: u32::try_from(self.blocked_on(i)).unwrap_or(u32::MAX),
         };
-        let now = self.now;
-        if let Some(c) = self.coord.as_mut() {
-            c.open_task(Millis(now), &spec)
-                .expect("the simulator's tasks fit the task table");
-        }
+        self.tell(Input::OpenTask { task: spec });
     }
 
     /// Ends agent `i`'s current task in the coordinator.
     fn task_end(&mut self, i: usize, outcome: TaskOutcome) {
-        let (task, now) = (self.task_id(i), self.now);
-        if let Some(c) = self.coord.as_mut() {
-            c.end_task(Millis(now), task, outcome)
-                .expect("the task is open");
-        }
+        let task = self.task_id(i);
+        self.tell(Input::EndTask { task, outcome });
     }
 
-    fn request_lease(&mut self, i: usize) {
-        let Some(mut call) = self.agents[i].call else {
-            return;
-        };
+    /// The lease request of an ask of the agent's call: the product's estimate of its body
+    /// (when the scenario has one) and its task brought up to date first.
+    fn lease_request(&mut self, i: usize) -> Option<LeaseRequest> {
+        let mut call = self.agents[i].call?;
         // The product's estimator estimates the body on every ask, as the `fetch` wrapper
         // does (the same body object each time: it is sent once).
         if let (Some(b), Some((id, sent))) = (self.bodies.as_mut(), call.body_call) {
@@ -997,7 +1012,7 @@ impl<'a> Sim<'a> {
             self.agents[i].call = Some(call);
         }
         self.task_update(i);
-        let req = LeaseRequest {
+        Some(LeaseRequest {
             agent: AgentId(i as u64),
             pool: PoolId(0),
             input_tokens: call.estimate_new,
@@ -1006,34 +1021,7 @@ impl<'a> Sim<'a> {
             max_tokens: call.max_tokens,
             task: Some(self.task_id(i)),
             ..LeaseRequest::default()
-        };
-        let now = self.now;
-        let Some(c) = self.coord.as_mut() else { return };
-        // The shipped call lifecycle decides: send, wait in the queue, come back at `until`
-        // (the call keeps its place), or give up (the harness then breaks the turn).
-        let mut state = self.agents[i].call_state;
-        let step = c
-            .call_lease(Millis(now), &mut state, &req)
-            .expect("valid lease request");
-        self.agents[i].call_state = state;
-        match step {
-            LeaseStep::Send { lease, .. } => {
-                self.agents[i].lease = Some(lease);
-                self.send(i);
-            }
-            LeaseStep::Wait(Wait {
-                ticket: Some(ticket),
-                ..
-            }) => self.agents[i].lease = Some(ticket),
-            LeaseStep::Wait(Wait { until, .. }) => {
-                self.agents[i].lease = None;
-                self.at(until.0.max(now + 1), Ev::Retry(i));
-            }
-            LeaseStep::GiveUp(_) => {
-                self.agents[i].lease = None;
-                self.break_turn(i);
-            }
-        }
+        })
     }
 
     fn release_rpm(&mut self) {
@@ -1044,7 +1032,7 @@ impl<'a> Sim<'a> {
         while !self.rpm_queue.is_empty() && self.rpm_level >= 60_000 {
             self.rpm_level -= 60_000;
             if let Some(i) = self.rpm_queue.pop_front() {
-                self.send(i);
+                self.send_direct(i);
             }
         }
         if !self.rpm_queue.is_empty() && !self.rpm_wake {
@@ -1057,11 +1045,10 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Sends the agent's call to the provider now.
-    fn send(&mut self, i: usize) {
-        let Some(call) = self.agents[i].call else {
-            return;
-        };
+    /// Sends the agent's call to the provider now: what it admitted (the call's latency and
+    /// the usage it will report) or its refusal, with the simulator's bookkeeping of both.
+    fn admit(&mut self, i: usize) -> Option<Result<(u64, Usage), provider::Refused>> {
+        let call = self.agents[i].call?;
         self.r.sent += 1;
         self.agents[i].attempts += 1;
         let now = self.now;
@@ -1093,10 +1080,8 @@ impl<'a> Sim<'a> {
                 let waited = now - self.agents[i].wait_since;
                 self.r.critical_path_wait_ms += waited * self.blocked_on(i);
                 self.agents[i].state = State::InFlight;
-                self.agents[i].tag += 1;
-                let tag = self.agents[i].tag;
                 let latency = 1_500 + call.output * 1000 / 60 + send.new_tokens / 50;
-                self.agents[i].pending_usage = Some(match split {
+                let usage = match split {
                     Some(s) => Usage {
                         input_tokens: s.uncached,
                         cache_creation_input_tokens: s.write,
@@ -1109,7 +1094,8 @@ impl<'a> Sim<'a> {
                         cache_read_input_tokens: adm.cache_read,
                         output_tokens: call.output,
                     },
-                });
+                };
+                self.agents[i].pending_usage = Some(usage);
                 self.agents[i].pending_estimate = Some((
                     call.estimate_new,
                     call.estimate_prefix,
@@ -1129,7 +1115,7 @@ impl<'a> Sim<'a> {
                     m.input += charged;
                     m.requests += 1;
                 }
-                self.at(now + latency, Ev::Complete(i, tag));
+                Some(Ok((latency, usage)))
             }
             Err(refused) => {
                 self.r.rate_limited += 1;
@@ -1137,36 +1123,22 @@ impl<'a> Sim<'a> {
                 if let Some(m) = self.minute_mut() {
                     m.rate_limited += 1;
                 }
-                let retry_after_ms = refused.retry_after_s * 1000;
-                if self.strategy.uses_coordinator() {
-                    let lease = self.agents[i].lease.take();
-                    let headers: Vec<(&str, &str)> = refused
-                        .headers
-                        .iter()
-                        .map(|(n, v)| (n.as_str(), v.as_str()))
-                        .collect();
-                    let report = parse_headers(headers, Some(self.provider.epoch_unix_ms + now));
-                    let c = self.coord.as_mut().expect("coordinator strategy");
-                    // The core decides: it gives the reservation back (nothing was processed;
-                    // the request still counts) and says when to retry, or to give up.
-                    let mut state = self.agents[i].call_state;
-                    let answer = c
-                        .call_response(Millis(now), &mut state, PoolId(0), lease, 429, &report)
-                        .expect("known pool and lease");
-                    self.agents[i].call_state = state;
-                    match answer.step {
-                        ResponseStep::Wait(Wait { until, .. }) => {
-                            self.at(until.0.max(now + 1), Ev::Retry(i));
-                        }
-                        // A 429 is never delivered unless the provider says not to retry.
-                        ResponseStep::Deliver | ResponseStep::GiveUp(_) => {
-                            self.break_turn(i);
-                        }
-                    }
-                } else {
-                    self.backoff_or_break(i, retry_after_ms);
-                }
+                Some(Err(refused))
             }
+        }
+    }
+
+    /// Sends the agent's call with no coordinator: the provider's answer comes after the
+    /// call's latency, and a 429 is the strategy's to retry.
+    fn send_direct(&mut self, i: usize) {
+        match self.admit(i) {
+            Some(Ok((latency, _))) => {
+                self.agents[i].tag += 1;
+                let tag = self.agents[i].tag;
+                self.at(self.now + latency, Ev::Complete(i, tag));
+            }
+            Some(Err(refused)) => self.backoff_or_break(i, refused.retry_after_s * 1000),
+            None => {}
         }
     }
 
@@ -1245,10 +1217,8 @@ impl<'a> Sim<'a> {
         self.at(t, Ev::Ready(i));
     }
 
-    fn complete(&mut self, i: usize, tag: u64) {
-        if self.agents[i].tag != tag || self.agents[i].state != State::InFlight {
-            return;
-        }
+    /// The provider is done with the agent's call: its output is charged.
+    fn provider_done(&mut self, i: usize) {
         let Some(call) = self.agents[i].call else {
             return;
         };
@@ -1260,63 +1230,42 @@ impl<'a> Sim<'a> {
         if let Some(m) = self.minute_mut() {
             m.output += call.output;
         }
-        if self.strategy.uses_coordinator() {
-            let headers = self.provider.headers(now);
-            let pairs: Vec<(&str, &str)> = headers
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_str()))
-                .collect();
-            let report = parse_headers(pairs, Some(self.provider.epoch_unix_ms + now));
-            let c = self.coord.as_mut().expect("coordinator strategy");
-            let mut state = self.agents[i].call_state;
-            let answer = c
-                .call_response(Millis(now), &mut state, PoolId(0), None, 200, &report)
-                .expect("known pool");
-            debug_assert_eq!(answer.step, ResponseStep::Deliver);
-            let delay = self.sc.settle_delay_ms;
-            if delay == 0 {
-                self.settle(i, tag);
-            } else {
-                self.at(now + delay, Ev::Settle(i, tag));
-            }
+    }
+
+    /// The answer of a call sent with no coordinator.
+    fn complete(&mut self, i: usize, tag: u64) {
+        if self.agents[i].tag != tag || self.agents[i].state != State::InFlight {
+            return;
         }
+        self.provider_done(i);
         self.finish_turn(i);
     }
 
-    fn settle(&mut self, i: usize, _tag: u64) {
-        let now = self.now;
-        let (Some(lease), Some(usage)) = (
-            self.agents[i].lease.take(),
-            self.agents[i].pending_usage.take(),
-        ) else {
+    /// The host settled the agent's call: the product's estimator observes its usage, as
+    /// the `fetch` wrapper has it do, and the estimate is recorded against the settlement.
+    fn settled(&mut self, i: usize, s: &Settlement) {
+        let Some(usage) = self.agents[i].pending_usage.take() else {
             return;
         };
         let estimate = self.agents[i].pending_estimate.take();
-        // The usage arrived: the product's estimator observes it, as the `fetch` wrapper
-        // has it do.
+        let now = self.now;
         if let (Some(b), Some((_, _, Some(id)))) = (self.bodies.as_mut(), estimate) {
             b.bridge
                 .observe(id, now, &usage)
                 .unwrap_or_else(|e| Bodies::fail(&e));
         }
-        if let Some(c) = self.coord.as_mut() {
-            // A lease reaped before a very late settle is an expected outcome, not an error here.
-            let settled = c.settle(Millis(now), lease, &usage);
-            if let (Ok(s), Some((input, cached, _)), true) =
-                (settled, estimate, self.bodies.is_some())
-            {
-                self.r.estimates.push(EstimateSample {
-                    agent: i,
-                    estimate_input: input,
-                    estimate_cached: cached,
-                    reserved_input: s.reserved.get(Axis::InputTokens),
-                    used_input: s.used.get(Axis::InputTokens),
-                    prompt: usage.input_tokens
-                        + usage.cache_creation_input_tokens
-                        + usage.cache_read_input_tokens,
-                    cache_read: usage.cache_read_input_tokens,
-                });
-            }
+        if let (Some((input, cached, _)), true) = (estimate, self.bodies.is_some()) {
+            self.r.estimates.push(EstimateSample {
+                agent: i,
+                estimate_input: input,
+                estimate_cached: cached,
+                reserved_input: s.reserved.get(Axis::InputTokens),
+                used_input: s.used.get(Axis::InputTokens),
+                prompt: usage.input_tokens
+                    + usage.cache_creation_input_tokens
+                    + usage.cache_read_input_tokens,
+                cache_read: usage.cache_read_input_tokens,
+            });
         }
     }
 
@@ -1418,6 +1367,110 @@ impl<'a> Sim<'a> {
             }
         }
         self.at(now + 20_000, Ev::Outsider);
+    }
+}
+
+/// The world of the coordinator strategies: the host loop asks the simulator for each
+/// call's request, sends through its provider, and tells it what became of each call.
+impl World for Sim<'_> {
+    fn request(&mut self, now: u64, id: u64, call: &CallSpec, first: bool) -> Option<LeaseRequest> {
+        self.now = now;
+        let i = usize::try_from(call.tag).ok()?;
+        if first {
+            self.host_calls.insert(id, i);
+            // The agent's tool time is over: its next call (or task) begins, unless it is
+            // blocked on another agent's task or its backlog is done.
+            self.begin_call(i);
+            if self.agents[i].state != State::Waiting {
+                return None;
+            }
+        }
+        self.lease_request(i)
+    }
+
+    fn send(&mut self, now: u64, _id: u64, call: &CallSpec, _lease: LeaseId) -> Sent {
+        self.now = now;
+        let i = call.tag as usize;
+        let reply = match self.admit(i) {
+            Some(Ok((latency, usage))) => HostReply {
+                status: 200,
+                headers: Vec::new(),
+                duration_ms: latency,
+                usage,
+                settle_after_ms: self.sc.settle_delay_ms,
+            },
+            // Refused before any work: the 429 and its headers come back at once.
+            refused => HostReply {
+                status: 429,
+                headers: refused
+                    .and_then(Result::err)
+                    .map(|r| r.headers)
+                    .unwrap_or_default(),
+                duration_ms: 0,
+                usage: Usage::default(),
+                settle_after_ms: 0,
+            },
+        };
+        self.agents[i].status = reply.status;
+        Sent::Reply(reply)
+    }
+
+    fn answered(&mut self, now: u64, id: u64, _lease: LeaseId, reply: Option<&mut HostReply>) {
+        self.now = now;
+        let Some(reply) = reply else { return };
+        if reply.status != 200 {
+            return;
+        }
+        let i = self.host_agent(id);
+        if let Some(i) = i {
+            self.provider_done(i);
+        }
+        // The rate-limit headers of a success are the provider's as it answers.
+        reply.headers = self.provider.headers(now);
+    }
+
+    fn settled(&mut self, now: u64, id: u64, _lease: LeaseId, s: &Settlement) {
+        self.now = now;
+        if let Some(i) = self.host_agent(id) {
+            self.settled(i, s);
+        }
+    }
+
+    fn ended(&mut self, now: u64, _id: u64, call: &CallSpec, how: Ended) -> Vec<(u64, CallSpec)> {
+        self.now = now;
+        let i = call.tag as usize;
+        match how {
+            Ended::Delivered if self.agents[i].status == 200 => self.finish_turn(i),
+            // A 429 handed over, or the lifecycle gave up: the harness breaks the turn.
+            _ => self.break_turn(i),
+        }
+        Vec::new()
+    }
+
+    fn outbox(&mut self) -> (Vec<Input>, Vec<(u64, CallSpec)>) {
+        (
+            std::mem::take(&mut self.inputs),
+            std::mem::take(&mut self.starts),
+        )
+    }
+
+    fn next_tick(&self) -> Option<u64> {
+        self.events.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    fn tick(&mut self, now: u64, coord: &Coordinator) {
+        self.now = now;
+        while let Some(Reverse((t, _, ev))) = self.events.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.events.pop();
+            self.clock_event(ev, Some(coord));
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.sc.agents.iter().all(|a| a.tasks.is_some()) && self.all_done()
     }
 }
 

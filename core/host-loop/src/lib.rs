@@ -1,7 +1,8 @@
 //! The reference host loop: what every shipped host does (the fetch wrapper, the edge
-//! limiter, `serve`), on a simulated clock, through the host protocol only. Tests drive
-//! their scenarios through it, so the guarantees they check are the loop's that ships, not
-//! a re-ask loop of their own.
+//! limiter, `serve`), on a simulated clock, through the host protocol only. The core's
+//! simulation and starvation tests and the fleet simulator (`tokenwarden-examples`) drive
+//! their scenarios through it, so the guarantees they check and the figures they report
+//! are the loop's that ships, not a re-ask loop of their own.
 //!
 //! A call is asked with `call_lease`; the core's output is obeyed: `send` (the [`World`]
 //! answers after the call's duration, and the answer goes back with `call_response`), `wait`
@@ -16,8 +17,11 @@
 //! host may be restored from a snapshot: from [`Host::twin_at`] on, a twin restored from
 //! the snapshot of that instant is fed every input too, and [`Host::twin_diverged`] says
 //! where its outputs, events or wake-ups first differ.
-
-#![allow(dead_code, unreachable_pub)]
+//!
+//! The world may also re-estimate a call at each ask ([`World::request`]), tell the core
+//! what the host would besides calls (a task opened or ended: [`World::outbox`]), answer
+//! with the provider's state as of the answer ([`World::answered`]), settle late
+//! ([`Reply::settle_after_ms`]), and act on its own clock ([`World::tick`]).
 
 use std::collections::BTreeMap;
 
@@ -27,10 +31,13 @@ use tokenwarden_core::{
 };
 
 /// What a call asks for and what the provider will make of it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct CallSpec {
-    /// The lease request of every ask of this call.
+    /// The lease request of every ask of this call (unless [`World::request`] says
+    /// otherwise).
     pub request: LeaseRequest,
+    /// The world's own mark for the call (the simulator: the agent that makes it).
+    pub tag: u64,
 }
 
 /// The provider's answer to one send.
@@ -44,6 +51,9 @@ pub struct Reply {
     pub duration_ms: u64,
     /// The usage a success reports.
     pub usage: Usage,
+    /// How long after the answer the host settles a success, ms (0: at once, as the
+    /// `fetch` wrapper does for a JSON answer; later for a stream's final usage report).
+    pub settle_after_ms: u64,
 }
 
 /// What became of a send.
@@ -78,11 +88,24 @@ pub enum Ended {
 
 /// The world around the coordinator: the provider, and the agents that start calls.
 pub trait World {
+    /// The request of call `id`'s ask at `now` (`first`: the call's first ask): by default
+    /// the call's own. `None`: the call is not made after all (the host forgets it;
+    /// [`World::ended`] is not called for it).
+    fn request(
+        &mut self,
+        _now: u64,
+        _id: u64,
+        call: &CallSpec,
+        _first: bool,
+    ) -> Option<LeaseRequest> {
+        Some(call.request)
+    }
     /// What becomes of `call`, sent at `now` under `lease`.
     fn send(&mut self, now: u64, id: u64, call: &CallSpec, lease: LeaseId) -> Sent;
     /// The provider is done with call `id` (answered or not): at the reply's time, before
-    /// the host hears the answer, and at a crashed call's `duration_ms`.
-    fn answered(&mut self, _now: u64, _id: u64, _lease: LeaseId) {}
+    /// the host hears the answer (`reply`, which the world may still change: the
+    /// provider's headers as of now, say), and at a crashed call's `duration_ms` (`None`).
+    fn answered(&mut self, _now: u64, _id: u64, _lease: LeaseId, _reply: Option<&mut Reply>) {}
     /// The host settled call `id`'s lease from the usage the provider reported.
     fn settled(&mut self, _now: u64, _id: u64, _lease: LeaseId, _s: &Settlement) {}
     /// Call `id` was told to wait in line under `ticket`: when its client leaves, if the
@@ -96,6 +119,20 @@ pub trait World {
     fn output(&mut self, _now: u64, _id: u64, _call: &CallSpec, _out: &Output) {}
     /// Every event the core raised.
     fn event(&mut self, _now: u64, _event: &Event) {}
+    /// What the world has to tell the core, and the calls it starts, since the host last
+    /// asked: inputs a host sends besides its calls (a task opened, failed or ended), handled
+    /// in order, and calls to start at their times. Asked after every callback, and before
+    /// each ask's `call_lease`.
+    fn outbox(&mut self) -> (Vec<Input>, Vec<(u64, CallSpec)>) {
+        (Vec::new(), Vec::new())
+    }
+    /// When the world next acts on its own (a clock it samples, traffic the host does not
+    /// see): [`World::tick`] is called then.
+    fn next_tick(&self) -> Option<u64> {
+        None
+    }
+    /// The world's own step at `now`, seeing the coordinator (for its metrics).
+    fn tick(&mut self, _now: u64, _coord: &Coordinator) {}
     /// Whether the test has seen what it waits for: the loop stops after this step.
     fn done(&self) -> bool {
         false
@@ -109,6 +146,8 @@ enum Job {
     Answer(u64, LeaseId, Option<Reply>),
     /// Call `id`'s client leaves its place in line under `ticket`.
     Leave(u64, LeaseId),
+    /// A success of call `id`, answered earlier, is settled with the usage it reported.
+    Settle(u64, LeaseId, Usage),
 }
 
 /// One thing the coordinator said, to compare a host with its restored twin.
@@ -132,6 +171,8 @@ struct Twin {
 struct Running {
     spec: CallSpec,
     state: Call,
+    /// Whether the call has been asked for yet.
+    asked: bool,
 }
 
 /// The loop and its state.
@@ -149,6 +190,8 @@ pub struct Host {
     /// When to restore a twin, and the twin once restored.
     twin_at: Option<u64>,
     twin: Option<Twin>,
+    /// The wall clock (Unix ms) at simulated time 0, for headers that carry dates.
+    wall_epoch: Option<u64>,
 }
 
 impl Host {
@@ -164,6 +207,7 @@ impl Host {
             tickets: BTreeMap::new(),
             twin_at: None,
             twin: None,
+            wall_epoch: None,
         };
         for (at, spec) in first {
             h.start(at, spec);
@@ -184,9 +228,18 @@ impl Host {
             Running {
                 spec,
                 state: Call::new(),
+                asked: false,
             },
         );
         self.at(at, Job::Ask(id));
+    }
+
+    /// With a wall clock: simulated time 0 is `epoch_unix_ms`, told with every response
+    /// (`unix_now_ms`) as a host tells its own clock, for headers that carry dates.
+    #[must_use]
+    pub fn with_wall_clock(mut self, epoch_unix_ms: u64) -> Host {
+        self.wall_epoch = Some(epoch_unix_ms);
+        self
     }
 
     /// From the first step at or after `at` ms, a twin restored from the host's snapshot
@@ -236,6 +289,27 @@ impl Host {
     fn handle(&mut self, input: &Input) -> Output {
         self.try_handle(input)
             .unwrap_or_else(|e| panic!("at {} ms, {input:?}: {e}", self.now))
+    }
+
+    /// Sends the core what the world has to tell it, and starts the calls it started.
+    fn flush(&mut self, world: &mut impl World) {
+        let (inputs, calls) = world.outbox();
+        for input in &inputs {
+            let _ = self.handle(input);
+        }
+        for (at, spec) in calls {
+            self.start(at.max(self.now), spec);
+        }
+    }
+
+    /// Settles a success of call `id` with the usage the provider reported. A lease reaped
+    /// before a late settle is an outcome the host lives with, not an error.
+    fn settle(&mut self, world: &mut impl World, id: u64, lease: LeaseId, usage: Usage) {
+        match self.try_handle(&Input::Settle { lease, usage }) {
+            Ok(Output::Settled { settlement }) => world.settled(self.now, id, lease, &settlement),
+            Err(LeaseError::UnknownLease) => {}
+            other => panic!("at {} ms, settle of {lease}: {other:?}", self.now),
+        }
     }
 
     fn poll_timeout(&mut self) -> Option<Millis> {
@@ -347,11 +421,9 @@ impl Host {
             }
             let job = self.jobs.keys().next().map(|k| k.0);
             let wake = self.poll_timeout().map(|t| t.0);
-            let next = match (job, wake) {
-                (Some(j), Some(w)) => j.min(w),
-                (Some(j), None) => j,
-                (None, Some(w)) => w,
-                (None, None) => break,
+            let tick = world.next_tick();
+            let Some(next) = [job, wake, tick].into_iter().flatten().min() else {
+                break;
             };
             if next > until {
                 break;
@@ -362,7 +434,10 @@ impl Host {
                 self.now
             );
             self.now = self.now.max(next);
-            if wake == Some(next) && job.is_none_or(|j| j > next) {
+            if tick == Some(next) {
+                world.tick(self.now, &self.coord);
+                self.flush(world);
+            } else if wake == Some(next) && job.is_none_or(|j| j > next) {
                 // A wake-up that changes nothing, again and again, would hang a host.
                 if last_wake == wake {
                     spins += 1;
@@ -375,8 +450,10 @@ impl Host {
                 assert_eq!(out, Output::TimedOut);
             } else if let Some((_, job)) = self.jobs.pop_first() {
                 self.step(world, job);
+                self.flush(world);
             }
             self.drain(world);
+            self.flush(world);
             if world.done() {
                 break;
             }
@@ -386,10 +463,21 @@ impl Host {
     fn step(&mut self, world: &mut impl World, job: Job) {
         match job {
             Job::Ask(id) => {
+                let Some(r) = self.calls.get_mut(&id) else {
+                    return;
+                };
+                let (spec, first) = (r.spec.clone(), !r.asked);
+                r.asked = true;
+                let Some(request) = world.request(self.now, id, &spec, first) else {
+                    self.calls.remove(&id);
+                    return;
+                };
+                // What the world told the core before the ask comes first (a task opened).
+                self.flush(world);
                 let Some(r) = self.calls.get(&id) else { return };
                 let input = Input::CallLease {
                     call: r.state,
-                    request: r.spec.request,
+                    request,
                 };
                 let out = self.handle(&input);
                 self.obey(world, id, out);
@@ -402,8 +490,9 @@ impl Host {
                     self.end(world, id, Ended::Cancelled);
                 }
             }
-            Job::Answer(id, lease, reply) => {
-                world.answered(self.now, id, lease);
+            Job::Settle(id, lease, usage) => self.settle(world, id, lease, usage),
+            Job::Answer(id, lease, mut reply) => {
+                world.answered(self.now, id, lease, reply.as_mut());
                 let Some(reply) = reply else { return };
                 let Some(r) = self.calls.get(&id) else { return };
                 let input = Input::CallResponse {
@@ -412,20 +501,19 @@ impl Host {
                     lease: Some(lease),
                     status: reply.status,
                     headers: reply.headers.clone(),
-                    unix_now_ms: None,
+                    unix_now_ms: self.wall_epoch.map(|e| e + self.now),
                     reported: false,
                 };
                 let out = self.handle(&input);
                 if let Output::Deliver { settled: None, .. } = &out {
-                    // A success: the host settles it from the usage the provider reported.
-                    let settled = self.handle(&Input::Settle {
-                        lease,
-                        usage: reply.usage,
-                    });
-                    let Output::Settled { settlement } = settled else {
-                        panic!("at {} ms, settle of {lease}: {settled:?}", self.now)
-                    };
-                    world.settled(self.now, id, lease, &settlement);
+                    // A success: the host settles it from the usage the provider reported,
+                    // at once or when the usage arrives.
+                    if reply.settle_after_ms == 0 {
+                        self.settle(world, id, lease, reply.usage);
+                    } else {
+                        let at = self.now + reply.settle_after_ms;
+                        self.at(at, Job::Settle(id, lease, reply.usage));
+                    }
                 }
                 self.obey(world, id, out);
             }

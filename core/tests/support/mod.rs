@@ -1,3 +1,0 @@
-//! Test support shared by the core's integration tests.
-
-pub mod host;
