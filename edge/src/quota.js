@@ -280,37 +280,45 @@ export class QuotaObject {
       const { snapshot, leases } = saved.value
       this.epoch = typeof saved.value.epoch === 'string' ? saved.value.epoch : '0'
       this.taskOwners = new Map(Array.isArray(saved.value.taskOwners) ? saved.value.taskOwners : [])
-      this.#start(wasmEngines.restore(typeof snapshot === 'string' ? snapshot : JSON.stringify(snapshot)), leases)
+      const tw = this.#start(wasmEngines.restore(typeof snapshot === 'string' ? snapshot : JSON.stringify(snapshot)), leases)
       // Proxied calls in flight when the object stopped died with it: nobody will settle
       // their leases or take their tickets. End them now (a granted one charged as the core
       // charges a call cut short, a ticket withdrawn) rather than let them hold capacity
       // until their TTL.
       // The core decides what each is charged: `restarted` ends every lease and ticket not
       // in the object's own records.
-      const ended = this.tw.engine.handle(this.tw.clock.now(), { op: 'restarted', keep: leases.map(([id]) => id) })
-      this.tw.tick()
+      const ended = tw.engine.handle(tw.clock.now(), { op: 'restarted', keep: leases.map(([id]) => id) })
+      tw.tick()
       if (ended.output !== 'ended') throw new Error(`restarted answered ${ended.output}, not ended`)
       if (ended.interrupted.length + ended.withdrawn.length > 0) await this.#persistSoon()
     })
   }
 
-  /** The driver, creating the coordinator from the fleet's configuration on first use. */
+  /**
+   * The driver, creating the coordinator from the fleet's configuration on first use.
+   * @returns {Tokenwarden}
+   */
   #driver(fleet, quota) {
     if (this.tw !== null) return this.tw
     const fleets = parseFleets(this.env.TOKENWARDEN_FLEETS)
     const q = fleets[fleet]?.quotas?.[quota]
     if (q === undefined) throw new HttpError(404, 'not_found', 'no such quota')
     const seed = crypto.getRandomValues(new Uint32Array(1))[0]
-    this.#start(wasmEngines.create(q.config, seed, this.clock.now()), [])
+    const tw = this.#start(wasmEngines.create(q.config, seed, this.clock.now()), [])
     this.epoch = newEpoch()
-    return this.tw
+    return tw
   }
 
+  /**
+   * The driver on `engine`, with the lease records `leases` (`[id, record]` pairs).
+   * @returns {Tokenwarden}
+   */
   #start(engine, leases) {
-    this.tw = new Tokenwarden({ engine, clock: this.clock })
-    this.timeline.listen(this.tw)
+    const tw = new Tokenwarden({ engine, clock: this.clock })
+    this.tw = tw
+    this.timeline.listen(tw)
     this.leases = new Map(leases)
-    this.tw.on('granted', (e) => {
+    tw.on('granted', (e) => {
       const rec = this.leases.get(e.lease)
       if (rec !== undefined) {
         this.leases.set(e.lease, { ...rec, state: 'granted', expiresAt: e.expiresAt, waitedMs: e.waitedMs })
@@ -319,13 +327,14 @@ export class QuotaObject {
       }
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
-    this.tw.on('expired', (e) => {
+    tw.on('expired', (e) => {
       this.leases.delete(e.lease)
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
-    for (const name of /** @type {const} */ (['paused', 'margin_changed', 'estimate_alert', 'settled'])) this.tw.on(name, () => this.#persistSoon(BACKGROUND_FLUSH_MS))
+    for (const name of /** @type {const} */ (['paused', 'margin_changed', 'estimate_alert', 'settled'])) tw.on(name, () => this.#persistSoon(BACKGROUND_FLUSH_MS))
     // `tokenwarden serve` prints waits where its operator looks (its terminal).
-    if (this.env?.TOKENWARDEN_WAIT_LOG === '1') new WaitLog(this.tw, (id) => this.agentIds?.nameOf(id) ?? `agent ${id}`)
+    if (this.env?.TOKENWARDEN_WAIT_LOG === '1') new WaitLog(tw, (id) => this.agentIds?.nameOf(id) ?? `agent ${id}`)
+    return tw
   }
 
   /**
@@ -336,7 +345,7 @@ export class QuotaObject {
    * wait and share the write); BACKGROUND_FLUSH_MS for changes no reply waits for.
    */
   #persistSoon(delay = 0) {
-    if (this.tw === null) return this.pending?.promise ?? null
+    if (this.tw === null) return this.pending?.promise ?? Promise.resolve()
     const at = Date.now() + delay
     if (this.pending === null) {
       let resolve
@@ -436,7 +445,7 @@ export class QuotaObject {
           break
         case 'POST cancel':
           this.#known(lease, who)
-          tw.cancel(lease)
+          tw.cancel(/** @type {number} */ (lease)) // (#known refused a missing one)
           this.leases.delete(lease)
           // A long poll on the ticket ends now (its lease is gone: 404), not at its timeout.
           for (const wake of this.waiters.get(lease) ?? []) wake()
@@ -530,9 +539,15 @@ export class QuotaObject {
     return metrics
   }
 
+  /** The agent-id table, made by `fetch` before any route runs. */
+  #agentIds() {
+    if (this.agentIds === null) throw new Error('the agent-id table is used before the first request made it')
+    return this.agentIds
+  }
+
   /** A live lease's record; 404 if there is none, 403 if `who` (an agent credential) is not its agent. */
   /**
-   * @param {number} lease
+   * @param {number | null} lease (null: the route named none, a 404)
    * @param {{ id: number, name: string | null } | null} who
    */
   #known(lease, who = null) {
@@ -553,7 +568,7 @@ export class QuotaObject {
   async #agentFor(given, who) {
     if (who === null) {
       const agent = checkAgent(given)
-      return typeof agent === 'number' ? { id: agent, name: null } : { id: await this.agentIds.id(agent), name: agent }
+      return typeof agent === 'number' ? { id: agent, name: null } : { id: await this.#agentIds().id(agent), name: agent }
     }
     // A remote driver sends the number its fetch wrapper derives from the name
     // (`agentIdFor`): that number stands for the credential's own agent, nothing more.
@@ -809,7 +824,7 @@ export class QuotaObject {
     const children = session === null ? 0 : this.family.live(session.name, now)
     const agentName = who?.name ?? named ?? session?.name ?? 'proxy'
     if (agentName.length > 128) throw Object.assign(new HttpError(400, 'invalid_argument', 'the agent name must be 1 to 128 characters'), { field: 'x-tokenwarden-agent' })
-    const agent = who?.id ?? (await this.agentIds.id(agentName))
+    const agent = who?.id ?? (await this.#agentIds().id(agentName))
     const role = roleOf(pick('role') ?? (children > 0 ? 'planner' : undefined), 'x-tokenwarden-role')
     const task = pick('task')
     if (task !== null) {
@@ -924,10 +939,11 @@ function keptAlive(answer, provider, gone, sent) {
             return
           }
           if (res.ok && (res.headers.get('content-type') ?? '').includes('text/event-stream') && res.body !== null) {
-            upstreamBody = res.body.getReader()
+            const reader = res.body.getReader()
+            upstreamBody = reader
             try {
               for (;;) {
-                const { done, value } = await upstreamBody.read()
+                const { done, value } = await reader.read()
                 if (done) break
                 controller.enqueue(value)
               }

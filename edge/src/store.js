@@ -87,7 +87,7 @@ export function assemble(get) {
   }
   const revive = (v, path) => {
     if (Array.isArray(v)) return v.map((x, i) => revive(x, `${path}.${i}`))
-    if (v !== null && typeof v === 'object' && !RAW.isRawJSON(v)) {
+    if (v !== null && typeof v === 'object' && !RAW.isRawJSON?.(v)) {
       if (Array.isArray(v.$chunks)) {
         const out = []
         for (const key of v.$chunks) for (const x of read(key)) out.push(revive(x, `${path}#${out.length}`))

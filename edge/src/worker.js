@@ -16,6 +16,13 @@ const CREDENTIAL_ROUTE = /^\/v1\/fleets\/([^/]+)\/agents\/([^/]+)\/credential$/
  * Forwards an internal request to the quota's Durable Object. The `x-tw-*` headers are set
  * here only (a client's own are dropped): the fleet, the quota and, for an agent
  * credential, the one agent the caller may act for.
+ * @param {any} env the Worker's bindings
+ * @param {string} fleet
+ * @param {string} quota
+ * @param {string} path the object's route
+ * @param {RequestInit} [init]
+ * @param {{ agent?: string | null, client?: string | null, epoch?: string | null }} [who] the
+ *   agent a credential names, the remote driver's client id, a handle's epoch
  */
 async function toObject(env, fleet, quota, path, init = {}, { agent = null, client = null, epoch = null } = {}) {
   const id = env.QUOTAS.idFromName(`${fleet}/${quota}`)
@@ -129,6 +136,7 @@ async function handle(request, env) {
   // (only an authenticated caller is counted: a secretless one cannot inflate the count).
   const named = open ? null : request.headers.get('x-tokenwarden-client')
   const client = named !== null && /^[A-Za-z0-9_-]{1,64}$/.test(named) ? named : null
+  /** @type {(path: string, init?: RequestInit, epoch?: string | null) => Promise<Response>} */
   const object = (path, init = {}, epoch = null) => toObject(env, fleet, quota, path, init, { agent, client, epoch })
   if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
   const secret = f.secret
@@ -173,6 +181,7 @@ async function handle(request, env) {
     if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
     // A report is evidence about one call: it names that call's lease by its handle (the
     // object refuses one without; see API.md). Anything but a handle names no lease.
+    /** @type {string | null} */
     let epoch = null
     if (typeof body.lease === 'string') ({ id: body.lease, epoch } = await openHandle(secret, fleet, quota, body.lease))
     else body.lease = null

@@ -305,8 +305,12 @@ describe('persistence', () => {
     assert.equal(t3.status, 202)
     const ticket = await t3.json()
     // Debt: l2 used far more than it reserved.
+    const settling = Date.now()
     await post(`/leases/${l2.lease}/settle`, { inputTokens: 20_000, outputTokens: 10 }, { quota })
     const before = await (await api('/metrics', { quota })).json()
+    // A reading's level is as of the object's last change (the settle), which came at most
+    // this long before the reading's `now`.
+    const settleToReading = Date.now() - settling
 
     await mf.dispose()
     await start()
@@ -317,10 +321,10 @@ describe('persistence', () => {
     assert.deepEqual(after.agents.map((a) => a.name).sort(), ['p1', 'p2', 'p3'])
     assert.equal(after.liveLeases, before.liveLeases, 'leases and tickets survive')
     // The debt survives: no more input capacity than the refill (85,000 a minute) over the
-    // time between the two readings, on the object's own clock (the restart takes what it
-    // takes; no wall-time bound), give or take 200 tokens (140 ms: a reading's level is as
-    // of the object's last change, a little before its `now`). The debt is 19,000.
-    const refill = Math.ceil(((Number(after.now) - Number(before.now)) * 85_000) / 60_000) + 200
+    // time from the settle to the second reading: between the two readings on the object's
+    // own clock (the restart takes what it takes; no wall-time bound), plus the time from
+    // the settle to the first reading (its level is the settle's). The debt is 19,000.
+    const refill = Math.ceil(((Number(after.now) - Number(before.now) + settleToReading) * 85_000) / 60_000) + 20
     assert.ok(Number(before.pools[0].axes[0].available) + refill < 85_000, 'read before the bucket could refill: the check can tell')
     assert.ok(
       Number(after.pools[0].axes[0].available) <= Number(before.pools[0].axes[0].available) + refill,
