@@ -15,9 +15,11 @@ import type {
   Decision,
   Engine,
   HeaderReport,
+  Input,
   LeaseRequest,
   MarginReason,
   Metrics,
+  Output,
   RejectReason,
   Settlement,
   TaskOutcome,
@@ -381,6 +383,75 @@ export class Driver extends Emitter<DriverEvents> {
     }
     this.#afterCall()
     return { call: r.call, step, lease }
+  }
+
+  /**
+   * The host protocol at the driver's clock: applies one input (the core's `Input`, as
+   * {@link Engine.handle} takes it) and answers its `Output`, then delivers the events it
+   * produced and re-arms the timer, as the typed methods do. Listeners hear what the typed
+   * methods announce (`granted`, `queued`, `rejected`, `rate_limited`, `settled`). A ticket
+   * queued this way has no promise: its grant comes as a `granted` event. A `response` or
+   * `call_response` without `unixNowMs` is dated by the driver's clock. Throws the
+   * engine's coded error for bad input; an input that fails changes nothing.
+   */
+  handle(input: Input): Output {
+    if (this.#closed) throw new TokenwardenError('closed', 'the driver is closed')
+    const now = this.clock.now()
+    const dated = (input.op === 'response' || input.op === 'call_response') && input.unixNowMs == null ? { ...input, unixNowMs: this.clock.unixNow() } : input
+    const out = this.engine.handle(now, dated)
+    this.#announce(input, out, now)
+    this.#afterCall()
+    return out
+  }
+
+  /** The driver's events for an input applied through {@link handle}. */
+  #announce(input: Input, out: Output, now: number): void {
+    const asked = input.op === 'request_lease' || input.op === 'call_lease' ? input.request : null
+    if (asked !== null) {
+      const { agent, pool } = asked
+      const refused = (reason: RejectReason, retryAt: U64 | null): void => {
+        if (this.listening('rejected')) this.emit('rejected', { agent, pool, reason, retryAt })
+      }
+      const queued = (lease: number, eta: U64, checkpoint?: boolean): void => {
+        if (!this.listening('queued')) return
+        const e = { lease, agent, pool, eta, etaMs: Math.max(0, Number(eta) - now) }
+        this.emit('queued', checkpoint === undefined ? e : { ...e, checkpoint })
+      }
+      switch (out.output) {
+        case 'granted':
+        case 'send':
+          if (this.listening('granted')) this.emit('granted', { lease: out.lease, agent, pool, expiresAt: out.expiresAt, waitedMs: 0 })
+          break
+        case 'queued':
+          queued(out.lease, out.eta)
+          break
+        case 'refused':
+          refused(out.reason, out.retryAt)
+          break
+        case 'never_fits':
+          refused(out.reason, null)
+          break
+        case 'wait':
+          if (out.wait.ticket !== null) queued(out.wait.ticket, out.wait.until, out.wait.checkpoint)
+          else if (out.wait.refusal !== null) refused(out.wait.refusal, out.wait.until)
+          break
+        case 'give_up':
+          if (out.giveUp.refusal !== null) refused(out.giveUp.refusal, null)
+          break
+      }
+      return
+    }
+    if (input.op === 'response' || input.op === 'call_response') {
+      const lease = input.lease ?? null
+      const report = 'report' in out ? out.report : undefined
+      if (report !== undefined) this.#rateLimited(input.pool, lease, input.status, report)
+      const settled = 'settled' in out ? out.settled : undefined
+      if (settled !== undefined && lease !== null && this.listening('settled')) this.emit('settled', { lease, agent: null, pool: input.pool, settlement: settled })
+      return
+    }
+    if (out.output === 'settled' && (input.op === 'settle' || input.op === 'call_interrupted') && this.listening('settled')) {
+      this.emit('settled', { lease: input.lease, agent: null, pool: null, settlement: out.settlement })
+    }
   }
 
   /** @internal The call lifecycle's response step (see {@link Lease.respond}). */

@@ -26,6 +26,6 @@ export { AbortedError, LeaseRejectedError, TokenwardenError, invalidArgument, no
 export type { ErrorCode } from './errors.js'
 export { Emitter } from './emitter.js'
 export type * from './types.js'
-export { newCall } from './types.js'
+export { newCall, stepOf } from './types.js'
 export { ENGINE_ERROR_CODES, LEASE_REQUEST_FIELDS, USAGE_FIELDS } from './abi.js'
 export type { EngineErrorCode } from './errors.js'

@@ -74,6 +74,7 @@ import {
   WIDE,
 } from './abi.js'
 import { invalidArgument, normalizeEngineError } from './errors.js'
+import { stepOf } from './types.js'
 import type {
   Axis,
   AxisReport,
@@ -260,22 +261,6 @@ function decisionOf(out: Output): Decision {
 /** A settlement from an output of `settle` or `call_interrupted`. */
 function settledOf(out: Output): Settlement {
   return (out as { settlement: Settlement }).settlement
-}
-
-/** A call step from an output of `call_lease` or `call_response`. */
-function stepOf(out: Output): CallStep {
-  switch (out.output) {
-    case 'send':
-      return { kind: 'send', lease: out.lease, expiresAt: out.expiresAt }
-    case 'wait':
-      return { kind: 'wait', ...out.wait }
-    case 'give_up':
-      return { kind: 'give_up', ...out.giveUp }
-    case 'deliver':
-      return { kind: 'deliver' }
-    default:
-      throw new Error(`internal: not a call step: ${out.output}`)
-  }
 }
 
 /** A rejection's reason from its code and axis code. */

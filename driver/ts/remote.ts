@@ -12,7 +12,9 @@ import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import { Tokenwarden } from './tokenwarden.js'
 import type { Clock } from './clock.js'
 import type { AcquireOptions } from './driver.js'
-import type { CallResponseResult, CallState, CallStep, Engine, EngineFactory, HeaderReport, LeaseRequest, RejectReason, Settlement, TaskOutcome, TaskSpec, TaskSummary, U64, Usage } from './types.js'
+import { ENGINE_ERROR_CODES } from './abi.js'
+import type { ErrorCode } from './errors.js'
+import type { CallResponseResult, CallState, CallStep, Engine, EngineFactory, HeaderReport, LeaseRequest, Output, Settlement, TaskOutcome, TaskSpec, TaskSummary, U64, Usage, Wait } from './types.js'
 
 /** What a fallback must offer for tasks. */
 type TaskOps = Pick<Tokenwarden, 'openTask' | 'taskFailed' | 'endTask'>
@@ -265,35 +267,60 @@ export class RemoteTokenwarden extends Tokenwarden {
     return this.clock.now() + Math.max(0, Number(at ?? 0) - Date.now())
   }
 
+  /**
+   * One input of the core's host protocol at the limiter (`POST …/handle`): its output,
+   * leases as the limiter's handles both ways. An error the limiter answers (a bad input,
+   * an unknown lease) is thrown with its code; `Unreachable` when it cannot answer.
+   */
+  async #handle(input: Record<string, unknown>): Promise<WireOutput> {
+    const r = await this.#call('POST', '/handle', input)
+    if (r.status !== 200) {
+      const code = typeof r.body.error === 'string' && (LIMITER_CODES as readonly string[]).includes(r.body.error) ? (r.body.error as ErrorCode) : 'invalid_argument'
+      const field = typeof r.body.field === 'string' ? { field: r.body.field } : undefined
+      throw new TokenwardenError(code, `the edge limiter answered ${r.status} (${String(r.body.error)}): ${String(r.body.message ?? '')}`, field)
+    }
+    if (typeof r.body.output !== 'string') throw new Unreachable(`unexpected answer from the edge limiter: ${JSON.stringify(r.body)}`)
+    return r.body as WireOutput
+  }
+
+  /** A call step from the limiter's output: a wait's `until` on this driver's clock, a ticket by its id. */
+  #step(out: WireOutput): CallStep {
+    switch (out.output) {
+      case 'send':
+        return { kind: 'send', lease: handleId(out.lease), expiresAt: out.expiresAt }
+      case 'wait':
+        return { kind: 'wait', ...out.wait, until: this.#onClock(out.wait.until), ticket: out.wait.ticket === null ? null : handleId(out.wait.ticket) }
+      case 'give_up':
+        return { kind: 'give_up', ...out.giveUp }
+      case 'deliver':
+        return { kind: 'deliver' }
+      default:
+        throw new Unreachable(`unexpected answer from the edge limiter: ${out.output} is not a call step`)
+    }
+  }
+
   async #remoteCallLease(call: CallState, request: LeaseRequest, options?: AcquireOptions): Promise<CallAsk> {
     const signal = options?.signal ?? null
     if (signal?.aborted) throw new AbortedError(signal.reason)
-    const r = await this.#call('POST', '/leases', { ...this.#wireRequest(request), call })
-    if (r.status === 400) throw new TokenwardenError((r.body.error as 'invalid_argument') ?? 'invalid_argument', String(r.body.message))
-    const shown = r.body.step as Record<string, unknown> | undefined
-    const next = r.body.call as CallState | undefined
-    if (shown === undefined || next === undefined) throw new Unreachable(`unexpected answer from the edge limiter: ${JSON.stringify(r.body)}`)
-    if (r.body.kind === 'grant') {
-      const expiresAt = Number(r.body.expiresAt)
-      const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, expiresAt, 0)
-      if (this.listening('granted')) this.emit('granted', { lease: lease.id, agent: request.agent, pool: request.pool, expiresAt, waitedMs: 0 })
-      return { call: next, step: { kind: 'send', lease: lease.id, expiresAt }, lease: Promise.resolve(lease) }
+    const out = await this.#handle({ op: 'call_lease', call, request: this.#wireRequest(request) })
+    const step = this.#step(out)
+    const { agent, pool } = request
+    if (out.output === 'send') {
+      const lease = new RemoteLease(this, out.lease, agent, pool, Number(out.expiresAt), 0)
+      if (this.listening('granted')) this.emit('granted', { lease: lease.id, agent, pool, expiresAt: Number(out.expiresAt), waitedMs: 0 })
+      return { call: out.call, step, lease: Promise.resolve(lease) }
     }
-    if (r.status === 202) {
-      const until = this.#onClock(r.body.eta as number)
-      const step = { ...shown, until, ticket: handleId(String(r.body.lease)) } as CallStep
-      const checkpoint = step.kind === 'wait' && step.checkpoint
+    if (out.output === 'wait' && out.wait.ticket !== null && step.kind === 'wait') {
       if (this.listening('queued')) {
-        this.emit('queued', { lease: handleId(String(r.body.lease)), agent: request.agent, pool: request.pool, eta: until, etaMs: Math.max(0, until - this.clock.now()), checkpoint })
+        this.emit('queued', { lease: handleId(out.wait.ticket), agent, pool, eta: step.until, etaMs: Math.max(0, Number(step.until) - this.clock.now()), checkpoint: step.checkpoint })
       }
-      const lease = this.#awaitTicket(String(r.body.lease), request, signal, this.clock.now())
-      return { call: next, step, lease }
+      return { call: out.call, step, lease: this.#awaitTicket(out.wait.ticket, request, signal, this.clock.now()) }
     }
-    const step = (shown.kind === 'wait' ? { ...shown, until: this.#onClock(shown.until as number), ticket: null } : shown) as CallStep
     if (this.listening('rejected')) {
-      this.emit('rejected', { agent: request.agent, pool: request.pool, reason: r.body.reason as RejectReason, retryAt: step.kind === 'wait' ? step.until : null })
+      if (step.kind === 'wait' && step.refusal !== null) this.emit('rejected', { agent, pool, reason: step.refusal, retryAt: step.until })
+      if (step.kind === 'give_up' && step.refusal !== null) this.emit('rejected', { agent, pool, reason: step.refusal, retryAt: null })
     }
-    return { call: next, step, lease: null }
+    return { call: (out as { call: CallState }).call, step, lease: null }
   }
 
   #wireRequest(request: LeaseRequest): Record<string, unknown> {
@@ -308,7 +335,7 @@ export class RemoteTokenwarden extends Tokenwarden {
    */
   async #awaitTicket(handle: string, request: LeaseRequest, signal: AbortSignal | null, start: number): Promise<Lease> {
     const withdraw = async (): Promise<never> => {
-      await this.#call('DELETE', `/leases/${handle}`).catch(() => {})
+      await this.#handle({ op: 'cancel', lease: handle }).catch(() => {})
       throw new AbortedError(signal?.reason)
     }
     let r: { status: number; body: Record<string, unknown> } = { status: 202, body: {} }
@@ -333,27 +360,29 @@ export class RemoteTokenwarden extends Tokenwarden {
 
   async #remoteAcquire(request: LeaseRequest, options?: AcquireOptions): Promise<Lease> {
     const signal = options?.signal ?? null
-    const r = await this.#call('POST', '/leases', this.#wireRequest(request))
-    if (r.status === 400) throw new TokenwardenError((r.body.error as 'invalid_argument') ?? 'invalid_argument', String(r.body.message))
+    const out = await this.#handle({ op: 'request_lease', request: this.#wireRequest(request) })
     const start = this.clock.now()
-    if (r.body.kind === 'reject') {
-      const retryAt = r.body.retryAt === null || r.body.retryAt === undefined ? null : this.#onClock(r.body.retryAt as number)
-      if (this.listening('rejected')) this.emit('rejected', { agent: request.agent, pool: request.pool, reason: r.body.reason as RejectReason, retryAt })
-      throw new LeaseRejectedError(r.body.reason as RejectReason, retryAt, this.clock.now())
-    }
-    if (r.status === 202) {
-      const eta = this.#onClock(r.body.eta as number)
-      if (this.listening('queued')) {
-        this.emit('queued', { lease: handleId(String(r.body.lease)), agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - this.clock.now()) })
+    const { agent, pool } = request
+    switch (out.output) {
+      case 'granted': {
+        const lease = new RemoteLease(this, out.lease, agent, pool, Number(out.expiresAt), 0)
+        if (this.listening('granted')) this.emit('granted', { lease: lease.id, agent, pool, expiresAt: Number(out.expiresAt), waitedMs: 0 })
+        return lease
       }
-      return this.#awaitTicket(String(r.body.lease), request, signal, start)
+      case 'queued': {
+        const eta = this.#onClock(out.eta)
+        if (this.listening('queued')) this.emit('queued', { lease: handleId(out.lease), agent, pool, eta, etaMs: Math.max(0, eta - start) })
+        return this.#awaitTicket(out.lease, request, signal, start)
+      }
+      case 'refused':
+      case 'never_fits': {
+        const retryAt = out.output === 'refused' ? this.#onClock(out.retryAt) : null
+        if (this.listening('rejected')) this.emit('rejected', { agent, pool, reason: out.reason, retryAt })
+        throw new LeaseRejectedError(out.reason, retryAt, start)
+      }
+      default:
+        throw new Unreachable(`unexpected answer from the edge limiter to request_lease: ${out.output}`)
     }
-    if (r.body.kind !== 'grant') throw new Unreachable(`unexpected answer from the edge limiter: ${JSON.stringify(r.body)}`)
-    const lease = new RemoteLease(this, String(r.body.lease), request.agent, request.pool, Number(r.body.expiresAt), 0)
-    if (this.listening('granted')) {
-      this.emit('granted', { lease: lease.id, agent: request.agent, pool: request.pool, expiresAt: Number(r.body.expiresAt), waitedMs: 0 })
-    }
-    return lease
   }
 
   /** Tasks open at the limiter, by id: opened again locally if it cannot be reached. */
@@ -367,8 +396,7 @@ export class RemoteTokenwarden extends Tokenwarden {
     const key = String(spec.task)
     try {
       if (!this.#remoteUsable()) throw new Unreachable('the edge limiter is failed open')
-      const r = await this.#call('POST', '/tasks', { task: Number(spec.task), role: spec.role ?? 'worker', unblocks: spec.unblocks ?? 0 })
-      if (r.status !== 200) throw new TokenwardenError((r.body.error as 'invalid_argument') ?? 'invalid_argument', String(r.body.message))
+      await this.#handle({ op: 'open_task', task: { task: Number(spec.task), role: spec.role ?? 'worker', unblocks: spec.unblocks ?? 0 } })
     } catch (e) {
       if (!(e instanceof Unreachable)) throw e
       this.#failOpen(e)
@@ -380,25 +408,14 @@ export class RemoteTokenwarden extends Tokenwarden {
   }
 
   override async taskFailed(task: U64, signature: U64): Promise<number> {
-    return this.#taskOp(
-      task,
-      `/tasks/${String(task)}/failed`,
-      { signature: Number(signature) },
-      (tw) => tw.taskFailed(task, signature),
-      (b) => Number(b.repeats),
-    )
+    const out = await this.#taskOp(task, { op: 'task_failed', task: Number(task), signature: Number(signature) }, (tw) => tw.taskFailed(task, signature))
+    return typeof out === 'number' ? out : Number((out as { inARow: number }).inARow)
   }
 
   override async endTask(task: U64, outcome: TaskOutcome): Promise<TaskSummary> {
-    const s = await this.#taskOp(
-      task,
-      `/tasks/${String(task)}/done`,
-      { outcome },
-      (tw) => tw.endTask(task, outcome),
-      (b) => b as unknown as TaskSummary,
-    )
+    const out = await this.#taskOp(task, { op: 'end_task', task: Number(task), outcome }, (tw) => tw.endTask(task, outcome))
     this.#tasks.delete(String(task))
-    return s
+    return 'output' in out ? (out as { summary: TaskSummary }).summary : out
   }
 
   /** The local coordinator's task operations: the share fallback, or this driver's own engine. */
@@ -412,12 +429,11 @@ export class RemoteTokenwarden extends Tokenwarden {
     }
   }
 
-  async #taskOp<T>(task: U64, path: string, body: unknown, local: (tw: TaskOps) => T | Promise<T>, read: (b: Record<string, unknown>) => T): Promise<T> {
+  /** A task input at the limiter (its output), or locally while it cannot be reached (the local answer). */
+  async #taskOp<T>(task: U64, input: Record<string, unknown>, local: (tw: TaskOps) => T | Promise<T>): Promise<WireOutput | T> {
     try {
       if (!this.#remoteUsable()) throw new Unreachable('the edge limiter is failed open')
-      const r = await this.#call('POST', path, body)
-      if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_task') ?? 'unknown_task', String(r.body.message))
-      return read(r.body)
+      return await this.#handle(input)
     } catch (e) {
       if (!(e instanceof Unreachable)) throw e
       this.#failOpen(e)
@@ -437,24 +453,28 @@ export class RemoteTokenwarden extends Tokenwarden {
 
   /** @internal */
   async remoteSettle(lease: RemoteLease, usage: Usage): Promise<Settlement> {
-    const r = await this.#call('POST', `/leases/${lease.handle}/settle`, usage)
-    if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_lease') ?? 'unknown_lease', String(r.body.message))
-    const s = r.body as unknown as Settlement
-    if (this.listening('settled')) this.emit('settled', { lease: lease.id, agent: lease.agent, pool: lease.pool, settlement: s })
-    return s
+    const out = await this.#handle({ op: 'settle', lease: lease.handle, usage })
+    return this.#settled(lease, out)
+  }
+
+  /** The settlement in an output of `settle` or `call_interrupted`, announced. */
+  #settled(lease: RemoteLease, out: WireOutput): Settlement {
+    if (out.output !== 'settled') throw new Unreachable(`unexpected answer from the edge limiter to a settle: ${out.output}`)
+    if (this.listening('settled')) this.emit('settled', { lease: lease.id, agent: lease.agent, pool: lease.pool, settlement: out.settlement })
+    return out.settlement
   }
 
   /** @internal See {@link RemoteLease.renew}. */
   async remoteRenew(lease: RemoteLease): Promise<U64> {
-    const r = await this.#call('POST', `/leases/${lease.handle}/renew`, {})
-    if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_lease') ?? 'unknown_lease', String(r.body.message))
-    return r.body.expiresAt as U64
+    const out = await this.#handle({ op: 'renew', lease: lease.handle })
+    if (out.output !== 'renewed') throw new Unreachable(`unexpected answer from the edge limiter to a renew: ${out.output}`)
+    return out.expiresAt
   }
 
   /** @internal */
   async remoteCancel(lease: RemoteLease): Promise<void> {
     try {
-      await this.#call('DELETE', `/leases/${lease.handle}`)
+      await this.#handle({ op: 'cancel', lease: lease.handle })
     } catch (e) {
       this.emit('remote_error', { operation: 'cancel', message: (e as Error).message })
     }
@@ -463,39 +483,33 @@ export class RemoteTokenwarden extends Tokenwarden {
   /**
    * @internal See {@link RemoteLease.respond}. One core decides a call's next step: while
    * the limiter answers, its own (the step it returns, a wait's `until` moved onto this
-   * driver's clock, and the call state it kept). The local engine, the same core and
-   * configuration, takes the headers in as well, since it is the fallback while the limiter
-   * is unreachable; its step is used only when the limiter cannot answer for the lease (it
-   * is unreachable, or no longer knows the lease), which is reported as a `remote_error`.
+   * driver's clock, and the call state it kept); the local engine, the fallback while the
+   * limiter is unreachable, then only takes the headers in (`report`: its pools stay in
+   * step with the provider's). The local engine decides only when the limiter cannot
+   * answer for the lease (it is unreachable, or no longer knows the lease), which is
+   * reported as a `remote_error`.
    */
   async remoteRespond(lease: RemoteLease, call: CallState, status: number, headers: HeadersLike): Promise<CallResponseResult> {
     const pairs = headerPairs(headers)
-    const local = this.callResponse(call, lease.pool, null, status, pairs) as CallResponseResult
     const poolName = this.engine.pools[lease.pool]
-    let r: { status: number; body: Record<string, unknown> }
+    let out: WireOutput
     try {
-      r = await this.#call('POST', '/responses', { pool: poolName, lease: lease.handle, status, headers: pairs, call })
+      out = await this.#handle({ op: 'call_response', call, pool: poolName, lease: lease.handle, status, headers: pairs })
+      const step = this.#step(out)
+      this.report(lease.pool, null, status, pairs)
+      const r = out as { call: CallState; settled?: Settlement; report: HeaderReport }
+      return { call: r.call, step, settled: r.settled ?? null, report: r.report }
     } catch (e) {
-      this.emit('remote_error', { operation: 'report', message: (e as Error).message })
-      return local
+      const why = e instanceof TokenwardenError ? `${e.message}; the local engine decided` : (e as Error).message
+      this.emit('remote_error', { operation: 'report', message: why })
+      return this.callResponse(call, lease.pool, null, status, pairs) as CallResponseResult
     }
-    const shown = r.body.step as Record<string, unknown> | undefined
-    const next = r.body.call as CallState | undefined
-    if (r.status !== 200 || shown === undefined || next === undefined) {
-      this.emit('remote_error', { operation: 'report', message: `the edge limiter answered ${r.status}: ${String(r.body.message ?? JSON.stringify(r.body))}; the local engine decided` })
-      return local
-    }
-    const step = (shown.kind === 'wait' ? { ...shown, until: this.#onClock(shown.until as number) } : shown) as CallStep
-    return { call: next, step, settled: (r.body.settled as Settlement | null | undefined) ?? null, report: local.report }
   }
 
   /** @internal See {@link RemoteLease.interrupted}. */
   async remoteInterrupted(lease: RemoteLease, seen: Usage | null): Promise<Settlement> {
-    const r = await this.#call('POST', `/leases/${lease.handle}/interrupted`, { seen })
-    if (r.status !== 200) throw new TokenwardenError((r.body.error as 'unknown_lease') ?? 'unknown_lease', String(r.body.message))
-    const s = r.body as unknown as Settlement
-    if (this.listening('settled')) this.emit('settled', { lease: lease.id, agent: lease.agent, pool: lease.pool, settlement: s })
-    return s
+    const out = await this.#handle({ op: 'call_interrupted', lease: lease.handle, seen })
+    return this.#settled(lease, out)
   }
 
   /** @internal Parses the headers locally (for the retry decision) and forwards them. */
@@ -503,12 +517,26 @@ export class RemoteTokenwarden extends Tokenwarden {
     const pairs = headerPairs(headers)
     const report = this.report(lease.pool, null, status, pairs)
     const poolName = this.engine.pools[lease.pool]
-    void this.#call('POST', '/responses', { pool: poolName, lease: lease.handle, status, headers: pairs }).catch((e: Error) => {
+    void this.#handle({ op: 'response', pool: poolName, lease: lease.handle, status, headers: pairs }).catch((e: Error) => {
       this.emit('remote_error', { operation: 'report', message: e.message })
     })
     return report
   }
 }
+
+/**
+ * An output of the limiter's core (`POST …/handle`): the core's `Output`, with leases as
+ * the limiter's handles.
+ */
+type WireOutput =
+  | { output: 'granted'; lease: string; expiresAt: U64 }
+  | { output: 'queued'; lease: string; eta: U64 }
+  | { output: 'send'; call: CallState; lease: string; expiresAt: U64 }
+  | { output: 'wait'; call: CallState; wait: Omit<Wait, 'ticket'> & { ticket: string | null }; settled?: Settlement; report?: HeaderReport }
+  | Exclude<Output, { output: 'granted' | 'queued' | 'send' | 'wait' }>
+
+/** The error codes a limiter's answer keeps (any other is `invalid_argument`). */
+const LIMITER_CODES = [...ENGINE_ERROR_CODES, 'rejected', 'closed'] as const
 
 /** A random id for this process (not a secret: it only lets the limiter count processes). */
 function randomId(): string {

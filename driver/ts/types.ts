@@ -187,6 +187,25 @@ export function newCall(): CallState {
   return { failed: 0, refusals: 0, lastRetryAfterMs: null }
 }
 
+/**
+ * The call step an {@link Output} of `call_lease` or `call_response` stands for (`send`,
+ * `wait`, `give_up`, `deliver`); throws for any other output.
+ */
+export function stepOf(out: Output): CallStep {
+  switch (out.output) {
+    case 'send':
+      return { kind: 'send', lease: out.lease, expiresAt: out.expiresAt }
+    case 'wait':
+      return { kind: 'wait', ...out.wait }
+    case 'give_up':
+      return { kind: 'give_up', ...out.giveUp }
+    case 'deliver':
+      return { kind: 'deliver' }
+    default:
+      throw new Error(`not a call step: the output ${out.output}`)
+  }
+}
+
 /** Why a call waits: in the queue, refused for now, after a 429, after an overload. */
 export type WaitReason = 'queued' | 'refused' | 'rate_limited' | 'overloaded'
 

@@ -9,7 +9,20 @@
 // Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import { LEASE_REQUEST_FIELDS, LeaseRejectedError, ManualClock, Tokenwarden, USAGE_FIELDS, agentIdFor, errorTypeFor, newCall, providerErrorBody, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
+import {
+  LEASE_REQUEST_FIELDS,
+  LeaseRejectedError,
+  ManualClock,
+  Tokenwarden,
+  USAGE_FIELDS,
+  agentIdFor,
+  errorTypeFor,
+  newCall,
+  providerErrorBody,
+  stepOf,
+  taskIdFor,
+  wasmEngines,
+} from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
 import { Family, sessionIdentity } from './identity.js'
@@ -198,6 +211,42 @@ export function json(status, body, headers = {}) {
 const FIELDS = new Set(LEASE_REQUEST_FIELDS)
 /** @type {Set<string>} */
 const USAGE = new Set(USAGE_FIELDS)
+
+/**
+ * The core's inputs a member of the fleet may send (`POST …/handle`), with the fields each
+ * takes besides `op`: the core's own (SCHEMA.md), less what the object sets itself.
+ * @type {Record<string, string[]>}
+ */
+const MEMBER_INPUTS = {
+  request_lease: ['request'],
+  call_lease: ['call', 'request'],
+  settle: ['lease', 'usage'],
+  cancel: ['lease'],
+  renew: ['lease'],
+  response: ['pool', 'lease', 'status', 'headers'],
+  call_response: ['call', 'pool', 'lease', 'status', 'headers'],
+  call_interrupted: ['lease', 'seen'],
+  open_task: ['task'],
+  task_failed: ['task', 'signature'],
+  end_task: ['task', 'outcome'],
+}
+
+/**
+ * `b`, when it holds no field but `fields`; else 400 naming the first other one.
+ * @param {Record<string, any>} b
+ * @param {string[]} fields
+ * @param {string} where what `b` is, for the message
+ */
+function only(b, fields, where) {
+  for (const k of Object.keys(b)) if (!fields.includes(k)) throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in ${where}`), { field: k })
+  return b
+}
+
+/** A usage object (`usage`, or `seen` of an interrupted call) with the engine's fields only. */
+function checkUsage(usage, field) {
+  if (usage === null || typeof usage !== 'object' || Array.isArray(usage)) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be a usage object`), { field })
+  only(usage, [...USAGE], `\`${field}\``)
+}
 
 /**
  * A task as a client names it: an integer id, or a name (1 to 256 characters) turned into
@@ -432,44 +481,68 @@ export class QuotaObject {
       // A handle names a lease of one epoch: one from before a reset names nothing now.
       const epoch = request.headers.get('x-tw-epoch')
       if (epoch !== null && epoch !== this.epoch) throw new HttpError(404, 'unknown_lease', 'no such lease: this handle is from before the quota was reset')
+      const scope = { tw, who, fleet, quota }
       let response
       switch (`${request.method} ${op}`) {
+        case 'POST handle':
+          response = json(200, { ...(await this.#apply(scope, await body(request))), epoch: this.epoch, clients: this.#clientCount() })
+          break
         case 'POST lease':
-          response = await this.#lease(tw, await body(request), who)
+          response = await this.#lease(scope, await body(request))
           break
         case 'GET wait':
           response = await this.#wait(lease, Number(url.searchParams.get('timeout') ?? 0), who)
           break
-        case 'POST settle':
-          response = this.#settle(tw, lease, await body(request), who)
+        case 'POST settle': {
+          const out = await this.#apply(scope, { op: 'settle', lease, usage: await body(request) })
+          response = json(200, /** @type {{ settlement: unknown }} */ (out).settlement)
           break
+        }
         case 'POST cancel':
-          this.#known(lease, who)
-          tw.cancel(/** @type {number} */ (lease)) // (#known refused a missing one)
-          this.leases.delete(lease)
-          // A long poll on the ticket ends now (its lease is gone: 404), not at its timeout.
-          for (const wake of this.waiters.get(lease) ?? []) wake()
-          this.waiters.delete(lease)
+          await this.#apply(scope, { op: 'cancel', lease })
           response = json(200, { cancelled: true })
           break
-        case 'POST interrupted':
-          response = this.#interrupted(tw, lease, await body(request), who)
+        case 'POST interrupted': {
+          const b = only(await body(request), ['seen'], 'the body')
+          const out = await this.#apply(scope, { op: 'call_interrupted', lease, seen: b.seen ?? null })
+          response = json(200, /** @type {{ settlement: unknown }} */ (out).settlement)
           break
-        case 'POST renew':
-          response = this.#renew(tw, lease, await body(request), who)
+        }
+        case 'POST renew': {
+          only(await body(request), [], 'the body: renew takes none')
+          const out = await this.#apply(scope, { op: 'renew', lease })
+          response = json(200, { expiresAt: /** @type {{ expiresAt: number }} */ (out).expiresAt })
           break
-        case 'POST response':
-          response = this.#response(tw, await body(request), who)
+        }
+        case 'POST response': {
+          // A member's report, through the call lifecycle (a fresh call when it sends none).
+          const b = only(await body(request), ['pool', 'lease', 'status', 'headers', 'call'], 'the report')
+          const out = await this.#apply(scope, { ...b, op: 'call_response' })
+          const r = /** @type {{ call: unknown, settled?: unknown, report: unknown }} */ (/** @type {unknown} */ (out))
+          response = json(200, { call: r.call, step: stepOf(out), settled: r.settled ?? null, report: r.report })
           break
-        case 'POST task':
-          response = this.#openTask(tw, await body(request), who, fleet, quota)
+        }
+        case 'POST task': {
+          const b = only(await body(request), ['task', 'role', 'unblocks'], 'the task')
+          await this.#apply(scope, { op: 'open_task', task: b })
+          response = json(200, { task: taskId(b.task), open: true })
           break
-        case 'POST task-failed':
-          response = this.#taskFailed(tw, id, await body(request), who)
+        }
+        case 'POST task-failed': {
+          const b = await body(request)
+          for (const k of Object.keys(b))
+            if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
+          const out = await this.#apply(scope, { op: 'task_failed', task: Number(id), signature: b.signature })
+          response = json(200, { task: Number(id), repeats: /** @type {{ inARow: number }} */ (out).inARow })
           break
-        case 'POST task-done':
-          response = this.#taskDone(tw, id, await body(request), who)
+        }
+        case 'POST task-done': {
+          const b = only(await body(request), ['outcome', 'merged'], 'the body')
+          if (b.merged !== undefined && typeof b.merged !== 'boolean') throw Object.assign(new HttpError(400, 'invalid_argument', '`merged` must be true or false'), { field: 'merged' })
+          const out = await this.#apply(scope, { op: 'end_task', task: Number(id), outcome: b.outcome ?? (b.merged === false ? 'abandoned' : 'merged') })
+          response = json(200, /** @type {{ summary: unknown }} */ (out).summary)
           break
+        }
         case 'GET metrics':
           return json(200, this.#named(tw.metrics()))
         case 'GET timeline': {
@@ -578,43 +651,168 @@ export class QuotaObject {
   }
 
   /**
-   * A lease request, through the core's call lifecycle. A client that keeps `call` (the
-   * state each answer returns) and sends it back with its next ask for the same model call
-   * gets the core's whole policy (give-up after `call.max_refusals`, `checkpoint`); one
-   * that does not is treated as a fresh call every time.
+   * `POST /leases`: a lease request, through the core's call lifecycle. A client that keeps
+   * `call` (the state each answer returns) and sends it back with its next ask for the
+   * same model call gets the core's whole policy (give-up after `call.max_refusals`,
+   * `checkpoint`); one that does not is treated as a fresh call every time. The answer is
+   * the core's output in this route's own shape (API.md): `grant`, `queued` or `reject`.
    */
-  async #lease(tw, b, who) {
-    for (const k of Object.keys(b)) if (k !== 'call' && !FIELDS.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`)
-    const { call: given, ...fields } = b
-    const call = given === undefined ? newCall() : callState(given)
-    const pool = typeof fields.pool === 'string' ? tw.pool(fields.pool) : (fields.pool ?? 0)
-    const agent = await this.#agentFor(fields.agent, who)
-    const request = { ...fields, agent: agent.id, pool }
-    if (fields.task === undefined || fields.task === null) delete request.task
-    else {
-      request.task = taskId(fields.task)
-    }
-    const ask = tw.callLease(call, request)
-    if (request.task !== undefined) this.#own(request.task, who)
-    const step = ask.step
+  async #lease(scope, b) {
+    const { call, ...request } = b
+    const out = await this.#apply(scope, { op: 'call_lease', call: call ?? newCall(), request })
+    const step = stepOf(out)
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
-    const { lease: _l, ticket: _t, ...shown } = step
-    const out = { call: ask.call, step: shown, clients: Math.max(1, this.clients.size) }
-    const named = agent.name === null ? {} : { name: agent.name }
-    if (step.kind === 'send') {
-      const l = await ask.lease
-      this.leases.set(l.id, { state: 'granted', agent: request.agent, ...named, pool, expiresAt: l.expiresAt, waitedMs: 0 })
-      return json(200, { kind: 'grant', lease: l.id, epoch: this.epoch, expiresAt: l.expiresAt, ...out })
+    const { lease: _l, ticket: _t, ...shown } = /** @type {any} */ (step)
+    const base = { call: /** @type {any} */ (out).call, step: shown, clients: this.#clientCount() }
+    if (out.output === 'send') return json(200, { kind: 'grant', lease: out.lease, epoch: this.epoch, expiresAt: out.expiresAt, ...base })
+    if (out.output === 'wait' && out.wait.ticket !== null) return json(202, { kind: 'queued', lease: out.wait.ticket, epoch: this.epoch, eta: out.wait.until, ...base })
+    const retryAt = out.output === 'wait' ? out.wait.until : null
+    const refusal = out.output === 'give_up' ? out.giveUp.refusal : out.output === 'wait' ? out.wait.refusal : null
+    // An ask is refused or given up only for a reason (a give-up for failed sends follows a response).
+    if (refusal === null) throw new Error(`internal: call_lease answered ${out.output} without a refusal`)
+    const refused = new LeaseRejectedError(refusal, retryAt, this.clock.now(), out.output === 'give_up' ? out.giveUp.reason : null)
+    return json(200, { kind: 'reject', retryable: refused.retryable, retryAt, retryAfterMs: refused.retryAfterMs, reason: refused.reason, message: refused.message, ...base })
+  }
+
+  /** Remote drivers seen in the last minute (at least 1: the caller). */
+  #clientCount() {
+    return Math.max(1, this.clients.size)
+  }
+
+  /**
+   * One input of the core's host protocol from a member of the fleet (`POST …/handle`
+   * sends it as it is; every other mutating route decodes its own shape into one): checked
+   * against what the caller may do, applied through the driver, and the object's records
+   * (the lease table, the long polls, task owners) brought up to date from the answer.
+   * Leases are the object's ids here (the Worker opens and signs the handles); an agent
+   * may be a name and a pool a name. The operator's inputs (`hold`, `restarted`,
+   * `timeout`) are not a member's; `unixNowMs` and `reported` are the object's to set.
+   * @param {{ tw: Tokenwarden, who: { id: number, name: string | null } | null, fleet: string | null, quota: string | null }} scope
+   * @param {Record<string, any>} input
+   * @returns {Promise<import('tokenwarden-wasm').Output>}
+   */
+  async #apply({ tw, who, fleet, quota }, input) {
+    const op = input.op
+    const fields = typeof op === 'string' && Object.hasOwn(MEMBER_INPUTS, op) ? MEMBER_INPUTS[op] : null
+    if (fields === null) {
+      throw Object.assign(new HttpError(400, 'invalid_argument', `\`op\` must be one of ${Object.keys(MEMBER_INPUTS).join(', ')} (the core's inputs a member of the fleet sends; see API.md)`), {
+        field: 'op',
+      })
     }
-    if (step.kind === 'wait' && step.ticket !== null) {
-      this.leases.set(step.ticket, { state: 'queued', agent: request.agent, ...named, pool, eta: step.until })
-      // The grant arrives as a `granted` event (handled in #start); nothing awaits this.
-      ask.lease?.catch(() => {})
-      return json(202, { kind: 'queued', lease: step.ticket, epoch: this.epoch, eta: step.until, ...out })
+    only(input, ['op', ...fields], `the ${op} input`)
+    switch (op) {
+      case 'request_lease':
+      case 'call_lease': {
+        const given = input.request
+        if (given === null || typeof given !== 'object' || Array.isArray(given))
+          throw Object.assign(new HttpError(400, 'invalid_argument', '`request` must be a lease request object'), { field: 'request' })
+        for (const k of Object.keys(given)) if (!FIELDS.has(k)) throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`), { field: k })
+        const pool = typeof given.pool === 'string' ? tw.pool(given.pool) : (given.pool ?? 0)
+        const agent = await this.#agentFor(given.agent, who)
+        const request = { ...given, agent: agent.id, pool }
+        if (given.task === undefined || given.task === null) delete request.task
+        else request.task = taskId(given.task)
+        const out = tw.handle(op === 'call_lease' ? { op, call: input.call === undefined ? newCall() : callState(input.call), request } : { op, request })
+        if (request.task !== undefined) this.#own(request.task, who)
+        const named = agent.name === null ? {} : { name: agent.name }
+        if (out.output === 'send' || out.output === 'granted') {
+          this.leases.set(out.lease, { state: 'granted', agent: agent.id, ...named, pool, expiresAt: out.expiresAt, waitedMs: 0 })
+        } else if (out.output === 'queued' || (out.output === 'wait' && out.wait.ticket !== null)) {
+          // The grant arrives as a `granted` event (handled in #start).
+          const [ticket, eta] = out.output === 'queued' ? [out.lease, out.eta] : [/** @type {number} */ (out.wait.ticket), out.wait.until]
+          this.leases.set(ticket, { state: 'queued', agent: agent.id, ...named, pool, eta })
+        }
+        return out
+      }
+      case 'settle':
+      case 'call_interrupted': {
+        this.#known(input.lease, who)
+        const usage = op === 'settle' ? input.usage : (input.seen ?? null)
+        if (usage !== null || op === 'settle') checkUsage(usage, op === 'settle' ? 'usage' : 'seen')
+        const out = tw.handle(op === 'settle' ? { op, lease: input.lease, usage } : { op, lease: input.lease, seen: usage })
+        this.leases.delete(input.lease)
+        return out
+      }
+      case 'cancel': {
+        this.#known(input.lease, who)
+        const out = tw.handle({ op, lease: input.lease })
+        this.leases.delete(input.lease)
+        // A long poll on the ticket ends now (its lease is gone: 404), not at its timeout.
+        for (const wake of this.waiters.get(input.lease) ?? []) wake()
+        this.waiters.delete(input.lease)
+        return out
+      }
+      case 'renew': {
+        const rec = this.#known(input.lease, who)
+        const out = tw.handle({ op, lease: input.lease })
+        if (out.output === 'renewed') this.leases.set(input.lease, { ...rec, expiresAt: out.expiresAt })
+        return out
+      }
+      case 'response':
+      case 'call_response': {
+        checkHeaderPairs(input.headers)
+        if (!Number.isInteger(input.status) || input.status < 100 || input.status > 599)
+          throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
+        // Evidence about one call: the granted lease it was sent under, held by the reporter
+        // (the Worker has checked the handle), in the lease's own pool.
+        const lease = input.lease
+        if (lease === null || lease === undefined)
+          throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be the handle of the granted lease whose call this response answers: a report is evidence about one call'), {
+            field: 'lease',
+          })
+        const rec = this.#known(lease, who)
+        if (rec.state !== 'granted')
+          throw Object.assign(new HttpError(409, 'not_granted', 'this lease is a queued ticket: nothing was sent under it, so no response can answer it'), { field: 'lease' })
+        const pool = input.pool === undefined || input.pool === null ? rec.pool : typeof input.pool === 'string' ? tw.pool(input.pool) : input.pool
+        if (pool !== rec.pool) throw Object.assign(new HttpError(400, 'invalid_argument', '`pool` must be the pool of the lease the response answers'), { field: 'pool' })
+        // A member's report of its own call: the core bounds the pause one report may cause
+        // (`feedback.max_reported_pause_ms`, a minute by default).
+        const reported = { pool, lease, status: input.status, headers: input.headers, reported: true }
+        const out = tw.handle(op === 'call_response' ? { op, call: input.call === undefined ? newCall() : callState(input.call), ...reported } : { op, ...reported })
+        // Anything but a success the core settled as nothing used: the lease ended.
+        if (input.status < 200 || input.status > 299) this.leases.delete(lease)
+        return out
+      }
+      case 'open_task': {
+        const b = input.task
+        if (b === null || typeof b !== 'object' || Array.isArray(b))
+          throw Object.assign(new HttpError(400, 'invalid_argument', '`task` must be a task object: { task, role?, unblocks? }'), { field: 'task' })
+        only(b, ['task', 'role', 'unblocks'], 'the task')
+        const spec = { task: taskId(b.task), role: roleOf(b.role), unblocks: b.unblocks === undefined ? 0 : unblocksOf(b.unblocks) }
+        // An agent credential opens a new task only while fewer than three quarters of
+        // `max_tasks` are open, as a lease naming one does: the last quarter is the operator's.
+        if (who !== null) {
+          if (this.taskOwners.has(spec.task)) this.#mayAct(spec.task, who)
+          else {
+            const max = parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet ?? '']?.quotas?.[quota ?? '']?.config?.max_tasks ?? DEFAULT_MAX_TASKS
+            const open = Number(tw.metrics().tasks.open)
+            if (open >= Math.floor((max * 3) / 4))
+              throw new HttpError(409, 'too_many_tasks', `${open} tasks are open: an agent credential opens new ones only below three quarters of max_tasks (${max}); the rest is the operator's`)
+          }
+        }
+        const out = tw.handle({ op, task: spec })
+        this.#own(spec.task, who)
+        return out
+      }
+      case 'task_failed': {
+        const task = taskId(input.task)
+        this.#mayAct(task, who)
+        // A hash the client computed (failureSignature); never the test or diff itself.
+        if (!Number.isSafeInteger(input.signature) || input.signature < 0)
+          throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
+        return tw.handle({ op, task, signature: input.signature })
+      }
+      case 'end_task': {
+        const task = taskId(input.task)
+        this.#mayAct(task, who)
+        if (!['merged', 'abandoned', 'failed'].includes(input.outcome))
+          throw Object.assign(new HttpError(400, 'invalid_argument', '`outcome` must be merged, abandoned or failed'), { field: 'outcome' })
+        const out = tw.handle({ op, task, outcome: input.outcome })
+        this.taskOwners.delete(task)
+        return out
+      }
     }
-    const retryAt = step.kind === 'wait' ? step.until : null
-    const refused = new LeaseRejectedError(step.refusal, retryAt, this.clock.now(), step.kind === 'give_up' ? step.reason : null)
-    return json(200, { kind: 'reject', retryable: refused.retryable, retryAt, retryAfterMs: refused.retryAfterMs, reason: step.refusal, message: refused.message, ...out })
+    throw new Error(`internal: no case for the input ${op}`)
   }
 
   /**
@@ -636,50 +834,6 @@ export class QuotaObject {
     if (this.taskOwners.has(task)) return
     if (this.taskOwners.size >= MAX_TASK_OWNERS) this.taskOwners.delete(this.taskOwners.keys().next().value)
     this.taskOwners.set(task, who?.name ?? '')
-  }
-
-  /**
-   * Opens a task (or updates an open one): `{ task, role?, unblocks? }`. An agent
-   * credential opens a new task only while fewer than three quarters of `max_tasks` are
-   * open, as a lease naming one does: the last quarter is the operator's.
-   */
-  #openTask(tw, b, who, fleet, quota) {
-    for (const k of Object.keys(b)) if (!['task', 'role', 'unblocks'].includes(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the task`)
-    const spec = { task: taskId(b.task), role: roleOf(b.role), unblocks: b.unblocks === undefined ? 0 : unblocksOf(b.unblocks) }
-    if (who !== null) {
-      if (this.taskOwners.has(spec.task)) this.#mayAct(spec.task, who)
-      else {
-        const max = parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.quotas?.[quota]?.config?.max_tasks ?? DEFAULT_MAX_TASKS
-        const open = Number(tw.metrics().tasks.open)
-        if (open >= Math.floor((max * 3) / 4))
-          throw new HttpError(409, 'too_many_tasks', `${open} tasks are open: an agent credential opens new ones only below three quarters of max_tasks (${max}); the rest is the operator's`)
-      }
-    }
-    tw.openTask(spec)
-    this.#own(spec.task, who)
-    return json(200, { task: spec.task, open: true })
-  }
-
-  /** A failed attempt of an open task: `{ signature }` (a hash the client computed; never the test or diff itself). */
-  #taskFailed(tw, id, b, who) {
-    this.#mayAct(Number(id), who)
-    for (const k of Object.keys(b))
-      if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
-    if (!Number.isSafeInteger(b.signature) || b.signature < 0)
-      throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
-    return json(200, { task: Number(id), repeats: tw.taskFailed(Number(id), b.signature) })
-  }
-
-  /** Ends an open task: `{ outcome }` (merged, abandoned or failed) or `{ merged }`; answers its figures. */
-  #taskDone(tw, id, b, who) {
-    this.#mayAct(Number(id), who)
-    for (const k of Object.keys(b)) if (k !== 'outcome' && k !== 'merged') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body`)
-    if (b.merged !== undefined && typeof b.merged !== 'boolean') throw Object.assign(new HttpError(400, 'invalid_argument', '`merged` must be true or false'), { field: 'merged' })
-    const outcome = b.outcome ?? (b.merged === false ? 'abandoned' : 'merged')
-    if (!['merged', 'abandoned', 'failed'].includes(outcome)) throw Object.assign(new HttpError(400, 'invalid_argument', '`outcome` must be merged, abandoned or failed'), { field: 'outcome' })
-    const summary = tw.endTask(Number(id), outcome)
-    this.taskOwners.delete(Number(id))
-    return json(200, summary)
   }
 
   /**
@@ -730,67 +884,6 @@ export class QuotaObject {
     return now.state === 'granted'
       ? json(200, { kind: 'grant', lease, epoch: this.epoch, expiresAt: now.expiresAt ?? null, waitedMs: now.waitedMs ?? 0 })
       : json(202, { kind: 'queued', lease, epoch: this.epoch, eta: now.eta })
-  }
-
-  #settle(tw, lease, usage, who) {
-    this.#known(lease, who)
-    for (const k of Object.keys(usage)) if (!USAGE.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the usage`)
-    const s = tw.settle(lease, usage)
-    this.leases.delete(lease)
-    return json(200, s)
-  }
-
-  /**
-   * A provider response, through the core's call lifecycle: the report, and the core's
-   * step for the call (`call` as in `#lease`). A response that is not a success settles
-   * its lease as nothing used: the lease ends here.
-   */
-  #response(tw, b, who) {
-    for (const k of Object.keys(b))
-      if (!['pool', 'lease', 'status', 'headers', 'call'].includes(k)) throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the report`), { field: k })
-    checkHeaderPairs(b.headers)
-    if (!Number.isInteger(b.status) || b.status < 100 || b.status > 599)
-      throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
-    // Evidence about one call: the granted lease it was sent under, held by the reporter
-    // (the Worker has checked the handle), in the lease's own pool.
-    const lease = b.lease
-    if (lease === null || lease === undefined)
-      throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be the handle of the granted lease whose call this response answers: a report is evidence about one call'), {
-        field: 'lease',
-      })
-    const rec = this.#known(lease, who)
-    if (rec.state !== 'granted') throw Object.assign(new HttpError(409, 'not_granted', 'this lease is a queued ticket: nothing was sent under it, so no response can answer it'), { field: 'lease' })
-    const pool = b.pool === undefined || b.pool === null ? rec.pool : typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool
-    if (pool !== rec.pool) throw Object.assign(new HttpError(400, 'invalid_argument', '`pool` must be the pool of the lease the response answers'), { field: 'pool' })
-    const call = b.call === undefined ? newCall() : callState(b.call)
-    // A member's report of its own call: the core bounds the pause one report may cause
-    // (`feedback.max_reported_pause_ms`, a minute by default).
-    const r = tw.callResponse(call, pool, lease, b.status, b.headers, { reported: true })
-    if (b.status < 200 || b.status > 299) this.leases.delete(lease)
-    return json(200, r)
-  }
-
-  /** Keeps a granted lease live while its call runs: `{ expiresAt }`, now + `lease_ttl_ms`. */
-  #renew(tw, lease, b, who) {
-    const rec = this.#known(lease, who)
-    if (Object.keys(b).length > 0) throw new HttpError(400, 'invalid_argument', `unknown field \`${Object.keys(b)[0]}\` in the body: renew takes none`)
-    const expiresAt = tw.renew(lease)
-    this.leases.set(lease, { ...rec, expiresAt })
-    return json(200, { expiresAt })
-  }
-
-  /** A call that ended without a usage report: the core's conservative charge. */
-  #interrupted(tw, lease, b, who) {
-    this.#known(lease, who)
-    for (const k of Object.keys(b)) if (k !== 'seen') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body`)
-    const seen = b.seen ?? null
-    if (seen !== null) {
-      if (typeof seen !== 'object' || Array.isArray(seen)) throw new HttpError(400, 'invalid_argument', '`seen` must be a usage object or null')
-      for (const k of Object.keys(seen)) if (!USAGE.has(k)) throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in \`seen\``)
-    }
-    const s = tw.callInterrupted(lease, seen, null, null)
-    this.leases.delete(lease)
-    return json(200, s)
   }
 
   /**

@@ -37,12 +37,30 @@ async function toObject(env, fleet, quota, path, init = {}, { agent = null, clie
   return env.QUOTAS.get(id).fetch(`https://quota${path}`, { ...init, headers, redirect: 'manual' })
 }
 
-/** Replaces the lease id in a decision by its signed handle (the object says its epoch). */
+/**
+ * Replaces the lease ids in an answer by their signed handles (the object says its epoch):
+ * `lease`, and a wait's `ticket` (an output of `POST …/handle`).
+ */
 async function withHandle(res, secret, fleet, quota) {
   const body = await res.json()
-  if (typeof body.lease === 'number' && typeof body.epoch === 'string') body.lease = await signHandle(secret, fleet, quota, body.lease, body.epoch)
+  if (typeof body.epoch === 'string') {
+    if (typeof body.lease === 'number') body.lease = await signHandle(secret, fleet, quota, body.lease, body.epoch)
+    if (typeof body.wait?.ticket === 'number') body.wait.ticket = await signHandle(secret, fleet, quota, body.wait.ticket, body.epoch)
+  }
   delete body.epoch
   return json(res.status, body)
+}
+
+/** A JSON object request body, bounded; 400 for anything else. */
+function jsonObject(raw) {
+  let body
+  try {
+    body = JSON.parse(raw)
+  } catch {
+    throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
+  }
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
+  return body
 }
 
 /** A path segment, percent-decoded; a malformed escape is a 404, like any unknown name. */
@@ -143,6 +161,18 @@ async function handle(request, env) {
   const maxBody = limitFrom(env, 'TOKENWARDEN_MAX_BODY_BYTES', DEFAULT_MAX_BODY_BYTES)
   const text = () => readText(request, maxBody)
 
+  // The core's host protocol: one input in, its output back, leases as handles both ways.
+  if (request.method === 'POST' && rest === '/handle') {
+    const input = jsonObject(await text())
+    /** @type {string | null} */
+    let epoch = null
+    if (typeof input.lease === 'string') ({ id: input.lease, epoch } = await openHandle(secret, fleet, quota, input.lease))
+    else if (input.lease !== undefined && input.lease !== null) {
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be a lease handle (tw1.…) an earlier answer gave'), { field: 'lease' })
+    }
+    const res = await object('/handle', { method: 'POST', body: JSON.stringify(input) }, epoch)
+    return res.status === 200 ? withHandle(res, secret, fleet, quota) : res
+  }
   if (request.method === 'POST' && rest === '/leases') {
     const res = await object('/lease', { method: 'POST', body: await text() })
     return withHandle(res, secret, fleet, quota)
@@ -171,14 +201,7 @@ async function handle(request, env) {
     return object(`/task-${parts[2]}/${task}`, { method: 'POST', body: await text() })
   }
   if (request.method === 'POST' && rest === '/responses') {
-    const raw = await text()
-    let body
-    try {
-      body = JSON.parse(raw)
-    } catch {
-      throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
-    }
-    if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
+    const body = jsonObject(await text())
     // A report is evidence about one call: it names that call's lease by its handle (the
     // object refuses one without; see API.md). Anything but a handle names no lease.
     /** @type {string | null} */

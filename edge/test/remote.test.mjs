@@ -195,6 +195,42 @@ test("a provider's answer is decided by the limiter's core while it answers, not
   tw.close()
 })
 
+test('the remote driver is an engine over HTTP: every input is one POST …/handle (long polls aside), and its local engine decides nothing while the limiter answers', async () => {
+  const seen = []
+  const recording = async (input, init) => {
+    const url = new URL(String(input))
+    seen.push({ method: init?.method ?? 'GET', path: url.pathname.replace(/^\/v1\/fleets\/f\/quotas\/q/, ''), op: typeof init?.body === 'string' ? JSON.parse(init.body).op : null })
+    return fetch(input, init)
+  }
+  const local = nativeEngines.create({ pools: [POOL] }, 1, 0)
+  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'q', secret: SECRET, engine: local, fetch: recording })
+  const errors = []
+  tw.on('remote_error', (e) => errors.push(e))
+  assert.deepEqual(await fleet(tw, 2, 2), [])
+  mock.fail429(1, { retryAfterSeconds: 0 })
+  assert.deepEqual(await fleet(tw, 1, 1), [], "a 429 the limiter's core waits out")
+  const l = await tw.acquire({ agent: 'plain', pool: 0, inputTokens: 100, maxTokens: 10 })
+  assert.ok(Number(await l.renew()) > 0)
+  await l.settle({ inputTokens: 90, outputTokens: 5 })
+  ;(await tw.acquire({ agent: 'plain', pool: 0, inputTokens: 100, maxTokens: 10 })).cancel()
+  await (await tw.acquire({ agent: 'plain', pool: 0, inputTokens: 100, maxTokens: 10 })).interrupted(null)
+  await tw.openTask({ task: 77, role: 'planner', unblocks: 1 })
+  assert.equal(await tw.taskFailed(77, 5), 0)
+  assert.equal((await tw.endTask(77, 'merged')).outcome, 'merged')
+  await new Promise((r) => setTimeout(r, 100))
+  assert.deepEqual(errors, [])
+  const other = seen.filter((r) => !(r.method === 'POST' && r.path === '/handle') && !(r.method === 'GET' && r.path.startsWith('/leases/')))
+  assert.deepEqual(other, [], 'nothing but the protocol and long polls')
+  const ops = new Set(seen.map((r) => r.op).filter((op) => op !== null))
+  for (const op of ['call_lease', 'call_response', 'settle', 'request_lease', 'renew', 'cancel', 'call_interrupted', 'open_task', 'task_failed', 'end_task'])
+    assert.ok(ops.has(op), `${op} went to the limiter`)
+  // The local engine took the providers' headers in (it is the fallback) but granted nothing.
+  const counters = local.metrics(0).pools[0].counters
+  for (const k of ['grantedNow', 'grantedFromQueue', 'queued', 'rejected', 'settled']) assert.equal(Number(counters[k]), 0, `local ${k}`)
+  assert.equal(Number(counters.rateLimited), 1, `the local engine saw the 429: ${JSON.stringify(counters)}`)
+  tw.close()
+})
+
 test('failing open, each of N processes leases locally at 1/N of the quota, and says so', async () => {
   const make = () => new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'shared', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, timeoutMs: 500, retryRemoteMs: 60_000 })
   const a = make()

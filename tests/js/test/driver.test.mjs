@@ -239,6 +239,54 @@ describe('responses and events', () => {
   })
 })
 
+describe('handle: the host protocol at the driver\'s clock', () => {
+  test('inputs answer outputs, and listeners hear what the typed methods announce', async () => {
+    const { clock, driver, events } = setup()
+    const sent = driver.handle({ op: 'call_lease', request: req(1, 85_000) })
+    assert.equal(sent.output, 'send')
+    const waited = driver.handle({ op: 'call_lease', call: sent.call, request: req(2, 10_000) })
+    assert.equal(waited.output, 'wait')
+    assert.equal(waited.wait.reason, 'queued')
+    assert.deepEqual(
+      events.map((e) => [e.name, e.agent]),
+      [
+        ['granted', 1],
+        ['queued', 2],
+      ],
+    )
+    // The ticket has no promise: its grant comes as an event, when the driver's one timer fires.
+    assert.equal(driver.waiting, 0)
+    assert.equal(clock.pending, 1, 'the timer is armed for the refill')
+    await clock.advance(Number(waited.wait.until))
+    assert.deepEqual(events.at(-1).name, 'granted')
+    assert.equal(events.at(-1).lease, waited.wait.ticket)
+    const limited = driver.handle({ op: 'call_response', call: sent.call, pool: 0, lease: sent.lease, status: 429, headers: [['retry-after', '3']] })
+    assert.equal(limited.output, 'wait')
+    assert.equal(limited.wait.reason, 'rate_limited')
+    const heard = events.filter((e) => e.name === 'rate_limited' || e.name === 'settled')
+    assert.deepEqual(
+      heard.map((e) => e.name),
+      ['rate_limited', 'settled'],
+    )
+    assert.equal(heard[0].retryAfterMs, 3_000)
+    assert.equal(heard[1].lease, sent.lease)
+    const s = driver.handle({ op: 'settle', lease: waited.wait.ticket, usage: { inputTokens: 9_000, outputTokens: 10 } })
+    assert.equal(s.output, 'settled')
+    assert.deepEqual(events.at(-1), { name: 'settled', lease: waited.wait.ticket, agent: null, pool: null, settlement: s.settlement })
+    const never = driver.handle({ op: 'request_lease', request: req(3, 10_000_000) })
+    assert.equal(never.output, 'never_fits')
+    assert.deepEqual(events.at(-1), { name: 'rejected', agent: 3, pool: 0, reason: never.reason, retryAt: null })
+  })
+
+  test('a bad input throws the engine\'s coded error, announces nothing, and a closed driver refuses', () => {
+    const { driver, events } = setup()
+    assert.throws(() => driver.handle({ op: 'settle', lease: 99, usage: {} }), { code: 'unknown_lease' })
+    assert.deepEqual(events, [])
+    driver.close()
+    assert.throws(() => driver.handle({ op: 'timeout' }), { code: 'closed' })
+  })
+})
+
 describe('bad input is a coded error and changes nothing', () => {
   const cases = [
     ['negative tokens', req(1, -5), RangeError, 'invalid_argument', 'inputTokens'],
@@ -314,20 +362,22 @@ describe('RemoteLease.renew', () => {
       const path = new URL(url).pathname
       calls.push({ method: init.method, path, body: init.body === null ? null : JSON.parse(init.body) })
       const json = (status, body) => new Response(JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } })
-      if (init.method === 'POST' && path.endsWith('/leases')) return json(200, { kind: 'grant', lease: HANDLE, expiresAt: 120_000 })
-      if (path.endsWith('/renew')) {
-        return ended.has(HANDLE) ? json(404, { error: 'unknown_lease', message: 'no such lease' }) : json(200, { expiresAt: 150_000 })
+      const input = calls.at(-1).body
+      if (init.method !== 'POST' || !path.endsWith('/handle')) return json(404, { error: 'not_found', message: path })
+      if (input.op === 'request_lease') return json(200, { output: 'granted', lease: HANDLE, expiresAt: 120_000 })
+      if (input.op === 'renew') {
+        return ended.has(input.lease) ? json(404, { error: 'unknown_lease', message: 'no such lease' }) : json(200, { output: 'renewed', expiresAt: 150_000 })
       }
-      if (path.endsWith('/settle')) {
-        ended.add(HANDLE)
-        return json(200, { reserved: [1, 1, 2, 1], used: [1, 1, 2, 1] })
+      if (input.op === 'settle') {
+        ended.add(input.lease)
+        return json(200, { output: 'settled', settlement: { reserved: [1, 1, 2, 1], used: [1, 1, 2, 1] } })
       }
       return json(404, { error: 'not_found', message: path })
     }
     return { calls, fetch }
   }
 
-  test('RemoteLease.renew posts to /leases/<handle>/renew and takes the limiter expiresAt', async () => {
+  test('RemoteLease.renew posts the renew input with its handle and takes the limiter expiresAt', async () => {
     const { calls, fetch } = stub()
     const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines.create(REMOTE_CONFIG, 1, 0), clock: new ManualClock(0), fetch })
     const lease = await tw.acquire({ agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 })
@@ -335,7 +385,7 @@ describe('RemoteLease.renew', () => {
     assert.equal(lease.expiresAt, 120_000)
     assert.equal(await lease.renew(), 150_000)
     assert.equal(lease.expiresAt, 150_000)
-    assert.deepEqual(calls.at(-1), { method: 'POST', path: `/v1/fleets/f/quotas/q/leases/${HANDLE}/renew`, body: {} })
+    assert.deepEqual(calls.at(-1), { method: 'POST', path: '/v1/fleets/f/quotas/q/handle', body: { op: 'renew', lease: HANDLE } })
     await lease.settle({ inputTokens: 1, outputTokens: 1 })
     // Ended here: refused without a round trip.
     const n = calls.length
