@@ -492,18 +492,17 @@ export class RemoteTokenwarden extends Tokenwarden {
   async remoteRespond(lease: RemoteLease, call: CallState, status: number, headers: HeadersLike): Promise<CallResponseResult> {
     const pairs = headerPairs(headers)
     const poolName = this.engine.pools[lease.pool]
-    let out: WireOutput
+    let answer: CallResponseResult
     try {
-      out = await this.#handle({ op: 'call_response', call, pool: poolName, lease: lease.handle, status, headers: pairs })
-      const step = this.#step(out)
-      this.report(lease.pool, null, status, pairs)
+      const out = await this.#handle({ op: 'call_response', call, pool: poolName, lease: lease.handle, status, headers: pairs })
       const r = out as { call: CallState; settled?: Settlement; report: HeaderReport }
-      return { call: r.call, step, settled: r.settled ?? null, report: r.report }
+      answer = { call: r.call, step: this.#step(out), settled: r.settled ?? null, report: r.report }
     } catch (e) {
-      const why = e instanceof TokenwardenError ? `${e.message}; the local engine decided` : (e as Error).message
-      this.emit('remote_error', { operation: 'report', message: why })
+      this.emit('remote_error', { operation: 'report', message: `${(e as Error).message}; the local engine decided` })
       return this.callResponse(call, lease.pool, null, status, pairs) as CallResponseResult
     }
+    this.report(lease.pool, null, status, pairs)
+    return answer
   }
 
   /** @internal See {@link RemoteLease.interrupted}. */

@@ -558,6 +558,9 @@ export class QuotaObject {
         case 'POST clock':
           response = await this.#advanceClock(await body(request))
           break
+        case 'POST hold':
+          response = this.#hold(tw, await body(request))
+          break
         case 'POST proxy':
         case 'GET proxy':
         case 'PUT proxy':
@@ -857,6 +860,26 @@ export class QuotaObject {
     this.written = new Map()
     this.alarmAt = undefined
     return json(200, { reset: true, ended })
+  }
+
+  /**
+   * The operator's hold (`POST …/admin/hold { pool?, forMs }`), the core's `hold` input: the
+   * pool grants nothing for `forMs` (a key being rotated, a provider incident, a spend
+   * alarm), bounded by `feedback.max_pause_ms`, never shortening a pause in force. Leases
+   * already granted run on; queued calls keep their places and are granted after it.
+   */
+  #hold(tw, b) {
+    only(b, ['pool', 'forMs'], 'the hold')
+    const ms = b.forMs
+    if (!Number.isInteger(ms) || ms < 0 || ms > 86_400_000)
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`forMs` must be an integer number of milliseconds from 0 to 86400000'), { field: 'forMs' })
+    const pool = b.pool === undefined ? 0 : typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool
+    if (!Number.isInteger(pool) || pool < 0 || pool >= tw.engine.pools.length) {
+      throw Object.assign(new HttpError(400, 'unknown_pool', `\`pool\` must be a pool's name or index; the quota has ${tw.engine.pools.join(', ')}`), { field: 'pool' })
+    }
+    const out = tw.handle({ op: 'hold', pool, until: this.clock.now() + ms })
+    if (out.output !== 'held') throw new Error(`internal: hold answered ${out.output}`)
+    return json(200, { held: true, pool: tw.engine.pools[pool], until: out.until })
   }
 
   /** Tests only (`TOKENWARDEN_TEST_CLOCK=1`): moves the object's clock by hand (see ObjectClock). */

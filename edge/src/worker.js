@@ -142,6 +142,10 @@ async function handle(request, env) {
     const f = await authenticateAdmin(fleets, fleet, request)
     if (!Object.hasOwn(f.quotas, quota)) throw new HttpError(404, 'not_found', 'no such quota in this fleet')
     if (request.method === 'POST' && rest === '/admin/reset') return toObject(env, fleet, quota, '/reset', { method: 'POST' })
+    // The core's hold: no grants from a pool for a while.
+    if (request.method === 'POST' && rest === '/admin/hold') {
+      return toObject(env, fleet, quota, '/hold', { method: 'POST', headers: { 'content-type': 'application/json' }, body: await readText(request, DEFAULT_MAX_BODY_BYTES) })
+    }
     // Tests only: the object's clock, moved by hand (quota.js, ObjectClock).
     if (request.method === 'POST' && rest === '/admin/clock' && env.TOKENWARDEN_TEST_CLOCK === '1') {
       return toObject(env, fleet, quota, '/clock', { method: 'POST', headers: { 'content-type': 'application/json' }, body: await readText(request, DEFAULT_MAX_BODY_BYTES) })
@@ -168,7 +172,7 @@ async function handle(request, env) {
     let epoch = null
     if (typeof input.lease === 'string') ({ id: input.lease, epoch } = await openHandle(secret, fleet, quota, input.lease))
     else if (input.lease !== undefined && input.lease !== null) {
-      throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be a lease handle (tw1.…) an earlier answer gave'), { field: 'lease' })
+      throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be a lease handle an earlier answer gave (tw2.…), not a number'), { field: 'lease' })
     }
     const res = await object('/handle', { method: 'POST', body: JSON.stringify(input) }, epoch)
     return res.status === 200 ? withHandle(res, secret, fleet, quota) : res

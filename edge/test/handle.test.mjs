@@ -11,6 +11,7 @@ import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 const workerEntry = fileURLToPath(new URL('../src/worker.js', import.meta.url))
 const outdir = fileURLToPath(new URL('../.build/handle/', import.meta.url))
 const SECRET = 'handle-secret-0123456789abcdef'
+const ADMIN = 'handle-admin-secret-0123456789'
 const POOL = { name: 'sonnet', input_tokens_per_minute: 60_000, output_tokens_per_minute: 60_000, requests_per_minute: 1_000 }
 
 let worker
@@ -20,8 +21,8 @@ before(async () => {
   rmSync(outdir, { recursive: true, force: true })
   await buildWorker(outdir, { entry: workerEntry })
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-handle-'))
-  const quotas = Object.fromEntries(['q', 'queue', 'limited', 'tasks', 'agents', 'bad'].map((q) => [q, { config: { pools: [POOL] } }]))
-  worker = await startWorker({ outdir, persist, fleets: { f: { secret: SECRET, quotas } } })
+  const quotas = Object.fromEntries(['q', 'queue', 'limited', 'tasks', 'agents', 'bad', 'held'].map((q) => [q, { config: { pools: [POOL] } }]))
+  worker = await startWorker({ outdir, persist, fleets: { f: { secret: SECRET, admin_secret: ADMIN, quotas } } })
 })
 
 after(async () => {
@@ -143,4 +144,32 @@ test("what a member may not send: the operator's inputs, raw or forged lease ids
   assert.equal(unknownField.body.field, 'cached')
   // Nothing was half-applied: the lease is still live and settles.
   assert.equal((await handle('bad', { op: 'settle', lease: sent.body.lease, usage: { inputTokens: 90 } })).body.output, 'settled')
+})
+
+test("the operator's hold: no grants from the pool until it ends, queued calls keep their places; only the admin secret holds", async () => {
+  const hold = (body, secret = ADMIN) =>
+    fetch(`${worker.base}/v1/fleets/f/quotas/held/admin/hold`, { method: 'POST', headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' }, body: JSON.stringify(body) })
+  assert.equal((await hold({ pool: 'sonnet', forMs: 60_000 }, SECRET)).status, 401, 'the fleet secret cannot hold')
+  assert.equal((await handle('held', { op: 'hold', pool: 0, until: 1e13 })).status, 400, 'nor send the input itself')
+  const bad = await hold({ pool: 'sonnet', forMs: -1 })
+  assert.equal(bad.status, 400)
+  assert.equal((await bad.json()).field, 'forMs')
+  assert.equal((await hold({ pool: 'opus', forMs: 1_000 })).status, 400, 'an unknown pool')
+  assert.equal((await hold({ pool: 'sonnet', forMs: 1_000, extra: 1 })).status, 400)
+  const before = await handle('held', { op: 'call_lease', request: ask('early', 100) })
+  assert.equal(before.body.output, 'send')
+  const res = await hold({ pool: 'sonnet', forMs: 60_000 })
+  assert.equal(res.status, 200)
+  const held = await res.json()
+  assert.equal(held.held, true)
+  assert.equal(held.pool, 'sonnet')
+  const during = await handle('held', { op: 'call_lease', request: ask('late', 100) })
+  assert.equal(during.body.output, "wait", JSON.stringify(during.body))
+  assert.equal(during.body.wait.reason, 'queued', 'in line for the end of the hold')
+  assert.equal(during.body.wait.checkpoint, true, 'a wait that long: write the turn down first')
+  assert.ok(Number(during.body.wait.until) >= held.until, 'nothing is granted before the hold ends')
+  // A lease granted before the hold runs on.
+  assert.equal((await handle('held', { op: 'settle', lease: before.body.lease, usage: { inputTokens: 90 } })).body.output, 'settled')
+  const metrics = await (await fetch(`${worker.base}/v1/fleets/f/quotas/held/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()
+  assert.equal(Number(metrics.pools[0].pausedUntil), held.until, 'the pool is paused until the hold ends')
 })

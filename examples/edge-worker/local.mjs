@@ -9,7 +9,12 @@ import { fileURLToPath } from 'node:url'
 import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 
-const port = Number(process.argv[process.argv.indexOf('--port') + 1] || 8787)
+const at = process.argv.indexOf('--port')
+const port = at === -1 ? 8787 : Number(process.argv[at + 1])
+if (!Number.isInteger(port) || port < 0 || port > 65535) {
+  console.error(`--port takes a port number (0 to 65535; 0: any free one), got ${JSON.stringify(process.argv[at + 1] ?? '')}`)
+  process.exit(2)
+}
 const outdir = join(mkdtempSync(join(tmpdir(), 'tokenwarden-edge-build-')), '/')
 await buildWorker(outdir, { entry: fileURLToPath(new URL('./src/index.js', import.meta.url)) })
 const mock = await startMockProvider({ inputTokensPerMinute: 120_000, outputTokensPerMinute: 30_000, requestsPerMinute: 600, concurrency: 8 })
@@ -31,6 +36,8 @@ console.log(`edge limiter on ${url} (workerd), upstream: mock provider on ${mock
   dashboard   ${q}/dashboard        (secret: ${secret})
   lease       curl -s -X POST -H 'authorization: Bearer ${secret}' -H 'content-type: application/json' \\
                 -d '{"agent":"me","pool":"claude-sonnet-4-6","inputTokens":1000,"maxTokens":100}' ${q}/leases
+  protocol    curl -s -X POST -H 'authorization: Bearer ${secret}' -H 'content-type: application/json' \\
+                -d '{"op":"call_lease","request":{"agent":"me","pool":"claude-sonnet-4-6","inputTokens":1000,"maxTokens":100}}' ${q}/handle
   metrics     curl -s -H 'authorization: Bearer ${secret}' '${q}/metrics?format=prometheus'
   proxy       new Anthropic({ baseURL: '${q}/proxy', apiKey: 'any', defaultHeaders: { 'x-tokenwarden-token': '${secret}' }, maxRetries: 0 })`)
 const stop = async () => {
