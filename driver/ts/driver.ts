@@ -399,9 +399,22 @@ export class Driver extends Emitter<DriverEvents> {
     const now = this.clock.now()
     const dated = (input.op === 'response' || input.op === 'call_response') && input.unixNowMs == null ? { ...input, unixNowMs: this.clock.unixNow() } : input
     const out = this.engine.handle(now, dated)
+    // A ticket this driver holds a promise for, withdrawn by the input: its waiter ends as
+    // with `cancel()`.
+    if (out.output === 'cancelled' && input.op === 'cancel') this.#withdrawn(input.lease, new AbortedError('cancelled'))
+    if (out.output === 'ended') for (const id of out.withdrawn) this.#withdrawn(id, new AbortedError('the host restarted'))
     this.#announce(input, out, now)
     this.#afterCall()
     return out
+  }
+
+  /** Ends the waiter of a ticket that is gone, if this driver has one. */
+  #withdrawn(id: number, error: Error): void {
+    const w = this.#waiters.get(id)
+    if (w === undefined) return
+    this.#waiters.delete(id)
+    this.#detach(w)
+    w.reject(error)
   }
 
   /** The driver's events for an input applied through {@link handle}. */
@@ -414,7 +427,7 @@ export class Driver extends Emitter<DriverEvents> {
       }
       const queued = (lease: number, eta: U64, checkpoint?: boolean): void => {
         if (!this.listening('queued')) return
-        const e = { lease, agent, pool, eta, etaMs: Math.max(0, Number(eta) - now) }
+        const e = { lease, agent, pool, eta: Number(eta), etaMs: Math.max(0, Number(eta) - now) }
         this.emit('queued', checkpoint === undefined ? e : { ...e, checkpoint })
       }
       switch (out.output) {
@@ -547,12 +560,7 @@ export class Driver extends Emitter<DriverEvents> {
   /** Cancels a lease or queued ticket by id. */
   cancel(lease: number): void {
     this.engine.cancel(this.clock.now(), lease)
-    const w = this.#waiters.get(lease)
-    if (w !== undefined) {
-      this.#waiters.delete(lease)
-      this.#detach(w)
-      w.reject(new AbortedError('cancelled'))
-    }
+    this.#withdrawn(lease, new AbortedError('cancelled'))
     this.#afterCall()
   }
 

@@ -14,7 +14,24 @@ import type { Clock } from './clock.js'
 import type { AcquireOptions } from './driver.js'
 import { ENGINE_ERROR_CODES } from './abi.js'
 import type { ErrorCode } from './errors.js'
-import type { CallResponseResult, CallState, CallStep, Engine, EngineFactory, HeaderReport, LeaseRequest, Output, Settlement, TaskOutcome, TaskSpec, TaskSummary, U64, Usage, Wait } from './types.js'
+import type {
+  CallResponseResult,
+  CallState,
+  CallStep,
+  Engine,
+  EngineFactory,
+  HeaderReport,
+  Input,
+  LeaseRequest,
+  Output,
+  Settlement,
+  TaskOutcome,
+  TaskSpec,
+  TaskSummary,
+  U64,
+  Usage,
+  Wait,
+} from './types.js'
 
 /** What a fallback must offer for tasks. */
 type TaskOps = Pick<Tokenwarden, 'openTask' | 'taskFailed' | 'endTask'>
@@ -262,6 +279,18 @@ export class RemoteTokenwarden extends Tokenwarden {
     super.close()
   }
 
+  /**
+   * Not over HTTP: the limiter's protocol is asynchronous (`acquire`, `callLease`, a lease's
+   * `respond`, `settle`, … send each input to it). Throws, rather than apply the input to
+   * the local engine behind the limiter's back.
+   */
+  override handle(input: Input): Output {
+    throw new TokenwardenError(
+      'invalid_argument',
+      `RemoteTokenwarden.handle(${JSON.stringify(input?.op)}): the remote driver sends inputs to the edge limiter through its typed methods (acquire, callLease, a lease's respond, settle, renew, cancel, interrupted, the task methods); POST …/handle takes them over HTTP`,
+    )
+  }
+
   /** A limiter instant (Unix ms) on this driver's clock. */
   #onClock(at: U64 | null | undefined): number {
     return this.clock.now() + Math.max(0, Number(at ?? 0) - Date.now())
@@ -274,6 +303,12 @@ export class RemoteTokenwarden extends Tokenwarden {
    */
   async #handle(input: Record<string, unknown>): Promise<WireOutput> {
     const r = await this.#call('POST', '/handle', input)
+    if (r.status === 404 && r.body.error === 'not_found') {
+      throw new TokenwardenError(
+        'invalid_argument',
+        `the edge limiter at ${this.#o.url} answered 404 for POST …/handle: ${String(r.body.message ?? '')} (no such fleet or quota, or a Worker older than this driver, which speaks the core's protocol there)`,
+      )
+    }
     if (r.status !== 200) {
       const code = typeof r.body.error === 'string' && (LIMITER_CODES as readonly string[]).includes(r.body.error) ? (r.body.error as ErrorCode) : 'invalid_argument'
       const field = typeof r.body.field === 'string' ? { field: r.body.field } : undefined
@@ -501,7 +536,12 @@ export class RemoteTokenwarden extends Tokenwarden {
       this.emit('remote_error', { operation: 'report', message: `${(e as Error).message}; the local engine decided` })
       return this.callResponse(call, lease.pool, null, status, pairs) as CallResponseResult
     }
-    this.report(lease.pool, null, status, pairs)
+    try {
+      this.report(lease.pool, null, status, pairs)
+    } catch (e) {
+      // The limiter has the response and decided; the fallback missed one reading.
+      this.emit('remote_error', { operation: 'report', message: `the local engine could not take the headers in: ${(e as Error).message}` })
+    }
     return answer
   }
 

@@ -503,12 +503,14 @@ export class QuotaObject {
           response = json(200, { cancelled: true })
           break
         case 'POST interrupted': {
+          this.#known(lease, who)
           const b = only(await body(request), ['seen'], 'the body')
           const out = await this.#apply(scope, { op: 'call_interrupted', lease, seen: b.seen ?? null })
           response = json(200, /** @type {{ settlement: unknown }} */ (out).settlement)
           break
         }
         case 'POST renew': {
+          this.#known(lease, who)
           only(await body(request), [], 'the body: renew takes none')
           const out = await this.#apply(scope, { op: 'renew', lease })
           response = json(200, { expiresAt: /** @type {{ expiresAt: number }} */ (out).expiresAt })
@@ -529,6 +531,7 @@ export class QuotaObject {
           break
         }
         case 'POST task-failed': {
+          this.#mayAct(Number(id), who)
           const b = await body(request)
           for (const k of Object.keys(b))
             if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
@@ -537,6 +540,7 @@ export class QuotaObject {
           break
         }
         case 'POST task-done': {
+          this.#mayAct(Number(id), who)
           const b = only(await body(request), ['outcome', 'merged'], 'the body')
           if (b.merged !== undefined && typeof b.merged !== 'boolean') throw Object.assign(new HttpError(400, 'invalid_argument', '`merged` must be true or false'), { field: 'merged' })
           const out = await this.#apply(scope, { op: 'end_task', task: Number(id), outcome: b.outcome ?? (b.merged === false ? 'abandoned' : 'merged') })
@@ -662,7 +666,7 @@ export class QuotaObject {
    */
   async #lease(scope, b) {
     const { call, ...request } = b
-    const out = await this.#apply(scope, { op: 'call_lease', call: call ?? newCall(), request })
+    const out = await this.#apply(scope, call === undefined ? { op: 'call_lease', request } : { op: 'call_lease', call, request })
     const step = stepOf(out)
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
     const { lease: _l, ticket: _t, ...shown } = /** @type {any} */ (step)
@@ -702,10 +706,13 @@ export class QuotaObject {
         field: 'op',
       })
     }
-    only(input, ['op', ...fields], `the ${op} input`)
+    // The fields are checked after who may act: another agent's lease or task is 403 or 404
+    // whatever the body holds.
+    const checkFields = () => only(input, ['op', ...fields], `the ${op} input`)
     switch (op) {
       case 'request_lease':
       case 'call_lease': {
+        checkFields()
         const given = input.request
         if (given === null || typeof given !== 'object' || Array.isArray(given))
           throw Object.assign(new HttpError(400, 'invalid_argument', '`request` must be a lease request object'), { field: 'request' })
@@ -730,6 +737,7 @@ export class QuotaObject {
       case 'settle':
       case 'call_interrupted': {
         this.#known(input.lease, who)
+        checkFields()
         const usage = op === 'settle' ? input.usage : (input.seen ?? null)
         if (usage !== null || op === 'settle') checkUsage(usage, op === 'settle' ? 'usage' : 'seen')
         const out = tw.handle(op === 'settle' ? { op, lease: input.lease, usage } : { op, lease: input.lease, seen: usage })
@@ -738,6 +746,7 @@ export class QuotaObject {
       }
       case 'cancel': {
         this.#known(input.lease, who)
+        checkFields()
         const out = tw.handle({ op, lease: input.lease })
         this.leases.delete(input.lease)
         // A long poll on the ticket ends now (its lease is gone: 404), not at its timeout.
@@ -747,12 +756,14 @@ export class QuotaObject {
       }
       case 'renew': {
         const rec = this.#known(input.lease, who)
+        checkFields()
         const out = tw.handle({ op, lease: input.lease })
         if (out.output === 'renewed') this.leases.set(input.lease, { ...rec, expiresAt: out.expiresAt })
         return out
       }
       case 'response':
       case 'call_response': {
+        checkFields()
         checkHeaderPairs(input.headers)
         if (!Number.isInteger(input.status) || input.status < 100 || input.status > 599)
           throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
@@ -772,11 +783,13 @@ export class QuotaObject {
         // (`feedback.max_reported_pause_ms`, a minute by default).
         const reported = { pool, lease, status: input.status, headers: input.headers, reported: true }
         const out = tw.handle(op === 'call_response' ? { op, call: input.call === undefined ? newCall() : callState(input.call), ...reported } : { op, ...reported })
-        // Anything but a success the core settled as nothing used: the lease ended.
-        if (input.status < 200 || input.status > 299) this.leases.delete(lease)
+        // call_response: anything but a success the core settled as nothing used, and the
+        // lease ended. A plain `response` only reports: the lease stays its holder's to settle.
+        if ('settled' in out && out.settled !== undefined) this.leases.delete(lease)
         return out
       }
       case 'open_task': {
+        checkFields()
         const b = input.task
         if (b === null || typeof b !== 'object' || Array.isArray(b))
           throw Object.assign(new HttpError(400, 'invalid_argument', '`task` must be a task object: { task, role?, unblocks? }'), { field: 'task' })
@@ -800,6 +813,7 @@ export class QuotaObject {
       case 'task_failed': {
         const task = taskId(input.task)
         this.#mayAct(task, who)
+        checkFields()
         // A hash the client computed (failureSignature); never the test or diff itself.
         if (!Number.isSafeInteger(input.signature) || input.signature < 0)
           throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
@@ -808,6 +822,7 @@ export class QuotaObject {
       case 'end_task': {
         const task = taskId(input.task)
         this.#mayAct(task, who)
+        checkFields()
         if (!['merged', 'abandoned', 'failed'].includes(input.outcome))
           throw Object.assign(new HttpError(400, 'invalid_argument', '`outcome` must be merged, abandoned or failed'), { field: 'outcome' })
         const out = tw.handle({ op, task, outcome: input.outcome })
@@ -873,7 +888,7 @@ export class QuotaObject {
     const ms = b.forMs
     if (!Number.isInteger(ms) || ms < 0 || ms > 86_400_000)
       throw Object.assign(new HttpError(400, 'invalid_argument', '`forMs` must be an integer number of milliseconds from 0 to 86400000'), { field: 'forMs' })
-    const pool = b.pool === undefined ? 0 : typeof b.pool === 'string' ? tw.pool(b.pool) : b.pool
+    const pool = b.pool === undefined ? 0 : typeof b.pool === 'string' ? (tw.engine.poolId(b.pool) ?? -1) : b.pool
     if (!Number.isInteger(pool) || pool < 0 || pool >= tw.engine.pools.length) {
       throw Object.assign(new HttpError(400, 'unknown_pool', `\`pool\` must be a pool's name or index; the quota has ${tw.engine.pools.join(', ')}`), { field: 'pool' })
     }

@@ -76,6 +76,15 @@ test("a provider's 429 through the protocol: the limiter's core waits the call a
   assert.equal(cancel.status, 404, 'the 429 ended the lease')
 })
 
+test("a plain report (the lease-level API) ends nothing: the lease stays its holder's to settle", async () => {
+  const other = await handle('q', { op: 'request_lease', request: ask('worker', 1_000) })
+  assert.equal(other.body.output, 'granted')
+  const failed = await handle('q', { op: 'response', pool: 'sonnet', lease: other.body.lease, status: 500, headers: [] })
+  assert.equal(failed.body.output, 'reported', JSON.stringify(failed.body))
+  const after = await handle('q', { op: 'settle', lease: other.body.lease, usage: { inputTokens: 0 } })
+  assert.equal(after.body.output, 'settled', JSON.stringify(after.body))
+})
+
 test('a queued ticket is a handle: it long-polls, and cancel ends it and its poll', async () => {
   // The pool's whole minute for one call, then a second that must queue.
   const first = await handle('queue', { op: 'request_lease', request: ask('a', 40_000, 10_000) })
@@ -115,6 +124,14 @@ test('an agent credential acts through the protocol for its own agent only', asy
   assert.equal(asBob.status, 403, 'alice leases only for alice')
   const theft = await handle('agents', { op: 'settle', lease: mine.body.lease, usage: { inputTokens: 1 } }, bob)
   assert.equal(theft.status, 403, "bob cannot settle alice's lease")
+  const probe = await handle('agents', { op: 'renew', lease: mine.body.lease, extra: 1 }, bob)
+  assert.equal(probe.status, 403, 'who may act is checked before the fields')
+  const rest = await fetch(`${worker.base}/v1/fleets/f/quotas/agents/leases/${mine.body.lease}/renew`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${bob}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ extra: 1 }),
+  })
+  assert.equal(rest.status, 403, 'on the REST route too')
   assert.equal((await handle('agents', { op: 'settle', lease: mine.body.lease, usage: { inputTokens: 90 } }, alice)).body.output, 'settled')
 })
 
@@ -139,6 +156,12 @@ test("what a member may not send: the operator's inputs, raw or forged lease ids
   assert.equal(reported.status, 400, "a report is always a member's: `reported` is the object's to set")
   assert.equal((await handle('bad', '{not json')).status, 400)
   assert.equal((await handle('bad', '[1]')).status, 400)
+  const nullCall = await fetch(`${worker.base}/v1/fleets/f/quotas/bad/leases`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ ...ask('x', 100), call: null }),
+  })
+  assert.equal(nullCall.status, 400, 'POST /leases: a null call is not a call')
   const unknownField = await handle('bad', { op: 'call_lease', request: { ...ask('x', 100), cached: 5 } })
   assert.equal(unknownField.status, 400)
   assert.equal(unknownField.body.field, 'cached')
@@ -154,7 +177,9 @@ test("the operator's hold: no grants from the pool until it ends, queued calls k
   const bad = await hold({ pool: 'sonnet', forMs: -1 })
   assert.equal(bad.status, 400)
   assert.equal((await bad.json()).field, 'forMs')
-  assert.equal((await hold({ pool: 'opus', forMs: 1_000 })).status, 400, 'an unknown pool')
+  const opus = await hold({ pool: 'opus', forMs: 1_000 })
+  assert.equal(opus.status, 400, 'an unknown pool')
+  assert.equal((await opus.json()).field, 'pool')
   assert.equal((await hold({ pool: 'sonnet', forMs: 1_000, extra: 1 })).status, 400)
   const before = await handle('held', { op: 'call_lease', request: ask('early', 100) })
   assert.equal(before.body.output, 'send')
@@ -164,7 +189,7 @@ test("the operator's hold: no grants from the pool until it ends, queued calls k
   assert.equal(held.held, true)
   assert.equal(held.pool, 'sonnet')
   const during = await handle('held', { op: 'call_lease', request: ask('late', 100) })
-  assert.equal(during.body.output, "wait", JSON.stringify(during.body))
+  assert.equal(during.body.output, 'wait', JSON.stringify(during.body))
   assert.equal(during.body.wait.reason, 'queued', 'in line for the end of the hold')
   assert.equal(during.body.wait.checkpoint, true, 'a wait that long: write the turn down first')
   assert.ok(Number(during.body.wait.until) >= held.until, 'nothing is granted before the hold ends')

@@ -285,6 +285,24 @@ describe('handle: the host protocol at the driver\'s clock', () => {
     driver.close()
     assert.throws(() => driver.handle({ op: 'timeout' }), { code: 'closed' })
   })
+
+  test("a ticket withdrawn through handle ends the typed method's promise, as cancel() does", async () => {
+    const { driver, events } = setup()
+    await driver.acquire(req(1, 85_000))
+    const first = settled(driver.acquire(req(2, 10_000)))
+    assert.equal(driver.waiting, 1)
+    const gone = driver.handle({ op: 'restarted', keep: [] })
+    assert.equal(gone.output, 'ended')
+    assert.deepEqual(gone.withdrawn, [events.find((e) => e.name === 'queued' && e.agent === 2).lease])
+    assert.equal((await first).err?.code, 'aborted')
+    assert.equal(driver.waiting, 0)
+    const second = settled(driver.acquire(req(3, 80_000)))
+    assert.equal(driver.waiting, 1)
+    const ticket = events.find((e) => e.name === 'queued' && e.agent === 3).lease
+    assert.equal(driver.handle({ op: 'cancel', lease: ticket }).output, 'cancelled')
+    assert.equal((await second).err?.code, 'aborted')
+    assert.equal(driver.waiting, 0)
+  })
 })
 
 describe('bad input is a coded error and changes nothing', () => {
@@ -391,6 +409,13 @@ describe('RemoteLease.renew', () => {
     const n = calls.length
     await assert.rejects(lease.renew(), { code: 'unknown_lease' })
     assert.equal(calls.length, n)
+    tw.close()
+  })
+
+  test('handle is not the remote driver\'s: it throws rather than act on the local engine', () => {
+    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines.create(REMOTE_CONFIG, 1, 0), clock: new ManualClock(0), fetch: stub().fetch })
+    assert.throws(() => tw.handle({ op: 'request_lease', request: { agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 } }), { code: 'invalid_argument', message: /typed methods/ })
+    assert.equal(Number(tw.engine.metrics(0).pools[0].counters.grantedNow), 0)
     tw.close()
   })
 
