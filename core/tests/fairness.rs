@@ -2,13 +2,13 @@
 //! the pool's limits and corrected at settle to what it used, weights show in the shares of
 //! the binding axis, and the margin climbs above its start only on evidence.
 //!
-//! Each fairness test runs backlogged agents on a simulated clock: every agent keeps one
-//! ticket in line, and when it is granted the call settles at once and the agent asks again
-//! (the engine's own `poll_timeout` / `handle_timeout` / `poll_event` loop).
-
-use std::collections::BTreeMap;
+//! Each fairness test runs backlogged agents on a simulated clock through the reference host
+//! loop (`tokenwarden-host-loop`, the protocol as the shipped hosts drive it): every agent
+//! keeps one call in line, and when it is sent it is answered and settled at once and the
+//! agent asks again.
 
 use tokenwarden_core::*;
+use tokenwarden_host_loop::{CallSpec, Ended, Host, Reply, Sent, World};
 
 /// One agent's call: its ask and what the provider then counts.
 #[derive(Clone, Copy)]
@@ -29,81 +29,67 @@ struct Served {
 }
 
 /// Runs `shapes` (agent i + 1 asks shape i) backlogged for `minutes` of simulated time on
-/// `config`, from a first ask each at 0 ms. Returns what each agent was served.
+/// `config`, from a first ask each at 0 ms, through the reference host loop (the host
+/// protocol as the shipped hosts drive it: `call_lease`, send on a grant, `call_response`,
+/// settle). Each call is answered at once with its shape's usage and the agent asks again.
+/// Returns what each agent was served.
 fn backlogged(config: &str, shapes: &[Shape], minutes: u64) -> Vec<Served> {
     let config = Config::from_json(config).unwrap_or_else(|e| panic!("{e}"));
-    let mut c = Coordinator::new(config, 3, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
-    let ask = |i: usize| {
+    let coord = Coordinator::new(config, 3, Millis(0)).unwrap_or_else(|e| panic!("{e}"));
+    let spec = |i: usize| {
         let s = shapes[i];
-        LeaseRequest {
-            agent: AgentId(i as u64 + 1),
-            input_tokens: s.input,
-            max_tokens: s.max_tokens,
-            role: s.role,
-            ..Default::default()
+        CallSpec {
+            request: LeaseRequest {
+                agent: AgentId(i as u64 + 1),
+                input_tokens: s.input,
+                max_tokens: s.max_tokens,
+                role: s.role,
+                ..Default::default()
+            },
+            tag: i as u64,
         }
     };
-    let mut served = vec![Served::default(); shapes.len()];
-    // Which agent each lease is, and the grants to settle (at their instant).
-    let mut owner: BTreeMap<LeaseId, usize> = BTreeMap::new();
-    let mut granted: Vec<(Millis, LeaseId)> = Vec::new();
-    let end = Millis(minutes * 60_000);
-    let ask_at = |c: &mut Coordinator,
-                  at: Millis,
-                  i: usize,
-                  granted: &mut Vec<_>,
-                  owner: &mut BTreeMap<_, _>| {
-        match c
-            .request_lease(at, &ask(i))
-            .unwrap_or_else(|e| panic!("{e}"))
-        {
-            Decision::Grant { lease, .. } => {
-                owner.insert(lease, i);
-                granted.push((at, lease));
-            }
-            Decision::Queued { lease, .. } => {
-                owner.insert(lease, i);
-            }
-            Decision::Reject { reason, .. } | Decision::NeverFits { reason } => {
-                panic!("agent {} refused: {reason:?}", i + 1)
-            }
-        }
+    let mut world = Backlog {
+        shapes,
+        served: vec![Served::default(); shapes.len()],
     };
-    for i in 0..shapes.len() {
-        ask_at(&mut c, Millis(0), i, &mut granted, &mut owner);
-    }
-    loop {
-        while let Some(e) = c.poll_event() {
-            if let Event::Granted { lease, .. } = e {
-                granted.push((c.now(), lease));
-            }
-        }
-        for (at, lease) in std::mem::take(&mut granted) {
-            let i = owner
-                .remove(&lease)
-                .unwrap_or_else(|| panic!("{lease:?} is nobody's"));
-            let s = shapes[i];
-            let usage = Usage {
+    let mut host = Host::new(coord, (0..shapes.len()).map(|i| (0, spec(i))).collect());
+    host.run(&mut world, minutes * 60_000);
+    world.served
+}
+
+/// Backlogged agents: every call is answered at once, settled with its shape's usage, and
+/// followed by the agent's next.
+struct Backlog<'a> {
+    shapes: &'a [Shape],
+    served: Vec<Served>,
+}
+
+impl World for Backlog<'_> {
+    fn send(&mut self, _now: u64, _id: u64, call: &CallSpec, _lease: LeaseId) -> Sent {
+        let s = self.shapes[call.tag as usize];
+        Sent::Reply(Reply {
+            status: 200,
+            headers: Vec::new(),
+            duration_ms: 0,
+            usage: Usage {
                 input_tokens: s.used_input,
                 output_tokens: s.used_output,
                 ..Default::default()
-            };
-            c.settle(at, lease, &usage)
-                .unwrap_or_else(|e| panic!("{e} at {at:?}"));
-            served[i].calls += 1;
-            served[i].input += s.used_input;
-            served[i].output += s.used_output;
-            ask_at(&mut c, at, i, &mut granted, &mut owner);
-        }
-        if !granted.is_empty() || c.pending_events() > 0 {
-            continue;
-        }
-        match c.poll_timeout() {
-            Some(t) if t <= end => c.handle_timeout(t),
-            _ => break,
-        }
+            },
+            settle_after_ms: 0,
+        })
     }
-    served
+
+    fn ended(&mut self, now: u64, _id: u64, call: &CallSpec, how: Ended) -> Vec<(u64, CallSpec)> {
+        let i = call.tag as usize;
+        assert_eq!(how, Ended::Delivered, "agent {}'s call at {now} ms", i + 1);
+        let s = self.shapes[i];
+        self.served[i].calls += 1;
+        self.served[i].input += s.used_input;
+        self.served[i].output += s.used_output;
+        vec![(now, call.clone())]
+    }
 }
 
 /// Jain's fairness index of `x`: 1 when all are equal, 1/n when one takes everything.
