@@ -1,6 +1,6 @@
 //! The reference host loop: what every shipped host does (the fetch wrapper, the edge
 //! limiter, `serve`), on a simulated clock, through the host protocol only. The core's
-//! simulation and starvation tests and the fleet simulator (`tokenwarden-examples`) drive
+//! simulation, starvation and fairness tests and the fleet simulator (`tokenwarden-examples`) drive
 //! their scenarios through it, so the guarantees they check and the figures they report
 //! are the loop's that ships, not a re-ask loop of their own.
 //!
