@@ -1,7 +1,10 @@
 /**
  * A driver whose coordinator is the edge limiter (a Durable Object per quota, over HTTP):
  * the same `acquire` / `Lease` / `fetch()` API as the local driver, so a fleet spread over
- * many machines shares one owner of its quota. When the limiter cannot be reached the
+ * many machines shares one owner of its quota. It is an engine over HTTP: every input (an
+ * ask, a provider's answer, a settle, a renew, a cancel, a task) goes to the limiter as the
+ * core's own input (`POST …/handle`, edge/API.md) and the limiter's core answers it; only
+ * a queued ticket's long poll is a route of its own. When the limiter cannot be reached the
  * driver fails open to its local engine (the same configuration, enforced in this process,
  * with the core's backoff on 429s) and says so with a `fail_open` event; it goes back to the
  * limiter, with a `remote_restored` event, once a request to it succeeds again.
