@@ -446,14 +446,23 @@ export class RemoteTokenwarden extends Tokenwarden {
   }
 
   override async taskFailed(task: U64, signature: U64): Promise<number> {
-    const out = await this.#taskOp(task, { op: 'task_failed', task: Number(task), signature: Number(signature) }, (tw) => tw.taskFailed(task, signature))
-    return typeof out === 'number' ? out : Number((out as { inARow: number }).inARow)
+    return this.#taskOp(
+      task,
+      { op: 'task_failed', task: Number(task), signature: Number(signature) },
+      (tw) => tw.taskFailed(task, signature),
+      (out) => Number((out as { inARow: number }).inARow),
+    )
   }
 
   override async endTask(task: U64, outcome: TaskOutcome): Promise<TaskSummary> {
-    const out = await this.#taskOp(task, { op: 'end_task', task: Number(task), outcome }, (tw) => tw.endTask(task, outcome))
+    const summary = await this.#taskOp(
+      task,
+      { op: 'end_task', task: Number(task), outcome },
+      (tw) => tw.endTask(task, outcome),
+      (out) => (out as { summary: TaskSummary }).summary,
+    )
     this.#tasks.delete(String(task))
-    return 'output' in out ? (out as { summary: TaskSummary }).summary : out
+    return summary
   }
 
   /** The local coordinator's task operations: the share fallback, or this driver's own engine. */
@@ -467,11 +476,11 @@ export class RemoteTokenwarden extends Tokenwarden {
     }
   }
 
-  /** A task input at the limiter (its output), or locally while it cannot be reached (the local answer). */
-  async #taskOp<T>(task: U64, input: Record<string, unknown>, local: (tw: TaskOps) => T | Promise<T>): Promise<WireOutput | T> {
+  /** A task input at the limiter (its output, `read`), or locally while it cannot be reached. */
+  async #taskOp<T>(task: U64, input: Record<string, unknown>, local: (tw: TaskOps) => T | Promise<T>, read: (out: WireOutput) => T): Promise<T> {
     try {
       if (!this.#remoteUsable()) throw new Unreachable('the edge limiter is failed open')
-      return await this.#handle(input)
+      return read(await this.#handle(input))
     } catch (e) {
       if (!(e instanceof Unreachable)) throw e
       this.#failOpen(e)
