@@ -20,7 +20,7 @@ use crate::pool::Pool;
 use crate::queue::Key;
 use crate::request::{LeaseRequest, Usage, charge, output_reserve, used};
 use crate::rng::Rng;
-use crate::tasks::{TaskId, TaskSpec, Tasks};
+use crate::tasks::{TaskId, TaskSpec, Tasks, Tokens};
 use crate::time::Millis;
 use crate::weight::{pending_bump, place_cost, virtual_cost, weight};
 
@@ -173,8 +173,14 @@ impl Coordinator {
         if let Some(agent) = self.agents.get_mut(entry.agent_slot) {
             agent.in_flight = agent.in_flight.saturating_sub(1);
         }
-        if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
-            t.tokens = t.tokens.saturating_add(charged.get(Axis::Tokens));
+        if let Some(t) = entry.task {
+            // Reaped unsettled: the reservation is what it is charged.
+            let reserved = charged.get(Axis::Tokens);
+            let tokens = Tokens {
+                total: reserved,
+                limited: reserved,
+            };
+            self.tasks.lease_ended(t, tokens, now);
         }
         self.events.push_back(Event::Expired {
             lease: id,
@@ -480,11 +486,15 @@ impl Coordinator {
         let now = self.advance(now);
         let task = self.task_for(req, now);
         let decision = self.decide(p, now, req, task);
-        if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
-            t.end_wait(now);
+        if let Some(t) = task {
+            self.tasks.end_wait(t, now);
             match decision {
-                Decision::Grant { .. } => t.calls = t.calls.saturating_add(1),
-                Decision::Reject { .. } => t.waiting_since = Some(now),
+                Decision::Grant { .. } => {
+                    if let Some(t) = self.tasks.get_mut(t) {
+                        t.calls = t.calls.saturating_add(1);
+                    }
+                }
+                Decision::Reject { .. } => self.tasks.start_wait(t, now),
                 Decision::Queued { .. } | Decision::NeverFits { .. } => {}
             }
         }
@@ -726,6 +736,9 @@ impl Coordinator {
             }
         }
         self.agents.unhold(agent_slot, p);
+        if let Some(t) = task {
+            self.tasks.lease_began(t, now);
+        }
         id
     }
 
@@ -807,8 +820,19 @@ impl Coordinator {
                 m.used = m.used.saturating_add(actual);
             }
         }
-        if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
-            t.tokens = t.tokens.saturating_add(actual.get(Axis::Tokens));
+        if let Some(t) = entry.task {
+            // Every token the provider counted: under Anthropic counting the cache reads
+            // are beside what counts against the limits; under OpenAI's they are in it.
+            let limited = actual.get(Axis::Tokens);
+            let reads = match counting {
+                Counting::Anthropic => usage.cache_read_input_tokens,
+                Counting::Openai => 0,
+            };
+            let tokens = Tokens {
+                total: limited.saturating_add(reads),
+                limited,
+            };
+            self.tasks.lease_ended(t, tokens, now);
         }
         self.correct_place(&entry, &actual);
         // A refused call never reached the model: its prefix was not cached by it.
@@ -880,6 +904,9 @@ impl Coordinator {
                 if let Some(t) = entry.task.and_then(|t| self.tasks.get_mut(t)) {
                     t.wait(now.since(enqueued_at));
                 }
+                if let Some(t) = entry.task {
+                    self.tasks.lease_ended(t, Tokens::default(), now);
+                }
                 if let Some(a) = agent {
                     a.queued = a.queued.saturating_sub(1);
                     // A withdrawn ticket received no service: if it was the agent's latest,
@@ -911,6 +938,9 @@ impl Coordinator {
                     a.in_flight = a.in_flight.saturating_sub(1);
                 }
                 self.correct_place(&entry, &Demand::default());
+                if let Some(t) = entry.task {
+                    self.tasks.lease_ended(t, Tokens::default(), now);
+                }
             }
         }
         // A client that gave up waiting (a timeout shorter than the wait, a user's Ctrl-C)

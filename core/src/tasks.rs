@@ -3,18 +3,26 @@
 //! same failure signature twice in a row halves the weight, down to the floor) and it ends
 //! merged, abandoned or failed.
 //!
-//! The core charges each task what its leases used and the time its calls spent waiting on
-//! the quota (queued, or between a refusal or a 429 and the next ask). From those it
-//! derives the figures seed 003 judges a coordinator by: tokens per merged task, task time
-//! (p50/p95), critical-path wait (the quota wait of a task times the tasks it unblocks:
-//! the agent-time spent blocked behind its calls) and, with the pools' counters, the 429
-//! rate. The table of open tasks is bounded ([`Config::max_tasks`](crate::Config)); an
+//! The core charges each task what its leases used — every token the provider counted,
+//! cache reads included, and beside it the part that counts against the rate limits — and
+//! the time its calls spent waiting on the quota (queued, or between a refusal or a 429 and
+//! the next ask). From those it derives the figures seed 003 judges a coordinator by:
+//! tokens per merged task, task time (p50/p95), critical-path wait and, with the pools'
+//! counters, the 429 rate.
+//!
+//! Critical-path wait is seed 003's "time blocked agents spent waiting on an upstream
+//! agent's model call": a task that declares it unblocks `n` others holds them up for as
+//! long as one of its model calls is outstanding — from the ask (its queue wait, a refusal
+//! or a 429 waited out) through the call's own latency to its settle — so each such span,
+//! counted once however many of its calls overlap, adds `span × n` agent-ms. A lease that
+//! settles after its task ended is still charged: its tokens go to the ended tasks' totals. The table of open tasks is bounded ([`Config::max_tasks`](crate::Config)); an
 //! ended task leaves it, its figures folded into the totals. Requests naming tasks the
 //! host never opened can fill only three quarters of it, and a task idle for
 //! [`Config::task_idle_ms`](crate::Config) is ended as abandoned when room is needed, so
 //! callers naming junk tasks can neither lock the operator's explicit `open_task` out nor
 //! hold the table forever.
 
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
@@ -63,14 +71,21 @@ pub struct TaskSummary {
     pub outcome: TaskOutcome,
     /// Leases it took (each model call attempt is one).
     pub calls: u32,
-    /// Tokens charged to it: what its settled leases used (input + output), and the
+    /// Tokens charged to it: every token its settled leases used as the provider
+    /// reported them (uncached input, cache writes, cache reads, output), and the
     /// reservation of those reaped unsettled.
     pub tokens: u64,
+    /// The part of `tokens` that counts against the pool's limits (under Anthropic
+    /// counting cache reads do not; under OpenAI's every token does).
+    #[serde(default)]
+    pub rate_limited_tokens: u64,
     /// From the first time the core heard of it to its end, ms.
     pub wall_ms: u64,
     /// Time its calls spent waiting on the quota, ms.
     pub quota_wait_ms: u64,
-    /// `quota_wait_ms` × the tasks it unblocks, summed as the waits happened.
+    /// How long its model calls were outstanding (from an ask to its settle, overlapping
+    /// calls counted once) × the tasks it unblocks, summed as the spans happened: the
+    /// agent-time the tasks waiting on it spent blocked behind its model calls.
     pub critical_path_wait_ms: u64,
     /// Failures reported, and the current run of identical ones.
     pub failures: u32,
@@ -87,10 +102,17 @@ pub struct TaskFigures {
     pub abandoned: u64,
     /// Tasks that ended failed.
     pub failed: u64,
-    /// Tokens charged to the tasks that ended (every outcome).
+    /// Tokens charged to the tasks that ended (every outcome), every token the provider
+    /// counted, and those of their leases that settled after the task ended.
     pub tokens: u64,
+    /// The part of `tokens` that counts against the limits.
+    #[serde(default)]
+    pub rate_limited_tokens: u64,
     /// `tokens / merged`: what a merged task cost, failures and abandoned work included.
     pub tokens_per_merged_task: Option<u64>,
+    /// `rate_limited_tokens / merged`.
+    #[serde(default)]
+    pub rate_limited_tokens_per_merged_task: Option<u64>,
     /// Median wall time of the merged tasks, ms (since start: within 3.2 %; per minute:
     /// the mean, `task_time_mean_ms`, is given instead).
     pub task_time_p50_ms: Option<u64>,
@@ -100,7 +122,7 @@ pub struct TaskFigures {
     pub task_time_mean_ms: Option<u64>,
     /// Quota wait of the ended tasks, ms.
     pub quota_wait_ms: u64,
-    /// Critical-path wait of the ended tasks, agent-ms.
+    /// Critical-path wait of the ended tasks, agent-ms (see [`TaskSummary`]).
     pub critical_path_wait_ms: u64,
     /// Leases granted in the span, across pools (the calls sent).
     pub calls: u64,
@@ -125,6 +147,14 @@ pub struct TaskMetrics {
     pub minute: u64,
 }
 
+/// A lease's tokens as a task is charged them: every token the provider counted, and the
+/// part of them that counts against the limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tokens {
+    pub(crate) total: u64,
+    pub(crate) limited: u64,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Task {
     pub(crate) id: TaskId,
@@ -136,10 +166,16 @@ pub(crate) struct Task {
     pub(crate) failures: u32,
     pub(crate) calls: u32,
     pub(crate) tokens: u64,
+    #[serde(default)]
+    pub(crate) limited_tokens: u64,
     pub(crate) quota_wait_ms: u64,
     pub(crate) critical_path_wait_ms: u64,
     /// Set by a refusal or a 429 of one of its calls; the next ask ends the wait.
     pub(crate) waiting_since: Option<Millis>,
+    /// Since when one of its model calls has been outstanding (a lease or ticket alive, or
+    /// a wait after a refusal or a 429): the open span of its critical-path wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) busy_since: Option<Millis>,
     /// Its latest activity (opened, a lease asked for it, a failure); a task idle for
     /// `task_idle_ms` is ended as abandoned when the table needs room. Snapshots from
     /// before it count from `opened_at` (see [`Task::active_at`]).
@@ -155,6 +191,8 @@ pub(crate) struct Ended {
     pub(crate) abandoned: u64,
     pub(crate) failed: u64,
     pub(crate) tokens: u64,
+    #[serde(default)]
+    pub(crate) limited_tokens: u64,
     pub(crate) merged_time_ms: u64,
     pub(crate) quota_wait_ms: u64,
     pub(crate) critical_path_wait_ms: u64,
@@ -170,20 +208,31 @@ impl Ended {
             TaskOutcome::Abandoned => self.abandoned = self.abandoned.saturating_add(1),
             TaskOutcome::Failed => self.failed = self.failed.saturating_add(1),
         }
-        self.tokens = self.tokens.saturating_add(s.tokens);
+        self.add_tokens(Tokens {
+            total: s.tokens,
+            limited: s.rate_limited_tokens,
+        });
         self.quota_wait_ms = self.quota_wait_ms.saturating_add(s.quota_wait_ms);
         self.critical_path_wait_ms = self
             .critical_path_wait_ms
             .saturating_add(s.critical_path_wait_ms);
     }
 
+    fn add_tokens(&mut self, t: Tokens) {
+        self.tokens = self.tokens.saturating_add(t.total);
+        self.limited_tokens = self.limited_tokens.saturating_add(t.limited);
+    }
+
     pub(crate) fn figures(&self, calls: u64, rate_limited: u64) -> TaskFigures {
+        let per_merged = |n: u64| (self.merged > 0).then(|| n / self.merged);
         TaskFigures {
             merged: self.merged,
             abandoned: self.abandoned,
             failed: self.failed,
             tokens: self.tokens,
-            tokens_per_merged_task: (self.merged > 0).then(|| self.tokens / self.merged),
+            rate_limited_tokens: self.limited_tokens,
+            tokens_per_merged_task: per_merged(self.tokens),
+            rate_limited_tokens_per_merged_task: per_merged(self.limited_tokens),
             task_time_p50_ms: None,
             task_time_p95_ms: None,
             task_time_mean_ms: (self.merged > 0).then(|| self.merged_time_ms / self.merged),
@@ -210,6 +259,11 @@ pub(crate) struct Tasks {
     pub(crate) times: TaskTimeHistogram,
     /// The two latest minutes with an ended task, by minute number.
     pub(crate) minutes: [Ended; 2],
+    /// Per task id, its leases and tickets alive, open task or not (a task can end while
+    /// its calls are out, and a new one take its id). Derived from the lease table: not
+    /// stored, recounted when a snapshot is read back.
+    #[serde(skip)]
+    live: BTreeMap<TaskId, u32>,
 }
 
 impl Default for Tasks {
@@ -220,6 +274,7 @@ impl Default for Tasks {
             total: Ended::default(),
             times: TaskTimeHistogram::new(),
             minutes: [Ended::default(); 2],
+            live: BTreeMap::new(),
         }
     }
 }
@@ -267,6 +322,9 @@ impl Tasks {
                 let t = self.open.get_mut(i)?;
                 if explicit {
                     t.role = spec.role;
+                    // An open span of critical-path wait is counted up to now at the old
+                    // number of tasks waiting on it.
+                    t.count_span(now);
                     t.unblocks = spec.unblocks;
                 }
                 t.last_active = t.last_active.max(now);
@@ -295,13 +353,20 @@ impl Tasks {
                         failures: 0,
                         calls: 0,
                         tokens: 0,
+                        limited_tokens: 0,
                         quota_wait_ms: 0,
                         critical_path_wait_ms: 0,
                         waiting_since: None,
+                        busy_since: None,
                         last_active: now,
                     },
                 );
-                self.open.get_mut(i)
+                // Calls still out under its id (a task that ended and is opened again)
+                // hold up what it unblocks from now on.
+                let live = self.live.contains_key(&spec.task);
+                let t = self.open.get_mut(i)?;
+                t.sync_busy(now, live);
+                Some(t)
             }
         }
     }
@@ -332,11 +397,15 @@ impl Tasks {
         if let Some(since) = t.waiting_since.take() {
             t.wait(now.since(since));
         }
+        // Its calls still outstanding stop counting: the tasks it unblocked are no longer
+        // waiting on it.
+        t.sync_busy(now, false);
         let summary = TaskSummary {
             task: t.id,
             outcome,
             calls: t.calls,
             tokens: t.tokens,
+            rate_limited_tokens: t.limited_tokens,
             wall_ms: now.since(t.opened_at),
             quota_wait_ms: t.quota_wait_ms,
             critical_path_wait_ms: t.critical_path_wait_ms,
@@ -347,6 +416,13 @@ impl Tasks {
         if outcome == TaskOutcome::Merged {
             self.times.record(summary.wall_ms);
         }
+        self.minute_mut(now).add(&summary);
+        Some(summary)
+    }
+
+    /// The ended tasks of the minute of `now`, that minute's slot started afresh if it
+    /// held an older one.
+    fn minute_mut(&mut self, now: Millis) -> &mut Ended {
         let minute = now.0 / MINUTE_MS;
         let slot = &mut self.minutes[(minute % 2) as usize];
         if slot.minute != minute {
@@ -355,8 +431,73 @@ impl Tasks {
                 ..Ended::default()
             };
         }
-        slot.add(&summary);
-        Some(summary)
+        slot
+    }
+
+    /// A lease or ticket of `task` began at `now`: one of its calls is outstanding.
+    pub(crate) fn lease_began(&mut self, task: TaskId, now: Millis) {
+        let n = self.live.entry(task).or_insert(0);
+        *n = n.saturating_add(1);
+        if let Some(t) = self.get_mut(task) {
+            t.sync_busy(now, true);
+        }
+    }
+
+    /// A lease or ticket of `task` ended at `now` (settled, cancelled, reaped), having used
+    /// `tokens`. A task that ended first is not there to charge: the tokens go to the ended
+    /// tasks' totals, since start and in the minute of `now`, so no usage is lost.
+    pub(crate) fn lease_ended(&mut self, task: TaskId, tokens: Tokens, now: Millis) {
+        let live = match self.live.get_mut(&task) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            _ => {
+                self.live.remove(&task);
+                false
+            }
+        };
+        if let Some(t) = self.get_mut(task) {
+            t.tokens = t.tokens.saturating_add(tokens.total);
+            t.limited_tokens = t.limited_tokens.saturating_add(tokens.limited);
+            t.sync_busy(now, live);
+            return;
+        }
+        self.total.add_tokens(tokens);
+        self.minute_mut(now).add_tokens(tokens);
+    }
+
+    /// A refusal or a 429 of one of `task`'s calls at `now`: it waits on the quota until
+    /// its next ask (a wait already open goes on).
+    pub(crate) fn start_wait(&mut self, task: TaskId, now: Millis) {
+        let live = self.live.contains_key(&task);
+        if let Some(t) = self.get_mut(task) {
+            t.waiting_since.get_or_insert(now);
+            t.sync_busy(now, live);
+        }
+    }
+
+    /// `task`'s call asks again at `now`: a wait begun by a refusal or a 429, if one is
+    /// open, ends and is added to its quota wait.
+    pub(crate) fn end_wait(&mut self, task: TaskId, now: Millis) {
+        let live = self.live.contains_key(&task);
+        if let Some(t) = self.get_mut(task) {
+            if let Some(since) = t.waiting_since.take() {
+                t.wait(now.since(since));
+            }
+            t.sync_busy(now, live);
+        }
+    }
+
+    /// Sets the live leases and tickets per task (derived: a snapshot read back, or one
+    /// written before they were kept, gets them from its lease table).
+    pub(crate) fn set_live(&mut self, live: BTreeMap<TaskId, u32>) {
+        self.live = live;
+    }
+
+    /// The live leases and tickets per task, for the invariant check.
+    pub(crate) fn live(&self) -> &BTreeMap<TaskId, u32> {
+        &self.live
     }
 
     /// The ended tasks of minute `minute`, if it is still kept.
@@ -385,18 +526,33 @@ impl Task {
         self.last_active.max(self.opened_at)
     }
 
-    /// Adds `ms` of quota wait (and its critical-path weight).
+    /// Adds `ms` of quota wait.
     pub(crate) fn wait(&mut self, ms: u64) {
         self.quota_wait_ms = self.quota_wait_ms.saturating_add(ms);
-        self.critical_path_wait_ms = self
-            .critical_path_wait_ms
-            .saturating_add(ms.saturating_mul(u64::from(self.unblocks)));
     }
 
-    /// Ends a wait begun by a refusal or a 429, if one is open.
-    pub(crate) fn end_wait(&mut self, now: Millis) {
-        if let Some(since) = self.waiting_since.take() {
-            self.wait(now.since(since));
+    /// Opens or closes the span during which one of its model calls is outstanding (`live`:
+    /// a lease or ticket of it alive, or a wait open); a span that closes adds its length
+    /// × the tasks it unblocks to its critical-path wait.
+    fn sync_busy(&mut self, now: Millis, live: bool) {
+        let busy = live || self.waiting_since.is_some();
+        match (busy, self.busy_since) {
+            (true, None) => self.busy_since = Some(now),
+            (false, Some(_)) => {
+                self.count_span(now);
+                self.busy_since = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds the open span's length up to `now` × the tasks it unblocks to its
+    /// critical-path wait, and goes on counting from `now`.
+    fn count_span(&mut self, now: Millis) {
+        if let Some(since) = self.busy_since {
+            self.busy_since = Some(now);
+            let span = now.since(since).saturating_mul(u64::from(self.unblocks));
+            self.critical_path_wait_ms = self.critical_path_wait_ms.saturating_add(span);
         }
     }
 

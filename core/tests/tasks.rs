@@ -105,6 +105,138 @@ fn a_task_charges_tokens_and_reports_them_when_it_ends() {
 }
 
 #[test]
+fn a_task_is_charged_every_token_the_provider_counted_with_the_limited_part_beside_it() {
+    let mut c = coord(
+        r#""input_tokens_per_minute":100000,"output_tokens_per_minute":20000"#,
+        "",
+    );
+    let l = granted(c.request_lease(Millis(0), &ask(1, 1000, Some(3))).unwrap());
+    let usage = Usage {
+        input_tokens: 200,
+        cache_creation_input_tokens: 300,
+        cache_read_input_tokens: 40_000,
+        output_tokens: 100,
+    };
+    c.settle(Millis(100), l, &usage).unwrap();
+    let s = c
+        .end_task(Millis(200), TaskId(3), TaskOutcome::Merged)
+        .unwrap();
+    // Cache reads are tokens the provider counted (and billed) though they do not count
+    // against its input limit: they are in the total, not in the limited part.
+    assert_eq!((s.tokens, s.rate_limited_tokens), (40_600, 600));
+    let m = c.metrics(Millis(200)).tasks.since_start;
+    assert_eq!(m.tokens_per_merged_task, Some(40_600));
+    assert_eq!(m.rate_limited_tokens_per_merged_task, Some(600));
+}
+
+#[test]
+fn a_lease_that_settles_after_its_task_ended_is_not_lost() {
+    // The simulator's `noisy` agents end a task when the answer is in and settle 50 ms
+    // later: the settle used to be charged to no task, and tokens per merged task read 0.
+    let mut c = coord(
+        r#""input_tokens_per_minute":100000,"output_tokens_per_minute":20000"#,
+        "",
+    );
+    let l = granted(c.request_lease(Millis(0), &ask(1, 1000, Some(4))).unwrap());
+    let s = c
+        .end_task(Millis(900), TaskId(4), TaskOutcome::Merged)
+        .unwrap();
+    assert_eq!(s.tokens, 0, "nothing settled yet when it ended");
+    c.settle(Millis(950), l, &used(900, 50)).unwrap();
+    let m = c.metrics(Millis(950)).tasks;
+    assert_eq!(m.since_start.tokens, 950);
+    assert_eq!(m.since_start.tokens_per_merged_task, Some(950));
+    // A new task under the same id does not inherit the old one's lease, and the lease
+    // table and the task table still agree.
+    let again = granted(
+        c.request_lease(Millis(1_000), &ask(1, 1000, Some(4)))
+            .unwrap(),
+    );
+    c.check().unwrap();
+    c.settle(Millis(1_100), again, &used(10, 10)).unwrap();
+    c.check().unwrap();
+}
+
+#[test]
+fn critical_path_wait_is_the_time_its_calls_were_out_times_what_it_unblocks() {
+    // Seed 003: "the time blocked agents spent waiting on an upstream agent's model call".
+    // A task unblocking 2 asks at 1 s, waits in line, is sent when granted, and settles 4 s
+    // after the grant: the two agents waiting on it were held up from the ask to the
+    // settle, the call's own latency included, not only for its queue wait.
+    let mut c = coord(r#""input_tokens_per_minute":60000"#, "");
+    c.open_task(
+        Millis(0),
+        &TaskSpec {
+            task: TaskId(1),
+            role: Role::Worker,
+            unblocks: 2,
+        },
+    )
+    .unwrap();
+    let first = granted(c.request_lease(Millis(0), &ask(9, 50_000, None)).unwrap());
+    let t = queued(
+        c.request_lease(Millis(1_000), &ask(1, 20_000, Some(1)))
+            .unwrap(),
+    );
+    c.settle(Millis(1_000), first, &used(50_000, 10)).unwrap();
+    let mut at = 1_000;
+    let granted_at = loop {
+        at += 100;
+        c.handle_timeout(Millis(at));
+        if let Some(Event::Granted { lease, .. }) = c.poll_event() {
+            assert_eq!(lease, t);
+            break at;
+        }
+        assert!(at < 120_000, "never granted");
+    };
+    c.settle(Millis(granted_at + 4_000), t, &used(20_000, 10))
+        .unwrap();
+    // Nothing outstanding between the settle and the end: that time is not counted.
+    let s = c
+        .end_task(Millis(granted_at + 9_000), TaskId(1), TaskOutcome::Merged)
+        .unwrap();
+    assert_eq!(s.quota_wait_ms, granted_at - 1_000);
+    assert_eq!(s.critical_path_wait_ms, (granted_at + 4_000 - 1_000) * 2);
+    // A refusal's wait until the next ask is outstanding too, counted once with a call
+    // alive at the same time.
+    let mut c = coord(
+        r#""input_tokens_per_minute":60000"#,
+        r#","max_queue_wait_ms":1000"#,
+    );
+    c.open_task(
+        Millis(0),
+        &TaskSpec {
+            task: TaskId(2),
+            role: Role::Worker,
+            unblocks: 3,
+        },
+    )
+    .unwrap();
+    let a = granted(
+        c.request_lease(Millis(0), &ask(1, 50_000, Some(2)))
+            .unwrap(),
+    );
+    assert!(matches!(
+        c.request_lease(Millis(500), &ask(2, 50_000, Some(2)))
+            .unwrap(),
+        Decision::Reject { .. }
+    ));
+    c.settle(Millis(2_000), a, &used(50_000, 10)).unwrap();
+    // The refused call asks again at 3 s (back at its place: queued whatever its wait) and
+    // the task ends at 5 s with it still in line: outstanding from 0 to 5 s.
+    assert!(matches!(
+        c.request_lease(Millis(3_000), &ask(2, 50_000, Some(2)))
+            .unwrap(),
+        Decision::Queued { .. }
+    ));
+    let s = c
+        .end_task(Millis(5_000), TaskId(2), TaskOutcome::Failed)
+        .unwrap();
+    assert_eq!(s.critical_path_wait_ms, 5_000 * 3);
+    c.check().unwrap();
+}
+
+#[test]
 fn a_request_for_an_unknown_task_opens_it_with_the_request_s_role() {
     let mut c = coord(r#""input_tokens_per_minute":100000"#, "");
     let mut req = ask(1, 1000, Some(5));

@@ -70,13 +70,15 @@ export interface TaskSummary {
   outcome: TaskOutcome
   /** Leases it took (each attempt of a model call is one). */
   calls: number
-  /** Tokens charged to it (input + output of its settled leases). */
+  /** Every token its settled leases used as the provider counted them: uncached input, cache writes, cache reads, output. */
   tokens: U64
+  /** The part of `tokens` that counts against the pool's limits (cache reads do not, under Anthropic counting). */
+  rateLimitedTokens: U64
   /** From its opening (or first call) to its end, ms. */
   wallMs: U64
   /** Time its calls waited on the quota (queued, refused, after a 429), ms. */
   quotaWaitMs: U64
-  /** `quotaWaitMs` × the tasks it unblocks: agent-time blocked behind it, ms. */
+  /** How long its model calls were outstanding (ask to settle: queue, retries and the call itself; overlapping calls once) × the tasks it unblocks: agent-time blocked behind it, ms. */
   criticalPathWaitMs: U64
   /** Failures reported. */
   failures: number
@@ -89,10 +91,14 @@ export interface TaskFigures {
   merged: number
   abandoned: number
   failed: number
-  /** Tokens charged to the tasks that ended (every outcome). */
+  /** Every token charged to the tasks that ended (every outcome), cache reads included, and of their leases that settled after they ended. */
   tokens: U64
+  /** The part of `tokens` that counts against the limits. */
+  rateLimitedTokens: U64
   /** `tokens / merged`: failures and abandoned work included. */
   tokensPerMergedTask: U64 | null
+  /** `rateLimitedTokens / merged`. */
+  rateLimitedTokensPerMergedTask: U64 | null
   /** Merged tasks' wall time, ms: median and 95th percentile (since start only; within 3.2 %). */
   taskTimeP50Ms: U64 | null
   taskTimeP95Ms: U64 | null

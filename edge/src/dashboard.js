@@ -420,11 +420,13 @@ const SCRIPT = `
     const s = t.sinceStart || {}
     const l = t.lastMinute || {}
     const rate = (f) => (f.rateLimitedPermille === null || f.rateLimitedPermille === undefined ? '–' : pct(f.rateLimitedPermille))
+    const tokens = (f) => (f.tokensPerMergedTask === null || f.tokensPerMergedTask === undefined ? '–' : int(f.tokensPerMergedTask) + ' (' + int(f.rateLimitedTokensPerMergedTask) + ')')
     const row = (label, a, b, key) => el('tr', { 'data-figure': key }, el('th', { scope: 'row' }, label), el('td', {}, a), el('td', {}, b))
     fill(box, {
       'data-open': n(t.open),
       'data-merged': n(s.merged),
       'data-tokens-per-merged-task': n(s.tokensPerMergedTask),
+      'data-rate-limited-tokens-per-merged-task': n(s.rateLimitedTokensPerMergedTask),
       'data-task-time-p50-ms': n(s.taskTimeP50Ms),
       'data-task-time-p95-ms': n(s.taskTimeP95Ms),
       'data-critical-path-wait-ms': n(s.criticalPathWaitMs),
@@ -432,7 +434,7 @@ const SCRIPT = `
     }, [])
     $('tasks-body').replaceChildren(
       row('429 rate', rate(s), rate(l), 'rate'),
-      row('Tokens per merged task', int(s.tokensPerMergedTask), int(l.tokensPerMergedTask), 'tokens'),
+      row('Tokens per merged task (against the limits)', tokens(s), tokens(l), 'tokens'),
       row('Task time', s.taskTimeP50Ms === null || s.taskTimeP50Ms === undefined ? '–' : 'p50 ' + dur(s.taskTimeP50Ms) + ', p95 ' + dur(s.taskTimeP95Ms), l.taskTimeMeanMs === null || l.taskTimeMeanMs === undefined ? '–' : 'mean ' + dur(l.taskTimeMeanMs), 'time'),
       row('Critical-path wait', dur(s.criticalPathWaitMs), dur(l.criticalPathWaitMs), 'critical'),
       row('Tasks ended', int(s.merged) + ' merged, ' + int(s.abandoned) + ' abandoned, ' + int(s.failed) + ' failed', int(l.merged) + ' merged, ' + int(l.abandoned) + ' abandoned, ' + int(l.failed) + ' failed', 'ended'),

@@ -167,9 +167,10 @@ export function prometheusText(metrics, labels) {
     ])) {
       if (ms !== null && ms !== undefined) out.sample('tokenwarden_task_seconds', [...base, ['quantile', quantile]], toNumber(ms) / 1000)
     }
-    out.family('tokenwarden_tokens_per_merged_task', 'gauge', 'Tokens of the ended tasks (every outcome) per merged task, since start and over the last complete minute.')
+    out.family('tokenwarden_tokens_per_merged_task', 'gauge', 'Every token the provider counted for the ended tasks (every outcome; cache reads included) per merged task, since start and over the last complete minute.')
+    out.family('tokenwarden_rate_limited_tokens_per_merged_task', 'gauge', 'The part of tokenwarden_tokens_per_merged_task that counts against the rate limits, since start and over the last complete minute.')
     out.family('tokenwarden_task_seconds_mean', 'gauge', 'Mean wall time of the merged tasks, since start and over the last complete minute.')
-    out.family('tokenwarden_critical_path_wait_seconds', 'gauge', 'Quota wait of the ended tasks times the tasks each unblocks (agent-seconds), since start and over the last complete minute.')
+    out.family('tokenwarden_critical_path_wait_seconds', 'gauge', 'Time the ended tasks had a model call outstanding (ask to settle) times the tasks each unblocks (agent-seconds), since start and over the last complete minute.')
     out.family('tokenwarden_quota_wait_seconds', 'gauge', 'Time the ended tasks waited on the quota, since start and over the last complete minute.')
     out.family('tokenwarden_rate_limited_ratio', 'gauge', '429 responses per call sent, since start and over the last complete minute.')
     for (const [span, f] of /** @type {Array<[string, import('tokenwarden-wasm').TaskFigures | undefined]>} */ ([
@@ -179,6 +180,7 @@ export function prometheusText(metrics, labels) {
       if (!f) continue
       const s = [...base, ['span', span]]
       if (f.tokensPerMergedTask !== null && f.tokensPerMergedTask !== undefined) out.sample('tokenwarden_tokens_per_merged_task', s, f.tokensPerMergedTask)
+      if (f.rateLimitedTokensPerMergedTask !== null && f.rateLimitedTokensPerMergedTask !== undefined) out.sample('tokenwarden_rate_limited_tokens_per_merged_task', s, f.rateLimitedTokensPerMergedTask)
       if (f.taskTimeMeanMs !== null && f.taskTimeMeanMs !== undefined) out.sample('tokenwarden_task_seconds_mean', s, toNumber(f.taskTimeMeanMs) / 1000)
       out.sample('tokenwarden_critical_path_wait_seconds', s, toNumber(f.criticalPathWaitMs) / 1000)
       out.sample('tokenwarden_quota_wait_seconds', s, toNumber(f.quotaWaitMs) / 1000)

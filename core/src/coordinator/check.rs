@@ -126,6 +126,15 @@ impl Coordinator {
                 return Err("a queued ticket's sequence number at or past the next one");
             }
         }
+        let mut per_task: BTreeMap<crate::TaskId, u32> = BTreeMap::new();
+        for e in self.leases.entries() {
+            if let Some(t) = e.task {
+                *per_task.entry(t).or_default() += 1;
+            }
+        }
+        if &per_task != self.tasks.live() {
+            return Err("the tasks' live leases differ from the lease table");
+        }
         if !self.agents.is_consistent() {
             return Err("agent table");
         }

@@ -126,8 +126,8 @@ impl Coordinator {
             let task = lease
                 .and_then(|id| self.leases.get(id))
                 .and_then(|e| e.task);
-            if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
-                t.waiting_since.get_or_insert(now);
+            if let Some(t) = task {
+                self.tasks.start_wait(t, now);
             }
             self.watch_margins(now);
         }

@@ -90,7 +90,7 @@ impl Coordinator {
     /// A coordinator from its deserialized fields, refused unless the configuration is
     /// valid and every table agrees with every other.
     fn from_state(s: State) -> Result<Coordinator, RestoreError> {
-        Coordinator {
+        let mut c = Coordinator {
             config: s.config,
             rng: s.rng,
             now: s.now,
@@ -101,8 +101,15 @@ impl Coordinator {
             agents: s.agents,
             events: s.events,
             tasks: s.tasks,
+        };
+        // Derived from the lease table, so not trusted from the text (and absent from
+        // snapshots written before it was kept).
+        let mut live = alloc::collections::BTreeMap::new();
+        for t in c.leases.entries().filter_map(|e| e.task) {
+            *live.entry(t).or_insert(0u32) += 1;
         }
-        .validated()
+        c.tasks.set_live(live);
+        c.validated()
     }
 
     fn validated(self) -> Result<Coordinator, RestoreError> {

@@ -222,6 +222,9 @@ pub struct RunResult {
     pub broken_turns: u64,
     /// Tokens charged by the provider (uncached input + output), fleet only.
     pub fleet_tokens: u64,
+    /// Every token the provider counted for the fleet: `fleet_tokens` and the cache reads
+    /// (which Anthropic bills but does not count against the input limit).
+    pub fleet_all_tokens: u64,
     /// Tasks finished (a looping agent's tasks end by giving up and are not counted).
     pub tasks_finished: u64,
     /// Tasks still running at the end (their age is in `task_times`).
@@ -342,8 +345,9 @@ impl RunResult {
         }
     }
 
-    /// Tokens per finished task: the product's tokens per merged task (the tokens of every
-    /// ended task, failed ones included, per merged one) under a coordinator strategy.
+    /// Tokens per finished task: every token the provider counted (cache reads included),
+    /// the product's tokens per merged task (the tokens of every ended task, failed ones
+    /// included, per merged one) under a coordinator strategy.
     pub fn tokens_per_task(&self) -> Option<f64> {
         match self.product {
             Some(p) => p.tokens_per_merged_task.map(|t| t as f64),
@@ -351,8 +355,23 @@ impl RunResult {
         }
     }
 
-    /// Tokens the provider charged the fleet per finished task, as the simulator counted.
+    /// The part of [`RunResult::tokens_per_task`] that counts against the limits (uncached
+    /// input, cache writes, output).
+    pub fn limited_tokens_per_task(&self) -> Option<f64> {
+        match self.product {
+            Some(p) => p.rate_limited_tokens_per_merged_task.map(|t| t as f64),
+            None => self.own_limited_tokens_per_task(),
+        }
+    }
+
+    /// Every token the provider counted for the fleet per finished task, as the simulator
+    /// counted.
     pub fn own_tokens_per_task(&self) -> Option<f64> {
+        (self.tasks_finished > 0).then(|| self.fleet_all_tokens as f64 / self.tasks_finished as f64)
+    }
+
+    /// Tokens counted against the limits per finished task, as the simulator counted.
+    pub fn own_limited_tokens_per_task(&self) -> Option<f64> {
         (self.tasks_finished > 0).then(|| self.fleet_tokens as f64 / self.tasks_finished as f64)
     }
 
@@ -381,8 +400,10 @@ impl RunResult {
         Some(self.task_times[i] as f64 / 1000.0)
     }
 
-    /// Critical-path wait, agent-ms: the product's (each task's quota wait times the tasks
-    /// blocked on it) under a coordinator strategy, else the simulator's.
+    /// Critical-path wait, agent-ms: the product's (the time each task's model calls were
+    /// outstanding, ask to settle, times the tasks blocked on it) under a coordinator
+    /// strategy, else the simulator's (each call's first try to its answer, times the
+    /// agents blocked on it then).
     pub fn critical_path_wait(&self) -> u64 {
         self.product
             .map_or(self.critical_path_wait_ms, |p| p.critical_path_wait_ms)
@@ -609,6 +630,7 @@ impl<'a> Sim<'a> {
                 rate_limited: 0,
                 broken_turns: 0,
                 fleet_tokens: 0,
+                fleet_all_tokens: 0,
                 tasks_finished: 0,
                 tasks_unfinished: 0,
                 task_times: Vec::new(),
@@ -829,6 +851,13 @@ impl<'a> Sim<'a> {
         if !self.agents[i].in_task {
             if !self.deps_done(i) {
                 self.agents[i].state = State::Blocked;
+                // The upstream tasks now hold one more agent up: the coordinator hears it
+                // as they run (their critical-path wait and weight follow).
+                for d in self.sc.agents[i].depends_on.clone() {
+                    if self.agents[d].in_task {
+                        self.task_update(d);
+                    }
+                }
                 return;
             }
             self.agents[i].in_task = true;
@@ -1076,9 +1105,7 @@ impl<'a> Sim<'a> {
                         b.cache.commit(now, p, &s);
                     }
                 }
-                // Waiting is over: charge the critical-path wait of whoever is blocked on us.
                 let waited = now - self.agents[i].wait_since;
-                self.r.critical_path_wait_ms += waited * self.blocked_on(i);
                 self.agents[i].state = State::InFlight;
                 let latency = 1_500 + call.output * 1000 / 60 + send.new_tokens / 50;
                 let usage = match split {
@@ -1110,6 +1137,7 @@ impl<'a> Sim<'a> {
                 });
                 self.r.agent_tokens[i] += charged;
                 self.r.fleet_tokens += charged;
+                self.r.fleet_all_tokens += charged + usage.cache_read_input_tokens;
                 self.r.tenant_tokens[self.sc.agents[i].tenant] += charged;
                 if let Some(m) = self.minute_mut() {
                     m.input += charged;
@@ -1225,6 +1253,7 @@ impl<'a> Sim<'a> {
         let now = self.now;
         self.provider.complete(now, i, call.prefix, call.output);
         self.r.fleet_tokens += call.output;
+        self.r.fleet_all_tokens += call.output;
         self.r.tenant_tokens[self.sc.agents[i].tenant] += call.output;
         self.r.agent_tokens[i] += call.output;
         if let Some(m) = self.minute_mut() {
@@ -1273,6 +1302,9 @@ impl<'a> Sim<'a> {
         let spec = self.sc.agents[i].clone();
         let call = self.agents[i].call.take();
         let now = self.now;
+        // The call is answered: whoever is blocked on us waited on it from its first try
+        // (through every wait and retry) to now, its own latency included.
+        self.r.critical_path_wait_ms += (now - self.agents[i].wait_since) * self.blocked_on(i);
         // The reply and its tool results join the conversation.
         if let Some(b) = self.bodies.as_mut() {
             if let (Some((_, reply)), Some(conv)) = (b.pending[i].take(), b.convs[i].as_mut()) {

@@ -492,7 +492,7 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "| strategy | calls sent | 429s | 429 rate | broken turns | binding limit used | tokens / finished task | tasks (+ running) | p50 task | p95 task | critical-path wait | Jain | grants from queue |"
+        "| strategy | calls sent | 429s | 429 rate | broken turns | binding limit used | tokens / finished task (against the limits) | tasks (+ running) | p50 task | p95 task | critical-path wait | Jain | grants from queue |"
     );
     let _ = writeln!(
         s,
@@ -510,8 +510,7 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
             r.broken_turns,
             pct(share),
             axis,
-            r.tokens_per_task()
-                .map_or("-".into(), |t| format!("{t:.0}")),
+            tokens_cell(r.tokens_per_task(), r.limited_tokens_per_task()),
             r.tasks_finished,
             r.tasks_unfinished,
             r.task_time_s(500)
@@ -533,7 +532,7 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
     if !coordinated.is_empty() && matches!(sc.name, "seed003" | "seed003-tight") {
         let _ = writeln!(
             s,
-            "\nThe 429 rate, tokens per finished task, task times and critical-path wait of (d) and (e) are the product's `metrics().tasks` at the end of the run. The simulator's own bookkeeping of the same runs:\n\n| strategy | 429 rate | tokens / finished task | p50 task | p95 task | critical-path wait |\n|---|---:|---:|---:|---:|---:|"
+            "\nThe 429 rate, tokens per finished task, task times and critical-path wait of (d) and (e) are the product's `metrics().tasks` at the end of the run. The simulator's own bookkeeping of the same runs:\n\n| strategy | 429 rate | tokens / finished task (against the limits) | p50 task | p95 task | critical-path wait |\n|---|---:|---:|---:|---:|---:|"
         );
         for r in coordinated {
             let _ = writeln!(
@@ -541,8 +540,7 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
                 "| {} | {} | {} | {} | {} | {:.0} agent-s |",
                 r.strategy.label(),
                 pct(r.own_rate_limited_ratio()),
-                r.own_tokens_per_task()
-                    .map_or("-".into(), |t| format!("{t:.0}")),
+                tokens_cell(r.own_tokens_per_task(), r.own_limited_tokens_per_task()),
                 r.own_task_time_s(500)
                     .map_or("-".into(), |t| format!("{t:.0} s")),
                 r.own_task_time_s(950)
@@ -552,6 +550,16 @@ pub fn table(sc: &Scenario, results: &[RunResult]) -> String {
         }
     }
     s
+}
+
+/// Tokens per finished task with the part counted against the limits beside it: `-` with
+/// no task finished.
+fn tokens_cell(total: Option<f64>, limited: Option<f64>) -> String {
+    match (total, limited) {
+        (Some(t), Some(l)) => format!("{t:.0} ({l:.0})"),
+        (Some(t), None) => format!("{t:.0}"),
+        _ => "-".into(),
+    }
 }
 
 /// Per-minute usage against each limit (as % of the real limit), with 429 counts as bars.
@@ -816,7 +824,7 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "Every scenario runs the same seed under each strategy. *429 rate* is 429s per call sent; *binding limit used* is the busiest of input tokens/min, output tokens/min and requests/min over the run after its first minute, as a share of the provider's real limit; *tokens* are what the provider charged against its limits (uncached input, cache writes, output); *critical-path wait* is agent-seconds that blocked agents spent waiting on an upstream agent's model call. See `examples/src/sim/` for the model.\n"
+        "Every scenario runs the same seed under each strategy. *429 rate* is 429s per call sent; *binding limit used* is the busiest of input tokens/min, output tokens/min and requests/min over the run after its first minute, as a share of the provider's real limit; *tokens / finished task* counts every token the provider counted (uncached input, cache writes, cache reads, output) per finished task, failed and abandoned work included, with the part that counts against its limits (uncached input, cache writes, output) in brackets; *critical-path wait* is agent-seconds that blocked agents spent waiting on an upstream agent's model call: the time from the call's first try to its answer (queue waits, retries and the call's own latency), times the agents blocked on it. See `examples/src/sim/` for the model.\n"
     );
     let _ = writeln!(
         md,
