@@ -39,6 +39,24 @@ export interface MockProviderOptions {
    */
   toolUse?: { name: string; input?: Record<string, unknown>; turns?: number };
   /**
+   * Subagent fan-out (opt-in): an Anthropic Messages call from a session's main thread (no
+   * `x-claude-code-agent-id` header: Claude Code sends it on a subagent's calls only) that
+   * offers a tool named `name` (Claude Code's `Agent`) and holds no assistant message is
+   * answered with `count` `tool_use` blocks of it at once, input `{ description: 'subtask i',
+   * prompt, subagent_type: 'general-purpose', ...input }`. Every other call (the subagents',
+   * the main thread's later ones) is answered as without it: by `toolUse`, else with text.
+   */
+  fanOut?: { name: string; count: number; input?: Record<string, unknown> };
+  /**
+   * 429s as seed 000's gateway sends them (opt-in): `retry-after: 60` (its window's length, an
+   * upper bound, whatever the wait), `rate_limit_type` naming the limit
+   * (`requests_per_minute`, `parallel_requests`, `input_tokens_per_minute`,
+   * `output_tokens_per_minute`, `tokens_per_minute`) and `reset_at` (Unix seconds: when the
+   * call would be admitted), besides the request id and `x-mock-limit`; none of the
+   * provider's rate-limit headers. Other answers are unchanged.
+   */
+  gateway429?: boolean;
+  /**
    * How prompt tokens are counted. `'bytes'` (default): ceil(UTF-8 bytes of the text / 4),
    * no prompt cache. `'bpe'`: a real BPE tokenizer (js-tiktoken; o200k_base for OpenAI
    * routes, cl100k_base as a stand-in for Claude, whose tokenizer is not public) over
@@ -73,7 +91,7 @@ export interface MockLogEntry {
    * to check what a proxy forwards. (Otherwise no header, API keys included, is kept.)
    */
   headers?: Record<string, string | string[] | undefined>;
-  /** True when the reply was a tool_use (the `toolUse` option). */
+  /** True when the reply was tool_use blocks (the `toolUse` or `fanOut` option). */
   toolUse?: boolean;
   /** The body's `model`, or null. */
   model: string | null;

@@ -89,7 +89,10 @@
 //     tokens bucket >= input tokens + max tokens, and in-flight < concurrency;
 //   admission charges 1 request, the input tokens, and input + max tokens to the combined
 //   bucket. At completion the output bucket is charged the output tokens (it may go into
-//   debt) and the combined bucket is refunded max tokens - output tokens. Otherwise: 429.
+//   debt) and the combined bucket is refunded max tokens - output tokens. Otherwise: 429
+//   with `retry-after` (the wait, whole seconds) and the rate-limit headers, or with
+//   `gateway429: true` as seed 000's gateway answers: `retry-after: 60`, `rate_limit_type`
+//   and `reset_at` only.
 
 import http from 'node:http';
 import { randomBytes } from 'node:crypto';
@@ -117,6 +120,15 @@ const ANTHROPIC_HEADER = {
   input_tokens: 'input-tokens',
   output_tokens: 'output-tokens',
   tokens: 'tokens',
+};
+
+/** Seed 000's gateway's `rate_limit_type` for each limit (the names of its table). @type {Record<string, string>} */
+const GATEWAY_LIMIT = {
+  requests: 'requests_per_minute',
+  input_tokens: 'input_tokens_per_minute',
+  output_tokens: 'output_tokens_per_minute',
+  tokens: 'tokens_per_minute',
+  concurrency: 'parallel_requests',
 };
 
 /** Words the reply is made of (cycled). */
@@ -394,6 +406,19 @@ export async function startMockProvider(options = {}) {
     throw new TypeError('startMockProvider: toolUse must be { name, input?, turns? }');
   }
   const toolTurns = toolUse === null ? 0 : (optionalNumber(toolUse.turns, 'toolUse.turns', { integer: true }) ?? 1);
+  // fanOut (opt-in): a session's main thread (a call without Claude Code's
+  // `x-claude-code-agent-id`) that offers a tool of this name and holds no assistant
+  // message is answered with `count` tool_use blocks of it at once, each starting a
+  // subagent; every other call (the subagents', the main thread's later ones) is answered
+  // as without it (toolUse, else text).
+  const fanOut = options.fanOut ?? null;
+  if (fanOut !== null && (typeof fanOut !== 'object' || typeof fanOut.name !== 'string' || fanOut.name === '')) {
+    throw new TypeError('startMockProvider: fanOut must be { name, count, input? }');
+  }
+  const fanOutCount = fanOut === null ? 0 : optionalNumber(fanOut.count, 'fanOut.count', { integer: true, positive: true });
+  if (fanOut !== null && fanOutCount === undefined) throw new TypeError('startMockProvider: fanOut.count is required');
+  // gateway429 (opt-in): 429s as seed 000's gateway sends them (at the 429 below).
+  const gateway429 = options.gateway429 === true;
   const counting = options.counting ?? 'bytes';
   if (counting !== 'bytes' && counting !== 'bpe') {
     throw new RangeError(`startMockProvider: counting must be 'bytes' or 'bpe', got ${String(counting)}`);
@@ -793,8 +818,17 @@ export async function startMockProvider(options = {}) {
       const limitName = /** @type {import('./provider.d.ts').MockLimitName} */ (first.limit);
       counters.byLimit[limitName]++;
       entry.limit = limitName;
-      const headers = rateHeaders(flavour);
-      headers['retry-after'] = String(Math.max(1, Math.ceil(waitMs / 1000)));
+      // Seed 000's gateway: `retry-after` is its window's length whatever the wait (an upper
+      // bound), `rate_limit_type` names the limit, `reset_at` (Unix seconds) is when the call
+      // would be admitted; it describes its limits in no other header.
+      const headers = gateway429
+        ? {
+            [flavour === 'anthropic' ? 'request-id' : 'x-request-id']: makeId('req_mock_'),
+            'retry-after': '60',
+            rate_limit_type: GATEWAY_LIMIT[first.limit],
+            reset_at: String(Math.ceil((Date.now() + waitMs) / 1000)),
+          }
+        : { ...rateHeaders(flavour), 'retry-after': String(Math.max(1, Math.ceil(waitMs / 1000))) };
       headers['x-mock-limit'] = first.limit;
       const message =
         first.limit === 'concurrency'
@@ -835,16 +869,24 @@ export async function startMockProvider(options = {}) {
     // Reasoning comes first and counts in the output; the reply is what is left of it.
     const reasoningTokens = Math.min(reasoningWanted, outputTokens);
     const reply = makeReply(outputTokens - reasoningTokens, maxDeltas);
-    const tool =
-      toolUse !== null &&
-      route.kind === 'messages' &&
-      Array.isArray(body.tools) &&
-      body.tools.some((t) => t?.name === toolUse.name) &&
-      body.messages.filter((m) => m?.role === 'assistant').length < toolTurns
-        ? { type: 'tool_use', id: makeId('toolu_mock_'), name: toolUse.name, input: toolUse.input ?? {} }
-        : null;
-    if (tool) entry.toolUse = true;
-    const stopReason = tool ? 'tool_use' : truncated ? 'max_tokens' : 'end_turn';
+    /** @param {string} name */
+    const offers = (name) => route.kind === 'messages' && Array.isArray(body.tools) && body.tools.some((t) => t?.name === name);
+    const turnsDone = route.kind === 'messages' ? body.messages.filter((m) => m?.role === 'assistant').length : 0;
+    const mainThread = req.headers['x-claude-code-agent-id'] === undefined;
+    /** The tool_use blocks of the answer (none: a text answer). */
+    const tools =
+      fanOut !== null && mainThread && turnsDone === 0 && offers(fanOut.name)
+        ? Array.from({ length: fanOutCount }, (_, i) => ({
+            type: 'tool_use',
+            id: makeId('toolu_mock_'),
+            name: fanOut.name,
+            input: { description: `subtask ${i + 1}`, prompt: `Run \`echo subagent-${i + 1}-ok\` with the Bash tool and say what it printed.`, subagent_type: 'general-purpose', ...fanOut.input },
+          }))
+        : toolUse !== null && turnsDone < toolTurns && offers(toolUse.name)
+          ? [{ type: 'tool_use', id: makeId('toolu_mock_'), name: toolUse.name, input: toolUse.input ?? {} }]
+          : [];
+    if (tools.length > 0) entry.toolUse = true;
+    const stopReason = tools.length > 0 ? 'tool_use' : truncated ? 'max_tokens' : 'end_turn';
     const model = entry.model ?? 'mock-model';
 
     // Completion bookkeeping; runs exactly once (normal end or client abort).
@@ -1016,7 +1058,7 @@ export async function startMockProvider(options = {}) {
               type: 'message',
               role: 'assistant',
               model,
-              content: tool ? [tool] : [{ type: 'text', text: reply.text }],
+              content: tools.length > 0 ? tools : [{ type: 'text', text: reply.text }],
               stop_reason: stopReason,
               stop_sequence: null,
               usage: { ...anthropicInput, output_tokens: outputTokens },
@@ -1075,13 +1117,15 @@ export async function startMockProvider(options = {}) {
           usage: { ...anthropicInput, output_tokens: 1 },
         },
       });
-      if (tool) {
-        // The tool call in one input_json_delta, then the end of the turn.
-        send('content_block_start', { type: 'content_block_start', index: 0, content_block: { ...tool, input: {} } });
-        send('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'input_json_delta', partial_json: JSON.stringify(tool.input) } });
-        await pause();
-        if (abort.signal.aborted) return;
-        send('content_block_stop', { type: 'content_block_stop', index: 0 });
+      if (tools.length > 0) {
+        // Each tool call in one input_json_delta, then the end of the turn.
+        for (const [index, tool] of tools.entries()) {
+          send('content_block_start', { type: 'content_block_start', index, content_block: { ...tool, input: {} } });
+          send('content_block_delta', { type: 'content_block_delta', index, delta: { type: 'input_json_delta', partial_json: JSON.stringify(tool.input) } });
+          await pause();
+          if (abort.signal.aborted) return;
+          send('content_block_stop', { type: 'content_block_stop', index });
+        }
         finish(outputTokens);
         send('message_delta', { type: 'message_delta', delta: { stop_reason: 'tool_use', stop_sequence: null }, usage: { output_tokens: outputTokens } });
         send('message_stop', { type: 'message_stop' });

@@ -732,3 +732,45 @@ describe('toolUse and the model list', () => {
     }
   });
 });
+
+describe('fanOut and gateway429', () => {
+  test("a session's first call fans out into parallel tool_use blocks; a subagent's call and later turns do not", async () => {
+    const p = await startMockProvider({ fanOut: { name: 'Agent', count: 3 }, toolUse: { name: 'Bash', input: { command: 'echo hi' } }, chunkDelayMs: 0 });
+    try {
+      const call = (messages, headers = {}) =>
+        fetch(`${p.url}/v1/messages`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'x-api-key': KEY, ...headers },
+          body: JSON.stringify({ model: 'm', max_tokens: 64, tools: [{ name: 'Agent', input_schema: { type: 'object' } }, { name: 'Bash', input_schema: { type: 'object' } }], messages }),
+        }).then((r) => r.json());
+      const main = await call([{ role: 'user', content: 'go' }], { 'x-claude-code-session-id': 's1' });
+      assert.equal(main.stop_reason, 'tool_use');
+      assert.deepEqual(main.content.map((b) => [b.name, b.input.subagent_type]), [['Agent', 'general-purpose'], ['Agent', 'general-purpose'], ['Agent', 'general-purpose']]);
+      assert.equal(new Set(main.content.map((b) => b.id)).size, 3, 'each subagent its own tool_use id');
+      // A subagent (its own agent id) gets the ordinary tool turn, then text.
+      const sub = await call([{ role: 'user', content: 'subtask' }], { 'x-claude-code-session-id': 's1', 'x-claude-code-agent-id': 'a1' });
+      assert.deepEqual(sub.content.map((b) => b.name), ['Bash']);
+      const later = await call([{ role: 'user', content: 'go' }, { role: 'assistant', content: main.content }, { role: 'user', content: 'results' }], { 'x-claude-code-session-id': 's1' });
+      assert.equal(later.content[0].type, 'text');
+    } finally {
+      await p.close();
+    }
+  });
+
+  test("with gateway429 a 429 carries seed 000's headers only: retry-after 60, rate_limit_type, reset_at", async () => {
+    const p = await startMockProvider({ requestsPerMinute: 1, gateway429: true, chunkDelayMs: 0 });
+    try {
+      assert.equal((await post(`${p.url}/v1/messages`, anthropicBody())).status, 200);
+      const t0 = Math.floor(Date.now() / 1000);
+      const r = await post(`${p.url}/v1/messages`, anthropicBody());
+      assert.equal(r.status, 429);
+      assert.equal(r.headers.get('retry-after'), '60');
+      assert.equal(r.headers.get('rate_limit_type'), 'requests_per_minute');
+      const reset = Number(r.headers.get('reset_at'));
+      assert.ok(reset >= t0 + 1 && reset <= t0 + 61, `reset_at ${reset} against ${t0}`);
+      assert.equal(r.headers.get('anthropic-ratelimit-requests-remaining'), null);
+    } finally {
+      await p.close();
+    }
+  });
+});
