@@ -58,6 +58,51 @@ export async function mixedKey({ now, clock, seed, startMockProvider, createToke
   return { provider, tw }
 }
 
+/**
+ * One agent of a measurement fleet (`shares.mjs`, `promises.mjs`) in a closed loop on the
+ * official SDK through `tw.fetch()`: think 0.5-2 s, then its next call — every fourth big
+ * (10-20k input tokens, max_tokens 2000), the others 500-2,000 tokens with max_tokens 300,
+ * the reply `reply(maxTokens)` tokens, half streamed — until `running()` is false. Each
+ * completed call is pushed to `records` (`agent`, `role`, `big`, `started`, `sent`, `done`,
+ * `input`, `output`, provider ms); a 429 or another error that reaches it is counted in
+ * `failures` (`rateLimited`, `errors`), the first three printed.
+ */
+export async function loopAgent({ i, role, name, tw, provider, now, sleep, random, reply, records, failures, running }) {
+  let sentAt = null
+  const client = new Anthropic({
+    apiKey: 'sk-mock',
+    baseURL: provider.url,
+    maxRetries: 0,
+    fetch: tw.fetch({
+      agent: name,
+      role,
+      fetch: (input, init) => {
+        sentAt = now()
+        return globalThis.fetch(input, init)
+      },
+    }),
+  })
+  for (let n = 0; running(); n++) {
+    await sleep(500 + random.next() * 1_500)
+    if (!running()) break
+    const big = (n + i) % 4 === 0
+    const input = big ? random.int(10_000, 20_000) : random.int(500, 2_000)
+    const maxTokens = big ? 2_000 : 300
+    const params = { model: MODEL, max_tokens: maxTokens, messages: [{ role: 'user', content: promptText(input, random, `${name} call ${n}`) }] }
+    const started = now()
+    sentAt = null
+    try {
+      const options = { headers: { 'x-mock-reply-tokens': String(reply(maxTokens)) } }
+      const message = n % 2 === 0 ? await client.messages.stream(params, options).finalMessage() : await client.messages.create(params, options)
+      records.push({ agent: i, role, big, started, sent: sentAt ?? now(), done: now(), input: message.usage.input_tokens, output: message.usage.output_tokens })
+    } catch (e) {
+      if (e?.status === 429) failures.rateLimited++
+      else failures.errors++
+      if (failures.errors + failures.rateLimited <= 3) console.error(`${name}: ${e?.message ?? e}`)
+    }
+  }
+}
+
 /** A small seeded PRNG (xorshift32), so a seed replays the same prompt sizes. */
 export function rng(seed) {
   let x = (seed >>> 0) || 0x9e3779b9

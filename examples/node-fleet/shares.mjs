@@ -23,10 +23,9 @@
 
 import { writeFileSync } from 'node:fs'
 import { parseArgs } from 'node:util'
-import Anthropic from '@anthropic-ai/sdk'
 import { createTokenwarden } from 'tokenwarden'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
-import { MIXED_LIMITS, MODEL, fastClock, mixedKey, promptText, rng } from './fleet.mjs'
+import { MIXED_LIMITS, fastClock, loopAgent, mixedKey, rng } from './fleet.mjs'
 
 const { values: args } = parseArgs({
   options: {
@@ -61,50 +60,13 @@ tw.on('margin_changed', (e) => margins.push({ at: now(), from: e.fromPermille, t
 
 const random = rng(SEED)
 const records = []
-let agentErrors = 0
-let rateLimitedAtAgents = 0
 let stopping = false
 
-async function agent(i) {
+const failures = { rateLimited: 0, errors: 0 }
+
+function agent(i) {
   const role = ROLES[i % 3]
-  const name = `${role}-${Math.floor(i / 3)}`
-  let sentAt = null
-  const client = new Anthropic({
-    apiKey: 'sk-mock',
-    baseURL: provider.url,
-    maxRetries: 0,
-    fetch: tw.fetch({
-      agent: name,
-      role,
-      fetch: (input, init) => {
-        sentAt = now()
-        return globalThis.fetch(input, init)
-      },
-    }),
-  })
-  for (let n = 0; !stopping; n++) {
-    await sleep(500 + random.next() * 1_500)
-    if (stopping) break
-    const big = (n + i) % 4 === 0
-    const input = big ? random.int(10_000, 20_000) : random.int(500, 2_000)
-    const maxTokens = big ? 2_000 : 300
-    const params = {
-      model: MODEL,
-      max_tokens: maxTokens,
-      messages: [{ role: 'user', content: promptText(input, random, `${name} call ${n}`) }],
-    }
-    const started = now()
-    sentAt = null
-    try {
-      const options = { headers: { 'x-mock-reply-tokens': String(Math.round(maxTokens * 0.4)) } }
-      const message = n % 2 === 0 ? await client.messages.stream(params, options).finalMessage() : await client.messages.create(params, options)
-      records.push({ agent: i, role, big, started, sent: sentAt ?? now(), done: now(), input: message.usage.input_tokens, output: message.usage.output_tokens })
-    } catch (e) {
-      if (e?.status === 429) rateLimitedAtAgents++
-      else agentErrors++
-      if (agentErrors + rateLimitedAtAgents <= 3) console.error(`${name}: ${e?.message ?? e}`)
-    }
-  }
+  return loopAgent({ i, role, name: `${role}-${Math.floor(i / 3)}`, tw, provider, now, sleep, random, reply: (maxTokens) => Math.round(maxTokens * 0.4), records, failures, running: () => !stopping })
 }
 
 const runs = Array.from({ length: AGENTS }, (_, i) => agent(i))
@@ -156,14 +118,14 @@ const pct = (x) => `${(x * 100).toFixed(1)} %`
 console.log(`${AGENTS} agents (${ROLES.map((r) => `${roles.find((x) => x.role === r).agents} ${r}s`).join(', ')}), ${MINUTES} provider minutes at ${SPEED}x, seed ${SEED}; ${records.length} calls`)
 console.log(`binding axis: ${binding}; use per minute: ${use.map((u) => Math.round(u[binding] * 100)).join(' ')} %`)
 console.log(`steady state (minutes ${STEADY_FROM}-${MINUTES}): ${pct(steadyUse)} of the ${binding} limit`)
-console.log(`margin: ${margins.map((m) => `${(m.at / MINUTE).toFixed(1)} min ${m.to / 10} % (${m.reason})`).join(', ') || 'never moved'}; at the end ${metrics.pools[0].marginPermille / 10} %, estimate error p50 ${metrics.pools[0].estimateErrorP50Permille / 10} %`)
+console.log(`margin: ${margins.map((m) => `${(m.at / MINUTE).toFixed(1)} min ${m.to / 10} % (${m.reason})`).join(', ') || 'never moved'}; at the end ${metrics.pools[0].marginPermille / 10} %, underestimate p50 ${metrics.pools[0].underestimateP50Permille / 10} %`)
 console.log('| role | agents | share of the binding axis | weight share | off by | Jain within the role |')
 console.log('|---|---:|---:|---:|---:|---:|')
 for (const r of roles) console.log(`| ${r.role} | ${r.agents} | ${pct(r.share)} | ${pct(r.want)} | ${(r.off * 100).toFixed(1)} % | ${r.jain.toFixed(3)} |`)
 console.log(`agents without a completed call in the first 3 minutes: ${late.length}${late.length ? ` (${late.map(([i, t]) => `${i}: ${Number.isFinite(t) ? (t / MINUTE).toFixed(1) + ' min' : 'never'}`).join(', ')})` : ''}`)
-console.log(`429s at the agents: ${rateLimitedAtAgents}; other errors at the agents: ${agentErrors}; 429s at the provider: ${stats.rejected429}; provider over a limit: ${stats.overLimit}`)
-if (args.json) writeFileSync(args.json, JSON.stringify({ agents: AGENTS, minutes: MINUTES, speed: SPEED, seed: SEED, binding, use, steadyUse, margins, roles, late, records: records.length, rateLimitedAtAgents, agentErrors, provider429: stats.rejected429, overLimit: stats.overLimit }, null, 1))
+console.log(`429s at the agents: ${failures.rateLimited}; other errors at the agents: ${failures.errors}; 429s at the provider: ${stats.rejected429}; provider over a limit: ${stats.overLimit}`)
+if (args.json) writeFileSync(args.json, JSON.stringify({ agents: AGENTS, minutes: MINUTES, speed: SPEED, seed: SEED, binding, use, steadyUse, margins, roles, late, records: records.length, rateLimitedAtAgents: failures.rateLimited, agentErrors: failures.errors, provider429: stats.rejected429, overLimit: stats.overLimit }, null, 1))
 
 tw.close()
 await provider.close()
-process.exit(rateLimitedAtAgents + agentErrors > 0 || stats.overLimit ? 1 : 0)
+process.exit(failures.rateLimited + failures.errors > 0 || stats.overLimit ? 1 : 0)
