@@ -609,7 +609,7 @@ pub mod io {
         /// The first argument slots: `now`, then (`cancelIo`, `settleIo`) the lease; then
         /// `settleIo`'s usage (`USAGE_FIELDS` order) and `requestLeaseIo`'s request
         /// (`LEASE_REQUEST_FIELDS` order, from `REQUEST`), and `callLeaseIo`'s call state.
-        arg { NOW = 0, LEASE = 1, USAGE = 2, REQUEST = 1, CALL = 11 }
+        arg { NOW = 0, LEASE = 1, USAGE = 2, REQUEST = 1, CALL = 12 }
         /// `callResponseIo` / `handleResponseIo` arguments.
         response { NOW = 0, POOL = 1, LEASE = 2, STATUS = 3, UNIX_NOW_MS = 4, CALL = 5 }
         /// `requestLeaseIo`'s results.
@@ -621,13 +621,13 @@ pub mod io {
         call {
             FAILED = 0, REFUSALS = 1, LAST_RETRY_AFTER_MS = 2, LEASE = 3, INSTANT = 4,
             REASON = 5, REFUSAL = 6, REFUSAL_AXIS = 7, ATTEMPTS = 8, CHECKPOINT = 9,
-            GIVE_UP_RETRY_AFTER_MS = 10, SETTLED = 11, RESERVED = 12, USED = 16,
+            GIVE_UP_RETRY_AFTER_MS = 10, SETTLED = 11, RESERVED = 12, USED = 16, EXPECTED = 20,
         }
         /// The header report: its fields, then from `AXES` one block of `rate_axis::WIDTH`
         /// slots per axis of `RATE_AXES`.
         report {
-            RECOGNISED = 20, MALFORMED = 21, RETRY_AFTER_MS = 22, RESET_AT_MS = 23,
-            SHOULD_RETRY = 24, EXCEEDED = 25, AXES = 26,
+            RECOGNISED = 21, MALFORMED = 22, RETRY_AFTER_MS = 23, RESET_AT_MS = 24,
+            SHOULD_RETRY = 25, EXCEEDED = 26, AXES = 27,
         }
         /// One axis's block of the header report.
         rate_axis { LIMIT = 0, REMAINING = 1, RESET_AFTER_MS = 2, GRANULARITY = 3, WIDTH = 4 }
@@ -652,9 +652,10 @@ pub mod io {
     /// The result does not fit a `number`: fetch it with `takeWide()`.
     pub const WIDE: i32 = 9;
 
-    /// `requestLeaseIo`'s argument slots 1 to 10 (slot 0 is `now`): the lease request's
-    /// fields by their JavaScript names, in slot order (`cachedPrefixConfirmed` is 1 or 0).
-    pub const LEASE_REQUEST_FIELDS: [&str; 10] = [
+    /// `requestLeaseIo`'s argument slots 1 to 11 (slot 0 is `now`): the lease request's
+    /// fields by their JavaScript names, in slot order (`cachedPrefixConfirmed` is 1 or 0;
+    /// an optional field is −1 when absent).
+    pub const LEASE_REQUEST_FIELDS: [&str; 11] = [
         "agent",
         "pool",
         "inputTokens",
@@ -665,6 +666,7 @@ pub mod io {
         "failureSignature",
         "task",
         "cachedPrefixConfirmed",
+        "family",
     ];
     /// `callLeaseIo`'s first call-state slot (`failed`, then `refusals`, `lastRetryAfterMs`):
     /// after `now` and the lease request.
@@ -712,13 +714,14 @@ pub mod io {
     }
 
     /// `pollEventIo`'s return codes: the index in this list (the core's event tags).
-    pub const EVENTS: [&str; 6] = [
+    pub const EVENTS: [&str; 7] = [
         "granted",
         "expired",
         "margin_changed",
         "paused",
         "estimate_alert",
         "margin_at_floor",
+        "revised",
     ];
 
     /// The call lifecycle's step codes (`callLeaseIo`, `callResponseIo`).
@@ -871,6 +874,7 @@ pub mod io {
             unblocks: u32_from_f64(io[const { req("unblocks") }], "unblocks")?,
             failure_signature: opt_slot(io, const { req("failureSignature") }, "failureSignature")?,
             task: opt_slot(io, const { req("task") }, "task")?.map(core::TaskId),
+            family: opt_slot(io, const { req("family") }, "family")?.map(core::AgentId),
             cached_prefix_confirmed: match io[const { req("cachedPrefixConfirmed") }] {
                 0.0 => false,
                 1.0 => true,
@@ -949,8 +953,8 @@ pub mod io {
         0
     }
 
-    /// Granted, expired, margin changed, paused, estimate alert, margin at floor:
-    /// `pollEventIo`'s codes.
+    /// Granted, expired, margin changed, paused, estimate alert, margin at floor, revised:
+    /// `pollEventIo`'s codes (the index in [`EVENTS`]).
     pub const EVENT_GRANTED: i32 = 0;
 
     /// Writes an event; `WIDE` when a field does not fit a `number`.
@@ -1005,6 +1009,12 @@ pub mod io {
                     0,
                 ],
             ),
+            core::Event::Revised {
+                lease,
+                agent,
+                pool,
+                eta,
+            } => (6, [lease.0, agent.0, u64::from(pool.0), eta.0, 0]),
         };
         if !fits(&fields) {
             return WIDE;
@@ -1128,6 +1138,7 @@ pub mod io {
             call::REASON,
             call::REFUSAL,
             call::GIVE_UP_RETRY_AFTER_MS,
+            call::EXPECTED,
         ] {
             w.io[i] = -1.0;
         }
@@ -1149,6 +1160,7 @@ pub mod io {
             }
             core::CallStep::Wait(core::Wait {
                 until,
+                expected,
                 reason,
                 ticket,
                 refusal: r,
@@ -1157,6 +1169,7 @@ pub mod io {
             }) => {
                 w.opt(call::LEASE, ticket.map(|t| t.0));
                 w.set(call::INSTANT, until.0);
+                w.set(call::EXPECTED, expected.0);
                 w.set(call::REASON, wait_code(reason));
                 refusal(&mut w, r);
                 w.set(call::ATTEMPTS, u64::from(attempt));

@@ -296,6 +296,12 @@ fn events_are_returned_as_their_codes() {
             margin_permille: 600,
             since: t,
         },
+        core::Event::Revised {
+            lease,
+            agent,
+            pool,
+            eta: t,
+        },
     ];
     assert_eq!(events.len(), io::EVENTS.len());
     for e in events {
@@ -377,6 +383,7 @@ fn call_steps_are_written_with_the_cores_tags() {
     for reason in waits {
         let step = core::CallStep::Wait(core::Wait {
             until: core::Millis(5000),
+            expected: core::Millis(3000),
             reason,
             ticket: Some(core::LeaseId(42)),
             refusal: Some(core::RejectReason::ExceedsCapacity {
@@ -394,6 +401,7 @@ fn call_steps_are_written_with_the_cores_tags() {
             ]
         );
         assert_eq!(io::WAIT_REASONS[regs[5] as usize], tag(&reason));
+        assert_eq!(regs[io::call::EXPECTED], 3000.0);
     }
     for reason in [
         core::GiveUpReason::NeverFits,
@@ -530,6 +538,7 @@ fn camel_json_is_camel_keys_as_text() {
     // Enum tags (values) keep their snake_case; a wide integer is refused.
     let step = core::CallStep::Wait(core::Wait {
         until: core::Millis(5),
+        expected: core::Millis(5),
         reason: core::WaitReason::RateLimited,
         ticket: None,
         refusal: None,

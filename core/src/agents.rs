@@ -44,6 +44,16 @@ pub(crate) struct AgentPool {
     /// learned from.
     #[serde(default, skip_serializing_if = "History::is_empty")]
     pub(crate) outputs: History,
+    /// The virtual finish of its latest call no bigger than a quantum here: where its next
+    /// such call starts (at the pool's virtual time at the earliest). Its calls of every
+    /// size move `last_vfinish`; only small ones move this (see `weight::small`).
+    #[serde(default, skip_serializing_if = "is_zero_u128")]
+    pub(crate) last_small: u128,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_u128(n: &u128) -> bool {
+    *n == 0
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -81,6 +91,9 @@ pub(crate) struct Rates {
 pub(crate) struct Shares {
     pub(crate) rates: Rates,
     pub(crate) held: u32,
+    /// Agents that have asked in the pool (a weight): each may be served a small-call lead
+    /// beyond its place (see `weight::small`).
+    pub(crate) asking: u32,
 }
 
 impl Shares {
@@ -156,6 +169,10 @@ pub(crate) struct Agent {
     /// an overload), until it asks again or settles: what tells "blocked" from "quiet".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) waiting: Option<Waiting>,
+    /// The root of the family it belongs to, when another agent is (its latest request's
+    /// `family`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) family: Option<AgentId>,
     pub(crate) pools: Vec<AgentPool>,
 }
 
@@ -198,6 +215,7 @@ impl Agent {
             alerting: false,
             errors: History::default(),
             waiting: None,
+            family: None,
             pools: alloc::vec![AgentPool::default(); pools],
         }
     }
@@ -357,6 +375,10 @@ pub(crate) struct Agents {
     /// read back) nor compared.
     #[serde(skip)]
     shares: Vec<Shares>,
+    /// Per family root: how many agents in the table name it as their family (derived,
+    /// like `shares`). A root with none here has no members besides itself.
+    #[serde(skip)]
+    families: BTreeMap<AgentId, u32>,
 }
 
 /// The stored form of [`Agents`]: everything but the derived sums.
@@ -374,8 +396,10 @@ impl From<Stored> for Agents {
             free: s.free,
             index: s.index,
             shares: Vec::new(),
+            families: BTreeMap::new(),
         };
         a.shares = a.computed_shares();
+        a.families = a.computed_families();
         a
     }
 }
@@ -410,6 +434,50 @@ impl Agents {
         Some((ap, self.shares.get_mut(i)?))
     }
 
+    /// The family counts as the agents say they are.
+    fn computed_families(&self) -> BTreeMap<AgentId, u32> {
+        let mut out = BTreeMap::new();
+        for f in self.values().filter_map(|a| a.family) {
+            *out.entry(f).or_insert(0u32) += 1;
+        }
+        out
+    }
+
+    /// Sets the family of the agent in `slot` (`None`, or its own id: it is a root).
+    pub(crate) fn set_family(&mut self, slot: u32, family: Option<AgentId>) {
+        let Some(a) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let family = family.filter(|f| *f != a.id);
+        if a.family == family {
+            return;
+        }
+        if let Some(old) = core::mem::replace(&mut a.family, family) {
+            leave(&mut self.families, old);
+        }
+        if let Some(new) = family {
+            *self.families.entry(new).or_insert(0) += 1;
+        }
+    }
+
+    /// How many members of the family of the agent in `slot` have a call queued or in
+    /// flight, counting that agent as one whatever it has: 1 for an agent with no family.
+    pub(crate) fn family_live(&self, slot: u32) -> u32 {
+        let Some(me) = self.get(slot) else {
+            return 1;
+        };
+        let root = me.family.unwrap_or(me.id);
+        if !self.families.contains_key(&root) {
+            return 1;
+        }
+        let live = self
+            .values()
+            .filter(|a| a.id != me.id && a.family.unwrap_or(a.id) == root)
+            .filter(|a| a.queued > 0 || a.in_flight > 0)
+            .count();
+        u32::try_from(live).unwrap_or(u32::MAX).saturating_add(1)
+    }
+
     /// The sums as the agents say they are, one per pool any agent knows.
     fn computed_shares(&self) -> Vec<Shares> {
         let pools = self.values().map(|a| a.pools.len()).max().unwrap_or(0);
@@ -417,6 +485,7 @@ impl Agents {
         for a in self.values() {
             for (sh, ap) in out.iter_mut().zip(&a.pools) {
                 sh.add(ap.rates());
+                sh.asking = sh.asking.saturating_add(u32::from(ap.weight > 0));
                 if ap.held.is_some() {
                     sh.held = sh.held.saturating_add(1);
                 }
@@ -426,9 +495,12 @@ impl Agents {
     }
 
     /// Notes an ask in pool `p` with this weight and dominant share.
-    pub(crate) fn note_ask(&mut self, slot: u32, p: u32, weight: u128, share: u64) {
+    /// Returns whether what the agent can be served per unit of virtual time grew (a
+    /// higher weight, a smaller call, or a first ask): the queued tickets' bounds assumed
+    /// less of it.
+    pub(crate) fn note_ask(&mut self, slot: u32, p: u32, weight: u128, share: u64) -> bool {
         let Some((ap, sh)) = self.pool_parts(slot, p) else {
-            return;
+            return false;
         };
         let weight = u64::try_from(weight).unwrap_or(u64::MAX);
         let unit = share.saturating_add(1);
@@ -437,12 +509,19 @@ impl Agents {
         } else {
             ap.smallest.min(unit)
         };
-        if (weight, smallest) != (ap.weight, ap.smallest) {
-            sh.sub(ap.rates());
-            ap.weight = weight;
-            ap.smallest = smallest;
-            sh.add(ap.rates());
+        if (weight, smallest) == (ap.weight, ap.smallest) {
+            return false;
         }
+        let was = ap.rates();
+        sh.sub(was);
+        sh.asking = sh
+            .asking
+            .saturating_add(u32::from(ap.weight == 0 && weight > 0));
+        ap.weight = weight;
+        ap.smallest = smallest;
+        let now = ap.rates();
+        sh.add(now);
+        now.share > was.share || now.requests > was.requests
     }
 
     /// Keeps a place in pool `p`'s fair order for the agent in `slot`.
@@ -533,8 +612,12 @@ impl Agents {
             .min_by_key(|(_, a)| (a.last_seen, a.id))
             .map(|(i, a)| (i, a.id))?;
         if let Some(gone) = self.slots.get_mut(slot).and_then(Option::take) {
+            if let Some(f) = gone.family {
+                leave(&mut self.families, f);
+            }
             for (sh, ap) in self.shares.iter_mut().zip(&gone.pools) {
                 sh.sub(ap.rates());
+                sh.asking = sh.asking.saturating_sub(u32::from(ap.weight > 0));
                 if ap.held.is_some() {
                     sh.held = sh.held.saturating_sub(1);
                 }
@@ -595,7 +678,17 @@ impl Agents {
             let want = computed.get(p as usize).copied().unwrap_or_default();
             self.shares(p) == want
         });
-        index_ok && free_ok && shares_ok
+        index_ok && free_ok && shares_ok && self.families == self.computed_families()
+    }
+}
+
+/// One member fewer names `root` as its family.
+fn leave(families: &mut BTreeMap<AgentId, u32>, root: AgentId) {
+    if let Some(n) = families.get_mut(&root) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            families.remove(&root);
+        }
     }
 }
 

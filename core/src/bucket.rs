@@ -127,14 +127,17 @@ impl Bucket {
         self.level = self.level.saturating_add(add).min(full);
     }
 
-    /// Changes the effective capacity; a level above the new capacity is cut to it.
-    /// `start_full` fills the bucket (used when a limit first becomes known).
+    /// Changes the effective capacity; a level above a lower capacity is cut to it (a level
+    /// the provider's figure raised above the capacity, see [`Bucket::resync`], is kept
+    /// while the capacity does not fall). `start_full` fills the bucket (used when a limit
+    /// first becomes known).
     pub(crate) fn set_cap(&mut self, cap: u64, window: u64, start_full: bool) {
+        let lower = cap < self.cap;
         self.cap = cap;
         let full = self.full(window);
         if start_full {
             self.level = full;
-        } else {
+        } else if lower {
             self.level = self.level.min(full);
         }
     }
@@ -193,8 +196,11 @@ impl Bucket {
         if used > reserved {
             self.level = self.level.saturating_sub(used - reserved);
         } else {
+            // A refund fills up to the capacity, or keeps a level the provider's figure
+            // raised above it.
             let refund = (reserved - used).min(room.max(0));
-            self.level = self.level.saturating_add(refund).min(self.full(window));
+            let top = self.full(window).max(self.level);
+            self.level = self.level.saturating_add(refund).min(top);
         }
     }
 
@@ -223,23 +229,67 @@ impl Bucket {
         Some(u64::try_from(ms).unwrap_or(u64::MAX))
     }
 
-    /// Lowers the level to what the provider reports, never raises it: `remaining` of the
-    /// real `limit` maps to `remaining − (limit − cap)` here. Differences within the
-    /// provider's rounding `granularity` are ignored. Returns how many tokens the level
-    /// was lowered by (0: the provider agrees, or has more room than we think), or `None`
-    /// while the limit is unknown (nothing to compare with).
-    pub(crate) fn resync(&mut self, remaining: u64, granularity: u64, window: u64) -> Option<u64> {
+    /// Brings the level to what the provider reports: `remaining` of the real `limit`
+    /// (`figure`: with the provider's rounding `granularity`; differences within it are
+    /// ignored), as [`Resync`] says. Returns how far the model was above the figure (0 when
+    /// the provider agrees or has more room) and whether the level was set, or `None` while
+    /// the limit is unknown (nothing to compare with).
+    pub(crate) fn resync(
+        &mut self,
+        (remaining, granularity): (u64, u64),
+        how: Resync,
+        window: u64,
+    ) -> Option<(u64, bool)> {
         let limit = self.limit?;
-        let headroom = i128::from(limit) - i128::from(self.cap);
-        let theirs = i128::from(remaining) - headroom;
         let ours = self.available(window);
-        if ours > theirs.saturating_add(i128::from(granularity)) {
+        let g = i128::from(granularity);
+        let remaining = i128::from(remaining);
+        let (theirs, above, raise) = match how {
+            Resync::Follow { uncounted, margin } => {
+                let figure = remaining - i128::from(uncounted);
+                let theirs = if figure > 0 {
+                    figure * i128::from(margin) / 1000
+                } else {
+                    figure
+                };
+                // The model disagrees only if it is above the figure even were every call
+                // not counted yet counted already (each may have arrived).
+                let above = ours - remaining;
+                (theirs, above, true)
+            }
+            Resync::Lower => {
+                let theirs = remaining - (i128::from(limit) - i128::from(self.cap));
+                (theirs, ours - theirs, false)
+            }
+        };
+        let above = u64::try_from(above.max(0)).unwrap_or(u64::MAX);
+        if ours > theirs.saturating_add(g) {
             self.level = theirs.saturating_mul(i128::from(window));
-            Some(u64::try_from(ours - theirs).unwrap_or(u64::MAX))
-        } else {
-            Some(0)
+            return Some((above, true));
         }
+        let raised = (theirs - g).min(i128::from(limit));
+        if raise && raised > ours {
+            self.level = raised.saturating_mul(i128::from(window));
+            return Some((0, true));
+        }
+        Some((0, false))
     }
+}
+
+/// How a provider's remaining figure sets a level ([`Bucket::resync`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Resync {
+    /// The figure holds every call that reached the provider (an axis it charges on
+    /// arrival): the level is set to `margin` (thousandths) of `remaining − uncounted`,
+    /// lowered or raised (less the rounding), up to the limit itself, so the provider's own
+    /// burst is spent and the margin keeps its share of what is left. `uncounted` is the
+    /// reservations the figure may not hold yet (the model disagrees with the figure only
+    /// by what it is above it were they all held already).
+    Follow { uncounted: u64, margin: u32 },
+    /// The figure does not hold what calls in flight will still use (an axis charged as
+    /// calls produce): `remaining` maps to `remaining − (limit − cap)` here, and the level is
+    /// only ever lowered.
+    Lower,
 }
 
 /// A standalone token bucket: one limit per window, exact, for callers who want a plain
@@ -478,27 +528,76 @@ mod tests {
         assert_eq!(b.ms_until_fits(u64::MAX, W), Some(0));
     }
 
+    fn follow(uncounted: u64, margin: u32) -> Resync {
+        Resync::Follow { uncounted, margin }
+    }
+
     #[test]
-    fn resync_only_lowers_and_respects_granularity() {
+    fn resync_follows_the_margin_s_share_of_the_figure_both_ways_up_to_the_limit() {
         let mut b = Bucket::new(Some(1000));
         b.set_cap(850, W, true);
+        // The provider's bucket is full (it starts so), 100 of it claimed by calls in
+        // flight it has not counted: 85 % of the other 900 is what the core hands out.
+        assert_eq!(b.resync((1000, 0), follow(100, 850), W), Some((0, true)));
+        assert_eq!(b.available(W), 765);
+        // At a margin of 100 % the level rises past the capacity, up to the figure.
+        assert_eq!(b.resync((1000, 0), follow(100, 1000), W), Some((0, true)));
+        assert_eq!(b.available(W), 900);
+        // Refill stops above the capacity; a refund keeps the level, never raises it past.
+        b.refill(5_000, W);
+        assert_eq!(b.available(W), 900);
+        b.take(200, W);
+        b.release(200, 50, i128::MAX, W);
+        assert_eq!(b.available(W), 850, "150 refunded up to the capacity");
+        // Within the provider's rounding nothing moves.
         assert_eq!(
-            b.resync(1000, 0, W),
-            Some(0),
-            "provider has more room than we think: keep ours"
+            b.resync((1000, 100), follow(100, 1000), W),
+            Some((0, false))
         );
+        assert_eq!(b.available(W), 850);
+        // Below the figure: lowered, and how far the model was above the figure itself (as
+        // if every call not counted yet had been) is reported.
+        assert_eq!(b.resync((700, 0), follow(100, 1000), W), Some((150, true)));
+        assert_eq!(b.available(W), 600);
+        assert_eq!(b.resync((500, 0), follow(0, 850), W), Some((100, true)));
+        assert_eq!(b.available(W), 425);
+        // Never above the limit, whatever the figure says; a figure claimed whole leaves
+        // the level in debt.
+        assert_eq!(b.resync((5_000, 0), follow(0, 1000), W), Some((0, true)));
+        assert_eq!(b.available(W), 1000);
+        assert_eq!(b.resync((100, 0), follow(300, 850), W), Some((900, true)));
+        assert_eq!(b.available(W), -200);
+        // A lower capacity (a margin cut) cuts a raised level to it.
+        assert_eq!(b.resync((5_000, 0), follow(0, 1000), W), Some((0, true)));
+        b.set_cap(800, W, false);
+        assert_eq!(b.available(W), 800);
         assert_eq!(
-            b.resync(900, 100, W),
-            Some(0),
-            "900-150=750 within 100 of 850"
-        );
-        assert_eq!(b.resync(500, 0, W), Some(500), "850 lowered to 350");
-        assert_eq!(b.available(W), 350);
-        assert_eq!(
-            Bucket::new(None).resync(1, 0, W),
+            Bucket::new(None).resync((1, 0), follow(0, 850), W),
             None,
             "no limit: nothing to compare"
         );
+    }
+
+    #[test]
+    fn resync_of_an_axis_charged_as_calls_produce_only_lowers_keeping_the_reserve() {
+        let mut b = Bucket::new(Some(1000));
+        b.set_cap(850, W, true);
+        assert_eq!(
+            b.resync((1000, 0), Resync::Lower, W),
+            Some((0, false)),
+            "provider has more room than we think: keep ours"
+        );
+        assert_eq!(
+            b.resync((900, 100), Resync::Lower, W),
+            Some((0, false)),
+            "900-150=750 within 100 of 850"
+        );
+        assert_eq!(
+            b.resync((500, 0), Resync::Lower, W),
+            Some((500, true)),
+            "850 lowered to 350"
+        );
+        assert_eq!(b.available(W), 350);
     }
 
     #[test]

@@ -97,8 +97,13 @@ pub enum ResponseStep {
 /// at `until`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Wait {
-    /// When to ask again, or when the ticket is expected to be granted.
+    /// When to ask again; for a ticket, its promise: it is granted by then (a later
+    /// promise may replace it before it passes: [`Event::Revised`](crate::Event::Revised)).
     pub until: Millis,
+    /// When the wait is expected to end: for a ticket, its expected grant
+    /// ([`Coordinator::expected_grant`](crate::Coordinator::expected_grant)), at most
+    /// `until`; otherwise `until`. What a host tells a person.
+    pub expected: Millis,
     /// Why.
     pub reason: WaitReason,
     /// The queued ticket, which becomes the lease.
@@ -109,9 +114,9 @@ pub struct Wait {
     pub attempt: u32,
     /// The wait is long (at least `call.checkpoint_after_ms`, or the prompt cache's
     /// lifetime): the agent should write its turn down before waiting, so that it
-    /// resumes without re-planning. For a queued call the wait judged is the expected
-    /// one ([`Coordinator::expected_grant`](crate::Coordinator::expected_grant)), not
-    /// `until`, the bound.
+    /// resumes without re-planning. For a queued call the wait judged is the one it may
+    /// well have (the 90th percentile of the pool's learned waits against their refill
+    /// time, at most `until`), so a wait that turns out long was flagged.
     pub checkpoint: bool,
 }
 

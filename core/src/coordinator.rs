@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agents::{Agents, Held, Sample};
 use crate::bucket::{Axis, Demand};
-use crate::config::{Config, Counting};
+use crate::config::{Config, Counting, Families};
 use crate::decision::{Decision, Event, RejectReason, Settlement};
 use crate::error::LeaseError;
 use crate::ids::{AgentId, PoolId};
@@ -22,12 +22,18 @@ use crate::request::{LeaseRequest, Usage, charge, output_reserve, used};
 use crate::rng::Rng;
 use crate::tasks::{TaskId, TaskSpec, Tasks, Tokens};
 use crate::time::Millis;
-use crate::weight::{pending_bump, place_cost, virtual_cost, weight};
+use crate::weight::{pending_bump, place_cost, small, virtual_cost, weight};
+use promise::Revise;
+
+/// The most a wait is taken to exceed its refill time by, thousandths (100×), in what the
+/// expected waits learn.
+const RATIO_CAP: u128 = 100_000;
 
 mod call;
 mod check;
 mod eta;
 pub(crate) mod feedback;
+pub(crate) mod promise;
 mod snapshot;
 mod tasks;
 
@@ -189,86 +195,122 @@ impl Coordinator {
         });
     }
 
-    /// Grants queued tickets of pool `p` in virtual-finish order while the head fits.
+    /// Grants what pool `p`'s queue can be granted now, then keeps its promises (see
+    /// `coordinator/promise.rs`): the end of every input that moves the pool.
     fn drain(&mut self, p: u32, now: Millis) {
-        let window = self.config.window_ms;
+        self.grant_from_queue(p, now);
+        self.keep_promises(p, now);
+    }
+
+    /// Grants queued tickets of pool `p` in virtual-finish order while the head fits.
+    fn grant_from_queue(&mut self, p: u32, now: Millis) {
         let ttl = self.config.lease_ttl_ms;
-        let counting = self.counting(p).unwrap_or_default();
-        let Some(pool) = self.pools.get_mut(p as usize) else {
-            return;
-        };
         // At the end of time a lease would be born expired: nothing is granted.
         if now.plus(ttl) <= now {
             return;
         }
         loop {
-            if now < pool.paused_until || !pool.concurrency_free() {
-                return;
-            }
-            let Some((_, _, slot)) = pool.queue.peek_min() else {
+            let Some(pool) = self.pools.get(p as usize) else {
                 return;
             };
-            // The fields the grant needs, not a copy of the whole entry.
-            let Some(&Entry {
-                id,
-                agent,
-                agent_slot,
-                ask,
-                task,
-                phase:
-                    Phase::Queued {
-                        vstart,
-                        enqueued_at,
-                        ..
-                    },
-                ..
-            }) = self.leases.by_slot(slot)
-            else {
+            if !pool.can_admit(now, ttl) {
+                return;
+            }
+            let Some((key, _, slot)) = pool.queue.peek_min() else {
                 return;
             };
-            let cold = self
-                .agents
-                .get(agent_slot)
-                .is_none_or(|a| a.cache_cold(p, now));
-            let demand = charge(counting, &ask, cold);
-            if !pool.fits(&demand, window) {
+            let Some(demand) = self.queued_charge(p, slot, now) else {
+                return;
+            };
+            if !self.pools[p as usize].fits(&demand, self.config.window_ms) {
                 return;
             }
-            pool.queue.pop_head();
-            let phase = pool.admit(demand, now, ttl, window);
-            pool.vtime = pool.vtime.max(vstart);
-            let waited_ms = now.since(enqueued_at);
-            pool.waits.record(waited_ms);
-            if let Some(m) = pool.minute(now) {
-                m.waited_ms = m.waited_ms.saturating_add(waited_ms);
-            }
-            pool.counters.granted_from_queue = pool.counters.granted_from_queue.saturating_add(1);
-            let expires_at = now.plus(ttl);
-            self.leases.schedule_bump(id, None);
-            if let Some(e) = self.leases.get_mut(id) {
-                e.phase = phase;
-            }
-            self.leases
-                .push_expiry(expires_at, id, self.config.max_leases);
-            if let Some(a) = self.agents.get_mut(agent_slot) {
-                a.queued = a.queued.saturating_sub(1);
-                a.in_flight = a.in_flight.saturating_add(1);
-                if let Some(ap) = a.pools.get_mut(p as usize) {
-                    ap.served = true;
-                }
-            }
-            if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
-                t.wait(waited_ms);
-                t.calls = t.calls.saturating_add(1);
-            }
-            self.events.push_back(Event::Granted {
-                lease: id,
-                agent,
-                pool: PoolId(p),
-                expires_at,
-                waited_ms,
-            });
+            self.grant_queued(p, (key, slot), demand, now);
         }
+    }
+
+    /// What queued ticket `slot` of pool `p` is charged if granted at `now` (its prompt
+    /// cache may have gone cold while it waited).
+    fn queued_charge(&self, p: u32, slot: u32, now: Millis) -> Option<Demand> {
+        let e = self.leases.by_slot(slot)?;
+        let counting = self.counting(p)?;
+        let cold = self
+            .agents
+            .get(e.agent_slot)
+            .is_none_or(|a| a.cache_cold(p, now));
+        Some(charge(counting, &e.ask, cold))
+    }
+
+    /// Grants queued ticket `slot` (its `key` in the queue) of pool `p` at `now`, charged
+    /// `demand`: the head of the line.
+    fn grant_queued(&mut self, p: u32, (key, slot): (Key, u32), demand: Demand, now: Millis) {
+        let (window, ttl) = (self.config.window_ms, self.config.lease_ttl_ms);
+        // The fields the grant needs, not a copy of the whole entry.
+        let Some(&Entry {
+            id,
+            agent,
+            agent_slot,
+            task,
+            fair,
+            phase:
+                Phase::Queued {
+                    vstart,
+                    enqueued_at,
+                    in_line_ms,
+                    ..
+                },
+            ..
+        }) = self.leases.by_slot(slot)
+        else {
+            return;
+        };
+        let Some(pool) = self.pools.get_mut(p as usize) else {
+            return;
+        };
+        debug_assert_eq!(
+            pool.queue.peek_min().map(|(k, _, _)| k),
+            Some(key),
+            "the head"
+        );
+        pool.queue.pop_head();
+        pool.vtime = pool.vtime.max(vstart);
+        let phase = pool.admit(demand, now, ttl, window);
+        let waited_ms = now.since(enqueued_at);
+        pool.waits.record(waited_ms);
+        if in_line_ms > 0 {
+            let ratio = u128::from(waited_ms) * 1000 / u128::from(in_line_ms);
+            let ratio = u64::try_from(ratio.min(RATIO_CAP)).unwrap_or(u64::MAX);
+            pool.wait_ratios[usize::from(!fair.small)].push(ratio, crate::history::CAPACITY);
+        }
+        if let Some(m) = pool.minute(now) {
+            m.waited_ms = m.waited_ms.saturating_add(waited_ms);
+        }
+        pool.counters.granted_from_queue = pool.counters.granted_from_queue.saturating_add(1);
+        let expires_at = now.plus(ttl);
+        self.leases.schedule_bump(id, None);
+        if let Some(e) = self.leases.get_mut(id) {
+            e.phase = phase;
+        }
+        self.leases
+            .push_expiry(expires_at, id, self.config.max_leases);
+        if let Some(a) = self.agents.get_mut(agent_slot) {
+            a.queued = a.queued.saturating_sub(1);
+            a.in_flight = a.in_flight.saturating_add(1);
+            if let Some(ap) = a.pools.get_mut(p as usize) {
+                ap.served = true;
+            }
+        }
+        if let Some(t) = task.and_then(|t| self.tasks.get_mut(t)) {
+            t.wait(waited_ms);
+            t.calls = t.calls.saturating_add(1);
+        }
+        self.events.push_back(Event::Granted {
+            lease: id,
+            agent,
+            pool: PoolId(p),
+            expires_at,
+            waited_ms,
+        });
     }
 
     /// A queued ticket's agent's prompt cache has come within the bump window (or was due
@@ -310,11 +352,12 @@ impl Coordinator {
             return;
         };
         let share = pool.dominant_share(&demand);
-        let first = self.leases.get(id).is_some_and(|e| e.fair.first);
+        // The same placing, at the bumped weight.
+        let old = self.leases.get(id).map(|e| e.fair).unwrap_or_default();
         let fair = Fair {
             weight: bump.weight,
             cost: virtual_cost(share, weight),
-            first,
+            ..old
         };
         let place = vstart.saturating_add(place_cost(share, &fair, self.config.weights));
         if place >= key.vfinish {
@@ -327,8 +370,10 @@ impl Coordinator {
             vfinish: place,
             seq: key.seq,
         };
-        let in_line = pool.within_caps(&demand);
-        pool.queue.insert(new, in_line, slot);
+        // In line as cold (see `decide`).
+        pool.queue.insert(new, charge(counting, &ask, true), slot);
+        // It went ahead of tickets whose bounds did not count it.
+        pool.revise(Revise::Recompute);
         let mut was = key.vfinish;
         if let Some(Entry {
             phase: Phase::Queued { key: k, .. },
@@ -347,9 +392,12 @@ impl Coordinator {
             .get_mut(agent_slot)
             .and_then(|a| a.pools.get_mut(p as usize))
         {
-            if ap.last_vfinish == was {
-                ap.last_vfinish = vstart.saturating_add(fair.cost);
+            // Its clocks move by the bumped cost instead (a small call's own clock too).
+            let by = was.saturating_sub(vstart.saturating_add(fair.cost));
+            if fair.small && ap.last_small == was {
+                ap.last_small = vstart.saturating_add(fair.cost);
             }
+            ap.last_vfinish = ap.last_vfinish.saturating_sub(by);
         }
         self.agents.note_ask(agent_slot, p, weight, share);
     }
@@ -448,25 +496,50 @@ impl Coordinator {
     /// mixes of other agents; a big request among forty looping small ones, which a refusal
     /// used to send to the back every time, is now granted within it.
     ///
-    /// # The ETA is an upper bound
+    /// # The ETA is a promise
     ///
     /// A queued decision's `eta` is when the pool's refill covers the demand queued ahead
-    /// of the ticket, its own, and everything every other agent the pool has seen (until
-    /// it leaves the agent table) could still be served ahead of it in the fair order: at
-    /// most `(F − V₀)·w·m / (10⁶·m − w)` of dominant share — that many parts per 10⁹ of
-    /// every limit — for an agent of weight `w` whose smallest ask had a share of `m`,
-    /// where `F` is the ticket's virtual finish and `V₀` the
-    /// earliest virtual start any other agent's next request can have (the pool's virtual
-    /// time, or a kept place before it). Under the assumptions of the bound above —
-    /// settled usage equals the reservation, limits and margin do not change, no 429
-    /// pauses the pool — and two more (every agent keeps the weight and the smallest size
-    /// it has asked with so far, and the concurrency limit does not bind), the ticket is
-    /// granted by its `eta`. What can still move it later: an agent that first asks in the
-    /// pool after the ETA was given (each such agent by at most its own share of that
-    /// span), and a host that wakes after [`Coordinator::poll_timeout`]. The sums it needs
-    /// are kept per pool, so it costs O(1) (a walk over the agents only while one holds a
-    /// place). `max_queue_wait_ms` is compared with the *expected* wait (the demand queued
-    /// ahead only), so a ticket can be queued with an `eta` past it.
+    /// of the ticket (each in full, as it will be charged), its own (at most the capacity:
+    /// a call above it is granted from a full bucket), and everything every other agent
+    /// asking in the pool could still be served ahead of it in the fair order: at most
+    /// `(F − V₀)·w·m / (10⁶·m − w)` of dominant share — that many parts per 10⁹ of every
+    /// limit — for an agent of weight `w` whose smallest ask had a share of `m`, plus the
+    /// lead its small calls may take (`weights.small_lead_permille` of a limit, see
+    /// below), where `F` is the ticket's virtual finish and `V₀` the earliest virtual start
+    /// any other agent's next request can have (the pool's virtual time, or a kept place
+    /// before it). While every concurrency slot is held it is also no earlier than the
+    /// expiry of the lease in flight that frees a slot for it at the latest. The sums it
+    /// needs are kept per pool, so it costs O(1) (a walk over the agents only while one
+    /// holds a place).
+    ///
+    /// The core keeps it: no ticket is granted after the promise it holds, provided the
+    /// host wakes at [`Coordinator::poll_timeout`]. What the bound cannot assume — a call
+    /// that settles above its reservation, the provider's figures below the model, a 429's
+    /// pause or margin cut, a capacity change, an agent that joins or asks with a higher
+    /// weight or a smaller call, a warm-cache bump, a lease renewed past the expiry a
+    /// promise counted on — re-issues the promise, at that instant, as an
+    /// [`Event::Revised`]: the old promise moved by the most the event can delay it (a debt
+    /// of `d` tokens on an axis refilling `c` a window, `d · window / c`), or the new bound
+    /// if earlier; a ticket still waiting for a slot when its promise comes is promised the
+    /// slot's expiry then. `core/tests/simulation.rs` (a thousand seeds of crashes, 429s
+    /// and calls above their reservations) and `core/tests/promises.rs` (a saturated fleet
+    /// whose output runs 30–100 % of `max_tokens`) check that no grant comes after its
+    /// promise.
+    ///
+    /// The bound is what a host can rely on; what it should expect is
+    /// [`Coordinator::expected_grant`], which the call step's `Wait::expected` carries.
+    /// `max_queue_wait_ms` is compared with the refill time of the demand queued ahead, so
+    /// a ticket can be queued with an `eta` past it.
+    ///
+    /// # Small calls and backfill
+    ///
+    /// A call whose dominant share is at most a quantum starts up to
+    /// `weights.small_lead_permille` of a limit of virtual time before its agent's latest
+    /// virtual finish (and after its previous small call's), so an agent's short calls
+    /// are not queued behind its own big one's share. And a call that fits when it asks
+    /// goes around tickets waiting for refill (backfill) where every ticket ahead of it
+    /// would still be granted by its promise, a concurrency slot stays free, its agent is
+    /// within that lead of the head's start, and it is within the first 64 of the line.
     ///
     /// # Tasks
     ///
@@ -486,6 +559,7 @@ impl Coordinator {
         let now = self.advance(now);
         let task = self.task_for(req, now);
         let decision = self.decide(p, now, req, task);
+        self.keep_promises(p, now);
         if let Some(t) = task {
             self.tasks.end_wait(t, now);
             match decision {
@@ -529,13 +603,23 @@ impl Coordinator {
     ) -> Decision {
         let counting = self.config.pools[p as usize].counting;
         let pools = self.pools.len();
-        let Some((agent_slot, agent)) =
-            self.agents
-                .find_or_add(req.agent, now, pools, self.config.max_agents)
-        else {
+        let found = self
+            .agents
+            .find_or_add(req.agent, now, pools, self.config.max_agents)
+            .map(|(slot, _)| slot);
+        let Some(agent_slot) = found else {
             // An agent becomes idle, and can make room, when a lease of its ends.
             let retry_at = self.transient_retry(now, self.leases.next_expiry());
             return self.reject(p, now, Some(retry_at), RejectReason::TooManyAgents);
+        };
+        // A family shares one place: its members with calls in line split its weight.
+        self.agents.set_family(agent_slot, req.family);
+        let members = match self.config.weights.families {
+            Families::Shared => u128::from(self.agents.family_live(agent_slot)),
+            Families::Flat => 1,
+        };
+        let Some(agent) = self.agents.get_mut(agent_slot) else {
+            return self.reject(p, now, None, RejectReason::TooManyAgents);
         };
         agent.note_request(now, req.failure_signature);
         let own = agent
@@ -557,18 +641,27 @@ impl Coordinator {
         // or withdrawn ask keeps that) is placed by at most a quantum of its share (see
         // `weights.quantum_permille`).
         let first = agent.pools.get(p as usize).is_none_or(|a| !a.served);
-        let weight = weight(
+        let weight = (weight(
             &self.config.weights,
             req,
             agent,
             task.and_then(|t| self.tasks.get(t)),
             now,
-        );
-        let (last_vfinish, held, warm_until) =
-            agent.pools.get(p as usize).map_or((0, None, None), |a| {
-                (a.last_vfinish, a.held_vstart(now), a.cache_warm_until)
+        ) / members)
+            .max(1);
+        let (last_vfinish, last_small, held, warm_until) =
+            agent.pools.get(p as usize).map_or((0, 0, None, None), |a| {
+                (
+                    a.last_vfinish,
+                    a.last_small,
+                    a.held_vstart(now),
+                    a.cache_warm_until,
+                )
             });
-        self.agents.note_ask(agent_slot, p, weight, share);
+        if self.agents.note_ask(agent_slot, p, weight, share) {
+            // The queued tickets' bounds counted less of this agent.
+            self.pools[p as usize].revise(Revise::Recompute);
+        }
 
         // Refused for its size only if even the warm-cache charge is above a limit: the
         // provider serves a call whose uncached part fits (a long conversation's cached
@@ -582,8 +675,17 @@ impl Coordinator {
         }
 
         // A request refused earlier comes back to the place it had; any other starts where
-        // the pool's virtual time is, or after the agent's previous request.
-        let vstart = held.unwrap_or_else(|| pool.vtime.max(last_vfinish));
+        // the pool's virtual time is, or after the agent's previous request — a call no
+        // bigger than a quantum after the agent's previous such call (see `weight::small`).
+        let w = self.config.weights;
+        let is_small = small(share, w);
+        let after = if is_small {
+            let lead = virtual_cost(crate::weight::small_lead(w), weight);
+            last_small.max(last_vfinish.saturating_sub(lead))
+        } else {
+            last_vfinish
+        };
+        let vstart = held.unwrap_or_else(|| pool.vtime.max(after));
         if self.leases.live() >= self.config.max_leases {
             let retry_at = self.transient_retry(now, self.leases.next_expiry());
             return self.refuse(
@@ -601,24 +703,34 @@ impl Coordinator {
             weight: u64::try_from(weight).unwrap_or(u64::MAX),
             cost: virtual_cost(share, weight),
             first,
+            small: is_small,
         };
         let vfinish = vstart.saturating_add(fair.cost);
         let key = Key {
-            vfinish: vstart.saturating_add(place_cost(share, &fair, self.config.weights)),
+            vfinish: vstart.saturating_add(place_cost(share, &fair, w)),
             seq: self.seq,
         };
         let (ttl, window) = (self.config.lease_ttl_ms, self.config.window_ms);
         let first_in_line = pool.queue.peek_min().is_none_or(|(head, _, _)| key < head);
-        if first_in_line && pool.can_admit(now, ttl) && pool.fits(&demand, window) {
+        let admit_now = pool.can_admit(now, ttl) && pool.fits(&demand, window);
+        // Behind a head that waits for refill, a call that fits now goes first where every
+        // promise ahead of it stands (see `Coordinator::backfill`).
+        let backfill = admit_now
+            && !first_in_line
+            && self.may_backfill(p, (key, vstart, fair.weight), &demand, now);
+        if admit_now && (first_in_line || backfill) {
             let pool = &mut self.pools[p as usize];
             let phase = pool.admit(demand, now, ttl, window);
             // With nobody waiting, virtual time moves to this grant's finish, so an agent
-            // gains no credit from earlier uncontended use and owes none to late comers.
-            pool.vtime = pool.vtime.max(if pool.queue.is_empty() {
-                vfinish
-            } else {
-                vstart
-            });
+            // gains no credit from earlier uncontended use and owes none to late comers; a
+            // backfill leaves it to the calls in line.
+            if !backfill {
+                pool.vtime = pool.vtime.max(if pool.queue.is_empty() {
+                    vfinish
+                } else {
+                    vstart
+                });
+            }
             pool.counters.granted_now = pool.counters.granted_now.saturating_add(1);
             let lease = self.insert_lease(
                 req.agent,
@@ -651,9 +763,15 @@ impl Coordinator {
         // expected wait. A ticket expected to wait too long is taken back out.
         let max_wait = self.config.max_queue_wait_ms;
         let pool = &mut self.pools[p as usize];
-        let in_line = pool.within_caps(&demand);
+        // What it waits for in line, counted as if its prompt cache went cold while it
+        // waits (the most it can be charged at its grant): the bounds of the tickets behind
+        // it, and its own, hold whenever it is granted.
+        // In the sums, as it will be charged: a ticket above a capacity is granted from a
+        // full bucket and leaves the rest as debt the tickets behind it wait for; its own
+        // wait is for a full bucket.
+        let in_line = charge(counting, &ask, true);
         let inserted = pool.queue.insert(key, in_line, u32::MAX);
-        let ahead = inserted.before.saturating_add(in_line);
+        let ahead = inserted.before.saturating_add(pool.within_caps(&in_line));
         let expected = pool.eta(now, &ahead, window);
         // A request back at its kept place is queued whatever its wait: it was already sent
         // away once, and coming back at `retry_at` is served.
@@ -663,13 +781,26 @@ impl Coordinator {
             let reason = RejectReason::WaitTooLong;
             return self.refuse(p, agent_slot, vstart, now, retry_at, reason);
         }
-        // The promise: also what the other agents can still be served ahead of it.
-        let overtaking = self.overtaking(p, agent_slot, key.vfinish, now);
-        let eta = self.pools[p as usize].eta(now, &ahead.saturating_add(overtaking), window);
+        // The promise: also what the other agents can still be served ahead of it, and the
+        // concurrency slots the calls ahead of it need.
+        let held = self.held(p, now);
+        let mut eta = self.bound(p, (agent_slot, key.vfinish), &ahead, &held, now);
+        // Every concurrency slot held: also when one frees for it at the latest.
+        let pool = &self.pools[p as usize];
+        if !pool.concurrency_free() {
+            let n = usize::try_from(pool.in_flight).unwrap_or(usize::MAX);
+            let slots = self.leases.expiries_in(p, n);
+            let j = usize::try_from(inserted.before.get(Axis::Requests)).unwrap_or(usize::MAX);
+            let ttl = self.config.lease_ttl_ms;
+            eta = eta.max(promise::slot_frees(&slots, j, now, ttl));
+        }
         let phase = Phase::Queued {
             key,
             vstart,
             enqueued_at: now,
+            promised: eta,
+            in_line_ms: expected.since(now),
+            revising: false,
             bump: pending_bump(&self.config.weights, &ask, warm_until, weight, now),
         };
         let lease = self.insert_lease(
@@ -731,7 +862,16 @@ impl Coordinator {
                 a.in_flight = a.in_flight.saturating_add(1);
             }
             if let Some(ap) = a.pools.get_mut(p as usize) {
-                ap.last_vfinish = vfinish;
+                // Every call moves the agent's clock by its cost; a small one was placed by
+                // the small calls' clock, which it moves, and moves the other from where it
+                // was (or the start it was placed at, if later).
+                if fair.small {
+                    ap.last_small = vfinish;
+                    let start = vfinish.saturating_sub(fair.cost);
+                    ap.last_vfinish = ap.last_vfinish.max(start).saturating_add(fair.cost);
+                } else {
+                    ap.last_vfinish = vfinish;
+                }
                 ap.served |= !queued;
             }
         }
@@ -807,13 +947,13 @@ impl Coordinator {
         // it cannot put the pool in debt for ages.
         let actual = self.pools[p as usize].bounded_usage(used(counting, usage));
         if let Some(pool) = self.pools.get_mut(p as usize) {
-            pool.reconcile(
-                &charged,
-                gated,
+            let excess = pool.reconcile(
+                (&charged, gated, granted_at),
                 (grant_level, now.since(granted_at)),
                 &actual,
                 window,
             );
+            pool.revise_for_debt(&excess, window);
             pool.in_flight = pool.in_flight.saturating_sub(1);
             pool.counters.settled = pool.counters.settled.saturating_add(1);
             if let Some(m) = pool.minute(now) {
@@ -849,9 +989,19 @@ impl Coordinator {
                     actual.get(Axis::OutputTokens),
                     usize::try_from(keep).unwrap_or(1),
                 );
-                let input = Axis::InputTokens;
-                let error = crate::agents::error_permille(charged.get(input), actual.get(input));
-                crate::pool::note_error(pool, error, self.config.margin.confirm_error_permille);
+                // The margin's climb reads underestimates only: an estimate above what the
+                // provider counted errs on the safe side (it was refunded) and holds
+                // nothing back.
+                let (reserved, used) = (
+                    charged.get(Axis::InputTokens),
+                    actual.get(Axis::InputTokens),
+                );
+                let under = if used > reserved {
+                    crate::agents::error_permille(reserved, used)
+                } else {
+                    0
+                };
+                crate::pool::note_error(pool, under, self.config.margin.confirm_error_permille);
             }
         }
         if let Some(a) = self.agents.get_mut(entry.agent_slot) {
@@ -910,14 +1060,20 @@ impl Coordinator {
                 if let Some(a) = agent {
                     a.queued = a.queued.saturating_sub(1);
                     // A withdrawn ticket received no service: if it was the agent's latest,
-                    // its virtual finish goes back to where it started.
+                    // its virtual finish goes back to where it started (and a small call's
+                    // cost comes off the agent's other clock).
                     let finish = if entry.fair.weight == 0 {
                         key.vfinish
                     } else {
                         vstart.saturating_add(entry.fair.cost)
                     };
                     if let Some(ap) = a.pools.get_mut(p as usize) {
-                        if ap.last_vfinish == finish {
+                        if entry.fair.small {
+                            if ap.last_small == finish {
+                                ap.last_small = vstart;
+                            }
+                            ap.last_vfinish = ap.last_vfinish.saturating_sub(entry.fair.cost);
+                        } else if ap.last_vfinish == finish {
                             ap.last_vfinish = vstart;
                         }
                     }
@@ -932,7 +1088,8 @@ impl Coordinator {
                 ..
             } => {
                 let since = (grant_level, now.since(granted_at));
-                pool.reconcile(&charged, gated, since, &Demand::default(), window);
+                let lease = (&charged, gated, granted_at);
+                pool.reconcile(lease, since, &Demand::default(), window);
                 pool.in_flight = pool.in_flight.saturating_sub(1);
                 if let Some(a) = agent {
                     a.in_flight = a.in_flight.saturating_sub(1);
@@ -970,16 +1127,22 @@ impl Coordinator {
             return;
         };
         let cost = virtual_cost(pool.dominant_share(used), u128::from(fair.weight));
+        let moved = |v: u128| {
+            if cost >= fair.cost {
+                v.saturating_add(cost - fair.cost)
+            } else {
+                v.saturating_sub(fair.cost - cost)
+            }
+        };
         if let Some(ap) = self
             .agents
             .get_mut(entry.agent_slot)
             .and_then(|a| a.pools.get_mut(entry.pool as usize))
         {
-            ap.last_vfinish = if cost >= fair.cost {
-                ap.last_vfinish.saturating_add(cost - fair.cost)
-            } else {
-                ap.last_vfinish.saturating_sub(fair.cost - cost)
-            };
+            ap.last_vfinish = moved(ap.last_vfinish);
+            if fair.small {
+                ap.last_small = moved(ap.last_small);
+            }
         }
     }
 
@@ -1001,9 +1164,12 @@ impl Coordinator {
         };
         if until > pl.paused_until {
             pl.paused_until = until;
+            pl.revise(Revise::Recompute);
             self.events.push_back(Event::Paused { pool, until });
         }
-        Ok(pl.paused_until.max(now))
+        let resumes = pl.paused_until.max(now);
+        self.keep_promises(p, now);
+        Ok(resumes)
     }
 
     /// Keeps a granted lease alive: its expiry moves to `now + lease_ttl_ms` (never
@@ -1039,12 +1205,20 @@ impl Coordinator {
             return Ok(renewed);
         }
         *expires_at = renewed;
+        let p = self.leases.get(lease).map_or(0, |e| e.pool);
+        // A slot held longer: tickets waiting on one may wait longer.
+        if let Some(pool) = self.pools.get_mut(p as usize) {
+            if !pool.concurrency_free() && !pool.queue.is_empty() {
+                pool.revise(Revise::Recompute);
+            }
+        }
         // Every expiry queued so far was set at or before `now` with the same TTL, so the
         // new one goes at the back and the queue stays in expiry order; the old entry no
         // longer matches the lease and is skipped (and pruned if it was the front).
         self.leases
             .push_expiry(renewed, lease, self.config.max_leases);
         self.leases.prune_expiries();
+        self.keep_promises(p, now);
         Ok(renewed)
     }
 
@@ -1071,6 +1245,7 @@ impl Coordinator {
             consider(pool.next_margin_step(&self.config));
             consider(pool.next_ramp_step(&self.config, self.started));
             consider(self.pool_wake(u32::try_from(p).unwrap_or(u32::MAX)));
+            consider(self.next_lapse(u32::try_from(p).unwrap_or(u32::MAX)));
         }
         consider(self.next_floor_alert());
         consider(self.leases.next_bump());
@@ -1107,7 +1282,21 @@ impl Coordinator {
     /// The next event, oldest first.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        let mut e = self.events.pop_front()?;
+        // A revision carries the ticket's promise as it is now: later revisions of the same
+        // ticket were folded into this event rather than queued after it.
+        if let Event::Revised { lease, eta, .. } = &mut e {
+            if let Some(Phase::Queued {
+                promised, revising, ..
+            }) = self.leases.get_mut(*lease).map(|l| &mut l.phase)
+            {
+                if *revising {
+                    *eta = *promised;
+                    *revising = false;
+                }
+            }
+        }
+        Some(e)
     }
 
     /// How many events [`Coordinator::poll_event`] has to give now. A host that crosses a

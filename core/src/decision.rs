@@ -90,6 +90,24 @@ pub enum Event {
         /// How long it waited.
         waited_ms: u64,
     },
+    /// A queued ticket's promise was replaced by a later one, before it passed: something
+    /// its bound does not assume happened (a call used more than it reserved, the
+    /// provider's figures came in below the model, a 429 paused the pool or cut the
+    /// margin, a capacity changed, an agent joined or asked with a higher weight, every
+    /// concurrency slot was still held when the promise came). The ticket is granted by
+    /// `eta` (see `Coordinator::request_lease`). A ticket has at most one such event waiting
+    /// to be polled: revised again before the host polls, the event carries the promise in
+    /// force when it is polled.
+    Revised {
+        /// The ticket.
+        lease: LeaseId,
+        /// Its agent.
+        agent: AgentId,
+        /// Its pool.
+        pool: PoolId,
+        /// The new promise.
+        eta: Millis,
+    },
     /// A lease was not settled in time and was reaped with no refund.
     Expired {
         /// The lease.

@@ -61,6 +61,20 @@ fn no_reserve() -> u64 {
     u64::MAX
 }
 
+fn no_promise() -> Millis {
+    Millis::MAX
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 impl Ask {
     /// The output this lease reserves: its decided reservation, at most `max_tokens`.
     #[inline]
@@ -77,6 +91,20 @@ pub(crate) enum Phase {
         key: Key,
         vstart: u128,
         enqueued_at: Millis,
+        /// The bound the ticket was promised (its queued decision's `eta`, or the latest
+        /// revision of it: see `coordinator/promise.rs`). A ticket stored before promises
+        /// were kept has none (`Millis::MAX`) and is never revised.
+        #[serde(default = "no_promise")]
+        promised: Millis,
+        /// The refill time, ms, of the demand queued ahead of it and its own when it was
+        /// queued (0 for none): its wait against it teaches the pool's expected waits.
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        in_line_ms: u64,
+        /// A `Revised` event for it waits in the event queue: a later revision updates
+        /// `promised`, which the event carries when it is polled (one pending event per
+        /// ticket, however many revisions).
+        #[serde(default, skip_serializing_if = "is_false")]
+        revising: bool,
         /// A warm-cache bump the ticket is due while it waits (see
         /// [`LeaseTable::schedule_bump`]); in the table's bump set at the same instant.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -124,14 +152,17 @@ pub(crate) struct Entry {
     pub(crate) fair: Fair,
 }
 
-/// The weight a lease was placed in the fair order with, the virtual time it cost, and
-/// whether it was its agent's first call in the pool (placed by at most a quantum).
+/// The weight a lease was placed in the fair order with, the virtual time it cost,
+/// whether it was its agent's first call in the pool (placed by at most a quantum), and
+/// whether it was placed by its agent's small-call clock (see `weight::small`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Fair {
     pub(crate) weight: u64,
     pub(crate) cost: u128,
     #[serde(default, skip_serializing_if = "core::ops::Not::not")]
     pub(crate) first: bool,
+    #[serde(default, skip_serializing_if = "core::ops::Not::not")]
+    pub(crate) small: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,6 +306,20 @@ impl LeaseTable {
         self.expiries.front().map(|(at, _)| *at)
     }
 
+    /// The expiries of pool `pool`'s granted leases, earliest first, at most `k` of them.
+    pub(crate) fn expiries_in(&self, pool: u32, k: usize) -> Vec<Millis> {
+        let mut out = Vec::new();
+        for &(at, id) in &self.expiries {
+            if out.len() >= k {
+                break;
+            }
+            if self.is_due(at, id) && self.get(id).is_some_and(|e| e.pool == pool) {
+                out.push(at);
+            }
+        }
+        out
+    }
+
     /// Pops the next lease due at or before `now` that is still active.
     #[inline]
     pub(crate) fn pop_expired(&mut self, now: Millis) -> Option<LeaseId> {
@@ -412,6 +457,9 @@ mod tests {
                 key: Key { vfinish: 0, seq: 0 },
                 vstart: 0,
                 enqueued_at: Millis(0),
+                promised: Millis(0),
+                in_line_ms: 0,
+                revising: false,
                 bump: None,
             },
             task: None,

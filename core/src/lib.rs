@@ -149,8 +149,9 @@ pub use call::{
     Call, CallResponse, CallStep, GiveUp, GiveUpReason, LeaseStep, ResponseStep, Wait, WaitReason,
 };
 pub use config::{
-    AlertConfig, BackoffConfig, CallConfig, Config, Counting, FeedbackConfig, MAX_DURATION_MS,
-    MAX_TOKENS, MarginConfig, OutputReserveConfig, PoolConfig, SlowStartConfig, WeightConfig,
+    AlertConfig, BackoffConfig, CallConfig, Config, Counting, Families, FeedbackConfig,
+    MAX_DURATION_MS, MAX_TOKENS, MarginConfig, OutputReserveConfig, PoolConfig, SlowStartConfig,
+    WeightConfig,
 };
 pub use coordinator::{Coordinator, Snapshot};
 pub use decision::{Decision, Event, MarginReason, RejectReason, Settlement};

@@ -203,6 +203,11 @@ pub enum AgentActivity {
 pub struct AgentMetrics {
     /// The agent.
     pub agent: AgentId,
+    /// The root of its family, when it is another agent's subagent (its requests name that
+    /// agent as their `family`): a dashboard shows the family together, and by default the
+    /// family shares one place in the fair order (see `weights.families`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<AgentId>,
     /// What it is doing.
     pub activity: AgentActivity,
     /// Tickets queued.
@@ -282,10 +287,13 @@ pub struct PoolMetrics {
     pub margin_permille: u32,
     /// Why the margin last moved (`None` before it first did).
     pub margin_reason: Option<MarginReason>,
-    /// The median absolute input-estimate error of the pool's latest completed calls (up to
-    /// 16), thousandths: what a climb of the margin above its start needs at or below
-    /// `margin.confirm_error_permille`.
-    pub estimate_error_p50_permille: Option<u32>,
+    /// The median input underestimate of the pool's latest completed calls (up to 16; an
+    /// estimate at or above what the provider counted is 0), thousandths: what a climb of
+    /// the margin above its start needs at or below `margin.confirm_error_permille`.
+    pub underestimate_p50_permille: Option<u32>,
+    /// The margin of the axes counted exactly (requests, concurrency), thousandths: 1000
+    /// unless use outside the coordinator was seen (see `MarginConfig`).
+    pub exact_margin_permille: u32,
     /// When the provider's remaining-capacity headers last agreed with the model (a climb
     /// above the start needs an agreement within the clean interval); `None` if they never
     /// did or the last comparison disagreed.
@@ -370,10 +378,11 @@ pub(crate) fn pool_metrics(
         name: cfg.name.clone(),
         margin_permille: pool.margin,
         margin_reason: pool.margin_reason,
-        estimate_error_p50_permille: pool
+        underestimate_p50_permille: pool
             .errors
             .median()
             .map(|e| u32::try_from(e).unwrap_or(u32::MAX)),
+        exact_margin_permille: pool.exact_margin,
         headers_agreed_at: pool.agreed_at,
         margin_at_floor_since: pool.floor_since,
         paused_until: pool.paused_until,
@@ -495,6 +504,7 @@ fn fleet_advice(
 pub(crate) fn agent_metrics(a: &Agent, now: Millis, expected: Option<Millis>) -> AgentMetrics {
     AgentMetrics {
         agent: a.id,
+        family: a.family,
         activity: if a.queued > 0 {
             AgentActivity::Queued {
                 since: a.queued_since,

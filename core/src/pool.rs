@@ -20,9 +20,46 @@ const RAMP_STEPS: u64 = 10;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Pool {
     pub(crate) buckets: [Bucket; 4],
+    /// The provider's limit on calls in flight (`None` while unknown); a grant needs
+    /// `in_flight` below it times `exact_margin` ([`Pool::concurrency_free`]).
     pub(crate) max_concurrent: Option<u64>,
     pub(crate) in_flight: u64,
+    /// The margin of the token axes (input, output, combined tokens), thousandths: their
+    /// reservations are estimates.
     pub(crate) margin: u32,
+    /// The margin of the axes counted exactly (requests, concurrency), thousandths: 1000
+    /// (none) unless there is evidence of use outside the coordinator — the provider's
+    /// remaining requests below the core's count, or a 429 that is not about tokens — which
+    /// cuts it like the token margin; it recovers one step a clean interval up to 1000.
+    #[serde(default = "full_permille", skip_serializing_if = "is_full_permille")]
+    pub(crate) exact_margin: u32,
+    /// The exact axes' margin's last cut or step (or any 429): its next step is one clean
+    /// interval later.
+    #[serde(default)]
+    pub(crate) exact_clock: Millis,
+    /// Per axis, the grant instant up to which the leases in flight are counted in the
+    /// level as the provider's remaining figure had them (see [`Pool::resync`]): a lease
+    /// granted then or earlier is settled on that axis with no refund and no debt, its
+    /// real usage being in the figure already.
+    #[serde(default, skip_serializing_if = "no_counted")]
+    pub(crate) counted: [Option<Millis>; 4],
+    /// The last evidence that the model is above what the provider counts (a 429 that cut
+    /// the margin, or remaining figures below the model by more than the tolerance): for a
+    /// clean interval after it the level keeps the whole reserve below the figure and is
+    /// only lowered, instead of following it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) outside_at: Option<Millis>,
+    /// How the waits of the pool's latest tickets granted from the queue compared with what
+    /// was expected of them by the demand in line (their wait ÷ the refill time of the
+    /// demand queued ahead and their own when they were queued, thousandths), small calls
+    /// and big ones apart (see `weight::small`): what a ticket's expected grant scales its
+    /// own refill time by — later arrivals placed ahead, refunds, calls let through.
+    #[serde(default, skip_serializing_if = "no_ratios")]
+    pub(crate) wait_ratios: [History; 2],
+    /// What moved the queued tickets' bounds during the input under way (cleared when the
+    /// promises are kept at its end: never set between inputs, so not stored).
+    #[serde(skip)]
+    pub(crate) revise: Option<crate::coordinator::promise::Revise>,
     /// Last 429 or last margin step: the next step is one clean interval later.
     pub(crate) margin_clock: Millis,
     pub(crate) ramp_step: u64,
@@ -53,8 +90,9 @@ pub(crate) struct Pool {
     /// reservation of an agent with no history of its own here.
     #[serde(default, skip_serializing_if = "History::is_empty")]
     pub(crate) outputs: History,
-    /// Absolute input-estimate errors (thousandths) of the pool's latest completed calls,
-    /// any agent's: what a climb of the margin above its start reads.
+    /// Input underestimates (thousandths of what the provider counted; 0 for an estimate
+    /// at or above it) of the pool's latest completed calls, any agent's: what a climb of
+    /// the margin above its start reads.
     #[serde(default, skip_serializing_if = "History::is_empty")]
     pub(crate) errors: History,
     /// How many of `errors` are within `margin.confirm_error_permille`: their median is
@@ -85,7 +123,7 @@ fn share_of(amount: u64, limit: u64) -> u64 {
     u64::try_from(share).unwrap_or(u64::MAX)
 }
 
-/// Records a completed call's absolute input-estimate error (thousandths) in `errors`,
+/// Records a completed call's input underestimate (thousandths) in `errors`,
 /// keeping `errors_within` its count within `bound`.
 pub(crate) fn note_error(pool: &mut Pool, error: u32, bound: u32) {
     let keep = crate::history::CAPACITY;
@@ -102,6 +140,34 @@ pub(crate) fn note_error(pool: &mut Pool, error: u32, bound: u32) {
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 fn is_zero_u8(n: &u8) -> bool {
     *n == 0
+}
+
+fn full_permille() -> u32 {
+    1000
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_full_permille(n: &u32) -> bool {
+    *n == 1000
+}
+
+fn no_ratios(r: &[History; 2]) -> bool {
+    r.iter().all(History::is_empty)
+}
+
+fn no_counted(c: &[Option<Millis>; 4]) -> bool {
+    c.iter().all(Option::is_none)
+}
+
+/// Whether the provider charges `axis` when a call arrives under `counting` (so its
+/// remaining figure holds every call that arrived before the answer it came with), rather
+/// than as the call produces (Anthropic's output, and its combined axis, which holds it).
+pub(crate) fn counted_on_arrival(axis: Axis, counting: Counting) -> bool {
+    match axis {
+        Axis::InputTokens | Axis::Requests => true,
+        Axis::OutputTokens => false,
+        Axis::Tokens => counting == Counting::Openai,
+    }
 }
 
 pub(crate) fn ceil_div(a: u128, b: u128) -> u128 {
@@ -125,6 +191,12 @@ impl Pool {
             max_concurrent: limit(|p| p.max_concurrent),
             in_flight: 0,
             margin: config.margin.start_permille,
+            exact_margin: 1000,
+            exact_clock: now,
+            counted: [None; 4],
+            outside_at: None,
+            wait_ratios: [History::default(), History::default()],
+            revise: None,
             margin_clock: now,
             ramp_step: if config.slow_start.is_some() {
                 0
@@ -168,21 +240,42 @@ impl Pool {
         }
     }
 
+    /// The margin of `axis`: the token margin, or on the requests axis (counted exactly:
+    /// a request is one request) the exact axes' margin.
+    pub(crate) fn margin_of(&self, axis: Axis) -> u32 {
+        if axis == Axis::Requests {
+            self.exact_margin
+        } else {
+            self.margin
+        }
+    }
+
     pub(crate) fn cap_for(&self, axis: Axis, limit: u64, config: &Config) -> u64 {
         let ramp = if axis == Axis::Requests {
             1000
         } else {
             self.ramp_permille(config)
         };
-        let cap = u128::from(limit) * u128::from(self.margin) * u128::from(ramp) / 1_000_000;
+        let margin = u128::from(self.margin_of(axis));
+        let cap = u128::from(limit) * margin * u128::from(ramp) / 1_000_000;
         u64::try_from(cap).unwrap_or(u64::MAX).max(1)
     }
 
     /// Capacity ignoring the ramp: the most the pool can ever hand out in a window at
-    /// this margin. Kept in [`Bucket::nominal`] by [`Pool::apply_cap`].
-    pub(crate) fn nominal_cap(&self, limit: u64) -> u64 {
-        let cap = u128::from(limit) * u128::from(self.margin) / 1000;
+    /// this axis's margin. Kept in [`Bucket::nominal`] by [`Pool::apply_cap`].
+    pub(crate) fn nominal_cap(&self, axis: Axis, limit: u64) -> u64 {
+        let cap = u128::from(limit) * u128::from(self.margin_of(axis)) / 1000;
         u64::try_from(cap).unwrap_or(u64::MAX).max(1)
+    }
+
+    /// The most calls the pool lets be in flight: the provider's limit times the exact
+    /// axes' margin (the limit itself unless use outside the coordinator was seen), at
+    /// least one; `None` while the limit is unknown.
+    pub(crate) fn concurrency_cap(&self) -> Option<u64> {
+        self.max_concurrent.map(|m| {
+            let cap = u128::from(m) * u128::from(self.exact_margin) / 1000;
+            u64::try_from(cap).unwrap_or(u64::MAX).max(1)
+        })
     }
 
     /// Sets an axis's effective and nominal capacity from its limit, the margin and the
@@ -190,10 +283,16 @@ impl Pool {
     pub(crate) fn apply_cap(&mut self, axis: Axis, config: &Config, start_full: bool) {
         if let Some(limit) = self.bucket(axis).limit {
             let cap = self.cap_for(axis, limit, config);
-            let nominal = self.nominal_cap(limit);
+            let nominal = self.nominal_cap(axis, limit);
             let b = self.bucket_mut(axis);
             b.nominal = nominal;
+            let was = b.cap;
             b.set_cap(cap, config.window_ms, start_full);
+            // A lower capacity refills slower; a higher one fills a bucket further before
+            // a ticket above the old one is granted from it: either can move a bound.
+            if cap != was && !self.queue.is_empty() {
+                self.revise(crate::coordinator::promise::Revise::Recompute);
+            }
         }
     }
 
@@ -221,10 +320,42 @@ impl Pool {
         }
     }
 
-    /// When the margin next rises, if nothing changes before: one clean interval after the
-    /// last cut or step while below the start; above it, at the first instant from then
-    /// on at which the evidence holds (see [`Pool::confirmed_at`]), none while it does not.
+    /// When a margin next rises, if nothing changes before: the token margin's or the
+    /// exact axes' (see [`Pool::next_token_step`], [`Pool::next_exact_step`]).
     pub(crate) fn next_margin_step(&self, config: &Config) -> Option<Millis> {
+        match (self.next_token_step(config), self.next_exact_step(config)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the exact axes' margin next rises: one clean interval after its last cut or
+    /// step (or the last 429) while it is below 1000.
+    fn next_exact_step(&self, config: &Config) -> Option<Millis> {
+        let m = &config.margin;
+        (self.exact_margin < 1000 && m.increase_permille > 0)
+            .then(|| self.exact_clock.plus(m.clean_interval_ms))
+    }
+
+    /// The evidence of use outside the coordinator on the axes counted exactly (a 429 about
+    /// requests or calls in flight, the provider's remaining requests below the count):
+    /// their margin is cut by `margin.decrease_permille`, down to the floor.
+    pub(crate) fn exact_evidence(&mut self, now: Millis, config: &Config) {
+        let m = &config.margin;
+        self.exact_margin = self
+            .exact_margin
+            .saturating_sub(m.decrease_permille)
+            .max(m.floor_permille);
+        self.exact_clock = now;
+        self.apply_cap(Axis::Requests, config, false);
+        self.revise(crate::coordinator::promise::Revise::Recompute);
+    }
+
+    /// When the token margin next rises, if nothing changes before: one clean interval
+    /// after the last cut or step while below the start; above it, at the first instant
+    /// from then on at which the evidence holds (see [`Pool::confirmed_at`]), none while it
+    /// does not.
+    fn next_token_step(&self, config: &Config) -> Option<Millis> {
         let m = &config.margin;
         if self.margin < m.start_permille {
             return (m.increase_permille > 0).then(|| self.margin_clock.plus(m.clean_interval_ms));
@@ -237,8 +368,8 @@ impl Pool {
 
     /// The first instant at or after `due` at which a rise above the start is confirmed,
     /// if the evidence as it stands holds then: the pool's latest completed calls
-    /// (`margin.confirm_samples` of them at least) estimated within
-    /// `margin.confirm_error_permille` at the median, and the provider's remaining headers
+    /// (`margin.confirm_samples` of them at least) underestimated by at most
+    /// `margin.confirm_error_permille` at the median (an overestimate counts as none), and the provider's remaining headers
     /// having agreed with the model within the clean interval before that instant. The
     /// evidence only changes on an input, so the instant is exact whenever the host wakes.
     fn confirmed_at(&self, due: Millis, config: &Config) -> Option<Millis> {
@@ -281,6 +412,7 @@ impl Pool {
         }
         self.margin = start;
         self.set_caps(config, false);
+        self.revise(crate::coordinator::promise::Revise::Recompute);
         Some(self.margin_moved(pool, from, MarginReason::HeadersDisagreed))
     }
 
@@ -314,17 +446,21 @@ impl Pool {
         events: &mut VecDeque<Event>,
     ) {
         loop {
-            let margin_at = self.next_margin_step(config);
+            let margin_at = self.next_token_step(config);
+            let exact_at = self.next_exact_step(config);
             let ramp_at = self.next_ramp_step(config, started);
-            let next = match (margin_at, ramp_at) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) | (None, Some(a)) => a,
-                (None, None) => break,
+            let Some(next) = [margin_at, exact_at, ramp_at].into_iter().flatten().min() else {
+                break;
             };
             if next > t {
                 break;
             }
             self.refill_to(next, config.window_ms);
+            if exact_at == Some(next) {
+                let step = config.margin.increase_permille;
+                self.exact_margin = self.exact_margin.saturating_add(step).min(1000);
+                self.exact_clock = next;
+            }
             if margin_at == Some(next) {
                 // Recovering stops at the start; beyond it each step is confirmed.
                 let m = &config.margin;
@@ -380,7 +516,7 @@ impl Pool {
     }
 
     pub(crate) fn concurrency_free(&self) -> bool {
-        self.max_concurrent.is_none_or(|m| self.in_flight < m)
+        self.concurrency_cap().is_none_or(|m| self.in_flight < m)
     }
 
     /// Grants `demand` now: takes the reservation and a concurrency slot, counts the grant,
@@ -414,25 +550,38 @@ impl Pool {
         gated
     }
 
-    /// Settles a lease's axes: the difference is refunded or charged on axes it was taken
-    /// from; an axis that became known after the grant is charged the actual usage.
+    /// Settles a lease granted at `granted_at`: the difference is refunded or charged on
+    /// axes it was taken from; an axis that became known after the grant is charged the
+    /// actual usage. An axis whose level was last set from the provider's figure while the
+    /// figure already held this lease (see [`Pool::counted`]) is left as it is: the real
+    /// usage is in it.
+    ///
+    /// Returns the usage beyond what the lease had taken from each axis: the debt no bound
+    /// assumed.
     pub(crate) fn reconcile(
         &mut self,
-        charged: &Demand,
-        gated: u8,
+        (charged, gated, granted_at): (&Demand, u8, Millis),
         (grant_level, elapsed): (i128, u64),
         actual: &Demand,
         window: u64,
-    ) {
+    ) -> Demand {
+        let mut excess = Demand::default();
         for axis in Axis::ALL {
+            if self.counted[axis.index()].is_some_and(|upto| granted_at <= upto) {
+                continue;
+            }
             let b = self.bucket_mut(axis);
-            if gated & (1 << axis.index()) != 0 {
+            let i = axis.index();
+            if gated & (1 << i) != 0 {
                 let room = b.refund_room(grant_level, elapsed, window);
                 b.release(charged.get(axis), actual.get(axis), room, window);
+                excess.0[i] = actual.get(axis).saturating_sub(charged.get(axis));
             } else {
                 b.charge(actual.get(axis), window);
+                excess.0[i] = if b.gates() { actual.get(axis) } else { 0 };
             }
         }
+        excess
     }
 
     /// `usage` (as `request::used` computes it: tokens = input + output) with input and

@@ -512,12 +512,22 @@ impl Queue {
         self.map_in_order(|n, t| (n.key(), t.slot))
     }
 
+    /// (key, slot, demand) of the first `n` tickets in key order (allocates).
+    pub(crate) fn first_in_order(&self, n: usize) -> Vec<(Key, u32, Demand)> {
+        self.map_first(n, |node, t| (node.key(), t.slot, t.demand))
+    }
+
     /// `f` of every ticket (with its node) in key order.
     fn map_in_order<T>(&self, f: impl Fn(&Node, &Ticket) -> T) -> Vec<T> {
-        let mut out = Vec::with_capacity(self.len as usize);
+        self.map_first(self.len as usize, f)
+    }
+
+    /// `f` of the first `n` tickets (with their nodes) in key order.
+    fn map_first<T>(&self, n: usize, f: impl Fn(&Node, &Ticket) -> T) -> Vec<T> {
+        let mut out = Vec::with_capacity(n.min(self.len as usize));
         let mut stack = Vec::new();
         let mut t = self.root;
-        loop {
+        while out.len() < n {
             while let Some(n) = self.node(t) {
                 stack.push(t);
                 t = n.left;

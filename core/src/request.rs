@@ -64,6 +64,14 @@ pub struct LeaseRequest {
     /// the call's tokens and waits. A task not open yet is opened with this request's
     /// role and unblocks (see [`Coordinator::open_task`](crate::Coordinator::open_task)).
     pub task: Option<TaskId>,
+    /// The agent whose family this one belongs to: the session that spawned it as a
+    /// subagent (`None`, or the agent itself: it is a family's root). By default a family
+    /// shares one place in the fair order, split among its members with calls in line
+    /// (see [`WeightConfig::families`](crate::WeightConfig::families)); the metrics show
+    /// each agent's family. A host sets it only from what it knows of the caller (a
+    /// member of a shared limiter names its own subagents): naming another's family
+    /// divides that family's share.
+    pub family: Option<AgentId>,
 }
 
 /// What a call really used, as the provider reports it (Anthropic's field names; an OpenAI

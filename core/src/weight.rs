@@ -129,3 +129,20 @@ pub(crate) fn place_cost(share: u64, fair: &Fair, w: WeightConfig) -> u128 {
         fair.cost
     }
 }
+
+/// Whether a call of dominant share `share` is small: no bigger than a quantum (see
+/// `weights.quantum_permille`). An agent's small calls are placed by a clock of their own
+/// — its previous small call's virtual finish — but at most `weights.small_lead_permille`
+/// of a limit before its clock of every call, by which its big calls are placed. So a
+/// small call after a big one waits for its own share and what the lead leaves of the big
+/// one's, not for the big one's whole share (small calls are not taxed by the fair order
+/// for the big calls around them), and the agent is served at most the lead beyond its
+/// share at any time (the queued tickets' bounds count it).
+pub(crate) fn small(share: u64, w: WeightConfig) -> bool {
+    share <= quantum(w)
+}
+
+/// `weights.small_lead_permille` as a dominant share.
+pub(crate) fn small_lead(w: WeightConfig) -> u64 {
+    u64::from(w.small_lead_permille).saturating_mul(crate::pool::SHARE_UNIT / 1000)
+}

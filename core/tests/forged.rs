@@ -182,9 +182,11 @@ fn edited(edit: impl FnOnce(&mut Value)) -> Result<Coordinator, RestoreError> {
 }
 
 #[test]
-fn a_bucket_level_above_its_capacity_is_refused() {
-    // The input bucket of pool 0: cap × window token-ms is full; one more is forged.
-    let full = |s: &Value| s["pools"][0]["buckets"][0]["cap"].as_u64().unwrap() as i128 * 60_000;
+fn a_bucket_level_above_its_limit_is_refused() {
+    // The input bucket of pool 0: limit × window token-ms is the most a level can hold (the
+    // provider's own figure may raise it above the capacity, never above the limit); one
+    // more is forged.
+    let full = |s: &Value| s["pools"][0]["buckets"][0]["limit"].as_u64().unwrap() as i128 * 60_000;
     assert!(edited(|s| s["pools"][0]["buckets"][0]["level"] = json!(full(s))).is_ok());
     let e = edited(|s| s["pools"][0]["buckets"][0]["level"] = json!(full(s) + 1)).unwrap_err();
     assert_eq!(e.code(), "snapshot_corrupt", "{e}");

@@ -694,6 +694,24 @@ impl Harness {
                 Event::MarginAtFloor { pool, .. } => {
                     assert!(pool.0 < self.pools, "{e:?}");
                 }
+                // A promise replaced is a queued ticket's, and never before now.
+                Event::Revised {
+                    lease,
+                    agent,
+                    pool,
+                    eta,
+                } => {
+                    let l = self
+                        .leases
+                        .get(&lease)
+                        .unwrap_or_else(|| panic!("Revised names {lease}, never issued"));
+                    assert_eq!(l.life, Life::Queued, "Revised {lease} while {:?}", l.life);
+                    assert_eq!((agent, pool), (l.req.agent, l.req.pool), "Revised {lease}");
+                    assert!(
+                        eta >= self.coord.now(),
+                        "Revised {lease} to {eta:?}, in the past"
+                    );
+                }
             }
         }
     }
@@ -723,13 +741,16 @@ impl Harness {
             let (active, queued) = self.counts(i as u32);
             assert_eq!(p.in_flight, active, "pool {i} in flight");
             assert_eq!(p.queue_depth, queued, "pool {i} queue depth");
+            // The provider's own figure may raise a level above the capacity (its burst),
+            // never above the limit.
             for a in p.axes.iter().filter(|a| a.limit.is_some()) {
+                let most = a.capacity.max(a.limit.unwrap_or(0));
                 assert!(
-                    a.available <= i64::try_from(a.capacity).unwrap_or(i64::MAX),
-                    "pool {i} {:?}: {} available above the capacity {}",
+                    a.available <= i64::try_from(most).unwrap_or(i64::MAX),
+                    "pool {i} {:?}: {} available above the limit {:?}",
                     a.axis,
                     a.available,
-                    a.capacity
+                    a.limit
                 );
             }
         }
@@ -809,6 +830,9 @@ impl Harness {
                     // with `max_tasks` 3, requests open at most two and the others run
                     // untracked until one has been idle for `task_idle_ms`.
                     task: (*unblocks % 2 == 1).then_some(TaskId(*agent % 4)),
+                    // A third of the agents are subagents of the one before them: families
+                    // split their place while the table evicts and restores them.
+                    family: (*agent % 3 == 1).then(|| AgentId(*agent - 1)),
                 };
                 let before = self.coord.clone();
                 let res = self.coord.request_lease(t, &req);

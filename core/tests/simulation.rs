@@ -179,6 +179,8 @@ enum Life {
 #[derive(Clone, Copy, Debug)]
 struct Lease {
     life: Life,
+    /// A queued ticket's promise in force (its `eta`, or the latest revision).
+    promise: Option<Millis>,
     agent: usize,
     req: LeaseRequest,
     /// Reserved per axis at grant, as the coordinator's counting rules say.
@@ -457,6 +459,9 @@ impl Fleet {
             failure_signature: rng.chance(150).then(|| rng.range(0, 2)),
             // Half the calls are for one of eight tasks (opened by the first ask).
             task: rng.chance(500).then(|| TaskId(rng.range(0, 7))),
+            // Every fourth agent is a subagent of the one before it: its family shares one
+            // place.
+            family: (a % 4 == 3).then(|| self.agents[a - 1].id),
         }
     }
 
@@ -477,6 +482,7 @@ impl Fleet {
             id,
             Lease {
                 life: Life::Queued,
+                promise: None,
                 agent,
                 req,
                 reserved: [0; 4],
@@ -560,6 +566,9 @@ impl World for Fleet {
                     self.fail(format_args!("eta {until} in the past"));
                 }
                 self.new_lease(ticket, a, call.request);
+                if let Some(l) = self.leases.get_mut(&ticket) {
+                    l.promise = Some(until);
+                }
                 self.current.insert(id, ticket);
             }
             Output::GiveUp { give_up, .. }
@@ -582,9 +591,33 @@ impl World for Fleet {
                 // Withdrawn by a cancel whose own advance granted it first: the cancel
                 // gave the lease back.
                 Some(l) if l.life == Life::Ended && l.cancelled_at == Some(now) => {}
+                // The promise is kept (the host wakes at every poll_timeout): no grant after
+                // the promise in force, whatever the provider, the crashes and the calls that
+                // use more than they reserved did.
+                Some(l) if l.promise.is_some_and(|p| Millis(now) > p) => self.fail(format_args!(
+                    "{lease} granted after its promise {:?}",
+                    l.promise
+                )),
                 Some(_) => self.granted(lease, expires_at),
                 None => self.fail(format_args!("event names {lease}, never issued")),
             },
+            // A revision replaces the promise before it passes, with a later one.
+            Event::Revised { lease, eta, .. } => {
+                let Some(l) = self.leases.get(&lease).copied() else {
+                    self.fail(format_args!("revision names {lease}, never issued"))
+                };
+                match l.promise {
+                    Some(p) if Millis(now) <= p && eta > p && l.life == Life::Queued => {
+                        if let Some(l) = self.leases.get_mut(&lease) {
+                            l.promise = Some(eta);
+                        }
+                    }
+                    old => self.fail(format_args!(
+                        "{lease} revised at {now} to {eta} from {old:?} while {:?}",
+                        l.life
+                    )),
+                }
+            }
             Event::Expired { lease, .. } => {
                 let Some(l) = self.leases.get(&lease).copied() else {
                     self.fail(format_args!("event names {lease}, never issued"))

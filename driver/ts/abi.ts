@@ -11,7 +11,7 @@ export const DECISION_REJECT = 2
 export const DECISION_NEVER = 3
 export const WIDE = 9
 /** `requestLeaseIo`'s request, from `SLOT_ARG_REQUEST` in this order; `cachedPrefixConfirmed` is 1 or 0. */
-export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'task', 'cachedPrefixConfirmed'] as const
+export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPrefixTokens', 'maxTokens', 'role', 'unblocks', 'failureSignature', 'task', 'cachedPrefixConfirmed', 'family'] as const
 /** `settleIo`'s usage, from `SLOT_ARG_USAGE` in this order. */
 export const USAGE_FIELDS = ['inputTokens', 'cacheCreationInputTokens', 'cacheReadInputTokens', 'outputTokens'] as const
 /** Role codes: the index in this list. */
@@ -21,7 +21,7 @@ export const REJECT_REASONS = ['exceeds_capacity', 'wait_too_long', 'queue_full'
 /** Axis codes: the index in this list. */
 export const AXES = ['input_tokens', 'output_tokens', 'tokens', 'requests'] as const
 /** `pollEventIo`'s return codes: the index in this list (-1: no event). */
-export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert', 'margin_at_floor'] as const
+export const EVENTS = ['granted', 'expired', 'margin_changed', 'paused', 'estimate_alert', 'margin_at_floor', 'revised'] as const
 /** A margin change's reason code (its event's slot 3): the index in this list. */
 export const MARGIN_REASONS = ['rate_limited', 'recovered', 'confirmed', 'headers_disagreed'] as const
 /** `callLeaseIo`'s and `callResponseIo`'s return codes (or `WIDE`: take the result with `takeWide()`). */
@@ -45,7 +45,7 @@ export const SLOT_ARG_NOW = 0
 export const SLOT_ARG_LEASE = 1
 export const SLOT_ARG_USAGE = 2
 export const SLOT_ARG_REQUEST = 1
-export const SLOT_ARG_CALL = 11
+export const SLOT_ARG_CALL = 12
 export const SLOT_RESPONSE_NOW = 0
 export const SLOT_RESPONSE_POOL = 1
 export const SLOT_RESPONSE_LEASE = 2
@@ -72,13 +72,14 @@ export const SLOT_CALL_GIVE_UP_RETRY_AFTER_MS = 10
 export const SLOT_CALL_SETTLED = 11
 export const SLOT_CALL_RESERVED = 12
 export const SLOT_CALL_USED = 16
-export const SLOT_REPORT_RECOGNISED = 20
-export const SLOT_REPORT_MALFORMED = 21
-export const SLOT_REPORT_RETRY_AFTER_MS = 22
-export const SLOT_REPORT_RESET_AT_MS = 23
-export const SLOT_REPORT_SHOULD_RETRY = 24
-export const SLOT_REPORT_EXCEEDED = 25
-export const SLOT_REPORT_AXES = 26
+export const SLOT_CALL_EXPECTED = 20
+export const SLOT_REPORT_RECOGNISED = 21
+export const SLOT_REPORT_MALFORMED = 22
+export const SLOT_REPORT_RETRY_AFTER_MS = 23
+export const SLOT_REPORT_RESET_AT_MS = 24
+export const SLOT_REPORT_SHOULD_RETRY = 25
+export const SLOT_REPORT_EXCEEDED = 26
+export const SLOT_REPORT_AXES = 27
 export const SLOT_RATE_AXIS_LIMIT = 0
 export const SLOT_RATE_AXIS_REMAINING = 1
 export const SLOT_RATE_AXIS_RESET_AFTER_MS = 2

@@ -34,10 +34,19 @@ export interface DriverEvents {
   /** A lease was granted (at once, or after queueing: `waitedMs` > 0). */
   granted: { lease: number; agent: U64; pool: number; expiresAt: U64; waitedMs: number }
   /**
-   * A request joined the queue; `etaMs` is the estimated wait from now. `checkpoint` (calls
-   * only) says the wait is long enough that the agent should write its turn down first.
+   * A request joined the queue. `eta` is its promise: it is granted by then (a `revised`
+   * event may move it later before it passes); `etaMs` is that from now. Calls only:
+   * `expectedMs` is the wait it is expected to have (what to tell a person), and
+   * `checkpoint` says the wait may well be long enough that the agent should write its
+   * turn down first.
    */
-  queued: { lease: number; agent: U64; pool: number; eta: U64; etaMs: number; checkpoint?: boolean }
+  queued: { lease: number; agent: U64; pool: number; eta: U64; etaMs: number; expectedMs?: number; checkpoint?: boolean }
+  /**
+   * A queued request's promise was replaced by a later one before it passed (a call used
+   * more than it reserved, a 429, an agent joined, every concurrency slot still held): it
+   * is granted by `eta`.
+   */
+  revised: { lease: number; agent: U64; pool: number; eta: U64 }
   /** A request was refused (the promise rejects with `LeaseRejectedError`). */
   rejected: { agent: U64; pool: number; reason: RejectReason; retryAt: U64 | null }
   /**
@@ -366,7 +375,7 @@ export class Driver extends Emitter<DriverEvents> {
       }
       case 'wait':
         if (step.ticket !== null) {
-          lease = this.#enqueue(step.ticket, request, now, Number(step.until), signal, step.checkpoint)
+          lease = this.#enqueue(step.ticket, request, now, Number(step.until), signal, step)
         } else {
           if (this.listening('rejected') && step.refusal !== null) {
             this.emit('rejected', { agent: request.agent, pool: request.pool, reason: step.refusal, retryAt: step.until })
@@ -425,10 +434,10 @@ export class Driver extends Emitter<DriverEvents> {
       const refused = (reason: RejectReason, retryAt: U64 | null): void => {
         if (this.listening('rejected')) this.emit('rejected', { agent, pool, reason, retryAt })
       }
-      const queued = (lease: number, eta: U64, checkpoint?: boolean): void => {
+      const queued = (lease: number, eta: U64, call?: { expected: U64; checkpoint: boolean }): void => {
         if (!this.listening('queued')) return
         const e = { lease, agent, pool, eta: Number(eta), etaMs: Math.max(0, Number(eta) - now) }
-        this.emit('queued', checkpoint === undefined ? e : { ...e, checkpoint })
+        this.emit('queued', call === undefined ? e : { ...e, expectedMs: Math.max(0, Number(call.expected) - now), checkpoint: call.checkpoint })
       }
       switch (out.output) {
         case 'granted':
@@ -445,7 +454,7 @@ export class Driver extends Emitter<DriverEvents> {
           refused(out.reason, null)
           break
         case 'wait':
-          if (out.wait.ticket !== null) queued(out.wait.ticket, out.wait.until, out.wait.checkpoint)
+          if (out.wait.ticket !== null) queued(out.wait.ticket, out.wait.until, out.wait)
           else if (out.wait.refusal !== null) refused(out.wait.refusal, out.wait.until)
           break
         case 'give_up':
@@ -499,7 +508,7 @@ export class Driver extends Emitter<DriverEvents> {
     }
   }
 
-  #enqueue(id: number, request: LeaseRequest, now: number, eta: number, signal: AbortSignal | null, checkpoint?: boolean): Promise<Lease> {
+  #enqueue(id: number, request: LeaseRequest, now: number, eta: number, signal: AbortSignal | null, call?: { expected: U64; checkpoint: boolean }): Promise<Lease> {
     return new Promise<Lease>((resolve, reject) => {
       const waiter: Waiter = {
         agent: request.agent,
@@ -527,7 +536,7 @@ export class Driver extends Emitter<DriverEvents> {
       this.#waiters.set(id, waiter)
       if (this.listening('queued')) {
         const e = { lease: id, agent: request.agent, pool: request.pool, eta, etaMs: Math.max(0, eta - now) }
-        this.emit('queued', checkpoint === undefined ? e : { ...e, checkpoint })
+        this.emit('queued', call === undefined ? e : { ...e, expectedMs: Math.max(0, Number(call.expected) - now), checkpoint: call.checkpoint })
       }
     })
   }
@@ -672,6 +681,9 @@ export class Driver extends Emitter<DriverEvents> {
           break
         case 'estimate_alert':
           this.emit('estimate_alert', { agent: e.agent, errorPermille: e.errorPermille })
+          break
+        case 'revised':
+          this.emit('revised', { lease: e.lease, agent: e.agent, pool: e.pool, eta: e.eta })
           break
         case 'margin_at_floor': {
           const name = this.engine.pools[e.pool] ?? String(e.pool)

@@ -25,6 +25,12 @@ import { type CallStep, type Role, type U64, type Usage, newCall } from './types
 export interface FetchOptions {
   /** Which agent this client is: a number, or a name (hashed). Default: a fresh id. */
   agent?: U64 | string
+  /**
+   * The agent whose family this client's agent belongs to (a number, or a name, hashed as
+   * `agent` is): the session that spawned it as a subagent. By default a family shares one
+   * place in the fair order, split among its members with calls in line.
+   */
+  family?: U64 | string
   /** The agent's role in the task graph (default `worker`). */
   role?: Role
   /** Downstream tasks waiting on this agent's calls; a function is read at every call. */
@@ -215,6 +221,7 @@ function isEventStream(res: Response): boolean {
 export function createFetch(ctx: FetchContext, options: FetchOptions = {}): typeof fetch {
   const { driver, estimator } = ctx
   const agent: U64 = options.agent === undefined ? ctx.nextAgent() : typeof options.agent === 'string' ? agentIdFor(options.agent) : options.agent
+  const family: U64 | undefined = typeof options.family === 'string' ? agentIdFor(options.family) : options.family
   const task: U64 | undefined = typeof options.task === 'string' ? taskIdFor(options.task) : options.task
   if (options.timeouts !== undefined && (options.timeouts === null || typeof options.timeouts !== 'object')) {
     throw Object.assign(new TypeError('fetch(): `timeouts` must be an object: { firstByteMs?, idleMs? }'), { code: 'invalid_argument', field: 'timeouts' })
@@ -285,6 +292,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         unblocks: typeof options.unblocks === 'function' ? options.unblocks() : (options.unblocks ?? 0),
         ...(task === undefined ? {} : { task }),
         ...(options.failureSignature === undefined ? {} : { failureSignature: options.failureSignature }),
+        ...(family === undefined ? {} : { family }),
       }
       const ask = await driver.callLease(call, request, { signal: callSignal })
       call = ask.call

@@ -30,6 +30,7 @@ import {
   SLOT_ARG_USAGE,
   SLOT_CALL_ATTEMPTS,
   SLOT_CALL_CHECKPOINT,
+  SLOT_CALL_EXPECTED,
   SLOT_CALL_FAILED,
   SLOT_CALL_GIVE_UP_RETRY_AFTER_MS,
   SLOT_CALL_INSTANT,
@@ -128,7 +129,7 @@ export interface RegisterBinding {
 const ROLE_CODES: Readonly<Record<string, number>> = Object.fromEntries(ROLES.map((r, i) => [r, i]))
 const MAX = Number.MAX_SAFE_INTEGER
 // The event codes `pollEvent` decodes below, in the order `abi.ts` gives them.
-const [EV_GRANTED, EV_EXPIRED, EV_MARGIN, EV_PAUSED, EV_ALERT, EV_FLOOR] = EVENTS.map((_, i) => i)
+const [EV_GRANTED, EV_EXPIRED, EV_MARGIN, EV_PAUSED, EV_ALERT, EV_FLOOR, EV_REVISED] = EVENTS.map((_, i) => i)
 
 /** A `number` argument the register file carries exactly (else: the object path). */
 function exact(v: unknown): v is number {
@@ -236,6 +237,7 @@ const R_UNBLOCKS = requestSlot('unblocks')
 const R_FAILURE = requestSlot('failureSignature')
 const R_TASK = requestSlot('task')
 const R_CONFIRMED = requestSlot('cachedPrefixConfirmed')
+const R_FAMILY = requestSlot('family')
 const usageSlot = (name: (typeof USAGE_FIELDS)[number]): number => fieldSlot(SLOT_ARG_USAGE, USAGE_FIELDS, name)
 const U_INPUT = usageSlot('inputTokens')
 const U_CREATION = usageSlot('cacheCreationInputTokens')
@@ -368,6 +370,7 @@ export class RegisterEngine implements Engine {
     io[R_UNBLOCKS] = r.unblocks ?? 0
     io[R_FAILURE] = r.failureSignature === undefined || r.failureSignature === null ? -1 : field(r.failureSignature)
     io[R_TASK] = r.task === undefined || r.task === null ? -1 : field(r.task)
+    io[R_FAMILY] = r.family === undefined || r.family === null ? -1 : field(r.family)
     const confirmed = r.cachedPrefixConfirmed
     io[R_CONFIRMED] = confirmed === true ? 1 : confirmed === false || confirmed === undefined ? 0 : Number.NaN
     return !(
@@ -378,6 +381,7 @@ export class RegisterEngine implements Engine {
       io[R_MAX] !== io[R_MAX] ||
       io[R_FAILURE] !== io[R_FAILURE] ||
       io[R_TASK] !== io[R_TASK] ||
+      io[R_FAMILY] !== io[R_FAMILY] ||
       io[R_CONFIRMED] !== io[R_CONFIRMED] ||
       typeof r.pool !== 'number'
     )
@@ -408,6 +412,7 @@ export class RegisterEngine implements Engine {
       step = {
         kind: 'wait',
         until: io[SLOT_CALL_INSTANT]!,
+        expected: io[SLOT_CALL_EXPECTED]!,
         reason: WAIT_REASONS[io[SLOT_CALL_REASON]!]!,
         ticket: optional(io[SLOT_CALL_LEASE]!),
         refusal,
@@ -592,6 +597,8 @@ export class RegisterEngine implements Engine {
         return { kind: 'estimate_alert', agent: io[0]!, errorPermille: io[1]! }
       case EV_FLOOR:
         return { kind: 'margin_at_floor', pool: io[0]!, axis: (AXES[io[1]!] as Axis | undefined) ?? null, marginPermille: io[2]!, since: io[3]! }
+      case EV_REVISED:
+        return { kind: 'revised', lease: io[0]!, agent: io[1]!, pool: io[2]!, eta: io[3]! }
       default:
         return fromJson(this.#c.takeWide()) as EngineEvent
     }

@@ -327,7 +327,7 @@ export class RemoteTokenwarden extends Tokenwarden {
       case 'send':
         return { kind: 'send', lease: handleId(out.lease), expiresAt: out.expiresAt }
       case 'wait':
-        return { kind: 'wait', ...out.wait, until: this.#onClock(out.wait.until), ticket: out.wait.ticket === null ? null : handleId(out.wait.ticket) }
+        return { kind: 'wait', ...out.wait, until: this.#onClock(out.wait.until), expected: this.#onClock(out.wait.expected), ticket: out.wait.ticket === null ? null : handleId(out.wait.ticket) }
       case 'give_up':
         return { kind: 'give_up', ...out.giveUp }
       case 'deliver':
@@ -350,9 +350,18 @@ export class RemoteTokenwarden extends Tokenwarden {
     }
     if (out.output === 'wait' && out.wait.ticket !== null && step.kind === 'wait') {
       if (this.listening('queued')) {
-        this.emit('queued', { lease: handleId(out.wait.ticket), agent, pool, eta: step.until, etaMs: Math.max(0, Number(step.until) - this.clock.now()), checkpoint: step.checkpoint })
+        const now = this.clock.now()
+        this.emit('queued', {
+          lease: handleId(out.wait.ticket),
+          agent,
+          pool,
+          eta: step.until,
+          etaMs: Math.max(0, Number(step.until) - now),
+          expectedMs: Math.max(0, Number(step.expected) - now),
+          checkpoint: step.checkpoint,
+        })
       }
-      return { call: out.call, step, lease: this.#awaitTicket(out.wait.ticket, request, signal, this.clock.now()) }
+      return { call: out.call, step, lease: this.#awaitTicket(out.wait.ticket, out.wait.until, request, signal, this.clock.now()) }
     }
     if (this.listening('rejected')) {
       if (step.kind === 'wait' && step.refusal !== null) this.emit('rejected', { agent, pool, reason: step.refusal, retryAt: step.until })
@@ -371,13 +380,20 @@ export class RemoteTokenwarden extends Tokenwarden {
    * Long-polls a queued ticket at the limiter until it is granted. On abort the poll itself
    * is aborted (nothing keeps running, nor the process alive) and the ticket withdrawn.
    */
-  async #awaitTicket(handle: string, request: LeaseRequest, signal: AbortSignal | null, start: number): Promise<Lease> {
+  async #awaitTicket(handle: string, eta: U64, request: LeaseRequest, signal: AbortSignal | null, start: number): Promise<Lease> {
     const withdraw = async (): Promise<never> => {
       await this.#handle({ op: 'cancel', lease: handle }).catch(() => {})
       throw new AbortedError(signal?.reason)
     }
     let r: { status: number; body: Record<string, unknown> } = { status: 202, body: {} }
+    let promised = Number(eta)
     while (r.status === 202) {
+      // The limiter answers a poll early with a promise it has revised.
+      const revised = r.body.eta
+      if ((typeof revised === 'number' || typeof revised === 'bigint') && Number(revised) !== promised) {
+        promised = Number(revised)
+        if (this.listening('revised')) this.emit('revised', { lease: handleId(handle), agent: request.agent, pool: request.pool, eta: this.#onClock(revised) })
+      }
       if (signal?.aborted) return withdraw()
       try {
         r = await this.#call('GET', `/leases/${handle}?wait=${this.#o.pollMs}`, undefined, this.#o.pollMs + this.#o.timeoutMs, signal)
@@ -410,7 +426,7 @@ export class RemoteTokenwarden extends Tokenwarden {
       case 'queued': {
         const eta = this.#onClock(out.eta)
         if (this.listening('queued')) this.emit('queued', { lease: handleId(out.lease), agent, pool, eta, etaMs: Math.max(0, eta - start) })
-        return this.#awaitTicket(out.lease, request, signal, start)
+        return this.#awaitTicket(out.lease, out.eta, request, signal, start)
       }
       case 'refused':
       case 'never_fits': {

@@ -49,6 +49,13 @@ export interface LeaseRequest {
    * set the weight, and it is charged the call's tokens and waits.
    */
   task?: U64
+  /**
+   * The agent whose family this one belongs to: the session that spawned it as a subagent
+   * (absent: it is a family's root). By default a family shares one place in the fair
+   * order, split among its members with calls in line (`weights.families`: `shared`, or
+   * `flat` for one share per member); the metrics show each agent's family.
+   */
+  family?: U64
 }
 
 /** A task, as `engine.openTask` takes it. */
@@ -174,6 +181,13 @@ export type EngineEvent =
   | { kind: 'paused'; pool: number; until: U64 }
   | { kind: 'estimate_alert'; agent: U64; errorPermille: number }
   | { kind: 'margin_at_floor'; pool: number; axis: Axis | null; marginPermille: number; since: U64 }
+  /**
+   * A queued ticket's promise (its `eta`, a wait's `until`) was replaced by a later one
+   * before it passed: something its bound does not assume happened (a call used more than
+   * it reserved, a 429, an agent that joined, every concurrency slot still held). The
+   * ticket is granted by `eta`.
+   */
+  | { kind: 'revised'; lease: number; agent: U64; pool: number; eta: U64 }
 
 /**
  * One model call's state between its steps (the core's `Call`). Start with
@@ -242,7 +256,10 @@ export interface CallResponseResult {
 
 /** A wait the core tells a call to make (the core's `Wait`): see {@link CallStep}. */
 export interface Wait {
+  /** When to ask again; for a ticket, its promise: it is granted by then (a `revised` event may move it later before it passes). */
   until: U64
+  /** When the wait is expected to end (for a ticket, its expected grant, at most `until`): what to tell a person. */
+  expected: U64
   reason: WaitReason
   ticket: number | null
   refusal: RejectReason | null
@@ -367,11 +384,13 @@ export interface PoolMetrics {
   /** Why the margin last moved (`null` before it first did). */
   marginReason: MarginReason | null
   /**
-   * The median absolute input-estimate error of the pool's latest completed calls (up to
-   * 16), thousandths: a climb of the margin above its start needs it at or below
-   * `margin.confirm_error_permille`.
+   * The median input underestimate of the pool's latest completed calls (up to 16; an
+   * estimate at or above what the provider counted is 0), thousandths: a climb of the
+   * margin above its start needs it at or below `margin.confirm_error_permille`.
    */
-  estimateErrorP50Permille: number | null
+  underestimateP50Permille: number | null
+  /** The margin of the axes counted exactly (requests, calls in flight), thousandths: 1000 unless use outside the coordinator was seen. */
+  exactMarginPermille: number
   /** When the provider's remaining-capacity headers last agreed with the model (`null`: never, or the last comparison disagreed). */
   headersAgreedAt: U64 | null
   /** Since when the margin has sat at its floor without rising (`null` when it is not there). */
@@ -395,6 +414,8 @@ export interface PoolMetrics {
 /** An agent in {@link Metrics}: what it is doing and how good its estimates are. */
 export interface AgentMetrics {
   agent: U64
+  /** The root of its family, when it is another agent's subagent (absent for a root). */
+  family?: U64
   /**
    * What it is doing: queued since an instant, in flight, or waiting with no ticket —
    * refused for now, waiting out a 429 (with the limit the provider named or showed spent,

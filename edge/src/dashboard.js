@@ -26,7 +26,10 @@
 //   tr.counter        data-counter (camelCase key), data-value
 //   .fleet-advice     data-axis, data-per-agent-per-minute, data-agents-measured,
 //                     data-agents-at-75-percent
-//   #agents           data-agents (count); tr.agent: data-agent (id), data-agent-name, data-state
+//   #agents           data-agents (count); tr.agent: data-agent (id), data-agent-name, data-state,
+//                     data-family (the root's id, on a family's root and its members),
+//                     data-family-name (a member's root), data-family-members and
+//                     data-family-busy (on a family's root); a root's members follow it
 //                     (idle | in_flight | queued | refused | rate_limited | backing_off),
 //                     data-queued-since, data-queued-ms, data-expected-grant, data-until,
 //                     data-wait-remaining-ms, data-axis (a 429's limit), data-in-flight,
@@ -633,9 +636,26 @@ const SCRIPT = `
     // says only until when).
     const lastRefusal = new Map()
     for (const e of events) if (e.kind === 'refused' && e.agent !== null) lastRefusal.set(e.agent, e.reason + (e.axis ? ':' + e.axis : ''))
-    const rows = agents.slice(0, MAX_AGENT_ROWS).map((a) => {
+    // Families together: each root, then the subagents whose calls name it (indented), the
+    // root's row saying how many members the family has and how many are busy.
+    const key = (a) => String(a.family ?? a.agent)
+    const groups = new Map()
+    for (const a of agents) {
+      const g = groups.get(key(a)) ?? []
+      g.push(a)
+      groups.set(key(a), g)
+    }
+    const ordered = []
+    for (const g of groups.values()) ordered.push(...g.filter((a) => a.family == null), ...g.filter((a) => a.family != null))
+    const family = new Map()
+    for (const [k, g] of groups) {
+      if (g.some((a) => a.family != null)) family.set(k, { members: g.length, busy: g.filter((a) => n(a.queued) > 0 || n(a.inFlight) > 0).length })
+    }
+    const rows = ordered.slice(0, MAX_AGENT_ROWS).map((a) => {
       const act = a.activity || {}
-      const label = typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent)
+      const own = typeof a.name === 'string' && a.name !== '' ? a.name : String(a.agent)
+      const fam = a.family == null ? family.get(String(a.agent)) : null
+      const label = a.family != null ? '\u2514 ' + own : fam ? own + ' (family of ' + fam.members + ', ' + fam.busy + ' busy)' : own
       const since = act.state === 'queued' ? n(act.since) : null
       const expected = act.state === 'queued' ? n(act.expectedGrant) : null
       const until = act.state === 'refused' || act.state === 'rate_limited' || act.state === 'backing_off' ? n(act.until) : null
@@ -644,6 +664,10 @@ const SCRIPT = `
         class: 'agent' + (a.alerting ? ' alerting' : ''),
         'data-agent': String(a.agent),
         'data-agent-name': typeof a.name === 'string' ? a.name : null,
+        'data-family': a.family == null ? (fam ? String(a.agent) : null) : String(a.family),
+        'data-family-name': a.family == null ? null : typeof a.familyName === 'string' ? a.familyName : null,
+        'data-family-members': fam ? fam.members : null,
+        'data-family-busy': fam ? fam.busy : null,
         'data-state': act.state,
         'data-queued-since': since,
         'data-queued-ms': since === null ? null : Math.max(0, now - since),
@@ -661,7 +685,7 @@ const SCRIPT = `
         'data-last-seen': n(a.lastSeen),
       },
         el('td', { title: 'id ' + String(a.agent) }, label),
-        el('td', { class: 'state' }, stateText(act, now, act.state === 'refused' ? lastRefusal.get(label) : null)),
+        el('td', { class: 'state' }, stateText(act, now, act.state === 'refused' ? lastRefusal.get(own) : null)),
         el('td', {}, int(a.inFlight)),
         el('td', {}, int(a.queued)),
         el('td', {}, int(a.settled)),

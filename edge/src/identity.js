@@ -60,6 +60,30 @@ function child(session, agent, parent) {
   return { name: `${session}/${agent}`, parent: parent === null || parent === session ? session : `${session}/${parent}` }
 }
 
+/**
+ * Who a proxied call is, and the family it belongs to: `{ name, parent, root }`, `root` the
+ * name of the family's root (null for a root itself). Under a name the URL or a credential
+ * gives (`base`: `alice`), a subagent the session headers show is `alice/<its id>`, a child
+ * of `alice` (or of `alice/<parent id>` when nested): the named agent is the root of its
+ * session's family, whatever the session id. With no name, the session's main thread is
+ * the root (`<session>`) and its subagents `<session>/<id>`. Only the caller's own name is
+ * extended: a member names its own subagents, never another's. Null when nothing names the
+ * call.
+ * @param {string | null} base
+ * @param {{ name: string, parent: string | null } | null} session from {@link sessionIdentity}
+ */
+export function familyIdentity(base, session) {
+  if (base === null) {
+    if (session === null) return null
+    return { ...session, root: session.parent === null ? null : session.name.slice(0, session.name.indexOf('/')) }
+  }
+  if (session === null || session.parent === null) return { name: base, parent: null, root: null }
+  // The session part ends at the first '/': ids hold none.
+  const own = (name) => name.slice(name.indexOf('/') + 1)
+  const parent = session.parent.includes('/') ? `${base}/${own(session.parent)}` : base
+  return { name: `${base}/${own(session.name)}`, parent, root: base }
+}
+
 /** Parents and their live children, as their calls show them (bounded, see above). */
 export class Family {
   /** parent name → Map(child name → last seen, Unix ms), least recently seen first */

@@ -97,6 +97,16 @@ export function prometheusText(metrics, labels) {
     if (f.waitUntil !== null) out.sample('tokenwarden_agent_wait_remaining_seconds', l, Math.max(0, f.waitUntil - now) / 1000)
   }
 
+  // Families (an agent and the subagents whose calls name it), by the root's name: the
+  // MAX_AGENT_LABELS busiest, the rest summed as "other".
+  out.family('tokenwarden_family_members', 'gauge', `Agents in a family: its root and the subagents whose calls name it (the ${MAX_AGENT_LABELS} busiest families by root name, the rest as "other").`)
+  out.family('tokenwarden_family_busy', 'gauge', 'Members of a family with a call queued or in flight: by default the family shares one place in the fair order, split among them.')
+  for (const [family, f] of perFamily(agents)) {
+    const l = [...base, ['family', family]]
+    out.sample('tokenwarden_family_members', l, f.members)
+    out.sample('tokenwarden_family_busy', l, f.busy)
+  }
+
   out.family('tokenwarden_limit', 'gauge', "The provider's limit per rate window (tokens or requests, by axis), where known.")
   out.family('tokenwarden_capacity', 'gauge', 'Effective capacity per rate window (limit x margin x ramp), for axes with a known limit.')
   out.family('tokenwarden_available', 'gauge', 'Capacity available now, for axes with a known limit; negative is debt.')
@@ -167,10 +177,22 @@ export function prometheusText(metrics, labels) {
     ])) {
       if (ms !== null && ms !== undefined) out.sample('tokenwarden_task_seconds', [...base, ['quantile', quantile]], toNumber(ms) / 1000)
     }
-    out.family('tokenwarden_tokens_per_merged_task', 'gauge', 'Every token the provider counted for the ended tasks (every outcome; cache reads included) per merged task, since start and over the last complete minute.')
-    out.family('tokenwarden_rate_limited_tokens_per_merged_task', 'gauge', 'The part of tokenwarden_tokens_per_merged_task that counts against the rate limits, since start and over the last complete minute.')
+    out.family(
+      'tokenwarden_tokens_per_merged_task',
+      'gauge',
+      'Every token the provider counted for the ended tasks (every outcome; cache reads included) per merged task, since start and over the last complete minute.',
+    )
+    out.family(
+      'tokenwarden_rate_limited_tokens_per_merged_task',
+      'gauge',
+      'The part of tokenwarden_tokens_per_merged_task that counts against the rate limits, since start and over the last complete minute.',
+    )
     out.family('tokenwarden_task_seconds_mean', 'gauge', 'Mean wall time of the merged tasks, since start and over the last complete minute.')
-    out.family('tokenwarden_critical_path_wait_seconds', 'gauge', 'Time the ended tasks had a model call outstanding (ask to settle) times the tasks each unblocks (agent-seconds), since start and over the last complete minute.')
+    out.family(
+      'tokenwarden_critical_path_wait_seconds',
+      'gauge',
+      'Time the ended tasks had a model call outstanding (ask to settle) times the tasks each unblocks (agent-seconds), since start and over the last complete minute.',
+    )
     out.family('tokenwarden_quota_wait_seconds', 'gauge', 'Time the ended tasks waited on the quota, since start and over the last complete minute.')
     out.family('tokenwarden_rate_limited_ratio', 'gauge', '429 responses per call sent, since start and over the last complete minute.')
     for (const [span, f] of /** @type {Array<[string, import('tokenwarden-wasm').TaskFigures | undefined]>} */ ([
@@ -180,7 +202,8 @@ export function prometheusText(metrics, labels) {
       if (!f) continue
       const s = [...base, ['span', span]]
       if (f.tokensPerMergedTask !== null && f.tokensPerMergedTask !== undefined) out.sample('tokenwarden_tokens_per_merged_task', s, f.tokensPerMergedTask)
-      if (f.rateLimitedTokensPerMergedTask !== null && f.rateLimitedTokensPerMergedTask !== undefined) out.sample('tokenwarden_rate_limited_tokens_per_merged_task', s, f.rateLimitedTokensPerMergedTask)
+      if (f.rateLimitedTokensPerMergedTask !== null && f.rateLimitedTokensPerMergedTask !== undefined)
+        out.sample('tokenwarden_rate_limited_tokens_per_merged_task', s, f.rateLimitedTokensPerMergedTask)
       if (f.taskTimeMeanMs !== null && f.taskTimeMeanMs !== undefined) out.sample('tokenwarden_task_seconds_mean', s, toNumber(f.taskTimeMeanMs) / 1000)
       out.sample('tokenwarden_critical_path_wait_seconds', s, toNumber(f.criticalPathWaitMs) / 1000)
       out.sample('tokenwarden_quota_wait_seconds', s, toNumber(f.quotaWaitMs) / 1000)
@@ -233,6 +256,34 @@ export function prometheusText(metrics, labels) {
 
 /** Agents labelled by name in the per-agent families; the rest are summed as `other`. */
 export const MAX_AGENT_LABELS = 20
+
+/**
+ * Per family (an agent some other agent names as its `family`), by its root's name (or id):
+ * members (the root, if known, and its subagents) and how many have a call queued or in
+ * flight; the MAX_AGENT_LABELS busiest, then the rest summed as `other`.
+ * @param {Array<Record<string, any>>} agents
+ * @returns {Array<[string, { members: number, busy: number }]>}
+ */
+export function perFamily(agents) {
+  const roots = new Map()
+  for (const a of agents) {
+    if (a.family === undefined || a.family === null) continue
+    const id = String(a.family)
+    if (!roots.has(id)) roots.set(id, { label: a.familyName ?? id, members: 0, busy: 0 })
+  }
+  for (const a of agents) {
+    const f = roots.get(String(a.family ?? a.agent))
+    if (f === undefined) continue
+    f.members++
+    if (toNumber(a.queued ?? 0) > 0 || toNumber(a.inFlight ?? 0) > 0) f.busy++
+  }
+  const sorted = [...roots.values()].sort((x, y) => y.busy - x.busy || y.members - x.members || (x.label < y.label ? -1 : x.label > y.label ? 1 : 0))
+  /** @type {Array<[string, { members: number, busy: number }]>} */
+  const out = sorted.slice(0, MAX_AGENT_LABELS).map((f) => [f.label, { members: f.members, busy: f.busy }])
+  const rest = sorted.slice(MAX_AGENT_LABELS)
+  if (rest.length > 0) out.push(['other', { members: rest.reduce((n, f) => n + f.members, 0), busy: rest.reduce((n, f) => n + f.busy, 0) }])
+  return out
+}
 
 /** What an agent can be doing (the core's `activity.state`). */
 export const AGENT_STATES = ['idle', 'in_flight', 'queued', 'refused', 'rate_limited', 'backing_off']

@@ -25,7 +25,7 @@ import {
 } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
-import { Family, sessionIdentity } from './identity.js'
+import { Family, familyIdentity, sessionIdentity } from './identity.js'
 import { parseExact, readState, writeChanged } from './store.js'
 import { Timeline } from './timeline.js'
 import { WaitLog } from './waitlog.js'
@@ -374,6 +374,21 @@ export class QuotaObject {
       }
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
+    // A ticket's promise moved later. A poll waiting on it answers now with the new one when
+    // the old one would pass before the poll ends; otherwise its next answer carries it (a
+    // joining fleet revises many promises: no storm of answers).
+    tw.on('revised', (e) => {
+      const rec = this.leases.get(e.lease)
+      if (rec !== undefined && rec.state === 'queued') {
+        const passing = Number(rec.eta) <= this.clock.now() + MAX_WAIT_MS
+        this.leases.set(e.lease, { ...rec, eta: e.eta })
+        if (passing) {
+          for (const wake of this.waiters.get(e.lease) ?? []) wake()
+          this.waiters.delete(e.lease)
+        }
+      }
+      this.#persistSoon(BACKGROUND_FLUSH_MS)
+    })
     tw.on('expired', (e) => {
       this.leases.delete(e.lease)
       this.#persistSoon(BACKGROUND_FLUSH_MS)
@@ -611,7 +626,10 @@ export class QuotaObject {
    * or null for a numeric agent or one not seen since the object started).
    */
   #named(metrics) {
-    if (Array.isArray(metrics?.agents)) metrics.agents = metrics.agents.map((a) => ({ ...a, name: this.agentIds?.nameOf(Number(a.agent)) ?? null }))
+    // A subagent's family by its root's name too (`familyName`).
+    const nameOf = (id) => this.agentIds?.nameOf(Number(id)) ?? null
+    if (Array.isArray(metrics?.agents))
+      metrics.agents = metrics.agents.map((a) => ({ ...a, name: nameOf(a.agent), ...(a.family === undefined || a.family === null ? {} : { familyName: nameOf(a.family) }) }))
     // The ceilings hit since the object started: 429s by the provider's limit type,
     // refusals by reason (timeline.js).
     if (metrics !== null && typeof metrics === 'object') metrics.ceilings = this.timeline.ceilings((metrics.pools ?? []).map((p) => String(p.name)))
@@ -719,6 +737,15 @@ export class QuotaObject {
         const pool = typeof given.pool === 'string' ? tw.pool(given.pool) : (given.pool ?? 0)
         const agent = await this.#agentFor(given.agent, who)
         const request = { ...given, agent: agent.id, pool }
+        // A family is named as an agent is. A credential's member may name only its own
+        // agent (403 otherwise: naming another's family would divide that family's share),
+        // which is a root: nothing to pass on.
+        if (given.family === undefined || given.family === null) delete request.family
+        else {
+          const family = await this.#agentFor(given.family, who)
+          if (who === null) request.family = family.id
+          else delete request.family
+        }
         if (given.task === undefined || given.task === null) delete request.task
         else request.task = taskId(given.task)
         const out = tw.handle(op === 'call_lease' ? { op, call: input.call === undefined ? newCall() : callState(input.call), request } : { op, request })
@@ -946,15 +973,19 @@ export class QuotaObject {
     if (who !== null && named !== null && named !== who.name) {
       throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: x-tokenwarden-agent may only name that agent`)
     }
-    // Named by nothing above: by the client's session headers (a subagent by its own id).
-    const session = who === null && named === null ? sessionIdentity(request.headers) : null
+    const base = who?.name ?? named
+    if (base !== null && base.length > 128) throw Object.assign(new HttpError(400, 'invalid_argument', 'the agent name must be 1 to 128 characters'), { field: 'x-tokenwarden-agent' })
+    // The client's session headers: who the call is when nothing above names it, and under
+    // a name, which of that agent's subagents (a child of it: `alice/<subagent id>`).
+    const session = familyIdentity(base, sessionIdentity(request.headers))
     const now = this.clock.now()
     if (session !== null) this.family.seen(session, now)
     // A parent with live subagents plans for them: its calls unblock them (capped by the core).
     const children = session === null ? 0 : this.family.live(session.name, now)
-    const agentName = who?.name ?? named ?? session?.name ?? 'proxy'
-    if (agentName.length > 128) throw Object.assign(new HttpError(400, 'invalid_argument', 'the agent name must be 1 to 128 characters'), { field: 'x-tokenwarden-agent' })
-    const agent = who?.id ?? (await this.#agentIds().id(agentName))
+    const agentName = session?.name ?? base ?? 'proxy'
+    const agent = who !== null && agentName === who.name ? who.id : await this.#agentIds().id(agentName)
+    // The family's root: by default the family shares one place in the fair order.
+    const family = session?.root == null ? null : who !== null && session.root === who.name ? who.id : await this.#agentIds().id(session.root)
     const role = roleOf(pick('role') ?? (children > 0 ? 'planner' : undefined), 'x-tokenwarden-role')
     const task = pick('task')
     if (task !== null) {
@@ -972,6 +1003,7 @@ export class QuotaObject {
     const gone = new AbortController()
     const f = tw.fetch({
       agent,
+      ...(family === null ? {} : { family }),
       role,
       ...(task === null ? {} : { task: taskId(task, 'x-tokenwarden-task') }),
       ...(unblocks === null ? {} : { unblocks: unblocksOf(unblocks, 'x-tokenwarden-unblocks') }),

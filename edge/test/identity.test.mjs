@@ -12,7 +12,7 @@ import { after, before, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
-import { CHILD_LIVE_MS, Family, MAX_CHILDREN, MAX_PARENTS, sessionIdentity } from '../src/identity.js'
+import { CHILD_LIVE_MS, Family, familyIdentity, MAX_CHILDREN, MAX_PARENTS, sessionIdentity } from '../src/identity.js'
 import { MAX_AGENT_LABELS, prometheusText } from '../src/prometheus.js'
 
 const outdir = fileURLToPath(new URL('../.build/identity/', import.meta.url))
@@ -64,7 +64,8 @@ test('a shared base URL: the main thread is named by its session, a subagent by 
   await claudeCall(url, { 'x-claude-code-session-id': SESSION })
   await claudeCall(url, { 'x-claude-code-session-id': SESSION, 'x-claude-code-agent-id': 'a80286169ea6822be' })
   await claudeCall(url, { 'x-claude-code-session-id': SESSION, 'x-claude-code-agent-id': 'aef319ebfc088e0d6', 'x-claude-code-parent-agent-id': 'a80286169ea6822be' })
-  // The path (and x-tokenwarden-agent) still wins over the session headers.
+  // The path (and x-tokenwarden-agent) still wins over the session headers; a subagent's
+  // call under a named URL is that agent's child (`alice/<agent id>`).
   await claudeCall(`${q('names')}/agents/alice/worker/anthropic`, { 'x-claude-code-session-id': SESSION, 'x-claude-code-agent-id': 'a0000000000000001' })
   await claudeCall(url, { 'x-claude-code-session-id': SESSION, 'x-tokenwarden-agent': 'bob' })
   // No session header, or one that is not an id (too long, or other characters): the shared name.
@@ -72,9 +73,19 @@ test('a shared base URL: the main thread is named by its session, a subagent by 
   await claudeCall(url, { 'x-claude-code-session-id': 'x'.repeat(65) })
   await claudeCall(url, { 'x-claude-code-session-id': 'a b' })
   const m = await metrics('names')
-  assert.deepEqual(m.agents.map((a) => a.name).sort(), ['alice', 'bob', 'proxy', SESSION, `${SESSION}/a80286169ea6822be`, `${SESSION}/aef319ebfc088e0d6`].sort())
-  // Each name stands beside its id.
+  assert.deepEqual(m.agents.map((a) => a.name).sort(), ['alice/a0000000000000001', 'bob', 'proxy', SESSION, `${SESSION}/a80286169ea6822be`, `${SESSION}/aef319ebfc088e0d6`].sort())
+  // Each name stands beside its id; a subagent's family (its session's root, a nested one's
+  // too: one family per session) beside it, by id and name.
   for (const a of m.agents) assert.equal(typeof a.agent, 'number')
+  const byName = new Map(m.agents.map((a) => [a.name, a]))
+  const root = byName.get(SESSION)
+  assert.equal(root.family, undefined, 'the main thread is a root')
+  for (const sub of [`${SESSION}/a80286169ea6822be`, `${SESSION}/aef319ebfc088e0d6`]) {
+    assert.equal(byName.get(sub).family, root.agent, sub)
+    assert.equal(byName.get(sub).familyName, SESSION, sub)
+  }
+  assert.equal(byName.get('alice/a0000000000000001').familyName, 'alice')
+  assert.equal(byName.get('bob').family, undefined)
   // The session headers still reach the provider.
   assert.ok(mock.log.some((e) => e.headers?.['x-claude-code-agent-id'] === 'aef319ebfc088e0d6' && e.headers?.['x-claude-code-parent-agent-id'] === 'a80286169ea6822be'))
 })
@@ -147,6 +158,16 @@ test('sessionIdentity and Family: the rules and their bounds', () => {
   assert.deepEqual(sessionIdentity(h({ session_id: 'r', 'x-openai-subagent': 'compact' })), { name: 'r/compact', parent: 'r' })
   assert.deepEqual(sessionIdentity(h({ session_id: 'r', 'x-openai-subagent': 'no spaces' })), { name: 'r', parent: null })
 
+  // The family: under no name, the session's main thread is the root; under a name, that
+  // agent is, and the session's subagents are its children.
+  assert.equal(familyIdentity(null, null), null)
+  assert.deepEqual(familyIdentity(null, { name: 's1', parent: null }), { name: 's1', parent: null, root: null })
+  assert.deepEqual(familyIdentity(null, { name: 's1/a2', parent: 's1/a1' }), { name: 's1/a2', parent: 's1/a1', root: 's1' })
+  assert.deepEqual(familyIdentity('alice', null), { name: 'alice', parent: null, root: null })
+  assert.deepEqual(familyIdentity('alice', { name: 's1', parent: null }), { name: 'alice', parent: null, root: null })
+  assert.deepEqual(familyIdentity('alice', { name: 's1/a1', parent: 's1' }), { name: 'alice/a1', parent: 'alice', root: 'alice' })
+  assert.deepEqual(familyIdentity('alice', { name: 's1/a2', parent: 's1/a1' }), { name: 'alice/a2', parent: 'alice/a1', root: 'alice' })
+
   const f = new Family()
   f.seen({ name: 's/a', parent: 's' }, 1000)
   f.seen({ name: 's/b', parent: 's' }, 2000)
@@ -183,5 +204,10 @@ test('Prometheus: per-agent families by name, escaped, at most MAX_AGENT_LABELS 
 test('Prometheus from the Worker: the agents by name', async () => {
   const text = await (await fetch(`${q('names')}/metrics?format=prometheus`, { headers: { authorization: `Bearer ${SECRET}` } })).text()
   assert.match(text, new RegExp(`^tokenwarden_agent_settled_total\\{fleet="local",quota="names",agent="${SESSION}/a80286169ea6822be"\\} 1$`, 'm'))
-  assert.match(text, /^tokenwarden_agent_settled_total\{fleet="local",quota="names",agent="alice"\} 1$/m)
+  assert.match(text, /^tokenwarden_agent_settled_total\{fleet="local",quota="names",agent="alice\/a0000000000000001"\} 1$/m)
+  // The session's family: its main thread and two subagents; alice's: one subagent (alice
+  // never called on its own).
+  assert.match(text, new RegExp(`^tokenwarden_family_members\\{fleet="local",quota="names",family="${SESSION}"\\} 3$`, 'm'))
+  assert.match(text, /^tokenwarden_family_members\{fleet="local",quota="names",family="alice"\} 1$/m)
+  assert.match(text, /^tokenwarden_family_busy\{fleet="local",quota="names",family="alice"\} 0$/m)
 })

@@ -4,7 +4,7 @@
 //! losing a lease.
 //!
 //! ```text
-//! cargo run -p tokenwarden-wasmtime --example host [path/to/tokenwarden-quota-v2.wasm]
+//! cargo run -p tokenwarden-wasmtime --example host [path/to/tokenwarden-quota-v3.wasm]
 //! ```
 
 use tokenwarden_core::{AgentId, Decision, Event, LeaseId, LeaseRequest, Millis, Usage};

@@ -1,7 +1,7 @@
 //! # tokenwarden-wasmtime
 //!
 //! [`tokenwarden-core`](tokenwarden_core) compiled to a WebAssembly component (WIT world
-//! `tokenwarden:quota/plugin@2.0.0`, in `wit/v2/`) and a host that runs it under wasmtime
+//! `tokenwarden:quota/plugin@3.0.0`, in `wit/v3/`) and a host that runs it under wasmtime
 //! as a sandboxed plugin.
 //!
 //! The API mirrors the native [`Coordinator`](tokenwarden_core::Coordinator) method for
@@ -42,9 +42,9 @@ use core::fmt;
 
 use tokenwarden_core::{
     AgentId, Axis, Call, CallResponse, CallStep, Decision, Demand, Event, GiveUp, GiveUpReason,
-    HeaderReport, Input, LeaseError, LeaseId, LeaseRequest, MarginReason, Metrics, Millis, Output,
-    PoolId, RejectReason, ResponseStep, Role, Settlement, Snapshot, TaskId, TaskOutcome, TaskSpec,
-    TaskSummary, Usage, Wait, WaitReason,
+    HeaderReport, Input, LeaseError, LeaseId, LeaseRequest, LeaseStep, MarginReason, Metrics,
+    Millis, Output, PoolId, RejectReason, ResponseStep, Role, Settlement, Snapshot, TaskId,
+    TaskOutcome, TaskSpec, TaskSummary, Usage, Wait, WaitReason,
     headers::{AxisReport, RateAxis},
 };
 pub use wasmtime;
@@ -54,7 +54,7 @@ use wasmtime::{Engine, Store};
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "wit/v2",
+        path: "wit/v3",
         world: "plugin",
     });
 }
@@ -66,10 +66,10 @@ use bindings::exports::tokenwarden::quota::coordinator as w;
 pub const COMPONENT: &[u8] = include_bytes!(env!("TOKENWARDEN_COMPONENT"));
 
 /// The WIT package this host speaks.
-pub const WIT_PACKAGE: &str = "tokenwarden:quota@2.0.0";
+pub const WIT_PACKAGE: &str = "tokenwarden:quota@3.0.0";
 
 /// The exported interface the host looks up in a component.
-pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@2.0.0";
+pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@3.0.0";
 
 /// Resource limits applied to every coordinator of a [`Plugin`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub enum PluginError {
         /// The cap in force.
         limit_bytes: usize,
     },
-    /// The bytes are not a component of the `tokenwarden:quota@2.0.0` `plugin` world (or it
+    /// The bytes are not a component of the `tokenwarden:quota@3.0.0` `plugin` world (or it
     /// imports something, or it answered with something the host cannot read).
     Incompatible(String),
     /// An earlier call on this coordinator failed inside the plugin, which leaves the
@@ -539,7 +539,7 @@ impl PluginCoordinator {
     /// See [`Coordinator::request_lease`](tokenwarden_core::Coordinator::request_lease).
     pub fn request_lease(&mut self, now: Millis, req: &LeaseRequest) -> Result<Decision, Error> {
         let req = lease_request(req);
-        let r = guest!(self, |c, s, h| c.call_request_lease2(s, h, now.0, req))?;
+        let r = guest!(self, |c, s, h| c.call_request_lease(s, h, now.0, req))?;
         r.map(decision).map_err(lease_error)
     }
 
@@ -621,7 +621,7 @@ impl PluginCoordinator {
 
     /// See [`Coordinator::poll_event`](tokenwarden_core::Coordinator::poll_event).
     pub fn poll_event(&mut self) -> Result<Option<Event>, Error> {
-        Ok(guest!(self, |c, s, h| c.call_poll_event2(s, h))?.map(event))
+        Ok(guest!(self, |c, s, h| c.call_poll_event(s, h))?.map(event))
     }
 
     /// The host protocol, [`Coordinator::handle`](tokenwarden_core::Coordinator::handle):
@@ -645,12 +645,12 @@ impl PluginCoordinator {
         now: Millis,
         call: &mut Call,
         req: &LeaseRequest,
-    ) -> Result<CallStep, Error> {
+    ) -> Result<LeaseStep, Error> {
         let (st, req) = (call_state(call), lease_request(req));
-        let (st, step) = guest!(self, |c, s, h| c.call_call_lease2(s, h, now.0, st, req))?
+        let (st, step) = guest!(self, |c, s, h| c.call_call_lease(s, h, now.0, st, req))?
             .map_err(lease_error)?;
         *call = call_back(st);
-        call_step(step)
+        lease_step(call_step(step)?)
     }
 
     /// See [`Coordinator::call_response`](tokenwarden_core::Coordinator::call_response);
@@ -810,20 +810,33 @@ impl PluginCoordinator {
     }
 }
 
-fn lease_request(r: &LeaseRequest) -> w::LeaseRequest2 {
-    w::LeaseRequest2 {
-        request: w::LeaseRequest {
-            agent: r.agent.0,
-            pool: r.pool.0,
-            input_tokens: r.input_tokens,
-            cached_prefix_tokens: r.cached_prefix_tokens,
-            max_tokens: r.max_tokens,
-            role: role_out(r.role),
-            unblocks: r.unblocks,
-            failure_signature: r.failure_signature,
-            task: r.task.map(|t| t.0),
-        },
-        cached_prefix_confirmed: r.cached_prefix_confirmed,
+fn lease_request(r: &LeaseRequest) -> w::LeaseRequest {
+    // Destructured: a field the core adds fails to compile here until the WIT carries it.
+    let LeaseRequest {
+        agent,
+        pool,
+        input_tokens,
+        cached_prefix_tokens,
+        cached_prefix_confirmed,
+        max_tokens,
+        role,
+        unblocks,
+        failure_signature,
+        task,
+        family,
+    } = *r;
+    w::LeaseRequest {
+        agent: agent.0,
+        pool: pool.0,
+        input_tokens,
+        cached_prefix_tokens,
+        cached_prefix_confirmed,
+        max_tokens,
+        role: role_out(role),
+        unblocks,
+        failure_signature,
+        task: task.map(|t| t.0),
+        family: family.map(|a| a.0),
     }
 }
 
@@ -907,6 +920,18 @@ fn reject_reason(r: w::RejectReason) -> RejectReason {
     }
 }
 
+/// A lease's step: a plugin that answers "deliver" to a request is broken, not the core.
+fn lease_step(s: CallStep) -> Result<LeaseStep, Error> {
+    Ok(match s {
+        CallStep::Send { lease, expires_at } => LeaseStep::Send { lease, expires_at },
+        CallStep::Wait(w) => LeaseStep::Wait(w),
+        CallStep::GiveUp(g) => LeaseStep::GiveUp(g),
+        CallStep::Deliver => {
+            return Err(incompatible("the plugin answered a request with deliver"));
+        }
+    })
+}
+
 /// A response's step: a plugin that answers "send" to a response is broken, not the core.
 fn response_step(s: CallStep) -> Result<ResponseStep, Error> {
     Ok(match s {
@@ -927,6 +952,7 @@ fn call_step(s: w::CallStep) -> Result<CallStep, Error> {
         },
         w::CallStep::Wait(wt) => CallStep::Wait(Wait {
             until: Millis(wt.until),
+            expected: Millis(wt.expected),
             reason: match wt.reason {
                 w::WaitReason::Queued => WaitReason::Queued,
                 w::WaitReason::Refused => WaitReason::Refused,
@@ -972,21 +998,27 @@ fn decision(d: w::Decision) -> Decision {
     }
 }
 
-fn event(e: w::Event2) -> Event {
+fn event(e: w::Event) -> Event {
     match e {
-        w::Event2::Granted(g) => Event::Granted {
+        w::Event::Granted(g) => Event::Granted {
             lease: LeaseId(g.lease),
             agent: AgentId(g.agent),
             pool: PoolId(g.pool),
             expires_at: Millis(g.expires_at),
             waited_ms: g.waited_ms,
         },
-        w::Event2::Expired(x) => Event::Expired {
+        w::Event::Revised(r) => Event::Revised {
+            lease: LeaseId(r.lease),
+            agent: AgentId(r.agent),
+            pool: PoolId(r.pool),
+            eta: Millis(r.eta),
+        },
+        w::Event::Expired(x) => Event::Expired {
             lease: LeaseId(x.lease),
             agent: AgentId(x.agent),
             pool: PoolId(x.pool),
         },
-        w::Event2::MarginChanged(m) => Event::MarginChanged {
+        w::Event::MarginChanged(m) => Event::MarginChanged {
             pool: PoolId(m.pool),
             from_permille: m.from_permille,
             to_permille: m.to_permille,
@@ -997,15 +1029,15 @@ fn event(e: w::Event2) -> Event {
                 w::MarginReason::HeadersDisagreed => MarginReason::HeadersDisagreed,
             },
         },
-        w::Event2::Paused(p) => Event::Paused {
+        w::Event::Paused(p) => Event::Paused {
             pool: PoolId(p.pool),
             until: Millis(p.until),
         },
-        w::Event2::EstimateAlert(a) => Event::EstimateAlert {
+        w::Event::EstimateAlert(a) => Event::EstimateAlert {
             agent: AgentId(a.agent),
             error_permille: a.error_permille,
         },
-        w::Event2::MarginAtFloor(m) => Event::MarginAtFloor {
+        w::Event::MarginAtFloor(m) => Event::MarginAtFloor {
             pool: PoolId(m.pool),
             axis: m.axis.map(axis),
             margin_permille: m.margin_permille,

@@ -5,8 +5,8 @@ mod common;
 
 use common::plugin;
 use tokenwarden_core::{
-    AgentId, Config, Coordinator, Decision, Event, LeaseError, LeaseId, LeaseRequest, Millis,
-    PoolId, Usage,
+    AgentId, Call, Config, Coordinator, Decision, Event, LeaseError, LeaseId, LeaseRequest,
+    LeaseStep, Millis, PoolId, Usage, Wait,
 };
 use tokenwarden_wasmtime::{COMPONENT, Error, Limits, Plugin, PluginError, WIT_INTERFACE};
 use wasmtime::component::Component;
@@ -25,7 +25,7 @@ fn ask(agent: u64, input_tokens: u64) -> LeaseRequest {
 }
 
 #[test]
-fn the_component_imports_nothing_and_exports_the_v1_interface() {
+fn the_component_imports_nothing_and_exports_the_interface() {
     let engine = plugin().engine();
     let component = Component::new(engine, COMPONENT).unwrap();
     let ty = component.component_type();
@@ -253,4 +253,87 @@ fn hot_reload_keeps_leases_tickets_debt_and_events() {
     }
     assert!(granted > 0, "queued tickets were granted after reloads");
     assert_eq!(native.snapshot_json(), wasm.snapshot_json().unwrap());
+}
+
+#[test]
+fn typed_calls_carry_every_field_of_the_cores_types() {
+    // Agent 3 is agent 2's subagent, asking with a prefix the host saw cached.
+    let family = |agent: u64, input_tokens: u64| LeaseRequest {
+        family: Some(AgentId(2)),
+        cached_prefix_tokens: 5_000,
+        cached_prefix_confirmed: true,
+        ..ask(agent, input_tokens)
+    };
+    let config = r#"{ "pools": [{ "name": "sonnet", "input_tokens_per_minute": 100000,
+        "output_tokens_per_minute": 20000, "requests_per_minute": 1000,
+        "max_concurrent": 4 }] }"#;
+    let mut native = Coordinator::new(Config::from_json(config).unwrap(), 1, Millis(0)).unwrap();
+    let mut wasm = plugin().coordinator(config, 1, Millis(0)).unwrap();
+    let big = ask(1, 80_000);
+    let Decision::Grant { lease, .. } = native.request_lease(Millis(0), &big).unwrap() else {
+        panic!("the first call fits")
+    };
+    assert_eq!(
+        wasm.request_lease(Millis(0), &big),
+        Ok(Decision::Grant {
+            lease,
+            expires_at: Millis(120_000)
+        })
+    );
+    // Queued calls through the call lifecycle: the wait's `expected` crosses too.
+    let mut waits = Vec::new();
+    for (agent, input_tokens) in [(2, 10_000), (3, 8_000)] {
+        let (mut n, mut p) = (Call::default(), Call::default());
+        let req = family(agent, input_tokens);
+        let step = native.call_lease(Millis(0), &mut n, &req).unwrap();
+        assert_eq!(wasm.call_lease(Millis(0), &mut p, &req), Ok(step));
+        assert_eq!(n, p);
+        let LeaseStep::Wait(
+            wait @ Wait {
+                ticket: Some(_), ..
+            },
+        ) = step
+        else {
+            panic!("queued behind the big call: {step:?}")
+        };
+        assert!(wait.expected <= wait.until, "{wait:?}");
+        waits.push(wait);
+    }
+    // The family and the confirmed prefix reached the core: same state as native.
+    assert_eq!(native.snapshot_json(), wasm.snapshot_json().unwrap());
+    assert_eq!(
+        native.metrics(Millis(50)),
+        wasm.metrics(Millis(50)).unwrap()
+    );
+    // A call over its reservation revises the promises behind it.
+    let usage = Usage {
+        input_tokens: 95_000,
+        output_tokens: 10,
+        ..Default::default()
+    };
+    assert_eq!(
+        Ok(native.settle(Millis(100), lease, &usage).unwrap()),
+        wasm.settle(Millis(100), lease, &usage)
+    );
+    let mut revised = Vec::new();
+    loop {
+        let e = native.poll_event();
+        assert_eq!(wasm.poll_event(), Ok(e));
+        match e {
+            Some(Event::Revised { lease, eta, .. }) => revised.push((lease, eta)),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    assert!(
+        !revised.is_empty(),
+        "the queued tickets' promises were revised"
+    );
+    for (ticket, eta) in revised {
+        let wait = waits.iter().find(|w| w.ticket == Some(ticket)).unwrap();
+        assert!(
+            eta > wait.until,
+            "a revised promise is later: {eta:?} {wait:?}"
+        );
+    }
 }

@@ -31,11 +31,14 @@ impl Coordinator {
         Ok(match decision {
             Decision::Grant { lease, expires_at } => LeaseStep::Send { lease, expires_at },
             Decision::Queued { lease, eta } => {
-                // Told to checkpoint by the wait it is expected to have, not by its bound
-                // (which may be many times longer).
+                // Told to checkpoint by a wait it may well have (the 90th percentile of what
+                // the pool's waits came out to), not by its bound (which may be many times
+                // longer) nor its median (which half the waits exceed).
                 let expected = self.expected_grant(lease).unwrap_or(eta).min(eta);
+                let long = self.grant_at(lease, 900).unwrap_or(eta).min(eta);
                 let mut wait = self.wait(now, call, eta, WaitReason::Queued, Some(lease), None);
-                wait.checkpoint = self.checkpoint(expected.since(now));
+                wait.expected = expected.max(now);
+                wait.checkpoint = self.checkpoint(long.since(now));
                 LeaseStep::Wait(wait)
             }
             Decision::Reject {
@@ -116,16 +119,7 @@ impl Coordinator {
         };
         let step = self.response_step(now, call, status, report);
         // The limit the provider named, or else the one its headers showed spent.
-        let axis = report.exceeded.or_else(|| {
-            [
-                RateAxis::InputTokens,
-                RateAxis::OutputTokens,
-                RateAxis::Tokens,
-                RateAxis::Requests,
-            ]
-            .into_iter()
-            .find(|a| report.axis(*a).remaining == Some(0))
-        });
+        let axis = report.limit_hit();
         if let ResponseStep::Wait(wait) = &step {
             self.note_wait(agent, wait, axis);
             if let Ok(p) = self.pool_index(pool) {
@@ -321,6 +315,7 @@ impl Coordinator {
         let until = until.max(now);
         Wait {
             until,
+            expected: until,
             reason,
             ticket,
             refusal,

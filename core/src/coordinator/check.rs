@@ -95,12 +95,16 @@ impl Coordinator {
             if pool.updated > self.now {
                 return Err("pool ahead of coordinator clock");
             }
-            if pool
-                .buckets
-                .iter()
-                .any(|b| b.nominal != b.limit.map_or(0, |l| pool.nominal_cap(l)))
-            {
+            if crate::Axis::ALL.iter().any(|&a| {
+                let b = pool.bucket(a);
+                b.nominal != b.limit.map_or(0, |l| pool.nominal_cap(a, l))
+            }) {
                 return Err("nominal capacity differs from limit and margin");
+            }
+            if pool.exact_margin < self.config.margin.floor_permille.min(1000)
+                || pool.exact_margin > 1000
+            {
+                return Err("the exact axes' margin outside its floor and 1000");
             }
             // Refused rather than clamped: a level or capacity above what the limit allows
             // would grant past the limit, and no run of the core writes one, so the state
@@ -113,8 +117,12 @@ impl Coordinator {
                 if b.cap > b.nominal {
                     return Err("a bucket's capacity above its limit times the margin");
                 }
-                if b.limit.is_some() && b.level > crate::bucket::product(b.cap, window) {
-                    return Err("a bucket's level above its capacity");
+                // The provider's own figure may raise a level above the capacity, never
+                // above the limit.
+                if let Some(l) = b.limit {
+                    if b.level > crate::bucket::product(l.max(b.cap), window) {
+                        return Err("a bucket's level above its limit");
+                    }
                 }
             }
             // A pause is at most `feedback.max_pause_ms` from when it was set.

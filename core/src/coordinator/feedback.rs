@@ -1,14 +1,15 @@
 //! Provider feedback: a response's status and rate-limit headers, fed back into the pool.
 
 use super::Coordinator;
-use crate::bucket::Axis;
+use crate::bucket::{Axis, Demand, Resync};
 use crate::config::{Config, Counting, MAX_TOKENS, PoolConfig};
+use crate::coordinator::promise::Revise;
 use crate::decision::{Event, MarginReason};
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, RateAxis};
 use crate::ids::PoolId;
 use crate::lease::{Entry, LeaseId, Phase};
-use crate::pool::Pool;
+use crate::pool::{Pool, counted_on_arrival};
 use crate::time::Millis;
 
 /// Who saw a provider response: this host, or another process that reported it (a member of
@@ -66,13 +67,14 @@ impl Coordinator {
             }
         }
         let now = self.advance(now);
+        let in_flight = self.uncounted(p, report);
         let Some(pl) = self.pools.get_mut(p as usize) else {
             return Err(LeaseError::UnknownPool);
         };
         let concurrency_known = pl.max_concurrent.is_some();
         let taken_back = pl.learn(
             (now, pool),
-            report,
+            (report, in_flight, status == 429),
             counting,
             &self.config,
             &self.config.pools[p as usize],
@@ -134,6 +136,69 @@ impl Coordinator {
         self.drain(p, now);
         Ok(())
     }
+
+    /// What the provider's remaining figures in `report` may not hold yet of pool `p`'s
+    /// leases in flight, per axis, and the grant instant up to which they hold them. An axis
+    /// the provider charges when a call arrives (input, requests; OpenAI's combined
+    /// tokens) holds every call granted at least `feedback.arrival_ms` before the answer was
+    /// read, and maybe not those granted since; an axis charged as a call produces
+    /// (Anthropic's output) holds none of the reservations in flight. Walks the lease table
+    /// only when the report has a remaining figure.
+    fn uncounted(&self, p: u32, report: &HeaderReport) -> InFlight {
+        let any = [
+            &report.requests,
+            &report.input_tokens,
+            &report.output_tokens,
+            &report.tokens,
+        ]
+        .iter()
+        .any(|r| r.remaining.is_some());
+        // Granted at least `feedback.arrival_ms` before the answer was read: arrived
+        // before it was written.
+        let arrived = self
+            .now
+            .0
+            .checked_sub(self.config.feedback.arrival_ms)
+            .map(Millis);
+        let mut out = InFlight {
+            demand: Demand::default(),
+            held_up_to: arrived,
+        };
+        if !any {
+            return out;
+        }
+        let counting = self.counting(p).unwrap_or_default();
+        for e in self.leases.entries().filter(|e| e.pool == p) {
+            let Phase::Active {
+                granted_at,
+                charged,
+                gated,
+                ..
+            } = e.phase
+            else {
+                continue;
+            };
+            let held = arrived.is_some_and(|at| granted_at <= at);
+            // Only what was taken from a level is held out of it (an axis learned after the
+            // grant is charged its usage when the lease settles).
+            for axis in Axis::ALL {
+                let taken = gated & (1 << axis.index()) != 0;
+                if taken && !(held && counted_on_arrival(axis, counting)) {
+                    let i = axis.index();
+                    out.demand.0[i] = out.demand.0[i].saturating_add(charged.get(axis));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The reservations in flight a provider's remaining figures do not hold yet (see
+/// `Coordinator::uncounted`), and the grant instant up to which the leases in flight are
+/// held in the figures of the axes charged on arrival.
+pub(crate) struct InFlight {
+    demand: Demand,
+    held_up_to: Option<Millis>,
 }
 
 impl Pool {
@@ -144,7 +209,7 @@ impl Pool {
     fn learn(
         &mut self,
         (now, id): (Millis, PoolId),
-        report: &HeaderReport,
+        (report, in_flight, limited): (&HeaderReport, InFlight, bool),
         counting: Counting,
         config: &Config,
         pool: &PoolConfig,
@@ -173,25 +238,74 @@ impl Pool {
                 let limit = config.feedback.bound_limit(config.part(limit), configured);
                 let b = self.bucket(axis);
                 if b.limit != Some(limit) {
-                    let was_known = b.limit.is_some();
+                    let was = b.limit;
                     self.bucket_mut(axis).limit = Some(limit);
-                    self.apply_cap(axis, config, !was_known);
+                    self.apply_cap(axis, config, was.is_none());
+                    // A lower limit refills slower; a newly known one gates.
+                    if was.is_none_or(|w| limit < w) {
+                        self.revise(Revise::Recompute);
+                    }
                 }
             }
             if let Some(remaining) = r.remaining {
+                // On an axis charged on arrival the level is the margin's share of what the
+                // figure has left that no call of ours claims yet, lowered or raised; on one
+                // charged as calls produce the figure only lowers it.
+                let (margin, start) = if axis == Axis::Requests {
+                    (self.exact_margin, 1000)
+                } else {
+                    (self.margin, config.margin.start_permille)
+                };
+                // A 429 (this answer), or one or a disagreement within a clean interval,
+                // says the model is ahead of the provider: keep the whole reserve.
+                let evidence = limited
+                    || self
+                        .outside_at
+                        .is_some_and(|at| now < at.plus(config.margin.clean_interval_ms));
+                let how = if counted_on_arrival(axis, counting) && margin >= start && !evidence {
+                    Resync::Follow {
+                        uncounted: in_flight.demand.get(axis),
+                        margin,
+                    }
+                } else {
+                    Resync::Lower
+                };
                 let b = self.bucket_mut(axis);
                 let limit = b.limit.unwrap_or(0);
-                let remaining = config.part(remaining.min(MAX_TOKENS));
-                let resynced = b.resync(remaining, config.part(r.granularity), config.window_ms);
-                if let Some(lowered) = resynced {
-                    if lowered > 0 {
+                let figure = (
+                    config.part(remaining.min(MAX_TOKENS)),
+                    config.part(r.granularity),
+                );
+                let before = b.available(config.window_ms);
+                let resynced = b.resync(figure, how, config.window_ms);
+                // A level lowered is debt the bounds did not assume.
+                let lowered = before.saturating_sub(b.available(config.window_ms));
+                if lowered > 0 {
+                    let mut excess = Demand::default();
+                    excess.0[axis.index()] = u64::try_from(lowered).unwrap_or(u64::MAX);
+                    self.revise_for_debt(&excess, config.window_ms);
+                }
+                if let Some((above, set)) = resynced {
+                    if set && above > 0 {
                         self.counters.resyncs = self.counters.resyncs.saturating_add(1);
+                    }
+                    // The leases the figure holds are settled on this axis as they are.
+                    if set && counted_on_arrival(axis, counting) {
+                        self.counted[axis.index()] = in_flight.held_up_to;
                     }
                     let tolerance = u128::from(limit)
                         * u128::from(config.margin.agree_tolerance_permille)
                         / 1000;
-                    let disagrees = u128::from(lowered) > tolerance;
+                    let disagrees = u128::from(above) > tolerance;
+                    if disagrees {
+                        self.outside_at = Some(now);
+                    }
                     agrees = Some(agrees.unwrap_or(true) && !disagrees);
+                    // Fewer requests left than the coordinator counted: someone else sends
+                    // on this key.
+                    if disagrees && axis == Axis::Requests {
+                        self.exact_evidence(now, config);
+                    }
                 }
             }
         }
@@ -245,6 +359,7 @@ impl Pool {
             let until = now.plus(wait);
             if until > self.paused_until {
                 self.paused_until = until;
+                self.revise(Revise::Recompute);
                 paused = Some(Event::Paused { pool, until });
             }
         }
@@ -265,11 +380,28 @@ impl Pool {
             self.margin_clock = now;
             self.set_caps(config, false);
             if self.margin != from {
+                self.revise(Revise::Recompute);
                 margin = Some(self.margin_moved(pool, from, MarginReason::RateLimited));
             }
         } else if self.margin >= config.margin.start_permille {
             // Any 429 holds a climb above the start: its interval starts again.
             self.margin_clock = now;
+        }
+        // A request is counted exactly, so a 429 about requests or calls in flight (or
+        // about nothing it names) on a lease granted within every limit is evidence of use
+        // outside the coordinator: the exact axes' margin is cut. One about tokens is not.
+        let about = report.limit_hit();
+        let on_tokens = matches!(
+            about,
+            Some(RateAxis::InputTokens | RateAxis::OutputTokens | RateAxis::Tokens)
+        );
+        if cut && !on_tokens {
+            self.exact_evidence(now, config);
+        } else {
+            self.exact_clock = now;
+        }
+        if cut {
+            self.outside_at = Some(now);
         }
         [paused, margin]
     }

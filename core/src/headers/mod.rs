@@ -137,6 +137,22 @@ impl HeaderReport {
         }
     }
 
+    /// The limit a 429 was about: the one the provider named, or else the first whose
+    /// remaining figure the headers show spent (input, output, combined tokens, requests).
+    #[must_use]
+    pub fn limit_hit(&self) -> Option<RateAxis> {
+        self.exceeded.or_else(|| {
+            [
+                RateAxis::InputTokens,
+                RateAxis::OutputTokens,
+                RateAxis::Tokens,
+                RateAxis::Requests,
+            ]
+            .into_iter()
+            .find(|a| self.axis(*a).remaining == Some(0))
+        })
+    }
+
     fn axis_mut(&mut self, axis: RateAxis) -> &mut AxisReport {
         match axis {
             RateAxis::Requests => &mut self.requests,

@@ -190,6 +190,9 @@ pub struct Scenario {
     /// `max_tokens` and `turns` as elsewhere; a broken turn sends its call again 30 s
     /// later (no re-plan model). Needs Node and the built driver.
     pub product_estimator: bool,
+    /// `weights.small_lead_permille` under the coordinator strategies (the product's
+    /// default; the `mixed` scenario's goal compares with 0).
+    pub small_lead_permille: u32,
 }
 
 /// Per-minute usage at the provider.
@@ -212,6 +215,8 @@ pub struct Minute {
 pub struct RunResult {
     /// Scenario name.
     pub scenario: &'static str,
+    /// The seed it ran with.
+    pub seed: u64,
     /// Strategy.
     pub strategy: Strategy,
     /// Calls sent to the provider (admitted or refused).
@@ -505,6 +510,9 @@ struct Agent {
     /// The HTTP status of the agent's last answer.
     status: u16,
     wait_since: u64,
+    /// While a call is outstanding: since when its critical-path wait was last counted
+    /// (the agents blocked on this one changed then, or the call began).
+    cp_since: Option<u64>,
     replan_left: u32,
     pending_usage: Option<Usage>,
     /// The sent call's estimate (input, cached prefix) and bridge id, for its settlement.
@@ -612,6 +620,7 @@ impl<'a> Sim<'a> {
                     calls_made: 0,
                     status: 0,
                     wait_since: 0,
+                    cp_since: None,
                     replan_left: 0,
                     pending_usage: None,
                     pending_estimate: None,
@@ -625,6 +634,7 @@ impl<'a> Sim<'a> {
             bodies,
             r: RunResult {
                 scenario: sc.name,
+                seed,
                 strategy,
                 sent: 0,
                 rate_limited: 0,
@@ -835,6 +845,17 @@ impl<'a> Sim<'a> {
             .count() as u64
     }
 
+    /// Adds the time since agent `i`'s call last counted, times the agents blocked on it,
+    /// to the critical-path wait (seed 003: blocked agents waiting on an upstream agent's
+    /// model call, from its first try to its answer); `ended` when the call is over.
+    fn count_critical_path(&mut self, i: usize, ended: bool) {
+        let now = self.now;
+        if let Some(since) = self.agents[i].cp_since {
+            self.r.critical_path_wait_ms += (now - since) * self.blocked_on(i);
+            self.agents[i].cp_since = (!ended).then_some(now);
+        }
+    }
+
     fn deps_done(&self, i: usize) -> bool {
         let task = self.agents[i].task;
         self.sc.agents[i]
@@ -850,6 +871,10 @@ impl<'a> Sim<'a> {
         }
         if !self.agents[i].in_task {
             if !self.deps_done(i) {
+                // The upstream agents' calls out now have held one agent fewer up until now.
+                for d in self.sc.agents[i].depends_on.clone() {
+                    self.count_critical_path(d, false);
+                }
                 self.agents[i].state = State::Blocked;
                 // The upstream tasks now hold one more agent up: the coordinator hears it
                 // as they run (their critical-path wait and weight follow).
@@ -976,6 +1001,7 @@ impl<'a> Sim<'a> {
         a.first_try = self.now;
         a.state = State::Waiting;
         a.wait_since = self.now;
+        a.cp_since = Some(self.now);
         self.attempt(i);
     }
 
@@ -1208,8 +1234,7 @@ impl<'a> Sim<'a> {
     /// failed call's tokens, then make the call again.
     fn break_turn(&mut self, i: usize) {
         self.r.broken_turns += 1;
-        let waited = self.now - self.agents[i].wait_since;
-        self.r.critical_path_wait_ms += waited * self.blocked_on(i);
+        self.count_critical_path(i, true);
         if let Some(b) = self.bodies.as_mut() {
             // A generated body's call is made again (a new request of the same history)
             // after the harness's 30 s; the estimator never hears of this one.
@@ -1304,7 +1329,7 @@ impl<'a> Sim<'a> {
         let now = self.now;
         // The call is answered: whoever is blocked on us waited on it from its first try
         // (through every wait and retry) to now, its own latency included.
-        self.r.critical_path_wait_ms += (now - self.agents[i].wait_since) * self.blocked_on(i);
+        self.count_critical_path(i, true);
         // The reply and its tool results join the conversation.
         if let Some(b) = self.bodies.as_mut() {
             if let (Some((_, reply)), Some(conv)) = (b.pending[i].take(), b.convs[i].as_mut()) {
@@ -1535,12 +1560,14 @@ pub fn coordinator_config(sc: &Scenario, strategy: Strategy) -> Config {
             "margin":{{"ceiling_permille":{}}},
             "max_queue_wait_ms":120000,
             "weights":{{"planner":{planner},"reviewer":{reviewer},"worker":{worker},
-                "unblock_bonus":{bonus},"repeat_failure_decay":{decay}}}}}"#,
+                "unblock_bonus":{bonus},"repeat_failure_decay":{decay},
+                "small_lead_permille":{}}}}}"#,
         known(l.input_tpm),
         known(l.output_tpm),
         known(l.rpm),
         known(l.concurrent),
         sc.margin_ceiling,
+        sc.small_lead_permille,
     );
     Config::from_json(&json).expect("scenario config is valid")
 }

@@ -1,5 +1,5 @@
 //! `tokenwarden-core` exported through the `tokenwarden:quota/coordinator` interface
-//! (`../wit/v2`). Every function converts its arguments, calls the core once and converts
+//! (`../wit/v3`). Every function converts its arguments, calls the core once and converts
 //! the result back: there is no logic here, so the component decides exactly as the
 //! native crate does.
 //!
@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use tokenwarden_core as tw;
 
 wit_bindgen::generate!({
-    path: "../wit/v2",
+    path: "../wit/v3",
     world: "plugin",
 });
 
@@ -77,19 +77,19 @@ fn decision(d: tw::Decision) -> w::Decision {
     }
 }
 
-fn lease_request2(r: w::LeaseRequest2) -> tw::LeaseRequest {
-    let (request, cached_prefix_confirmed) = (r.request, r.cached_prefix_confirmed);
+fn lease_request(r: w::LeaseRequest) -> tw::LeaseRequest {
     tw::LeaseRequest {
-        cached_prefix_confirmed,
-        agent: tw::AgentId(request.agent),
-        pool: tw::PoolId(request.pool),
-        input_tokens: request.input_tokens,
-        cached_prefix_tokens: request.cached_prefix_tokens,
-        max_tokens: request.max_tokens,
-        role: role(request.role),
-        unblocks: request.unblocks,
-        failure_signature: request.failure_signature,
-        task: request.task.map(tw::TaskId),
+        agent: tw::AgentId(r.agent),
+        pool: tw::PoolId(r.pool),
+        input_tokens: r.input_tokens,
+        cached_prefix_tokens: r.cached_prefix_tokens,
+        cached_prefix_confirmed: r.cached_prefix_confirmed,
+        max_tokens: r.max_tokens,
+        role: role(r.role),
+        unblocks: r.unblocks,
+        failure_signature: r.failure_signature,
+        task: r.task.map(tw::TaskId),
+        family: r.family.map(tw::AgentId),
     }
 }
 
@@ -144,6 +144,7 @@ fn call_step(s: impl Into<tw::CallStep>) -> w::CallStep {
         }),
         tw::CallStep::Wait(tw::Wait {
             until,
+            expected,
             reason,
             ticket,
             refusal,
@@ -151,6 +152,7 @@ fn call_step(s: impl Into<tw::CallStep>) -> w::CallStep {
             checkpoint,
         }) => w::CallStep::Wait(w::CallWait {
             until: until.0,
+            expected: expected.0,
             reason: match reason {
                 tw::WaitReason::Queued => w::WaitReason::Queued,
                 tw::WaitReason::Refused => w::WaitReason::Refused,
@@ -181,7 +183,7 @@ fn call_step(s: impl Into<tw::CallStep>) -> w::CallStep {
     }
 }
 
-fn event2(e: tw::Event) -> w::Event2 {
+fn event(e: tw::Event) -> w::Event {
     match e {
         tw::Event::Granted {
             lease,
@@ -189,14 +191,25 @@ fn event2(e: tw::Event) -> w::Event2 {
             pool,
             expires_at,
             waited_ms,
-        } => w::Event2::Granted(w::Granted {
+        } => w::Event::Granted(w::Granted {
             lease: lease.0,
             agent: agent.0,
             pool: pool.0,
             expires_at: expires_at.0,
             waited_ms,
         }),
-        tw::Event::Expired { lease, agent, pool } => w::Event2::Expired(w::Expired {
+        tw::Event::Revised {
+            lease,
+            agent,
+            pool,
+            eta,
+        } => w::Event::Revised(w::Revised {
+            lease: lease.0,
+            agent: agent.0,
+            pool: pool.0,
+            eta: eta.0,
+        }),
+        tw::Event::Expired { lease, agent, pool } => w::Event::Expired(w::Expired {
             lease: lease.0,
             agent: agent.0,
             pool: pool.0,
@@ -206,7 +219,7 @@ fn event2(e: tw::Event) -> w::Event2 {
             from_permille,
             to_permille,
             reason,
-        } => w::Event2::MarginChanged(w::MarginChanged2 {
+        } => w::Event::MarginChanged(w::MarginChanged {
             pool: pool.0,
             from_permille,
             to_permille,
@@ -217,14 +230,14 @@ fn event2(e: tw::Event) -> w::Event2 {
                 tw::MarginReason::HeadersDisagreed => w::MarginReason::HeadersDisagreed,
             },
         }),
-        tw::Event::Paused { pool, until } => w::Event2::Paused(w::Paused {
+        tw::Event::Paused { pool, until } => w::Event::Paused(w::Paused {
             pool: pool.0,
             until: until.0,
         }),
         tw::Event::EstimateAlert {
             agent,
             error_permille,
-        } => w::Event2::EstimateAlert(w::EstimateAlert {
+        } => w::Event::EstimateAlert(w::EstimateAlert {
             agent: agent.0,
             error_permille,
         }),
@@ -233,28 +246,12 @@ fn event2(e: tw::Event) -> w::Event2 {
             axis: a,
             margin_permille,
             since,
-        } => w::Event2::MarginAtFloor(w::MarginAtFloor {
+        } => w::Event::MarginAtFloor(w::MarginAtFloor {
             pool: pool.0,
             axis: a.map(axis),
             margin_permille,
             since: since.0,
         }),
-    }
-}
-
-/// An event as `poll-event` (before 1.3.0) gives it: a margin change without its reason.
-fn event(e: tw::Event) -> w::Event {
-    match event2(e) {
-        w::Event2::Granted(g) => w::Event::Granted(g),
-        w::Event2::Expired(x) => w::Event::Expired(x),
-        w::Event2::MarginChanged(m) => w::Event::MarginChanged(w::MarginChanged {
-            pool: m.pool,
-            from_permille: m.from_permille,
-            to_permille: m.to_permille,
-        }),
-        w::Event2::Paused(p) => w::Event::Paused(p),
-        w::Event2::EstimateAlert(a) => w::Event::EstimateAlert(a),
-        w::Event2::MarginAtFloor(f) => w::Event::MarginAtFloor(f),
     }
 }
 
@@ -337,21 +334,7 @@ impl w::GuestCoordinator for Coord {
         now: u64,
         request: w::LeaseRequest,
     ) -> Result<w::Decision, w::LeaseError> {
-        self.request_lease2(
-            now,
-            w::LeaseRequest2 {
-                request,
-                cached_prefix_confirmed: false,
-            },
-        )
-    }
-
-    fn request_lease2(
-        &self,
-        now: u64,
-        request: w::LeaseRequest2,
-    ) -> Result<w::Decision, w::LeaseError> {
-        let req = lease_request2(request);
+        let req = lease_request(request);
         self.0
             .borrow_mut()
             .request_lease(tw::Millis(now), &req)
@@ -429,10 +412,6 @@ impl w::GuestCoordinator for Coord {
         self.0.borrow_mut().poll_event().map(event)
     }
 
-    fn poll_event2(&self) -> Option<w::Event2> {
-        self.0.borrow_mut().poll_event().map(event2)
-    }
-
     fn handle(&self, now: u64, input: String) -> Result<String, w::ProtocolError> {
         let input: tw::Input = serde_json::from_str(&input)
             .map_err(|e| w::ProtocolError::InvalidInput(e.to_string()))?;
@@ -450,27 +429,11 @@ impl w::GuestCoordinator for Coord {
         call: w::CallState,
         request: w::LeaseRequest,
     ) -> Result<(w::CallState, w::CallStep), w::LeaseError> {
-        self.call_lease2(
-            now,
-            call,
-            w::LeaseRequest2 {
-                request,
-                cached_prefix_confirmed: false,
-            },
-        )
-    }
-
-    fn call_lease2(
-        &self,
-        now: u64,
-        call: w::CallState,
-        request: w::LeaseRequest2,
-    ) -> Result<(w::CallState, w::CallStep), w::LeaseError> {
         let mut c = call_in(call);
         let step = self
             .0
             .borrow_mut()
-            .call_lease(tw::Millis(now), &mut c, &lease_request2(request))
+            .call_lease(tw::Millis(now), &mut c, &lease_request(request))
             .map_err(lease_error)?;
         Ok((call_out(c), call_step(step)))
     }

@@ -552,7 +552,7 @@ export async function runOnce(o, mode, agents) {
         queueWaitP95Ms: p.queueWaitP95Ms ?? p.queue_wait_p95_ms,
         margin: p.marginPermille ?? p.margin_permille,
         marginReason: p.marginReason ?? null,
-        estimateErrorP50Permille: p.estimateErrorP50Permille ?? null,
+        underestimateP50Permille: p.underestimateP50Permille ?? null,
         headersAgreedAt: p.headersAgreedAt ?? null,
         margins: [...new Set(samples.map((s) => s.margin))],
         counters: p.counters,
@@ -601,7 +601,7 @@ function report(o, demand, runs) {
       const s = r.serve
       const errs = s.agents.map((x) => x.inputErrorPermille / 10)
       const bias = s.agents.map((x) => x.inputBiasPermille / 10)
-      lines.push(`   serve: queue wait p50 ${s.queueWaitP50Ms} ms, p95 ${s.queueWaitP95Ms} ms; margin ${s.margins.join(' → ')}‰ (last moved: ${s.marginReason ?? 'never'}; pool estimate error p50 ${s.estimateErrorP50Permille ?? 'n/a'}‰, headers agreed at ${s.headersAgreedAt ?? 'never'}); binding ${[...new Set(s.binding)].join('/')}; in flight max ${s.maxInFlight}; output available min ${s.minOutputAvailable}; counters ${JSON.stringify(s.counters)}`)
+      lines.push(`   serve: queue wait p50 ${s.queueWaitP50Ms} ms, p95 ${s.queueWaitP95Ms} ms; margin ${s.margins.join(' → ')}‰ (last moved: ${s.marginReason ?? 'never'}; pool underestimate p50 ${s.underestimateP50Permille ?? 'n/a'}‰, headers agreed at ${s.headersAgreedAt ?? 'never'}); binding ${[...new Set(s.binding)].join('/')}; in flight max ${s.maxInFlight}; output available min ${s.minOutputAvailable}; counters ${JSON.stringify(s.counters)}`)
       lines.push(`   estimate error (agents' input_error / bias, %): median ${quantile(errs, 0.5)} / ${quantile(bias, 0.5)}, range ${Math.min(...errs)}–${Math.max(...errs)} / ${Math.min(...bias)}–${Math.max(...bias)}; alerting ${s.agents.filter((x) => x.alerting).length}`)
     }
   }

@@ -59,10 +59,11 @@ describe('Checkpoints', () => {
 describe('the long-wait hook', () => {
   let mock
   before(async () => {
-    mock = await startMockProvider({ inputTokensPerMinute: 1_000_000, outputTokensPerMinute: 1_000_000, concurrency: 8, replyTokens: 10 })
+    mock = await startMockProvider({ inputTokensPerMinute: 6000, outputTokensPerMinute: 1_000_000, concurrency: 8, replyTokens: 10 })
   })
   after(() => mock.close())
-  // 6,000 input tokens a minute (5,100 at the margin): a second 3,000-token call waits ~20 s.
+  // 6,000 input tokens a minute, the mock's limit too (its remaining headers are followed):
+  // after a 3,500-token call a second 3,000-token one waits ~20 s.
   const config = { pools: [{ name: 'claude-sonnet-4-6', input_tokens_per_minute: 6000, output_tokens_per_minute: 100_000 }], call: { checkpoint_after_ms: 1000 } }
   const body = (n) => JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 10, messages: [{ role: 'user', content: 'x'.repeat(n) }] })
   const post = (f, n) => f(`${mock.url}/v1/messages`, { method: 'POST', headers: { 'content-type': 'application/json', 'x-api-key': 'k' }, body: body(n) })
