@@ -20,8 +20,9 @@ const MODEL = 'claude-sonnet-4-6'
 const FILES = ['parse.js', 'lexer.js', 'README.md']
 const say = (event) => console.log(JSON.stringify(event))
 
-// A small quota: 6,000 input tokens a minute (5,100 at the margin). The plan takes most of
-// it, so the step-2 call waits for the refill (a few seconds): longer than
+// A small quota: 6,000 input tokens a minute (resume.mjs gives the mock provider the same
+// limit: the core trusts what the provider's headers report). The plan takes most of it,
+// so the step-2 call waits for the refill (tens of seconds): longer than
 // `checkpoint_after_ms`, which is 1 s here (30 s by default).
 const tw = createTokenwarden({
   config: { pools: [{ name: MODEL, input_tokens_per_minute: 6000, output_tokens_per_minute: 100_000 }], call: { checkpoint_after_ms: 1000 } },

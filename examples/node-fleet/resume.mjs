@@ -23,7 +23,7 @@ writeFileSync(join(workspace, 'parse.js'), 'export const parse = (s) => s.split(
 writeFileSync(join(workspace, 'lexer.js'), 'export const lex = (s) => [...s]\n')
 writeFileSync(join(workspace, 'README.md'), '# parser\n')
 
-const mock = await startMockProvider({ inputTokensPerMinute: 1_000_000, outputTokensPerMinute: 1_000_000, concurrency: 8, replyTokens: 40 })
+const mock = await startMockProvider({ inputTokensPerMinute: 6000, outputTokensPerMinute: 100_000, concurrency: 8, replyTokens: 40 })
 const failures = []
 const check = (ok, what) => {
   console.log(`${ok ? 'ok  ' : 'FAIL'} ${what}`)
