@@ -494,14 +494,19 @@ impl Agents {
         out
     }
 
-    /// Notes an ask in pool `p` with this weight and dominant share.
-    /// Returns whether what the agent can be served per unit of virtual time grew (a
-    /// higher weight, a smaller call, or a first ask): the queued tickets' bounds assumed
-    /// less of it.
-    pub(crate) fn note_ask(&mut self, slot: u32, p: u32, weight: u128, share: u64) -> bool {
-        let Some((ap, sh)) = self.pool_parts(slot, p) else {
-            return false;
-        };
+    /// Notes an ask in pool `p` with this weight and dominant share. Returns how much what
+    /// the agent can be served per unit of virtual time grew (a higher weight, a smaller
+    /// call, or a first ask), and whether it is a first ask (it may also be served a
+    /// small-call lead): what the queued tickets' bounds assumed too little of. `None` when
+    /// nothing grew.
+    pub(crate) fn note_ask(
+        &mut self,
+        slot: u32,
+        p: u32,
+        weight: u128,
+        share: u64,
+    ) -> Option<(Rates, bool)> {
+        let (ap, sh) = self.pool_parts(slot, p)?;
         let weight = u64::try_from(weight).unwrap_or(u64::MAX);
         let unit = share.saturating_add(1);
         let smallest = if ap.smallest == 0 {
@@ -510,18 +515,21 @@ impl Agents {
             ap.smallest.min(unit)
         };
         if (weight, smallest) == (ap.weight, ap.smallest) {
-            return false;
+            return None;
         }
         let was = ap.rates();
         sh.sub(was);
-        sh.asking = sh
-            .asking
-            .saturating_add(u32::from(ap.weight == 0 && weight > 0));
+        let first = ap.weight == 0 && weight > 0;
+        sh.asking = sh.asking.saturating_add(u32::from(first));
         ap.weight = weight;
         ap.smallest = smallest;
         let now = ap.rates();
         sh.add(now);
-        now.share > was.share || now.requests > was.requests
+        let grew = Rates {
+            share: now.share.saturating_sub(was.share),
+            requests: now.requests.saturating_sub(was.requests),
+        };
+        (grew != Rates::default() || first).then_some((grew, first))
     }
 
     /// Keeps a place in pool `p`'s fair order for the agent in `slot`.

@@ -23,7 +23,6 @@ use crate::rng::Rng;
 use crate::tasks::{TaskId, TaskSpec, Tasks, Tokens};
 use crate::time::Millis;
 use crate::weight::{pending_bump, place_cost, small, virtual_cost, weight};
-use promise::Revise;
 
 /// The most a wait is taken to exceed its refill time by, thousandths (100×), in what the
 /// expected waits learn.
@@ -288,9 +287,7 @@ impl Coordinator {
         pool.counters.granted_from_queue = pool.counters.granted_from_queue.saturating_add(1);
         let expires_at = now.plus(ttl);
         self.leases.schedule_bump(id, None);
-        if let Some(e) = self.leases.get_mut(id) {
-            e.phase = phase;
-        }
+        self.leases.activate(id, phase);
         self.leases
             .push_expiry(expires_at, id, self.config.max_leases);
         if let Some(a) = self.agents.get_mut(agent_slot) {
@@ -371,9 +368,11 @@ impl Coordinator {
             seq: key.seq,
         };
         // In line as cold (see `decide`).
-        pool.queue.insert(new, charge(counting, &ask, true), slot);
-        // It went ahead of tickets whose bounds did not count it.
-        pool.revise(Revise::Recompute);
+        let cold = charge(counting, &ask, true);
+        pool.queue.insert(new, cold, slot);
+        // It went ahead of tickets whose bounds did not count it: they wait at most its
+        // refill longer.
+        pool.revise_for_debt(&cold, self.config.window_ms);
         let mut was = key.vfinish;
         if let Some(Entry {
             phase: Phase::Queued { key: k, .. },
@@ -510,7 +509,9 @@ impl Coordinator {
     /// before it). While every concurrency slot is held it is also no earlier than the
     /// expiry of the lease in flight that frees a slot for it at the latest. The sums it
     /// needs are kept per pool, so it costs O(1) (a walk over the agents only while one
-    /// holds a place).
+    /// holds a place). The promise is that bound plus an eighth of the wait to it: the
+    /// headroom absorbs small debts (below) without a revision, where a promise exactly at
+    /// its bound would be revised by every one.
     ///
     /// The core keeps it: no ticket is granted after the promise it holds, provided the
     /// host wakes at [`Coordinator::poll_timeout`]. What the bound cannot assume — a call
@@ -518,9 +519,10 @@ impl Coordinator {
     /// pause or margin cut, a capacity change, an agent that joins or asks with a higher
     /// weight or a smaller call, a warm-cache bump, a lease renewed past the expiry a
     /// promise counted on — re-issues the promise, at that instant, as an
-    /// [`Event::Revised`]: the old promise moved by the most the event can delay it (a debt
-    /// of `d` tokens on an axis refilling `c` a window, `d · window / c`), or the new bound
-    /// if earlier; a ticket still waiting for a slot when its promise comes is promised the
+    /// [`Event::Revised`] once the delays it has met since it was made exceed its headroom:
+    /// the old promise moved by the most the events can delay it (a debt of `d` tokens on an
+    /// axis refilling `c` a window, `d · window / c`), or the new bound if earlier, with
+    /// headroom again; a ticket still waiting for a slot when its promise comes is promised the
     /// slot's expiry then. `core/tests/simulation.rs` (a thousand seeds of crashes, 429s
     /// and calls above their reservations) and `core/tests/promises.rs` (a saturated fleet
     /// whose output runs 30–100 % of `max_tokens`) check that no grant comes after its
@@ -658,9 +660,9 @@ impl Coordinator {
                     a.cache_warm_until,
                 )
             });
-        if self.agents.note_ask(agent_slot, p, weight, share) {
+        if let Some(grew) = self.agents.note_ask(agent_slot, p, weight, share) {
             // The queued tickets' bounds counted less of this agent.
-            self.pools[p as usize].revise(Revise::Recompute);
+            self.revise_for_rates(p, grew, now);
         }
 
         // Refused for its size only if even the warm-cache charge is above a limit: the
@@ -781,10 +783,16 @@ impl Coordinator {
             let reason = RejectReason::WaitTooLong;
             return self.refuse(p, agent_slot, vstart, now, retry_at, reason);
         }
+        // Placed ahead of tickets already in line (a first call placed by a quantum, a
+        // small call's lead, a higher weight): they wait at most its refill longer.
+        if u64::from(pool.queue.len()) > inserted.before.get(Axis::Requests).saturating_add(1) {
+            pool.revise_for_debt(&in_line, window);
+        }
         // The promise: also what the other agents can still be served ahead of it, and the
         // concurrency slots the calls ahead of it need.
         let held = self.held(p, now);
-        let mut eta = self.bound(p, (agent_slot, key.vfinish), &ahead, &held, now);
+        let rates = self.bound(p, (agent_slot, key.vfinish), &ahead, &held, now);
+        let mut eta = promise::with_headroom(now, rates);
         // Every concurrency slot held: also when one frees for it at the latest.
         let pool = &self.pools[p as usize];
         if !pool.concurrency_free() {
@@ -801,6 +809,10 @@ impl Coordinator {
             promised: eta,
             in_line_ms: expected.since(now),
             revising: false,
+            checked: self.pools[p as usize].delay,
+            budget: self.pools[p as usize]
+                .delay
+                .saturating_add(eta.since(rates)),
             bump: pending_bump(&self.config.weights, &ask, warm_until, weight, now),
         };
         let lease = self.insert_lease(
@@ -1163,8 +1175,7 @@ impl Coordinator {
             return Err(LeaseError::UnknownPool);
         };
         if until > pl.paused_until {
-            pl.paused_until = until;
-            pl.revise(Revise::Recompute);
+            pl.pause_until(now, until);
             self.events.push_back(Event::Paused { pool, until });
         }
         let resumes = pl.paused_until.max(now);
@@ -1205,19 +1216,15 @@ impl Coordinator {
             return Ok(renewed);
         }
         *expires_at = renewed;
-        let p = self.leases.get(lease).map_or(0, |e| e.pool);
-        // A slot held longer: tickets waiting on one may wait longer.
-        if let Some(pool) = self.pools.get_mut(p as usize) {
-            if !pool.concurrency_free() && !pool.queue.is_empty() {
-                pool.revise(Revise::Recompute);
-            }
-        }
         // Every expiry queued so far was set at or before `now` with the same TTL, so the
         // new one goes at the back and the queue stays in expiry order; the old entry no
         // longer matches the lease and is skipped (and pruned if it was the front).
         self.leases
             .push_expiry(renewed, lease, self.config.max_leases);
         self.leases.prune_expiries();
+        // A slot held longer: a ticket whose promise counted on it is promised anew when
+        // its promise comes (the host wakes then: `next_lapse`).
+        let p = self.leases.get(lease).map_or(0, |e| e.pool);
         self.keep_promises(p, now);
         Ok(renewed)
     }

@@ -1,8 +1,9 @@
 //! The lease table: a slab of live leases and queued tickets with generation-checked ids,
 //! and the expiry queue.
 
-use alloc::collections::{BTreeSet, VecDeque};
+use alloc::collections::{BTreeSet, BinaryHeap, VecDeque};
 use alloc::vec::Vec;
+use core::cmp::Reverse;
 use core::fmt;
 use serde::{Deserialize, Serialize};
 
@@ -105,6 +106,14 @@ pub(crate) enum Phase {
         /// ticket, however many revisions).
         #[serde(default, skip_serializing_if = "is_false")]
         revising: bool,
+        /// The pool's debt delay (`Pool::delay`) when its promise was last checked
+        /// against its bound, and that plus the promise's slack over the bound then: the
+        /// promise needs checking again only once the pool's delay passes `budget` (see
+        /// `coordinator/promise.rs`).
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        checked: u64,
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        budget: u64,
         /// A warm-cache bump the ticket is due while it waits (see
         /// [`LeaseTable::schedule_bump`]); in the table's bump set at the same instant.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -184,7 +193,37 @@ pub(crate) struct LeaseTable {
     /// the tickets whose phase names one, at the same instant.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     bumps: BTreeSet<(Millis, LeaseId)>,
+    /// Per pool, min-heaps of (promise, id) and (budget, id) of its queued tickets with a
+    /// promise, so the lapsing promises and those a debt may have moved are found without
+    /// a walk over the line. Derived from the entries (rebuilt on restore, see
+    /// [`LeaseTable::rebuild_index`]): an entry whose ticket was granted, withdrawn or
+    /// re-promised since stays until it reaches the top, where it is dropped (no top is
+    /// ever stale), or until the heap holds twice its tickets and is rebuilt.
+    #[serde(skip)]
+    index: Derived<Vec<PoolIndex>>,
 }
+
+/// A pool's promise and budget heaps (see [`LeaseTable`]).
+#[derive(Clone, Debug, Default)]
+struct PoolIndex {
+    promises: BinaryHeap<Reverse<(Millis, LeaseId)>>,
+    budgets: BinaryHeap<Reverse<(u64, LeaseId)>>,
+    /// Its queued tickets with a promise.
+    tickets: usize,
+}
+
+/// State derived from the rest of a structure: not stored, and not part of its equality
+/// (two tables with the same entries are equal whatever their heaps hold).
+#[derive(Clone, Debug, Default)]
+struct Derived<T>(T);
+
+impl<T> PartialEq for Derived<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T> Eq for Derived<T> {}
 
 impl LeaseTable {
     pub(crate) fn new() -> LeaseTable {
@@ -194,7 +233,236 @@ impl LeaseTable {
             live: 0,
             expiries: VecDeque::new(),
             bumps: BTreeSet::new(),
+            index: Derived(Vec::new()),
         }
+    }
+
+    /// Whether `e` is a queued ticket promised `at` (an entry of its promise heap that
+    /// still stands).
+    fn promised_at(e: Option<&Entry>, at: Millis) -> bool {
+        matches!(e, Some(Entry { phase: Phase::Queued { promised, .. }, .. }) if *promised == at)
+    }
+
+    /// Whether `e` is a queued ticket with budget `b` (an entry of its budget heap that
+    /// still stands).
+    fn budgeted(e: Option<&Entry>, b: u64) -> bool {
+        matches!(e, Some(Entry { phase: Phase::Queued { budget, promised, .. }, .. }) if *budget == b && *promised != Millis::MAX)
+    }
+
+    /// Adds queued entry `e`'s promise and budget to its pool's heaps (nothing for a
+    /// granted one, or one stored before promises were kept).
+    fn index_add(&mut self, e: &Entry) {
+        let Phase::Queued {
+            promised, budget, ..
+        } = e.phase
+        else {
+            return;
+        };
+        if promised == Millis::MAX {
+            return;
+        }
+        // The coordinator makes tickets of its pools only (a restored table is rebuilt
+        // for them first).
+        let p = e.pool as usize;
+        if self.index.0.len() <= p {
+            self.index
+                .0
+                .resize_with(p.saturating_add(1), PoolIndex::default);
+        }
+        if let Some(ix) = self.index.0.get_mut(p) {
+            ix.promises.push(Reverse((promised, e.id)));
+            ix.budgets.push(Reverse((budget, e.id)));
+        }
+    }
+
+    /// Whether `e` is a queued ticket with a promise (one its pool's heaps index).
+    fn has_promise(e: &Entry) -> bool {
+        matches!(e.phase, Phase::Queued { promised, .. } if promised != Millis::MAX)
+    }
+
+    /// Counts a ticket with a promise in or out of pool `pool`'s tickets (its heap entries
+    /// go stale on their own), then drops stale tops and rebuilds heaps grown past twice
+    /// their tickets.
+    fn index_count(&mut self, pool: u32, add: bool) {
+        if let Some(ix) = self.index.0.get_mut(pool as usize) {
+            ix.tickets = if add {
+                ix.tickets.saturating_add(1)
+            } else {
+                ix.tickets.saturating_sub(1)
+            };
+        }
+        self.tidy(pool);
+    }
+
+    /// Drops pool `pool`'s stale heap tops; rebuilds a heap holding more than twice its
+    /// tickets (and 16).
+    fn tidy(&mut self, pool: u32) {
+        let Some(mut ix) = self.index.0.get_mut(pool as usize).map(core::mem::take) else {
+            return;
+        };
+        let limit = ix.tickets.saturating_mul(2).saturating_add(16);
+        if ix.promises.len() > limit || ix.budgets.len() > limit {
+            let live = |e: &&Entry| {
+                e.pool == pool
+                    && matches!(e.phase, Phase::Queued { promised, .. } if promised != Millis::MAX)
+            };
+            ix.promises = self
+                .entries()
+                .filter(live)
+                .filter_map(|e| match e.phase {
+                    Phase::Queued { promised, .. } => Some(Reverse((promised, e.id))),
+                    Phase::Active { .. } => None,
+                })
+                .collect();
+            ix.budgets = self
+                .entries()
+                .filter(live)
+                .filter_map(|e| match e.phase {
+                    Phase::Queued { budget, .. } => Some(Reverse((budget, e.id))),
+                    Phase::Active { .. } => None,
+                })
+                .collect();
+        }
+        while let Some(&Reverse((at, id))) = ix.promises.peek() {
+            if Self::promised_at(self.get(id), at) {
+                break;
+            }
+            ix.promises.pop();
+        }
+        while let Some(&Reverse((b, id))) = ix.budgets.peek() {
+            if Self::budgeted(self.get(id), b) {
+                break;
+            }
+            ix.budgets.pop();
+        }
+        if let Some(slot) = self.index.0.get_mut(pool as usize) {
+            *slot = ix;
+        }
+    }
+
+    /// The heaps from the entries, for `pools` pools (after a restore: they are not
+    /// stored; an entry naming a pool past them is left out, and refused by the check).
+    pub(crate) fn rebuild_index(&mut self, pools: usize) {
+        self.index.0.clear();
+        self.index.0.resize_with(pools, PoolIndex::default);
+        let queued: Vec<Entry> = self
+            .entries()
+            .filter(|e| (e.pool as usize) < pools)
+            .copied()
+            .collect();
+        for e in &queued {
+            self.index_add(e);
+            if let Phase::Queued { promised, .. } = e.phase {
+                if promised != Millis::MAX {
+                    if let Some(ix) = self.index.0.get_mut(e.pool as usize) {
+                        ix.tickets = ix.tickets.saturating_add(1);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sets queued ticket `id`'s promise and its check (`checked`, `budget`: see
+    /// [`Phase::Queued`]), keeping the heaps. Returns the promise it had.
+    pub(crate) fn set_promise(
+        &mut self,
+        id: LeaseId,
+        promise: Millis,
+        (check, within): (u64, u64),
+    ) -> Option<Millis> {
+        let Some(Entry {
+            phase:
+                Phase::Queued {
+                    promised,
+                    checked,
+                    budget,
+                    ..
+                },
+            ..
+        }) = self.get_mut(id)
+        else {
+            return None;
+        };
+        let old = core::mem::replace(promised, promise);
+        *checked = check;
+        *budget = within;
+        let e = *self.get(id)?;
+        // A promise of the end of time (a bound that never comes: no refill) is no
+        // promise: the ticket is out of the heaps while it has one.
+        if (old == Millis::MAX) != (promise == Millis::MAX) {
+            if let Some(ix) = self.index.0.get_mut(e.pool as usize) {
+                ix.tickets = if promise == Millis::MAX {
+                    ix.tickets.saturating_sub(1)
+                } else {
+                    ix.tickets.saturating_add(1)
+                };
+            }
+        }
+        self.index_add(&e);
+        self.tidy(e.pool);
+        Some(old)
+    }
+
+    /// A queued ticket granted: its phase becomes `phase` and it leaves the heaps.
+    pub(crate) fn activate(&mut self, id: LeaseId, phase: Phase) {
+        let Some(entry) = self.get_mut(id) else {
+            return;
+        };
+        let (pool, indexed) = (entry.pool, Self::has_promise(entry));
+        entry.phase = phase;
+        if indexed {
+            self.index_count(pool, false);
+        }
+    }
+
+    /// Takes pool `pool`'s tickets promised at or before `now` off its promise heap,
+    /// earliest first: each is to be promised anew ([`LeaseTable::set_promise`]).
+    pub(crate) fn take_lapsed(&mut self, pool: u32, now: Millis) -> Vec<LeaseId> {
+        let mut out = Vec::new();
+        let Some(mut ix) = self.index.0.get_mut(pool as usize).map(core::mem::take) else {
+            return out;
+        };
+        while let Some(&Reverse((at, id))) = ix.promises.peek() {
+            if at > now {
+                break;
+            }
+            ix.promises.pop();
+            if Self::promised_at(self.get(id), at) {
+                out.push(id);
+            }
+        }
+        if let Some(slot) = self.index.0.get_mut(pool as usize) {
+            *slot = ix;
+        }
+        out
+    }
+
+    /// Pool `pool`'s earliest promise.
+    pub(crate) fn first_promise(&self, pool: u32) -> Option<Millis> {
+        let ix = self.index.0.get(pool as usize)?;
+        ix.promises.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Takes pool `pool`'s tickets whose budget is below `delay` off its budget heap:
+    /// promises a debt may have moved, each to be checked ([`LeaseTable::set_promise`]).
+    pub(crate) fn take_over_budget(&mut self, pool: u32, delay: u64) -> Vec<LeaseId> {
+        let mut out = Vec::new();
+        let Some(mut ix) = self.index.0.get_mut(pool as usize).map(core::mem::take) else {
+            return out;
+        };
+        while let Some(&Reverse((b, id))) = ix.budgets.peek() {
+            if b >= delay {
+                break;
+            }
+            ix.budgets.pop();
+            if Self::budgeted(self.get(id), b) {
+                out.push(id);
+            }
+        }
+        if let Some(slot) = self.index.0.get_mut(pool as usize) {
+            *slot = ix;
+        }
+        out
     }
 
     pub(crate) fn live(&self) -> u32 {
@@ -219,6 +487,11 @@ impl LeaseTable {
             s.generation = (s.generation % GEN_MASK) + 1;
             id = LeaseId::new(slot, s.generation);
             s.entry = Some(make(id));
+        }
+        // Only a ticket with a promise goes in the heaps (a grant is not copied for it).
+        if let Some(e) = self.get(id).filter(|e| Self::has_promise(e)).copied() {
+            self.index_add(&e);
+            self.index_count(e.pool, true);
         }
         self.live = self.live.saturating_add(1);
         id
@@ -260,6 +533,9 @@ impl LeaseTable {
         let e = s.entry.take()?;
         if let Phase::Queued { bump: Some(b), .. } = e.phase {
             self.bumps.remove(&(b.at, id));
+        }
+        if Self::has_promise(&e) {
+            self.index_count(e.pool, false);
         }
         self.free.push(id.slot());
         self.live = self.live.saturating_sub(1);
@@ -427,8 +703,31 @@ impl LeaseTable {
             })
             .count();
         let bumps_ok = pending == self.bumps.len();
+        // Every queued ticket's promise and budget in its pool's heaps, their tops
+        // standing, and the ticket counts right.
+        let index_ok = self.entries().all(|e| match e.phase {
+            Phase::Queued { promised, budget, .. } if promised != Millis::MAX => self
+                .index
+                .0
+                .get(e.pool as usize)
+                .is_some_and(|ix| {
+                    ix.promises.iter().any(|r| r.0 == (promised, e.id))
+                        && ix.budgets.iter().any(|r| r.0 == (budget, e.id))
+                }),
+            _ => true,
+        }) && self.index.0.iter().enumerate().all(|(p, ix)| {
+            let p = u32::try_from(p).unwrap_or(u32::MAX);
+            let tickets = self
+                .entries()
+                .filter(|e| e.pool == p && matches!(e.phase, Phase::Queued { promised, .. } if promised != Millis::MAX))
+                .count();
+            ix.tickets == tickets
+                && ix.promises.peek().is_none_or(|r| Self::promised_at(self.get(r.0.1), r.0.0))
+                && ix.budgets.peek().is_none_or(|r| Self::budgeted(self.get(r.0.1), r.0.0))
+        });
         live == self.live as usize
             && bumps_ok
+            && index_ok
             && free_ok
             && ids_ok
             && expiries_ok
@@ -460,6 +759,8 @@ mod tests {
                 promised: Millis(0),
                 in_line_ms: 0,
                 revising: false,
+                checked: 0,
+                budget: 0,
                 bump: None,
             },
             task: None,

@@ -60,6 +60,12 @@ pub(crate) struct Pool {
     /// promises are kept at its end: never set between inputs, so not stored).
     #[serde(skip)]
     pub(crate) revise: Option<crate::coordinator::promise::Revise>,
+    /// The debt delay, ms: the sum of every delay debts (calls above their reservation, a
+    /// level lowered to the provider's figure) have put on the pool's promises. A ticket
+    /// whose promise had a slack of `s` over its bound when the delay was `d` needs
+    /// checking again only once the delay passes `d + s` (see `coordinator/promise.rs`).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub(crate) delay: u64,
     /// Last 429 or last margin step: the next step is one clean interval later.
     pub(crate) margin_clock: Millis,
     pub(crate) ramp_step: u64,
@@ -142,6 +148,11 @@ fn is_zero_u8(n: &u8) -> bool {
     *n == 0
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
 fn full_permille() -> u32 {
     1000
 }
@@ -197,6 +208,7 @@ impl Pool {
             outside_at: None,
             wait_ratios: [History::default(), History::default()],
             revise: None,
+            delay: 0,
             margin_clock: now,
             ramp_step: if config.slow_start.is_some() {
                 0
@@ -264,18 +276,15 @@ impl Pool {
     /// Capacity ignoring the ramp: the most the pool can ever hand out in a window at
     /// this axis's margin. Kept in [`Bucket::nominal`] by [`Pool::apply_cap`].
     pub(crate) fn nominal_cap(&self, axis: Axis, limit: u64) -> u64 {
-        let cap = u128::from(limit) * u128::from(self.margin_of(axis)) / 1000;
-        u64::try_from(cap).unwrap_or(u64::MAX).max(1)
+        scale_permille(limit, self.margin_of(axis)).max(1)
     }
 
     /// The most calls the pool lets be in flight: the provider's limit times the exact
     /// axes' margin (the limit itself unless use outside the coordinator was seen), at
     /// least one; `None` while the limit is unknown.
     pub(crate) fn concurrency_cap(&self) -> Option<u64> {
-        self.max_concurrent.map(|m| {
-            let cap = u128::from(m) * u128::from(self.exact_margin) / 1000;
-            u64::try_from(cap).unwrap_or(u64::MAX).max(1)
-        })
+        self.max_concurrent
+            .map(|m| scale_permille(m, self.exact_margin).max(1))
     }
 
     /// Sets an axis's effective and nominal capacity from its limit, the margin and the
@@ -699,5 +708,14 @@ impl Pool {
             }
         }
         u64::try_from(worst).unwrap_or(u64::MAX)
+    }
+}
+
+/// `v × permille / 1000`, rounded down: in 64 bits where the product fits (it is asked on
+/// every admission; a 128-bit division is a library call), in 128 otherwise.
+pub(crate) fn scale_permille(v: u64, permille: u32) -> u64 {
+    match v.checked_mul(u64::from(permille)) {
+        Some(product) => product / 1000,
+        None => u64::try_from(u128::from(v) * u128::from(permille) / 1000).unwrap_or(u64::MAX),
     }
 }

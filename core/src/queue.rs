@@ -329,6 +329,15 @@ impl Queue {
         Some((n.key(), t.demand, t.slot))
     }
 
+    /// The last key in line (O(depth)).
+    pub(crate) fn last_key(&self) -> Option<Key> {
+        let mut n = self.node(self.root)?;
+        while let Some(r) = self.node(n.right) {
+            n = r;
+        }
+        Some(n.key())
+    }
+
     /// Clears arena entry `i` and puts it on the free list.
     fn release(&mut self, i: u32) {
         if let Some(n) = self.nodes.get_mut(i as usize) {
@@ -499,12 +508,6 @@ impl Queue {
     #[cfg(test)]
     pub(crate) fn total(&self) -> Demand {
         self.sum_of(self.root)
-    }
-
-    /// (slot, demand) of every ticket in key order: the fair order (for the expected
-    /// waits in the metrics; allocates).
-    pub(crate) fn demands_in_order(&self) -> Vec<(u32, Demand)> {
-        self.map_in_order(|_, t| (t.slot, t.demand))
     }
 
     /// (key, slot) of every ticket in key order (for checks; allocates).

@@ -28,6 +28,12 @@ fn grant(d: Decision) -> LeaseId {
     }
 }
 
+/// The promise made at `now` on a bound `at` from the rates: the bound plus an eighth of
+/// the wait (the headroom that absorbs small debts; see `Coordinator::request_lease`).
+fn promise(now: u64, at: u64) -> Millis {
+    Millis(at + (at - now) / 8)
+}
+
 fn queued(d: Decision) -> (LeaseId, Millis) {
     match d {
         Decision::Queued { lease, eta } => (lease, eta),
@@ -82,8 +88,9 @@ fn hands_out_limit_times_margin() {
     // request of 1,000 a minute (10⁶ parts per 10⁹, more than its token's share of the
     // input limit), so agent 1 may take 10⁶ + 1 parts of every limit first: 101 input
     // tokens; and its small calls' lead, 5 % of every limit (`small_lead_permille`):
-    // 5,000. Refill of 5,102 in 5,102 × 60000/85000 ms, rounded up.
-    assert_eq!(eta, Millis((5_102 * W).div_ceil(85_000)));
+    // 5,000. Refill of 5,102 in 5,102 × 60000/85000 ms, rounded up; promised with an
+    // eighth of the wait as headroom.
+    assert_eq!(eta, promise(0, (5_102 * W).div_ceil(85_000)));
 }
 
 #[test]
@@ -95,7 +102,10 @@ fn queued_ticket_is_granted_by_refill_within_its_eta() {
     // ticket's place in line accounts for: it is agent 2's first call, placed by a quantum
     // of 5 % (5,001 tokens, rounded up), its 8.5 % being above it; and agent 1's small
     // calls' lead (5 %: 5,000).
-    assert_eq!(eta, Millis(((8_500 + 5_001 + 5_000) * W).div_ceil(85_000)));
+    assert_eq!(
+        eta,
+        promise(0, ((8_500 + 5_001 + 5_000) * W).div_ceil(85_000))
+    );
     let ev = drive(&mut c, Millis(10_000));
     assert!(
         matches!(ev.as_slice(), [(Millis(6_000), Event::Granted { lease, waited_ms: 6_000, .. })] if *lease == t),
@@ -131,7 +141,10 @@ fn settle_charges_underestimate_as_debt() {
     let (_, eta) = queued(c.request_lease(Millis(0), &ask(2, 1_000, 10)).unwrap());
     // 16k tokens to refill at 85k/min, plus agent 1's share ahead of it (1,001 tokens) and
     // its small calls' lead (5,000).
-    assert_eq!(eta, Millis(((16_000 + 1_001 + 5_000) * W).div_ceil(85_000)));
+    assert_eq!(
+        eta,
+        promise(0, ((16_000 + 1_001 + 5_000) * W).div_ceil(85_000))
+    );
 }
 
 #[test]
@@ -660,7 +673,7 @@ fn rate_limit_on_granted_lease_cuts_margin_once_and_pauses_pool() {
     assert_eq!(c.metrics(Millis(100)).pools[0].margin_permille, 800);
     // The whole pool waits out the pause.
     let (t, eta) = queued(c.request_lease(Millis(200), &ask(2, 10, 10)).unwrap());
-    assert_eq!(eta, Millis(12_100));
+    assert_eq!(eta, promise(200, 12_100));
     let ev = drive(&mut c, Millis(20_000));
     assert!(
         ev.iter().any(|(at, e)| *at == Millis(12_100)
@@ -705,7 +718,7 @@ fn time_going_backwards_is_clamped() {
     // 850 tokens and agent 1's share of 851 and small calls' lead of 5,000, from 10 s.
     assert_eq!(
         eta,
-        Millis(10_000 + ((850 + 851 + 5_000) * W).div_ceil(85_000))
+        promise(10_000, 10_000 + ((850 + 851 + 5_000) * W).div_ceil(85_000))
     );
 }
 

@@ -563,6 +563,25 @@ fn drain(c: &mut Coordinator) -> Vec<Event> {
     std::iter::from_fn(|| c.poll_event()).collect()
 }
 
+/// Events as a prefix comparison sees them: a `Revised` event still waiting when the ticket
+/// is revised again carries the later promise (one event per ticket), so its `eta` may be
+/// later in the longer run than in the prefix.
+fn promises_masked(ev: &[Event]) -> Vec<Event> {
+    ev.iter()
+        .map(|e| match *e {
+            Event::Revised {
+                lease, agent, pool, ..
+            } => Event::Revised {
+                lease,
+                agent,
+                pool,
+                eta: Millis(0),
+            },
+            other => other,
+        })
+        .collect()
+}
+
 fn first_too_large(fields: &[(&'static str, u64)]) -> Option<LeaseError> {
     fields
         .iter()
@@ -927,8 +946,8 @@ impl Harness {
                     0
                 } else {
                     assert_eq!(
-                        ev.get(..advance_events.len()),
-                        Some(&advance_events[..]),
+                        ev.get(..advance_events.len()).map(promises_masked),
+                        Some(promises_masked(&advance_events)),
                         "settle's events start with those of advancing to {t}"
                     );
                     advance_events.len()
@@ -975,8 +994,8 @@ impl Harness {
                     0
                 } else {
                     assert_eq!(
-                        ev.get(..advance_events.len()),
-                        Some(&advance_events[..]),
+                        ev.get(..advance_events.len()).map(promises_masked),
+                        Some(promises_masked(&advance_events)),
                         "cancel's events start with those of advancing to {t}"
                     );
                     advance_events.len()

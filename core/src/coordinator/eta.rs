@@ -119,15 +119,21 @@ impl Coordinator {
         Some(crate::request::charge(counting, &entry.ask, cold))
     }
 
-    /// Per agent slot, the expected grant of its first ticket in the fair order of any
-    /// pool (the earliest), for the metrics.
+    /// Per agent slot, the expected grant of its first ticket in each pool's fair order
+    /// (the earliest over pools), for the metrics: one estimate per agent and pool, not
+    /// one per ticket.
     pub(super) fn expected_grants(&self) -> alloc::collections::BTreeMap<u32, Millis> {
         let mut out = alloc::collections::BTreeMap::new();
+        let mut seen = alloc::collections::BTreeSet::new();
         for pool in &self.pools {
+            seen.clear();
             for (_, slot) in pool.queue.in_order() {
                 let Some(entry) = self.leases.by_slot(slot) else {
                     continue;
                 };
+                if !seen.insert(entry.agent_slot) {
+                    continue;
+                }
                 let Some(at) = self.expected_grant(entry.id) else {
                     continue;
                 };

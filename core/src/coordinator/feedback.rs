@@ -358,8 +358,7 @@ impl Pool {
             .min(max_pause);
             let until = now.plus(wait);
             if until > self.paused_until {
-                self.paused_until = until;
-                self.revise(Revise::Recompute);
+                self.pause_until(now, until);
                 paused = Some(Event::Paused { pool, until });
             }
         }

@@ -9,11 +9,13 @@
 //! provider's figures below the model, a 429's pause, a margin cut, an agent that joins or
 //! asks with a higher weight or a smaller call than it had, a warm-cache bump, a renewal
 //! that keeps a slot past its expiry. Each marks the pool ([`Revise`]); at the end of the
-//! input the core recomputes every queued ticket's bound from the state, and where it is
-//! past the promise it re-issues the promise as an [`Event::Revised`] — at the instant of
-//! the event, before the old promise passes — to the earlier of that bound and the old
-//! promise moved by the most the event can delay it (debt of `d` tokens on an axis refilling
-//! `c` a window: `d · window / c`). A promise replaced in time is kept: no ticket is granted
+//! input the core recomputes the bounds of the tickets it may have moved from the state,
+//! and where one is past the promise it re-issues the promise as an [`Event::Revised`] — at
+//! the instant of the event, before the old promise passes — to the earlier of that bound
+//! and the old promise moved by the most the event can delay it (debt of `d` tokens on an
+//! axis refilling `c` a window: `d · window / c`), plus headroom. A promise is made with an
+//! eighth of its wait as headroom over its bound ([`with_headroom`]), so small debts are
+//! absorbed without a revision. A promise replaced in time is kept: no ticket is granted
 //! after the promise it holds when the host wakes at [`Coordinator::poll_timeout`].
 //!
 //! A promise is also what a backfill must respect ([`Coordinator::may_backfill`]): a call
@@ -23,10 +25,11 @@
 use alloc::vec::Vec;
 
 use super::Coordinator;
+use crate::AgentId;
 use crate::bucket::{Axis, Demand, product};
 use crate::decision::Event;
 use crate::ids::PoolId;
-use crate::lease::Phase;
+use crate::lease::{LeaseId, Phase};
 use crate::pool::Pool;
 use crate::time::Millis;
 
@@ -47,6 +50,16 @@ impl Pool {
             (None, r) => r,
             _ => Revise::Recompute,
         });
+    }
+
+    /// Pauses the pool's grants until `until` (later than it was paused): every promise
+    /// moves by at most the pause added.
+    pub(crate) fn pause_until(&mut self, now: Millis, until: Millis) {
+        let added = until.since(self.paused_until.max(now));
+        self.paused_until = until;
+        if added > 0 && !self.queue.is_empty() {
+            self.revise(Revise::By(added));
+        }
     }
 
     /// Debt of `excess` on the pool's axes that the bound did not assume (a call used more
@@ -116,6 +129,45 @@ impl Coordinator {
         out
     }
 
+    /// An agent of pool `p` can now be served more per unit of virtual time (`grew`, and a
+    /// small-call lead if it asks for the first time): every other ticket's bound grows by
+    /// at most what that is over the longest span in line (from the earliest start another
+    /// agent can have to the last ticket's finish), which delays it by at most that
+    /// demand's refill time.
+    pub(super) fn revise_for_rates(
+        &mut self,
+        p: u32,
+        (grew, first): (crate::agents::Rates, bool),
+        now: Millis,
+    ) {
+        let Some(pool) = self.pools.get(p as usize) else {
+            return;
+        };
+        let Some(last) = pool.queue.last_key() else {
+            return;
+        };
+        let span = last
+            .vfinish
+            .saturating_sub(self.held(p, now).floor_for(u32::MAX));
+        let amount = |rate: u128| {
+            u64::try_from(span.saturating_mul(rate).div_ceil(1 << 32)).unwrap_or(u64::MAX)
+        };
+        let lead = if first {
+            crate::weight::small_lead(self.config.weights)
+        } else {
+            0
+        };
+        // The requests axis counts the smaller of its share and its request count, which
+        // grows by at most the larger of their growths.
+        let mut more = pool.demand_of_share(amount(grew.share).saturating_add(lead));
+        let r = Axis::Requests.index();
+        more.0[r] = more.0[r].max(amount(grew.requests).saturating_add(u64::from(first)));
+        let window = self.config.window_ms;
+        if let Some(pool) = self.pools.get_mut(p as usize) {
+            pool.revise_for_debt(&more, window);
+        }
+    }
+
     /// The bound on the grant of a ticket of the agent in slot `me` finishing at virtual
     /// time `vfinish`, with `ahead` the demand queued ahead of it and its own: when the
     /// pool's refill covers that and what the other agents can still be served ahead of it
@@ -136,25 +188,49 @@ impl Coordinator {
         pool.eta(now, &ahead.saturating_add(others), self.config.window_ms)
     }
 
-    /// Keeps pool `p`'s promises after an input that marked it (see the module doc): each
-    /// queued ticket whose bound from the state is past its promise is promised the earlier
-    /// of that bound and its old promise moved by the marked delay, as an
-    /// [`Event::Revised`]. And while every concurrency slot is held (the bound counts the
-    /// rates, not how long calls hold their slots, which the core cannot know), a ticket
-    /// whose promise comes before a slot frees is promised, at that instant, the expiry of
-    /// the lease in flight that frees a slot for it at the latest (the `j`-th earliest for
-    /// the `j`-th in line; a lease TTL more for each round of the slots), or its bound if
-    /// later: [`Coordinator::poll_timeout`] wakes the host then.
+    /// Keeps pool `p`'s promises after an input (see the module doc). A debt marked
+    /// [`Revise::By`] adds its delay to the pool's debt delay, and only the tickets whose
+    /// promise had less slack over its bound than the delay added since they were last
+    /// checked are checked: each whose bound from the state is now past its promise is
+    /// promised the earlier of that bound and its old promise moved by that delay, as an
+    /// [`Event::Revised`]. [`Revise::Recompute`] checks every ticket against its bound.
+    /// And while every concurrency slot is held (the bound counts the rates, not how long
+    /// calls hold their slots, which the core cannot know), a ticket whose promise has come
+    /// is promised, at that instant, the expiry of the lease in flight that frees a slot
+    /// for it at the latest (the `j`-th earliest for the `j`-th in line; a lease TTL more
+    /// for each round of the slots), or its bound if later: [`Coordinator::poll_timeout`]
+    /// wakes the host then. Each costs O(log n) per ticket it checks.
     pub(super) fn keep_promises(&mut self, p: u32, now: Millis) {
         let Some(pool) = self.pools.get_mut(p as usize) else {
             return;
         };
         let by = pool.revise.take();
-        let blocked = !pool.concurrency_free() && !pool.queue.is_empty();
-        if pool.queue.is_empty() || (by.is_none() && !blocked) {
+        if pool.queue.is_empty() {
             return;
         }
+        let candidates = match by {
+            Some(Revise::Recompute) => pool
+                .queue
+                .in_order()
+                .into_iter()
+                .filter_map(|(_, slot)| self.leases.by_slot(slot).map(|e| e.id))
+                .collect(),
+            Some(Revise::By(ms)) => {
+                pool.delay = pool.delay.saturating_add(ms);
+                self.leases.take_over_budget(p, pool.delay)
+            }
+            None => Vec::new(),
+        };
         let pool = &self.pools[p as usize];
+        let blocked = !pool.concurrency_free();
+        let lapsed = if blocked {
+            self.leases.take_lapsed(p, now)
+        } else {
+            Vec::new()
+        };
+        if candidates.is_empty() && lapsed.is_empty() {
+            return;
+        }
         let held = self.held(p, now);
         let slots = if blocked {
             let n = usize::try_from(pool.in_flight).unwrap_or(usize::MAX);
@@ -163,54 +239,91 @@ impl Coordinator {
             Vec::new()
         };
         let ttl = self.config.lease_ttl_ms;
-        let mut ahead = Demand::default();
-        let mut revised = Vec::new();
-        for (j, (slot, demand)) in pool.queue.demands_in_order().into_iter().enumerate() {
-            // Its own wait is for at most a full bucket; the tickets behind it wait for all.
-            let need = ahead.saturating_add(pool.within_caps(&demand));
-            ahead = ahead.saturating_add(demand);
-            let Some(e) = self.leases.by_slot(slot) else {
+        let delay = pool.delay;
+        let counting = self.counting(p).unwrap_or_default();
+        // A ticket is checked once per input, however many heap entries named it (a heap
+        // may hold an entry twice, and a ticket may be over budget and lapsed at once): a
+        // second check would add headroom to a promise just made.
+        let mut seen = alloc::collections::BTreeSet::new();
+        for id in candidates.into_iter().chain(lapsed) {
+            if !seen.insert(id) {
+                continue;
+            }
+            let Some(e) = self.leases.get(id).copied() else {
                 continue;
             };
-            let Phase::Queued { key, promised, .. } = e.phase else {
-                continue;
-            };
-            let bound = self.bound(p, (e.agent_slot, key.vfinish), &need, &held, now);
-            let mut eta = promised;
-            if by.is_some() && bound > promised {
-                eta = match by {
-                    Some(Revise::By(ms)) if promised.plus(ms) >= now => {
-                        bound.min(promised.plus(ms))
-                    }
-                    _ => bound,
-                };
-            }
-            if blocked && eta <= now {
-                eta = bound.max(slot_frees(&slots, j, now, ttl)).max(now.plus(1));
-            }
-            if eta > promised {
-                revised.push((e.id, e.agent, eta));
-            }
-        }
-        for (id, agent, eta) in revised {
-            let Some(Phase::Queued {
-                promised, revising, ..
-            }) = self.leases.get_mut(id).map(|e| &mut e.phase)
+            let Phase::Queued {
+                key,
+                promised,
+                checked,
+                budget,
+                ..
+            } = e.phase
             else {
                 continue;
             };
-            *promised = eta;
-            // One event per ticket in the queue however often it is revised before the host
-            // polls (it carries the promise in force then): the queue stays bounded by the
-            // tickets, even when every agent of a large fleet joins at once.
-            if !core::mem::replace(revising, true) {
-                self.events.push_back(Event::Revised {
-                    lease: id,
-                    agent,
-                    pool: PoolId(p),
-                    eta,
-                });
+            let pool = &self.pools[p as usize];
+            // What is ahead of it in full, and its own (in line as cold, as it was queued)
+            // at most a full bucket.
+            let before = pool.queue.demand_before(key);
+            let own = pool.within_caps(&crate::request::charge(counting, &e.ask, true));
+            let bound = self.bound(
+                p,
+                (e.agent_slot, key.vfinish),
+                &before.saturating_add(own),
+                &held,
+                now,
+            );
+            let mut eta = promised;
+            if bound > promised {
+                // Moved by at most the delay added since it was last checked; a promise
+                // already past by then, or a recompute, takes the bound. With headroom
+                // again.
+                let moved = promised.plus(delay.saturating_sub(checked));
+                eta = with_headroom(
+                    now,
+                    match by {
+                        Some(Revise::By(_)) if moved >= now => bound.min(moved),
+                        _ => bound,
+                    },
+                );
             }
+            if blocked && eta <= now {
+                let j = usize::try_from(before.get(Axis::Requests)).unwrap_or(usize::MAX);
+                eta = with_headroom(now, bound)
+                    .max(slot_frees(&slots, j, now, ttl))
+                    .max(now.plus(1));
+            }
+            let slack = eta.since(bound);
+            let within = delay.saturating_add(slack);
+            // A recompute that leaves a promise and asks no earlier check leaves the ticket
+            // as it was (its older check is still sound: the promise then plus every delay
+            // since bounds it), so that a snapshot changes only where a promise did. A
+            // ticket taken off the budget heap is always put back.
+            if eta == promised && by == Some(Revise::Recompute) && within >= budget {
+                continue;
+            }
+            self.leases.set_promise(id, eta, (delay, within));
+            if eta > promised {
+                self.revised(id, e.agent, p, eta);
+            }
+        }
+    }
+
+    /// Queues the [`Event::Revised`] of ticket `id` (promised `eta`), unless one is already
+    /// waiting to be polled: that one carries the promise in force when it is.
+    fn revised(&mut self, id: LeaseId, agent: AgentId, p: u32, eta: Millis) {
+        let Some(Phase::Queued { revising, .. }) = self.leases.get_mut(id).map(|e| &mut e.phase)
+        else {
+            return;
+        };
+        if !core::mem::replace(revising, true) {
+            self.events.push_back(Event::Revised {
+                lease: id,
+                agent,
+                pool: PoolId(p),
+                eta,
+            });
         }
     }
 
@@ -221,14 +334,7 @@ impl Coordinator {
         if pool.concurrency_free() || pool.queue.is_empty() {
             return None;
         }
-        pool.queue
-            .in_order()
-            .into_iter()
-            .filter_map(|(_, slot)| match self.leases.by_slot(slot)?.phase {
-                Phase::Queued { promised, .. } => Some(promised),
-                Phase::Active { .. } => None,
-            })
-            .min()
+        self.leases.first_promise(p)
     }
 
     /// How much more each axis of pool `p` can give away now with the ticket of the agent
@@ -359,6 +465,19 @@ pub(super) fn slot_frees(slots: &[Millis], j: usize, now: Millis, ttl: u64) -> M
         }
     }
 }
+
+/// A promise made at `now` on a bound `at` from the rates: the bound plus an eighth of the
+/// wait to it ([`HEADROOM`]). (A slot's expiry is promised as it is: a renewal that moves
+/// it is met when the promise comes.) A ticket's promise so has slack over its bound that absorbs debts (calls
+/// that used more than they reserved, a pause, a ticket placed ahead) of up to that much
+/// delay before it must be revised; without it, every debt would revise every ticket whose
+/// promise is exactly its bound, which is all of them.
+pub(super) fn with_headroom(now: Millis, at: Millis) -> Millis {
+    at.plus(at.since(now) / HEADROOM)
+}
+
+/// The part of a wait added to its bound as a promise's slack (see [`with_headroom`]).
+pub(crate) const HEADROOM: u64 = 8;
 
 /// How far back in the line a request may be for [`Coordinator::may_backfill`] to let it
 /// through: the bound of every ticket ahead of it is checked.

@@ -112,7 +112,10 @@ impl Coordinator {
         c.validated()
     }
 
-    fn validated(self) -> Result<Coordinator, RestoreError> {
+    fn validated(mut self) -> Result<Coordinator, RestoreError> {
+        // Not stored: derived from the lease table.
+        let pools = self.pools.len();
+        self.leases.rebuild_index(pools);
         self.config.validate().map_err(RestoreError::Config)?;
         self.check().map_err(RestoreError::Corrupt)?;
         Ok(self)
