@@ -1,9 +1,11 @@
 //! Small calls' waits and fairness in a saturated fleet (issue 41, item 3): a host loop on
 //! the core's oldest stable API (`request_lease`, `settle`, `poll_event`, `poll_timeout`)
 //! against a simulated provider, so the same file measures any commit since the dominant-
-//! share order (copy it into that commit's `core/examples/`). Output is binding; every
-//! fourth call is big. Prints, per run, small and big calls' waits, the binding axis's use,
-//! role shares per 15-minute window and the worst Jain index within each role.
+//! share order (copy it into that commit's `core/examples/`). It is self-contained on
+//! purpose: its own provider buckets and generator, not the tests' helpers, which differ
+//! between commits. Output binds; every fourth call is big. Prints, per run, small and big
+//! calls' waits, the binding axis's use, role shares per 15-minute window and the worst
+//! Jain index within each role.
 //!
 //! ```text
 //! cargo run --release -p tokenwarden-core --example small_calls

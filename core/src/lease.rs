@@ -418,23 +418,12 @@ impl LeaseTable {
     /// Takes pool `pool`'s tickets promised at or before `now` off its promise heap,
     /// earliest first: each is to be promised anew ([`LeaseTable::set_promise`]).
     pub(crate) fn take_lapsed(&mut self, pool: u32, now: Millis) -> Vec<LeaseId> {
-        let mut out = Vec::new();
-        let Some(mut ix) = self.index.0.get_mut(pool as usize).map(core::mem::take) else {
-            return out;
-        };
-        while let Some(&Reverse((at, id))) = ix.promises.peek() {
-            if at > now {
-                break;
-            }
-            ix.promises.pop();
-            if Self::promised_at(self.get(id), at) {
-                out.push(id);
-            }
-        }
-        if let Some(slot) = self.index.0.get_mut(pool as usize) {
-            *slot = ix;
-        }
-        out
+        self.take_due(
+            pool,
+            |ix| &mut ix.promises,
+            |at| at <= now,
+            Self::promised_at,
+        )
     }
 
     /// Pool `pool`'s earliest promise.
@@ -446,22 +435,37 @@ impl LeaseTable {
     /// Takes pool `pool`'s tickets whose budget is below `delay` off its budget heap:
     /// promises a debt may have moved, each to be checked ([`LeaseTable::set_promise`]).
     pub(crate) fn take_over_budget(&mut self, pool: u32, delay: u64) -> Vec<LeaseId> {
+        self.take_due(pool, |ix| &mut ix.budgets, |b| b < delay, Self::budgeted)
+    }
+
+    /// Pops the entries of one of pool `pool`'s heaps (`heap`) while `due`, returning the
+    /// tickets of those that still stand (`stands`), in heap order; then drops the stale
+    /// tops of both heaps, so that [`LeaseTable::first_promise`] is a standing promise.
+    fn take_due<K: Ord + Copy>(
+        &mut self,
+        pool: u32,
+        heap: impl Fn(&mut PoolIndex) -> &mut BinaryHeap<Reverse<(K, LeaseId)>>,
+        due: impl Fn(K) -> bool,
+        stands: impl Fn(Option<&Entry>, K) -> bool,
+    ) -> Vec<LeaseId> {
         let mut out = Vec::new();
         let Some(mut ix) = self.index.0.get_mut(pool as usize).map(core::mem::take) else {
             return out;
         };
-        while let Some(&Reverse((b, id))) = ix.budgets.peek() {
-            if b >= delay {
+        let h = heap(&mut ix);
+        while let Some(&Reverse((k, id))) = h.peek() {
+            if !due(k) {
                 break;
             }
-            ix.budgets.pop();
-            if Self::budgeted(self.get(id), b) {
+            h.pop();
+            if stands(self.get(id), k) {
                 out.push(id);
             }
         }
         if let Some(slot) = self.index.0.get_mut(pool as usize) {
             *slot = ix;
         }
+        self.tidy(pool);
         out
     }
 
