@@ -302,26 +302,7 @@ impl LeaseTable {
         };
         let limit = ix.tickets.saturating_mul(2).saturating_add(16);
         if ix.promises.len() > limit || ix.budgets.len() > limit {
-            let live = |e: &&Entry| {
-                e.pool == pool
-                    && matches!(e.phase, Phase::Queued { promised, .. } if promised != Millis::MAX)
-            };
-            ix.promises = self
-                .entries()
-                .filter(live)
-                .filter_map(|e| match e.phase {
-                    Phase::Queued { promised, .. } => Some(Reverse((promised, e.id))),
-                    Phase::Active { .. } => None,
-                })
-                .collect();
-            ix.budgets = self
-                .entries()
-                .filter(live)
-                .filter_map(|e| match e.phase {
-                    Phase::Queued { budget, .. } => Some(Reverse((budget, e.id))),
-                    Phase::Active { .. } => None,
-                })
-                .collect();
+            ix = self.index_of(pool);
         }
         while let Some(&Reverse((at, id))) = ix.promises.peek() {
             if Self::promised_at(self.get(id), at) {
@@ -343,23 +324,28 @@ impl LeaseTable {
     /// The heaps from the entries, for `pools` pools (after a restore: they are not
     /// stored; an entry naming a pool past them is left out, and refused by the check).
     pub(crate) fn rebuild_index(&mut self, pools: usize) {
-        self.index.0.clear();
-        self.index.0.resize_with(pools, PoolIndex::default);
-        let queued: Vec<Entry> = self
-            .entries()
-            .filter(|e| (e.pool as usize) < pools)
-            .copied()
+        let index = (0..pools)
+            .map(|p| self.index_of(u32::try_from(p).unwrap_or(u32::MAX)))
             .collect();
-        for e in &queued {
-            self.index_add(e);
-            if let Phase::Queued { promised, .. } = e.phase {
+        self.index.0 = index;
+    }
+
+    /// Pool `pool`'s heaps built from its tickets with a promise, in one pass.
+    fn index_of(&self, pool: u32) -> PoolIndex {
+        let mut ix = PoolIndex::default();
+        for e in self.entries().filter(|e| e.pool == pool) {
+            if let Phase::Queued {
+                promised, budget, ..
+            } = e.phase
+            {
                 if promised != Millis::MAX {
-                    if let Some(ix) = self.index.0.get_mut(e.pool as usize) {
-                        ix.tickets = ix.tickets.saturating_add(1);
-                    }
+                    ix.promises.push(Reverse((promised, e.id)));
+                    ix.budgets.push(Reverse((budget, e.id)));
+                    ix.tickets = ix.tickets.saturating_add(1);
                 }
             }
         }
+        ix
     }
 
     /// Sets queued ticket `id`'s promise and its check (`checked`, `budget`: see
