@@ -11,46 +11,13 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, Throughput, criterion_main};
 use governor::clock::FakeRelativeClock;
 use governor::{Quota, RateLimiter};
+mod support;
+
+use support::{ROOMY_POOL, Sizes, coordinator, eight_agents, granted, role};
 use tokenwarden_core::{
-    AgentId, Call, Config, Coordinator, Decision, Event, HeaderReport, LeaseId, LeaseRequest,
-    LeaseStep, Millis, PoolId, ResponseStep, Role, TokenBucket, Usage, Wait, parse_headers,
+    AgentId, Call, Config, Coordinator, Decision, Event, HeaderReport, LeaseRequest, LeaseStep,
+    Millis, PoolId, ResponseStep, TokenBucket, Usage, Wait, parse_headers,
 };
-
-/// Limits far above what one request per millisecond uses, so every request is granted.
-const ROOMY_POOL: &str = r#""input_tokens_per_minute":1000000000000,
-    "output_tokens_per_minute":100000000000,"requests_per_minute":1000000000"#;
-
-fn coordinator(json: &str) -> Coordinator {
-    let config = Config::from_json(json).expect("bench config is valid");
-    Coordinator::new(config, 42, Millis(0)).expect("bench config is valid")
-}
-
-fn granted(d: Decision) -> LeaseId {
-    match d {
-        Decision::Grant { lease, .. } => lease,
-        other => panic!("bench expected a grant, got {other:?}"),
-    }
-}
-
-/// A small deterministic generator for request sizes (xorshift).
-struct Sizes(u64);
-
-impl Sizes {
-    fn next(&mut self, lo: u64, hi: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        lo + self.0 % (hi - lo)
-    }
-}
-
-fn role(i: u64) -> Role {
-    match i % 8 {
-        0 => Role::Planner,
-        1 | 2 => Role::Reviewer,
-        _ => Role::Worker,
-    }
-}
 
 /// One admission check on one rate limit: governor's `check()` against tokenwarden's
 /// standalone `TokenBucket::check`, both with a limit of 2^32 − 1 per minute. For
@@ -113,19 +80,6 @@ fn single_bucket(c: &mut Criterion) {
 
 /// Steady state: request_lease (granted) then settle with the real usage, eight agents in
 /// turn, time advancing 1 ms per iteration; events drained as the protocol asks.
-/// Eight agents in turn, mixed roles, 2,000–5,500 input tokens with `max_tokens` 1,000.
-fn eight_agents() -> Vec<LeaseRequest> {
-    (0..8)
-        .map(|i| LeaseRequest {
-            agent: AgentId(i),
-            input_tokens: 2_000 + 500 * i,
-            max_tokens: 1_000,
-            role: role(i),
-            ..Default::default()
-        })
-        .collect()
-}
-
 fn grant_settle(c: &mut Criterion) {
     c.bench_function("grant_settle", |b| {
         let mut coord = coordinator(&format!(

@@ -13,37 +13,14 @@
 //! rounds of one more queued and the held lease settled (its successor granted); with
 //! `setup`, only the queueing.
 use std::hint::black_box;
-use tokenwarden_core::{
-    AgentId, Config, Coordinator, Decision, Event, LeaseId, LeaseRequest, Millis, Role, Usage,
-};
 
-const ROOMY_POOL: &str = r#""input_tokens_per_minute":1000000000000,
-    "output_tokens_per_minute":100000000000,"requests_per_minute":1000000000"#;
-fn coordinator(json: &str) -> Coordinator {
-    Coordinator::new(Config::from_json(json).unwrap(), 42, Millis(0)).unwrap()
-}
-fn granted(d: Decision) -> LeaseId {
-    match d {
-        Decision::Grant { lease, .. } => lease,
-        o => panic!("{o:?}"),
-    }
-}
-struct Sizes(u64);
-impl Sizes {
-    fn next(&mut self, lo: u64, hi: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        lo + self.0 % (hi - lo)
-    }
-}
-fn role(i: u64) -> Role {
-    match i % 8 {
-        0 => Role::Planner,
-        1 | 2 => Role::Reviewer,
-        _ => Role::Worker,
-    }
-}
+use tokenwarden_core::{AgentId, Decision, Event, LeaseRequest, Millis, Usage};
+
+#[path = "../benches/support/mod.rs"]
+mod support;
+
+use support::{ROOMY_POOL, Sizes, coordinator, eight_agents, granted, role};
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: instructions gs|wfq N [setup]";
@@ -52,15 +29,7 @@ fn main() {
         let mut coord = coordinator(&format!(
             r#"{{"pools":[{{"name":"p",{ROOMY_POOL},"max_concurrent":1000}}]}}"#
         ));
-        let reqs: Vec<LeaseRequest> = (0..8)
-            .map(|i| LeaseRequest {
-                agent: AgentId(i),
-                input_tokens: 2_000 + 500 * i,
-                max_tokens: 1_000,
-                role: role(i),
-                ..Default::default()
-            })
-            .collect();
+        let reqs = eight_agents();
         let mut now = 0;
         let mut i = 0;
         for _ in 0..n {

@@ -330,22 +330,26 @@ impl LeaseTable {
         self.index.0 = index;
     }
 
-    /// Pool `pool`'s heaps built from its tickets with a promise, in one pass.
+    /// Pool `pool`'s heaps built from its tickets with a promise, in one pass (each heap
+    /// made from its entries at once: linear, not a push per entry).
     fn index_of(&self, pool: u32) -> PoolIndex {
-        let mut ix = PoolIndex::default();
+        let (mut promises, mut budgets) = (Vec::new(), Vec::new());
         for e in self.entries().filter(|e| e.pool == pool) {
             if let Phase::Queued {
                 promised, budget, ..
             } = e.phase
             {
                 if promised != Millis::MAX {
-                    ix.promises.push(Reverse((promised, e.id)));
-                    ix.budgets.push(Reverse((budget, e.id)));
-                    ix.tickets = ix.tickets.saturating_add(1);
+                    promises.push(Reverse((promised, e.id)));
+                    budgets.push(Reverse((budget, e.id)));
                 }
             }
         }
-        ix
+        PoolIndex {
+            tickets: promises.len(),
+            promises: BinaryHeap::from(promises),
+            budgets: BinaryHeap::from(budgets),
+        }
     }
 
     /// Sets queued ticket `id`'s promise and its check (`checked`, `budget`: see
@@ -425,8 +429,10 @@ impl LeaseTable {
     }
 
     /// Pops the entries of one of pool `pool`'s heaps (`heap`) while `due`, returning the
-    /// tickets of those that still stand (`stands`), in heap order; then drops the stale
-    /// tops of both heaps, so that [`LeaseTable::first_promise`] is a standing promise.
+    /// tickets of those that still stand (`stands`), in heap order. The caller promises
+    /// each anew ([`LeaseTable::set_promise`] drops the stale tops of both heaps); if none
+    /// stood, the stale tops are dropped here: [`LeaseTable::first_promise`] is always a
+    /// standing promise.
     fn take_due<K: Ord + Copy>(
         &mut self,
         pool: u32,
@@ -439,11 +445,13 @@ impl LeaseTable {
             return out;
         };
         let h = heap(&mut ix);
+        let mut popped = false;
         while let Some(&Reverse((k, id))) = h.peek() {
             if !due(k) {
                 break;
             }
             h.pop();
+            popped = true;
             if stands(self.get(id), k) {
                 out.push(id);
             }
@@ -451,7 +459,11 @@ impl LeaseTable {
         if let Some(slot) = self.index.0.get_mut(pool as usize) {
             *slot = ix;
         }
-        self.tidy(pool);
+        // The tickets taken are promised anew, which tidies; if only stale entries were
+        // popped, tidy here.
+        if popped && out.is_empty() {
+            self.tidy(pool);
+        }
         out
     }
 
