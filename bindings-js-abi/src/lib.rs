@@ -534,7 +534,14 @@ pub fn plan_fleet(json: &str) -> Result<String, ArgError> {
             err.with_field(field)
         }
     })?;
+    // A figure above 2^53 − 1 (demand far past a small limit) is written as it is and
+    // read by `JSON.parse` rounded: a plan's figures are sizes, not ids.
     camel_json(&plan)
+        .or_else(|| {
+            serde_json::to_value(&plan)
+                .ok()
+                .and_then(|v| serde_json::to_string(&camel_keys(v)).ok())
+        })
         .ok_or_else(|| ArgError::range("internal", "the plan does not serialize".into()))
 }
 

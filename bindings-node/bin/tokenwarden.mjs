@@ -487,7 +487,7 @@ async function plan(args) {
     lines.push(`  ${a.axis.padEnd(14)} ${String(a.demand).padStart(10)} ${unit(a.axis).padEnd(9)} of ${String(a.limit).padStart(9)}  ${(a.usedPermille / 10).toFixed(1).padStart(6)} %${a.axis === p.bindingAxis ? '  <- binds first' : ''}`)
   }
   lines.push(p.fits ? `fits within ${headroom} % of every limit` : `does not fit within ${headroom} % of every limit`)
-  lines.push(`agents of this mix that fit at ${headroom} %: ${p.agentsThatFit}`)
+  lines.push(`agents of this mix that fit at ${headroom} %: ${p.agentsThatFit ?? 'any number (the fleet uses no limited axis)'}`)
   if (p.turnStretchPermille > 1000) {
     lines.push(`over the limit: nobody gets a 429 through tokenwarden, but each turn takes ${(p.turnStretchPermille / 1000).toFixed(2)}x as long, waiting for quota`)
   }

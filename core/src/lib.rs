@@ -99,7 +99,7 @@
 //! let granted = loop {
 //!     if let Some(Event::Granted { lease, .. }) = coord.poll_event() { break lease; }
 //!     now = coord.poll_timeout().expect("a queued ticket wants a wake-up");
-//!     coord.handle(now, &Input::Timeout).unwrap();
+//!     coord.handle(now, &Input::Timeout {}).unwrap();
 //! };
 //! assert_eq!(granted, ticket, "the ticket is the lease: send under it");
 //! assert!(now <= due, "granted by its ETA, an upper bound");

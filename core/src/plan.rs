@@ -127,8 +127,9 @@ pub struct Plan {
     pub binding_axis: Option<String>,
     /// Agents in the fleet (counting subagents).
     pub agents: u64,
-    /// Agents of the same mix that fit within the headroom on every axis.
-    pub agents_that_fit: u64,
+    /// Agents of the same mix that fit within the headroom on every axis; `None` when the
+    /// fleet puts no demand on any limited axis (any number of them fits).
+    pub agents_that_fit: Option<u64>,
     /// Whether the fleet as described fits within the headroom.
     pub fits: bool,
     /// How much longer each turn takes than the fleet's own pace, thousandths (1000: not
@@ -174,6 +175,42 @@ pub fn plan_fleet(p: &FleetPlan) -> Result<Plan, PlanError> {
             }
         }
     }
+    let limits = [
+        ("input_tokens", p.pool.input_tokens_per_minute),
+        ("output_tokens", p.pool.output_tokens_per_minute),
+        ("tokens", p.pool.tokens_per_minute),
+        ("requests", p.pool.requests_per_minute),
+        ("concurrent", p.pool.max_concurrent),
+    ];
+    // The pool's limits as a configuration takes them (see `Config::validate`).
+    for (field, v) in [
+        (
+            "pool.input_tokens_per_minute",
+            p.pool.input_tokens_per_minute,
+        ),
+        (
+            "pool.output_tokens_per_minute",
+            p.pool.output_tokens_per_minute,
+        ),
+        ("pool.tokens_per_minute", p.pool.tokens_per_minute),
+        ("pool.requests_per_minute", p.pool.requests_per_minute),
+        ("pool.max_concurrent", p.pool.max_concurrent),
+    ] {
+        match v {
+            Some(0) => return Err(bad(field, "must be at least 1 (use null for unknown)")),
+            Some(v) if v > crate::config::MAX_TOKENS => {
+                return Err(bad(field, "must be at most 2^53 - 1"));
+            }
+            _ => {}
+        }
+    }
+    if limits.iter().all(|(_, l)| l.is_none()) {
+        return Err(bad(
+            "pool",
+            "has no limit to plan against: give at least one of input_tokens_per_minute, \
+             output_tokens_per_minute, tokens_per_minute, requests_per_minute, max_concurrent",
+        ));
+    }
     let anthropic = p.pool.counting == Counting::Anthropic;
     // Per axis: demand in thousandths of a unit per minute (in flight for concurrency).
     let mut demand = [0u128; 5];
@@ -198,24 +235,14 @@ pub fn plan_fleet(p: &FleetPlan) -> Result<Plan, PlanError> {
         demand[3] += n * rate;
         demand[4] += n * rate * u128::from(k.call_ms) / 60_000;
     }
-    let limits = [
-        ("input_tokens", p.pool.input_tokens_per_minute),
-        ("output_tokens", p.pool.output_tokens_per_minute),
-        ("tokens", p.pool.tokens_per_minute),
-        ("requests", p.pool.requests_per_minute),
-        ("concurrent", p.pool.max_concurrent),
-    ];
     let mut axes = Vec::new();
     // The fleet's scale that fits: min over axes of headroom × limit ÷ demand.
     let mut scale: Option<(u128, u128)> = None;
     for (i, (name, limit)) in limits.iter().enumerate() {
         let Some(limit) = *limit else { continue };
         let d = demand[i];
-        let used = if limit == 0 {
-            u128::MAX
-        } else {
-            d / u128::from(limit)
-        };
+        // Limits are at least 1 (checked above).
+        let used = d / u128::from(limit);
         axes.push(PlanAxis {
             axis: (*name).into(),
             limit,
@@ -236,10 +263,8 @@ pub fn plan_fleet(p: &FleetPlan) -> Result<Plan, PlanError> {
         .filter(|a| a.demand > 0)
         .map(|a| a.axis.clone());
     let top = axes.iter().map(|a| a.used_permille).max().unwrap_or(0);
-    let agents_that_fit = match scale {
-        None => u64::MAX,
-        Some((room, d)) => u64::try_from(u128::from(agents) * room / d).unwrap_or(u64::MAX),
-    };
+    let agents_that_fit =
+        scale.map(|(room, d)| u64::try_from(u128::from(agents) * room / d).unwrap_or(u64::MAX));
     Ok(Plan {
         fits: axes
             .iter()
@@ -279,7 +304,7 @@ mod tests {
         assert_eq!((req.demand, req.used_permille), (40, 333));
         assert_eq!(p.binding_axis.as_deref(), Some("concurrent"));
         // 20 × 750 / 666.7 = 22.5: 22 agents fit at 75 %.
-        assert_eq!(p.agents_that_fit, 22);
+        assert_eq!(p.agents_that_fit, Some(22));
         assert!(p.fits);
         assert_eq!(p.turn_stretch_permille, 1000);
     }
@@ -301,7 +326,7 @@ mod tests {
         assert_eq!(p.binding_axis.as_deref(), Some("input_tokens"));
         assert!(p.fits, "{p:?}");
         // 20 × 300,000 ÷ 214,774 = 27.9.
-        assert_eq!(p.agents_that_fit, 27);
+        assert_eq!(p.agents_that_fit, Some(27));
         // Twice the fleet on half the limit: 2.15× over, turns stretch 2.1×.
         let p = plan(
             r#"{"pool":{"name":"key","input_tokens_per_minute":200000},
@@ -329,5 +354,37 @@ mod tests {
             alloc::format!("{e}").contains("agents[0].input_tokens_last"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_pool_that_cannot_be_planned_against_is_refused_by_name() {
+        let refused = |pool: &str| {
+            let json = alloc::format!(
+                r#"{{"pool":{pool},"agents":[{{"name":"a","count":3,"calls_per_minute_milli":2000,"input_tokens_first":1000,"input_tokens_last":2000,"output_tokens":100}}]}}"#
+            );
+            alloc::format!("{}", plan_fleet_json(&json).unwrap_err())
+        };
+        let e = refused(r#"{"name":"k"}"#);
+        assert!(e.starts_with("pool: has no limit to plan against"), "{e}");
+        let e = refused(r#"{"name":"k","input_tokens_per_minute":1000,"requests_per_minute":0}"#);
+        assert_eq!(
+            e,
+            "pool.requests_per_minute: must be at least 1 (use null for unknown)"
+        );
+        let e = refused(r#"{"name":"k","max_concurrent":9007199254740992}"#);
+        assert_eq!(e, "pool.max_concurrent: must be at most 2^53 - 1");
+    }
+
+    #[test]
+    fn a_fleet_that_uses_no_limited_axis_fits_in_any_number() {
+        let p = plan(
+            r#"{"pool":{"name":"k","max_concurrent":4},
+                "agents":[{"name":"a","count":3,"calls_per_minute_milli":2000,"input_tokens_first":10,"input_tokens_last":10,"output_tokens":1,"call_ms":0}]}"#,
+        );
+        assert_eq!(p.agents_that_fit, None);
+        assert!(p.fits);
+        assert_eq!(p.binding_axis, None);
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(json.contains(r#""agents_that_fit":null"#), "{json}");
     }
 }

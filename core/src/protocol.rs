@@ -4,7 +4,7 @@
 //! A host that speaks this protocol needs no method per input: it decodes an [`Input`]
 //! (JSON: `{"op": "call_lease", …}`), calls `handle`, encodes the [`Output`] (JSON:
 //! `{"output": "send", …}`), and drives time with [`Coordinator::poll_timeout`],
-//! `handle(now, &Input::Timeout)` and [`Coordinator::poll_event`]. A new input is a new
+//! `handle(now, &Input::Timeout {})` and [`Coordinator::poll_event`]. A new input is a new
 //! variant here and a new arm in `handle`; every boundary that carries the JSON (the napi
 //! addon's and the wasm build's `handle`, the conformance runners) takes it unchanged.
 //!
@@ -82,7 +82,7 @@ pub enum Input {
         reported: bool,
     },
     /// Time passed: [`Coordinator::handle_timeout`].
-    Timeout,
+    Timeout {},
     /// The call lifecycle's ask: [`Coordinator::call_lease`].
     CallLease {
         /// The call's state, as the previous step returned it (a new call: `{}`).
@@ -354,7 +354,7 @@ impl Coordinator {
                 self.response_from(now, (*pool, *lease), *status, &report, from)?;
                 Output::Reported { report }
             }
-            Input::Timeout => {
+            Input::Timeout {} => {
                 self.handle_timeout(now);
                 Output::TimedOut
             }
@@ -454,4 +454,41 @@ fn report_of(headers: &[(String, String)], unix_now_ms: Option<u64>) -> HeaderRe
         headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
         unix_now_ms,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Input;
+
+    fn refused(json: &str) -> alloc::string::String {
+        match serde_json::from_str::<Input>(json) {
+            Ok(input) => panic!("{json} was taken as {input:?}"),
+            Err(e) => alloc::format!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_request_without_an_agent_is_refused() {
+        let e = refused(r#"{"op":"request_lease","request":{"pool":0,"input_tokens":10}}"#);
+        assert!(e.contains("missing field `agent`"), "{e}");
+        let e = refused(r#"{"op":"call_lease","call":{},"request":{"max_tokens":10}}"#);
+        assert!(e.contains("missing field `agent`"), "{e}");
+        let ok: Input =
+            serde_json::from_str(r#"{"op":"request_lease","request":{"agent":0}}"#).unwrap();
+        assert!(matches!(ok, Input::RequestLease { request } if request.agent.0 == 0));
+    }
+
+    #[test]
+    fn an_input_without_fields_refuses_extra_ones() {
+        let e = refused(r#"{"op":"timeout","extra":1}"#);
+        assert!(e.contains("unknown field `extra`"), "{e}");
+        assert_eq!(
+            serde_json::from_str::<Input>(r#"{"op":"timeout"}"#).unwrap(),
+            Input::Timeout {}
+        );
+        assert_eq!(
+            serde_json::to_string(&Input::Timeout {}).unwrap(),
+            r#"{"op":"timeout"}"#
+        );
+    }
 }

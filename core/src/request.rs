@@ -25,17 +25,23 @@ pub enum Role {
 }
 
 /// A request for capacity before one model call.
+///
+/// In JSON every field but `agent` may be left out (its default); a request that names no
+/// agent is refused, not taken as agent 0's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct LeaseRequest {
     /// Who asks.
     pub agent: AgentId,
     /// Which limit group the call goes to.
+    #[serde(default)]
     pub pool: PoolId,
     /// Prompt tokens counted locally, excluding the cached prefix.
+    #[serde(default)]
     pub input_tokens: u64,
     /// Tokens of the prompt covered by the agent's prompt cache. Charged as input when the
     /// cache has probably expired (or always, under OpenAI counting).
+    #[serde(default)]
     pub cached_prefix_tokens: u64,
     /// The host knows `cached_prefix_tokens` is in the provider's cache now: it saw a call
     /// with this very prefix (by content, from any agent) served or written to the cache
@@ -45,24 +51,30 @@ pub struct LeaseRequest {
     /// only knows where the breakpoints are) the core charges the whole prefix whenever the
     /// agent's own last cache use is older than `prompt_cache_ttl_ms`. Anthropic counting
     /// only: OpenAI counts cached tokens anyway.
+    #[serde(default)]
     pub cached_prefix_confirmed: bool,
     /// The call's `max_tokens`. Under OpenAI counting it is the output reservation, as the
     /// provider pre-charges it; under Anthropic counting, which counts output as it is
     /// produced, the reservation is a learned high percentile of the agent's settled
     /// output, at most this (see [`OutputReserveConfig`](crate::OutputReserveConfig)).
     /// Either way the difference is refunded or charged on settle.
+    #[serde(default)]
     pub max_tokens: u64,
     /// The agent's role.
+    #[serde(default)]
     pub role: Role,
     /// Downstream tasks waiting on this one.
+    #[serde(default)]
     pub unblocks: u32,
     /// A hash of the agent's last failure (failing test, diff hash); the same value twice
     /// in a row halves the weight. `None` when the last turn did not fail.
+    #[serde(default)]
     pub failure_signature: Option<u64>,
     /// The task the call is for. Its role, unblocks and failure history then set the
     /// weight (instead of `role`, `unblocks` and `failure_signature`), and it is charged
     /// the call's tokens and waits. A task not open yet is opened with this request's
     /// role and unblocks (see [`Coordinator::open_task`](crate::Coordinator::open_task)).
+    #[serde(default)]
     pub task: Option<TaskId>,
     /// The agent whose family this one belongs to: the session that spawned it as a
     /// subagent (`None`, or the agent itself: it is a family's root). By default a family
@@ -71,6 +83,7 @@ pub struct LeaseRequest {
     /// each agent's family. A host sets it only from what it knows of the caller (a
     /// member of a shared limiter names its own subagents): naming another's family
     /// divides that family's share.
+    #[serde(default)]
     pub family: Option<AgentId>,
 }
 

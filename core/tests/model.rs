@@ -1137,7 +1137,13 @@ impl Harness {
                 let before = self.coord.clone();
                 self.coord.handle_timeout(t);
                 let ev = drain(&mut self.coord);
-                self.same_through_protocol(&before, t, &Input::Timeout, Ok(Output::TimedOut), &ev);
+                self.same_through_protocol(
+                    &before,
+                    t,
+                    &Input::Timeout {},
+                    Ok(Output::TimedOut),
+                    &ev,
+                );
                 self.events(&ev);
                 let once = self.coord.clone();
                 self.coord.handle_timeout(t);

@@ -6,7 +6,7 @@
  */
 import { type Clock, systemClock } from './clock.js'
 import { Emitter } from './emitter.js'
-import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
+import { AbortedError, LeaseRejectedError, TokenwardenError, invalidArgument } from './errors.js'
 import type {
   Axis,
   CallResponseResult,
@@ -275,6 +275,9 @@ export function headerPairs(headers: HeadersLike): Array<[string, string]> {
  * lease.settle({ inputTokens: 1180, outputTokens: 230 })
  * ```
  */
+/** How many agent names a driver remembers for its metrics (the most recently used). */
+export const MAX_AGENT_NAMES = 4096
+
 export class Driver extends Emitter<DriverEvents> {
   /** The engine this driver drives. */
   readonly engine: Engine
@@ -285,6 +288,8 @@ export class Driver extends Emitter<DriverEvents> {
   #timerAt = Number.POSITIVE_INFINITY
   #timerAlive = false
   #closed = false
+  /** Agent id → the name it was made from (`fetch({ agent: 'alice' })`), most recent last. */
+  readonly #names = new Map<number, string>()
 
   constructor(engine: Engine, options: DriverOptions = {}) {
     super()
@@ -405,6 +410,9 @@ export class Driver extends Emitter<DriverEvents> {
    */
   handle(input: Input): Output {
     if (this.#closed) throw new TokenwardenError('closed', 'the driver is closed')
+    if (input === null || typeof input !== 'object' || Array.isArray(input)) {
+      throw invalidArgument(`handle needs an input object ({ op: 'request_lease', … }), got ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`, 'input')
+    }
     const now = this.clock.now()
     const dated = (input.op === 'response' || input.op === 'call_response') && input.unixNowMs == null ? { ...input, unixNowMs: this.clock.unixNow() } : input
     const out = this.engine.handle(now, dated)
@@ -608,9 +616,35 @@ export class Driver extends Emitter<DriverEvents> {
     return this.engine.endTask(this.clock.now(), task, outcome)
   }
 
-  /** Usage against each limit, the binding axis, queue, margin and each agent's state. */
+  /**
+   * Usage against each limit, the binding axis, queue, margin and each agent's state. An
+   * agent made from a name (`fetch({ agent: 'alice' })`, a `family` name) has it beside its
+   * id: `name`, and `familyName` for its family's root (`null` where no name is known).
+   */
   metrics(): Metrics {
-    return this.engine.metrics(this.clock.now())
+    const m = this.engine.metrics(this.clock.now())
+    if (!Array.isArray(m?.agents)) return m
+    const nameOf = (id: U64 | undefined, known: string | null | undefined): string | null => (id === undefined || id === null ? null : (this.#names.get(Number(id)) ?? known ?? null))
+    m.agents = m.agents.map((a) => {
+      const named = { ...a, name: nameOf(a.agent, a.name) }
+      if (a.family !== undefined && a.family !== null) named.familyName = nameOf(a.family, a.familyName)
+      return named
+    })
+    return m
+  }
+
+  /**
+   * Remembers that agent `id` was made from `name`, for {@link Driver.metrics}: the most
+   * recent {@link MAX_AGENT_NAMES} names are kept (a name used again moves to the end).
+   */
+  nameAgent(id: U64, name: string): void {
+    const key = Number(id)
+    this.#names.delete(key)
+    this.#names.set(key, name)
+    if (this.#names.size > MAX_AGENT_NAMES) {
+      const oldest = this.#names.keys().next().value
+      if (oldest !== undefined) this.#names.delete(oldest)
+    }
   }
 
   /**

@@ -220,8 +220,13 @@ function isEventStream(res: Response): boolean {
 /** Builds the wrapped `fetch`. Use `Tokenwarden.fetch()`, which supplies the context. */
 export function createFetch(ctx: FetchContext, options: FetchOptions = {}): typeof fetch {
   const { driver, estimator } = ctx
-  const agent: U64 = options.agent === undefined ? ctx.nextAgent() : typeof options.agent === 'string' ? agentIdFor(options.agent) : options.agent
-  const family: U64 | undefined = typeof options.family === 'string' ? agentIdFor(options.family) : options.family
+  const named = (name: string): number => {
+    const id = agentIdFor(name)
+    driver.nameAgent(id, name)
+    return id
+  }
+  const agent: U64 = options.agent === undefined ? ctx.nextAgent() : typeof options.agent === 'string' ? named(options.agent) : options.agent
+  const family: U64 | undefined = typeof options.family === 'string' ? named(options.family) : options.family
   const task: U64 | undefined = typeof options.task === 'string' ? taskIdFor(options.task) : options.task
   if (options.timeouts !== undefined && (options.timeouts === null || typeof options.timeouts !== 'object')) {
     throw Object.assign(new TypeError('fetch(): `timeouts` must be an object: { firstByteMs?, idleMs? }'), { code: 'invalid_argument', field: 'timeouts' })
@@ -434,8 +439,9 @@ function refusalResponse(e: unknown, provider: Provider): Response | null {
   } else {
     return null
   }
-  // A retry helps only where a retry time was given.
-  headers['x-should-retry'] = headers['retry-after'] !== undefined || status === 503 ? 'true' : 'false'
+  // A retry helps only where a retry time was given: a closed driver stays closed, so the
+  // SDK is told not to retry its 503 (it would retry it by status otherwise).
+  headers['x-should-retry'] = headers['retry-after'] !== undefined ? 'true' : 'false'
   return new Response(JSON.stringify(providerErrorBody(provider, status, `tokenwarden: ${fields.message as string}`, fields)), { status, headers })
 }
 

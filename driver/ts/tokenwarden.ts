@@ -2,7 +2,7 @@ import type { Clock } from './clock.js'
 import { Driver } from './driver.js'
 import { DefaultEstimator, type Estimator } from './estimator.js'
 import { type FetchOptions, createFetch, failureSignature, taskIdFor } from './fetch.js'
-import { normalizeEngineError } from './errors.js'
+import { invalidArgument, normalizeEngineError } from './errors.js'
 import type { Engine, EngineFactory, FleetPlan, Plan, Role, TaskOutcome, TaskSummary, U64 } from './types.js'
 
 /** Options for {@link Tokenwarden}. */
@@ -50,6 +50,18 @@ export class Tokenwarden extends Driver {
   #agents = 0
 
   constructor(options: TokenwardenOptions) {
+    if (options === null || typeof options !== 'object') throw invalidArgument(`Tokenwarden needs an options object ({ engine, config }), got ${options === null ? 'null' : typeof options}`, 'options')
+    const given = options.engine as unknown
+    if (
+      given === null ||
+      (typeof given !== 'object' && typeof given !== 'function') ||
+      (typeof (given as EngineFactory).create !== 'function' && typeof (given as Engine).requestLease !== 'function')
+    ) {
+      throw invalidArgument(
+        `Tokenwarden needs \`engine\`: an engine or an engine factory, got ${given === null ? 'null' : typeof given} (in the \`tokenwarden\` package, createTokenwarden({ config }) picks the engine for you)`,
+        'engine',
+      )
+    }
     const clock = options.clock
     let engine: Engine
     if (isFactory(options.engine)) {
@@ -165,10 +177,28 @@ export class Task {
  * npm packages pass theirs). Errors name the field (`invalid_argument`).
  */
 export function planFleetWith(planJson: (json: string) => string, plan: FleetPlan | string): Plan {
+  if (typeof plan !== 'string') {
+    if (plan === null || typeof plan !== 'object') throw invalidArgument(`planFleet needs a fleet description ({ pool, agents }), got ${plan === null ? 'null' : typeof plan}`, 'plan')
+    // JSON has no NaN or Infinity: `JSON.stringify` would write null, and a null limit is
+    // an unknown one, so the limit would be dropped rather than refused.
+    const bad = nonFinite(plan, '')
+    if (bad !== null) throw invalidArgument(`\`${bad.path}\` must be a finite number, got ${bad.value}`, bad.path)
+  }
   const text = typeof plan === 'string' ? plan : JSON.stringify(plan)
   try {
     return JSON.parse(planJson(text)) as Plan
   } catch (e) {
     throw normalizeEngineError(e, 'planFleet')
   }
+}
+
+/** The first number in `v` that JSON cannot hold (NaN, ±Infinity), with its path. */
+function nonFinite(v: unknown, path: string): { path: string; value: number } | null {
+  if (typeof v === 'number') return Number.isFinite(v) ? null : { path, value: v }
+  if (v === null || typeof v !== 'object') return null
+  for (const [k, x] of Array.isArray(v) ? v.map((x, i) => [String(i), x] as const) : Object.entries(v)) {
+    const found = nonFinite(x, Array.isArray(v) ? `${path}[${k}]` : path === '' ? k : `${path}.${k}`)
+    if (found !== null) return found
+  }
+  return null
 }

@@ -414,8 +414,12 @@ export interface PoolMetrics {
 /** An agent in {@link Metrics}: what it is doing and how good its estimates are. */
 export interface AgentMetrics {
   agent: U64
+  /** The name the id was made from, where the driver (or the edge limiter) knows it; else `null`. */
+  name?: string | null
   /** The root of its family, when it is another agent's subagent (absent for a root). */
   family?: U64
+  /** The family root's name, as `name` (present with `family`). */
+  familyName?: string | null
   /**
    * What it is doing: queued since an instant, in flight, or waiting with no ticket —
    * refused for now, waiting out a 429 (with the limit the provider named or showed spent,
@@ -550,7 +554,8 @@ export interface Plan {
   axes: { axis: 'input_tokens' | 'output_tokens' | 'tokens' | 'requests' | 'concurrent'; limit: number; demand: number; usedPermille: number }[]
   bindingAxis: string | null
   agents: number
-  agentsThatFit: number
+  /** `null` when the fleet puts no demand on any limited axis (any number fits). */
+  agentsThatFit: number | null
   fits: boolean
   /** How much longer each turn takes than the fleet's own pace, thousandths (1000: not at all). */
   turnStretchPermille: number

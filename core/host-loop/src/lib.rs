@@ -446,7 +446,7 @@ impl Host {
                     spins = 0;
                 }
                 last_wake = wake;
-                let out = self.handle(&Input::Timeout);
+                let out = self.handle(&Input::Timeout {});
                 assert_eq!(out, Output::TimedOut);
             } else if let Some((_, job)) = self.jobs.pop_first() {
                 self.step(world, job);

@@ -2,7 +2,7 @@
 // TOKENWARDEN_ENGINE=wasm: the same suite must pass on both).
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { Driver, LeaseRejectedError, ManualClock, RemoteTokenwarden, TokenwardenError } from 'tokenwarden-driver'
+import { Driver, LeaseRejectedError, ManualClock, RemoteTokenwarden, Tokenwarden, TokenwardenError, planFleetWith } from 'tokenwarden-driver'
 import { engines as nativeEngines } from '../support/engine.mjs'
 
 const POOL = { name: 'sonnet', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1000, max_concurrent: 4 }
@@ -428,5 +428,59 @@ describe('RemoteLease.renew', () => {
     await other.settle({ inputTokens: 1, outputTokens: 1 })
     await assert.rejects(lease.renew(), { code: 'unknown_lease' })
     tw.close()
+  })
+})
+
+describe("a newcomer's mistakes get errors that name them (issue 42, item 6)", () => {
+  const ag = [{ name: 'w', count: 3, calls_per_minute_milli: 2000, input_tokens_first: 1000, input_tokens_last: 2000, output_tokens: 100 }]
+  const plan = (pool) => planFleetWith((json) => nativeEngines.planFleet(json), { pool, agents: ag })
+  const invalid = (field, pattern) => (e) => e.code === 'invalid_argument' && (field === null || e.field === field) && pattern.test(e.message)
+
+  test('a lease that names no agent is refused, not granted as agent 0', async () => {
+    const { driver } = setup()
+    assert.throws(() => driver.handle({ op: 'request_lease', request: { pool: 0, inputTokens: 10, maxTokens: 10 } }), invalid(null, /missing field `agent`/))
+    await assert.rejects(driver.acquire({ pool: 0, inputTokens: 10, maxTokens: 10 }), invalid(null, /missing field `agent`/))
+    assert.equal(driver.metrics().liveLeases, 0)
+    driver.close()
+  })
+
+  test('an input with a field it does not take is refused; handle(null) names what it needs', () => {
+    const { driver } = setup()
+    assert.throws(() => driver.handle({ op: 'timeout', extra: 1 }), invalid(null, /unknown field `extra`/))
+    assert.equal(driver.handle({ op: 'timeout' }).output, 'timed_out')
+    for (const bad of [null, undefined, 7, []]) assert.throws(() => driver.handle(bad), invalid('input', /handle needs an input object/))
+    driver.close()
+  })
+
+  test("metrics name the agents a wrapped fetch was given by name, and their family's root", async () => {
+    const tw = new Tokenwarden({ engine: nativeEngines, config: { pools: [POOL] }, seed: 1 })
+    const usage = { input_tokens: 5, output_tokens: 5 }
+    const send = async () => new Response(JSON.stringify({ usage }), { headers: { 'content-type': 'application/json' } })
+    const f = tw.fetch({ agent: 'alice', family: 'lead', fetch: send })
+    await f('https://api.example/v1/messages', { method: 'POST', body: JSON.stringify({ model: 'sonnet', max_tokens: 10, messages: [{ role: 'user', content: 'hi' }] }) })
+    await tw.acquire({ agent: 7, pool: 0, inputTokens: 10, maxTokens: 10 })
+    const agents = tw.metrics().agents
+    const alice = agents.find((a) => a.name === 'alice')
+    assert.ok(alice, JSON.stringify(agents))
+    assert.equal(alice.familyName, 'lead')
+    assert.equal(agents.find((a) => a.agent === 7).name, null)
+    tw.close()
+  })
+
+  test('new Tokenwarden without an engine says what it needs', () => {
+    assert.throws(() => new Tokenwarden({ config: { pools: [POOL] } }), invalid('engine', /needs `engine`.*createTokenwarden/))
+    assert.throws(() => new Tokenwarden(null), invalid('options', /options object/))
+  })
+
+  test('planFleet refuses a pool it cannot plan against, by field', () => {
+    assert.equal(plan({ name: 'p', input_tokens_per_minute: 30_000 }).agentsThatFit, 6)
+    assert.throws(() => plan({ name: 'p' }), invalid('pool', /has no limit to plan against/))
+    assert.throws(() => plan({ name: 'p', requests_per_minute: 0 }), invalid('pool.requests_per_minute', /at least 1/))
+    assert.throws(() => plan({ name: 'p', input_tokens_per_minute: 1000, requests_per_minute: Number.NaN }), invalid('pool.requests_per_minute', /finite number, got NaN/))
+    assert.throws(() => plan({ name: 'p', input_tokens_per_minute: Number.POSITIVE_INFINITY }), invalid('pool.input_tokens_per_minute', /finite number, got Infinity/))
+    // A fleet that uses no limited axis fits in any number.
+    const any = planFleetWith((json) => nativeEngines.planFleet(json), { pool: { name: 'p', max_concurrent: 4 }, agents: [{ ...ag[0], call_ms: 0 }] })
+    assert.equal(any.agentsThatFit, null)
+    assert.equal(any.fits, true)
   })
 })

@@ -166,6 +166,19 @@ describe('fetch wrapper', () => {
     tw.close()
   })
 
+  test('a call after close() is a 503 the SDK does not retry', async () => {
+    const { tw, fetch, sent } = harness([anthropicOk({ input_tokens: 10, output_tokens: 10 })])
+    tw.close()
+    const res = await post(fetch, 'https://api.example/v1/messages', body({}))
+    assert.equal(res.status, 503)
+    assert.equal(res.headers.get('x-should-retry'), 'false')
+    assert.equal(res.headers.get('retry-after'), null)
+    const b = await res.json()
+    assert.equal(b.error.type, 'api_error')
+    assert.equal(b.tokenwarden.error, 'closed')
+    assert.equal(sent.length, 0)
+  })
+
   test('max_tokens above the output limit is served under Anthropic counting (Claude Code sends 128000)', async () => {
     const { tw, fetch, sent } = harness(
       [anthropicOk({ input_tokens: 100, output_tokens: 300 }), anthropicOk({ input_tokens: 100, output_tokens: 200 })],
