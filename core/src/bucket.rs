@@ -10,9 +10,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{MAX_DURATION_MS, MAX_TOKENS};
 use crate::error::{ConfigError, FieldPath};
-use crate::time::Millis;
+use crate::time::{MAX_DURATION_MS, Millis};
+
+/// Largest token, request or limit figure the core accepts: 2^53 − 1, the largest integer
+/// a JavaScript `number` holds exactly.
+pub const MAX_TOKENS: u64 = (1 << 53) - 1;
+
+/// The parts a limit is divided into for a call's share of it: a call taking a whole
+/// window's limit on its binding axis has a share of 10⁹.
+pub(crate) const SHARE_UNIT: u64 = 1_000_000_000;
 
 /// A rate-limited dimension of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

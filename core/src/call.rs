@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::decision::{RejectReason, Settlement};
-use crate::lease::LeaseId;
+use crate::ids::LeaseId;
 use crate::time::Millis;
 
 /// What the core remembers about one call between its steps. The host keeps it (it is

@@ -9,9 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, FieldPath};
 
-/// Largest token, request or limit figure the core accepts: 2^53 − 1, the largest integer
-/// a JavaScript `number` holds exactly.
-pub const MAX_TOKENS: u64 = (1 << 53) - 1;
+pub use crate::bucket::MAX_TOKENS;
+pub use crate::time::MAX_DURATION_MS;
 
 /// How a provider counts tokens against its limits.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -556,9 +555,6 @@ mod defaults {
         60
     }
 }
-
-/// Longest duration any `*_ms` field may hold: 30 days.
-pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;
 
 impl Config {
     /// This coordinator's part of a figure for the whole key (see [`Config::share`]):

@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::bucket::{Axis, Demand};
+use crate::ids::LeaseId;
 use crate::ids::{AgentId, PoolId};
-use crate::lease::LeaseId;
 use crate::time::Millis;
 
 /// Why a request was rejected.

@@ -4,63 +4,14 @@
 use alloc::collections::{BTreeSet, BinaryHeap, VecDeque};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
-use core::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::AgentId;
 use crate::bucket::Demand;
+use crate::ids::{GEN_MASK, LeaseId, TaskId};
 use crate::queue::Key;
-use crate::tasks::TaskId;
+use crate::request::Ask;
 use crate::time::Millis;
-
-/// Names a lease from the moment it is requested: a queued ticket keeps its id when it is
-/// granted. Ids are below 2^53 so they survive a trip through a JavaScript `number`; an id
-/// is never reused while its slot's 20-bit generation has not wrapped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct LeaseId(pub u64);
-
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "lease#{}", self.0)
-    }
-}
-
-const GEN_BITS: u32 = 20;
-const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
-
-impl LeaseId {
-    fn new(slot: u32, generation: u32) -> LeaseId {
-        LeaseId((u64::from(generation & GEN_MASK) << 32) | u64::from(slot))
-    }
-
-    fn slot(self) -> u32 {
-        (self.0 & 0xFFFF_FFFF) as u32
-    }
-
-    fn generation(self) -> u32 {
-        (self.0 >> 32) as u32
-    }
-}
-
-/// What the lease was asked for, kept until it ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Ask {
-    pub(crate) input_tokens: u64,
-    pub(crate) cached_prefix_tokens: u64,
-    /// [`LeaseRequest::cached_prefix_confirmed`](crate::LeaseRequest::cached_prefix_confirmed).
-    #[serde(default)]
-    pub(crate) cached_prefix_confirmed: bool,
-    pub(crate) max_tokens: u64,
-    /// The output reserved, decided at the ask (see [`crate::OutputReserveConfig`]); at
-    /// most `max_tokens`. A lease stored before it existed reserves `max_tokens`.
-    #[serde(default = "no_reserve")]
-    pub(crate) output: u64,
-}
-
-fn no_reserve() -> u64 {
-    u64::MAX
-}
 
 fn no_promise() -> Millis {
     Millis::MAX
@@ -74,14 +25,6 @@ fn is_false(b: &bool) -> bool {
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 fn is_zero_u64(n: &u64) -> bool {
     *n == 0
-}
-
-impl Ask {
-    /// The output this lease reserves: its decided reservation, at most `max_tokens`.
-    #[inline]
-    pub(crate) fn output_reserve(&self) -> u64 {
-        self.output.min(self.max_tokens)
-    }
 }
 
 // Externally tagged: serde's buffering of internally tagged enums cannot hold a u128.

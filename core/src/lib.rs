@@ -157,17 +157,17 @@ pub use coordinator::{Coordinator, Snapshot};
 pub use decision::{Decision, Event, MarginReason, RejectReason, Settlement};
 pub use error::{ConfigError, FieldPath, LeaseError, RestoreError};
 pub use headers::{HeaderReport, parse_headers};
-pub use ids::{AgentId, PoolId};
-pub use lease::LeaseId;
+pub use ids::LeaseId;
+pub use ids::{AgentId, PoolId, TaskId};
 pub use metrics::{
     AgentActivity, AgentMetrics, AxisMetrics, FleetAdvice, MINUTE_MS, Metrics, MinuteStats,
-    PoolCounters, PoolMetrics,
+    PoolCounters, PoolMetrics, TaskFigures, TaskMetrics,
 };
 pub use plan::{AgentKind, FleetPlan, Plan, PlanAxis, PlanError, plan_fleet, plan_fleet_json};
 pub use protocol::{Input, Output};
 pub use request::{LeaseRequest, Role, Usage};
 pub use rng::Rng;
-pub use tasks::{TaskFigures, TaskId, TaskMetrics, TaskOutcome, TaskSpec, TaskSummary};
+pub use tasks::{TaskOutcome, TaskSpec, TaskSummary};
 pub use time::Millis;
 
 /// The repository README's examples, compiled and run as doctests.

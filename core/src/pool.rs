@@ -5,7 +5,7 @@ use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::bucket::{Axis, Bucket, Demand};
+use crate::bucket::{Axis, Bucket, Demand, SHARE_UNIT};
 use crate::config::{Config, Counting, MAX_TOKENS};
 use crate::decision::{Event, MarginReason};
 use crate::history::History;
@@ -59,7 +59,7 @@ pub(crate) struct Pool {
     /// What moved the queued tickets' bounds during the input under way (cleared when the
     /// promises are kept at its end: never set between inputs, so not stored).
     #[serde(skip)]
-    pub(crate) revise: Option<crate::coordinator::promise::Revise>,
+    pub(crate) revise: Option<Revise>,
     /// The debt delay, ms: the sum of every delay debts (calls above their reservation, a
     /// level lowered to the provider's figure) have put on the pool's promises. A ticket
     /// whose promise had a slack of `s` over its bound when the delay was `d` needs
@@ -114,10 +114,16 @@ pub(crate) struct Pool {
     pub(crate) margin_reason: Option<MarginReason>,
 }
 
-/// The parts a limit is divided into for a call's share of it: a call taking a whole
-/// window's limit on its binding axis has a share of 10⁹.
-pub(crate) const SHARE_UNIT: u64 = 1_000_000_000;
 const SHARE_UNIT_U128: u128 = SHARE_UNIT as u128;
+
+/// What may have moved a pool's queued tickets past their promises during an input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Revise {
+    /// Debt the bound did not assume: every promise moves by at most this many ms.
+    By(u64),
+    /// Something else (a pause, a cut, a weight, a renewal): the bound from the state.
+    Recompute,
+}
 
 /// `amount` as parts of `limit` (> 0), rounded up; in 64-bit arithmetic when it fits.
 #[inline]
@@ -300,7 +306,7 @@ impl Pool {
             // A lower capacity refills slower; a higher one fills a bucket further before
             // a ticket above the old one is granted from it: either can move a bound.
             if cap != was && !self.queue.is_empty() {
-                self.revise(crate::coordinator::promise::Revise::Recompute);
+                self.revise(Revise::Recompute);
             }
         }
     }
@@ -357,7 +363,7 @@ impl Pool {
             .max(m.floor_permille);
         self.exact_clock = now;
         self.apply_cap(Axis::Requests, config, false);
-        self.revise(crate::coordinator::promise::Revise::Recompute);
+        self.revise(Revise::Recompute);
     }
 
     /// When the token margin next rises, if nothing changes before: one clean interval
@@ -421,7 +427,7 @@ impl Pool {
         }
         self.margin = start;
         self.set_caps(config, false);
-        self.revise(crate::coordinator::promise::Revise::Recompute);
+        self.revise(Revise::Recompute);
         Some(self.margin_moved(pool, from, MarginReason::HeadersDisagreed))
     }
 

@@ -22,15 +22,16 @@ use crate::coordinator::feedback::Source;
 use crate::decision::{Decision, RejectReason, Settlement};
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, parse_headers};
+use crate::ids::LeaseId;
 use crate::ids::PoolId;
-use crate::lease::LeaseId;
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 fn is_false(b: &bool) -> bool {
     !*b
 }
+use crate::ids::TaskId;
 use crate::request::{LeaseRequest, Usage};
-use crate::tasks::{TaskId, TaskOutcome, TaskSpec, TaskSummary};
+use crate::tasks::{TaskOutcome, TaskSpec, TaskSummary};
 use crate::time::Millis;
 
 /// One input to the coordinator. Its JSON is tagged by `op`, with the fields named below;

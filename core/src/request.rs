@@ -7,9 +7,7 @@ use crate::bucket::Demand;
 use crate::config::{Counting, MAX_TOKENS, OutputReserveConfig};
 use crate::error::LeaseError;
 use crate::history::History;
-use crate::ids::{AgentId, PoolId};
-use crate::lease::Ask;
-use crate::tasks::TaskId;
+use crate::ids::{AgentId, PoolId, TaskId};
 
 /// An agent's role in the task graph; it sets the base queue weight.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +99,33 @@ pub struct Usage {
     pub cache_read_input_tokens: u64,
     /// Output tokens.
     pub output_tokens: u64,
+}
+
+/// What the lease was asked for, kept until it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Ask {
+    pub(crate) input_tokens: u64,
+    pub(crate) cached_prefix_tokens: u64,
+    /// [`LeaseRequest::cached_prefix_confirmed`](crate::LeaseRequest::cached_prefix_confirmed).
+    #[serde(default)]
+    pub(crate) cached_prefix_confirmed: bool,
+    pub(crate) max_tokens: u64,
+    /// The output reserved, decided at the ask (see [`crate::OutputReserveConfig`]); at
+    /// most `max_tokens`. A lease stored before it existed reserves `max_tokens`.
+    #[serde(default = "no_reserve")]
+    pub(crate) output: u64,
+}
+
+fn no_reserve() -> u64 {
+    u64::MAX
+}
+
+impl Ask {
+    /// The output this lease reserves: its decided reservation, at most `max_tokens`.
+    #[inline]
+    pub(crate) fn output_reserve(&self) -> u64 {
+        self.output.min(self.max_tokens)
+    }
 }
 
 impl LeaseRequest {

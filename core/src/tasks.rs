@@ -26,17 +26,10 @@ use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::{MINUTE_MS, TaskTimeHistogram};
+use crate::ids::TaskId;
+use crate::metrics::{MINUTE_MS, TaskFigures, TaskTimeHistogram};
 use crate::request::Role;
 use crate::time::Millis;
-
-/// A task, named by the host. Any `u64`; JavaScript hosts keep it below 2^53 (the npm
-/// package hashes a string id into one).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(transparent)]
-pub struct TaskId(pub u64);
 
 /// What [`Coordinator::open_task`](crate::Coordinator::open_task) is told about a task.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,60 +84,6 @@ pub struct TaskSummary {
     pub failures: u32,
     /// Identical failures in a row (each halves the weight, by default).
     pub repeats: u32,
-}
-
-/// Seed 003's four numbers over a span (since start, or one minute).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskFigures {
-    /// Tasks that ended merged.
-    pub merged: u64,
-    /// Tasks that ended abandoned.
-    pub abandoned: u64,
-    /// Tasks that ended failed.
-    pub failed: u64,
-    /// Tokens charged to the tasks that ended (every outcome), every token the provider
-    /// counted, and those of their leases that settled after the task ended.
-    pub tokens: u64,
-    /// The part of `tokens` that counts against the limits.
-    #[serde(default)]
-    pub rate_limited_tokens: u64,
-    /// `tokens / merged`: what a merged task cost, failures and abandoned work included.
-    pub tokens_per_merged_task: Option<u64>,
-    /// `rate_limited_tokens / merged`.
-    #[serde(default)]
-    pub rate_limited_tokens_per_merged_task: Option<u64>,
-    /// Median wall time of the merged tasks, ms (since start: within 3.2 %; per minute:
-    /// the mean, `task_time_mean_ms`, is given instead).
-    pub task_time_p50_ms: Option<u64>,
-    /// 95th percentile of the same.
-    pub task_time_p95_ms: Option<u64>,
-    /// Mean wall time of the merged tasks, ms.
-    pub task_time_mean_ms: Option<u64>,
-    /// Quota wait of the ended tasks, ms.
-    pub quota_wait_ms: u64,
-    /// Critical-path wait of the ended tasks, agent-ms (see [`TaskSummary`]).
-    pub critical_path_wait_ms: u64,
-    /// Leases granted in the span, across pools (the calls sent).
-    pub calls: u64,
-    /// 429 responses reported in the span, across pools.
-    pub rate_limited: u64,
-    /// `rate_limited / calls`, thousandths.
-    pub rate_limited_permille: Option<u32>,
-}
-
-/// The task figures [`Metrics`](crate::Metrics) carries.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskMetrics {
-    /// Tasks open now.
-    pub open: u32,
-    /// Requests that named a task the full table could not take (run without one).
-    pub untracked: u64,
-    /// Since the coordinator started.
-    pub since_start: TaskFigures,
-    /// The last complete minute (`minute` is its number).
-    pub last_minute: TaskFigures,
-    /// The number of that minute: `now / 60000 − 1`.
-    pub minute: u64,
 }
 
 /// A lease's tokens as a task is charged them: every token the provider counted, and the

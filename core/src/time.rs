@@ -56,3 +56,6 @@ impl fmt::Display for Millis {
         write!(f, "{}ms", self.0)
     }
 }
+
+/// Longest duration any `*_ms` field may hold: 30 days.
+pub const MAX_DURATION_MS: u64 = 30 * 24 * 3_600_000;

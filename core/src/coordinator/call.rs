@@ -9,8 +9,9 @@ use crate::call::{
 use crate::decision::Decision;
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, RateAxis};
+use crate::ids::LeaseId;
 use crate::ids::PoolId;
-use crate::lease::{LeaseId, Phase};
+use crate::lease::Phase;
 use crate::request::{LeaseRequest, Usage};
 use crate::time::Millis;
 use alloc::vec::Vec;

@@ -29,7 +29,8 @@ use super::Coordinator;
 /// How many waits of its size a pool learns from before its expected waits follow them.
 const LEARNED: usize = 8;
 use crate::bucket::{Axis, Demand};
-use crate::lease::{LeaseId, Phase};
+use crate::ids::LeaseId;
+use crate::lease::Phase;
 use crate::time::Millis;
 
 impl Coordinator {
@@ -103,7 +104,7 @@ impl Coordinator {
             share = share
                 .saturating_add(span.saturating_mul(u128::from(ap.weight)) / crate::weight::SCALE);
         }
-        let rate = u128::from(crate::pool::SHARE_UNIT) * u128::from(pool.margin.max(1)) / 1000;
+        let rate = u128::from(crate::bucket::SHARE_UNIT) * u128::from(pool.margin.max(1)) / 1000;
         u64::try_from(share.saturating_mul(u128::from(window)) / rate.max(1)).unwrap_or(u64::MAX)
     }
 

@@ -3,12 +3,13 @@
 use super::Coordinator;
 use crate::bucket::{Axis, Demand, Resync};
 use crate::config::{Config, Counting, MAX_TOKENS, PoolConfig};
-use crate::coordinator::promise::Revise;
 use crate::decision::{Event, MarginReason};
 use crate::error::LeaseError;
 use crate::headers::{HeaderReport, RateAxis};
+use crate::ids::LeaseId;
 use crate::ids::PoolId;
-use crate::lease::{Entry, LeaseId, Phase};
+use crate::lease::{Entry, Phase};
+use crate::pool::Revise;
 use crate::pool::{Pool, counted_on_arrival};
 use crate::time::Millis;
 

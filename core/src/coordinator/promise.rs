@@ -28,19 +28,11 @@ use super::Coordinator;
 use crate::AgentId;
 use crate::bucket::{Axis, Demand, product};
 use crate::decision::Event;
+use crate::ids::LeaseId;
 use crate::ids::PoolId;
-use crate::lease::{LeaseId, Phase};
-use crate::pool::Pool;
+use crate::lease::Phase;
+use crate::pool::{Pool, Revise};
 use crate::time::Millis;
-
-/// What may have moved a pool's queued tickets past their promises during an input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Revise {
-    /// Debt the bound did not assume: every promise moves by at most this many ms.
-    By(u64),
-    /// Something else (a pause, a cut, a weight, a renewal): the bound from the state.
-    Recompute,
-}
 
 impl Pool {
     /// Marks the pool's promises for the end of the input.

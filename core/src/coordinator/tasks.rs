@@ -3,8 +3,10 @@
 use crate::decision::Event;
 use crate::error::LeaseError;
 use crate::ids::PoolId;
+use crate::ids::TaskId;
 use crate::metrics::MINUTE_MS;
-use crate::tasks::{Ended, TaskFigures, TaskId, TaskMetrics, TaskOutcome, TaskSpec, TaskSummary};
+use crate::metrics::{TaskFigures, TaskMetrics};
+use crate::tasks::{Ended, TaskOutcome, TaskSpec, TaskSummary};
 use crate::time::Millis;
 
 use super::Coordinator;
@@ -119,7 +121,7 @@ impl Coordinator {
             let since = *pool.floor_since.get_or_insert(now);
             if !pool.floor_alerted && now.since(since) >= after {
                 pool.floor_alerted = true;
-                let axis = crate::metrics::recent_binding_axis(pool, now);
+                let axis = super::report::recent_binding_axis(pool, now);
                 self.events.push_back(Event::MarginAtFloor {
                     pool: PoolId(u32::try_from(i).unwrap_or(u32::MAX)),
                     axis,
