@@ -12,7 +12,8 @@
  * const checkpoints = new Checkpoints('.tokenwarden/checkpoints', { root: repo })
  * const saved = await checkpoints.resume('worker-3')        // null on a first start
  * const claude = new Anthropic({
- *   fetch: tw.fetch({ agent: 'worker-3', onLongWait: () => checkpoints.save('worker-3', turn) }),
+ *   // The wait hands over the call it holds: checkpoint it as the next call.
+ *   fetch: tw.fetch({ agent: 'worker-3', onLongWait: (wait) => checkpoints.save('worker-3', { ...turn, nextCall: wait.call.body }) }),
  *   maxRetries: 0,
  * })
  * ```
@@ -32,7 +33,7 @@ export interface Turn {
   step: number | string
   /** What it has decided so far (any JSON). */
   decisions: unknown[]
-  /** The call it was about to make, as it would send it (e.g. the SDK's `params`). */
+  /** The call it was about to make, as it would send it: `LongWait.call.body` in `onLongWait`, the SDK's `params` otherwise. */
   nextCall: unknown
   /** The files it has read so far (relative to `root`): their content hashes are kept. */
   files: string[]

@@ -130,6 +130,23 @@ export interface LongWait {
   until: number
   /** Failed sends so far. */
   attempt: number
+  /**
+   * The call this wait holds, as it will be sent: checkpoint `call.body` as the next call
+   * and send it again on resume (`client.messages.create(saved.nextCall)`). Its headers
+   * are not in it: the API key stays with the client.
+   */
+  call: HeldCall
+}
+
+/** A model call held in a wait (see {@link LongWait.call}). */
+export interface HeldCall {
+  provider: Provider
+  model: string
+  method: string
+  /** The URL it goes to (as the SDK built it, query string included). */
+  url: string
+  /** The request body, parsed: a copy the hook may keep or change. */
+  body: Record<string, unknown>
 }
 
 /** What the wrapper needs from its owner. */
@@ -270,7 +287,8 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       if (!step.checkpoint || options.onLongWait === undefined) return
       const until = Number(step.until)
       try {
-        await options.onLongWait({ agent, pool, reason: step.reason, waitMs: Math.max(0, until - driver.clock.now()), until, attempt: step.attempt })
+        const held: HeldCall = { provider, model: shape.model, method, url: url.href, body: JSON.parse(text as string) as Record<string, unknown> }
+        await options.onLongWait({ agent, pool, reason: step.reason, waitMs: Math.max(0, until - driver.clock.now()), until, attempt: step.attempt, call: held })
       } catch (e) {
         withdraw?.abort(e)
         // Granted meanwhile: give it back unused.

@@ -1,8 +1,9 @@
 // One agent's turn, resumable: plan (one model call), read the files the plan needs, then
 // make the step-2 call. If that call has to wait long (the core says `checkpoint`), the
-// turn is written down first; started again after a kill, the agent picks the turn up from
-// its checkpoint: no new plan, only the files that changed are read again, and the prepared
-// call is sent. Driven by resume.mjs; prints one JSON line per event.
+// turn is written down first, with the call the wait holds as the wrapped fetch hands it
+// over (the agent keeps no copy of its own); started again after a kill, the agent picks
+// the turn up from its checkpoint: no new plan, only the files that changed are read
+// again, and the held call is sent. Driven by resume.mjs; prints one JSON line per event.
 //
 //   node resume-agent.mjs <provider url> <workspace> <checkpoint dir>
 import { readFileSync } from 'node:fs'
@@ -34,6 +35,8 @@ const read = (file) => {
   return readFileSync(join(workspace, file), 'utf8')
 }
 
+// What the agent knows of its turn; the call it is about to make is not kept here: the
+// core hands it to `onLongWait` (`wait.call.body`, exactly as it will be sent).
 let turn = null
 const client = new Anthropic({
   apiKey: 'sk-test-key',
@@ -41,16 +44,17 @@ const client = new Anthropic({
   maxRetries: 0,
   fetch: tw.fetch({
     agent: AGENT,
-    // The core decided this wait is long: write the turn down before waiting.
+    // The core decided this wait is long: write the turn and the held call down first.
     onLongWait: async (wait) => {
       if (turn === null) return
-      await checkpoints.save(AGENT, turn)
-      say({ event: 'checkpoint', reason: wait.reason, waitMs: wait.waitMs, step: turn.step })
+      await checkpoints.save(AGENT, { ...turn, nextCall: wait.call.body })
+      say({ event: 'checkpoint', reason: wait.reason, waitMs: wait.waitMs, step: turn.step, heldModel: wait.call.model })
     },
   }),
 })
 
 const saved = await checkpoints.resume(AGENT)
+let answer
 if (saved === null) {
   const plan = await client.messages.create({
     model: MODEL,
@@ -59,27 +63,23 @@ if (saved === null) {
   })
   say({ event: 'planned', outputTokens: plan.usage.output_tokens })
   const known = Object.fromEntries(FILES.map((f) => [f, read(f)]))
-  turn = {
-    goal: 'make the parser handle tabs',
-    step: 2,
-    decisions: ['split on tabs in parse.js', 'leave the lexer alone'],
-    nextCall: {
-      model: MODEL,
-      max_tokens: 200,
-      messages: [{ role: 'user', content: `STEP 2: apply the plan.\n${Object.entries(known).map(([f, t]) => `--- ${f}\n${t}`).join('\n')}\n${'detail '.repeat(1400)}` }],
-    },
-    files: FILES,
-  }
+  turn = { goal: 'make the parser handle tabs', step: 2, decisions: ['split on tabs in parse.js', 'leave the lexer alone'], files: FILES }
+  answer = await client.messages.create({
+    model: MODEL,
+    max_tokens: 200,
+    messages: [{ role: 'user', content: `STEP 2: apply the plan.\n${Object.entries(known).map(([f, t]) => `--- ${f}\n${t}`).join('\n')}\n${'detail '.repeat(1400)}` }],
+  })
 } else {
   say({ event: 'resumed', step: saved.step, changed: saved.changed, unchanged: saved.unchanged, missing: saved.missing, waitedMs: saved.waitedMs, cacheExpired: saved.cacheExpired })
-  // Only what changed is read again, and goes with the prepared call as an addendum.
+  // The held call as the checkpoint has it; only what changed is read again, and goes
+  // with it as an addendum.
   const fresh = saved.changed.map((f) => `--- ${f} (changed while this agent waited)\n${read(f)}`)
-  const call = structuredClone(saved.nextCall)
+  const call = saved.nextCall
   if (fresh.length > 0) call.messages[0].content += `\n${fresh.join('\n')}`
-  turn = { goal: saved.goal, step: saved.step, decisions: saved.decisions, nextCall: call, files: FILES }
+  turn = { goal: saved.goal, step: saved.step, decisions: saved.decisions, files: FILES }
+  answer = await client.messages.create(call)
 }
 
-const answer = await client.messages.create(turn.nextCall)
 await checkpoints.clear(AGENT)
 say({ event: 'done', step: turn.step, reads, outputTokens: answer.usage.output_tokens })
 tw.close()

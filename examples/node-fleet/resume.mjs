@@ -2,12 +2,13 @@
 // re-plan. Starts the mock provider on 127.0.0.1, runs resume-agent.mjs; when it reports
 // its checkpoint (written before a long queued wait), kills it (SIGKILL: no clean-up runs),
 // edits one of the files it had read, and starts it again. Checks that the second run did
-// not plan again, read only the changed file, and sent the prepared call: the provider saw
-// exactly two calls (the plan, then step 2). Exits non-zero if anything differs.
+// not plan again, read only the changed file, and sent the call its wait had held (handed
+// to its onLongWait hook, saved in the checkpoint): the provider saw exactly two calls
+// (the plan, then step 2). Exits non-zero if anything differs.
 //
 //   node resume.mjs            (Node >= 22; the test script runs it on Node 24)
 import { spawn } from 'node:child_process'
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { createInterface } from 'node:readline'
@@ -66,6 +67,10 @@ try {
   const cp = first.events.find((e) => e.event === 'checkpoint')
   check(cp !== undefined && cp.reason === 'queued' && cp.waitMs > 1000, `the core called the wait long before it began (${cp?.reason}, ${cp?.waitMs} ms)`)
   check(mock.stats().completed === 1, `the provider saw only the plan before the kill (${mock.stats().completed} calls)`)
+  // The agent kept no copy of its step-2 call: the checkpoint holds the one the wait held.
+  const saved = JSON.parse(readFileSync(join(checkpoints, 'worker-1.json'), 'utf8'))
+  const held = saved.nextCall
+  check(held?.model === 'claude-sonnet-4-6' && held?.max_tokens === 200 && String(held?.messages?.[0]?.content).startsWith('STEP 2: apply the plan.'), 'the checkpoint holds the call the wait held, as the SDK built it')
 
   writeFileSync(join(workspace, 'lexer.js'), 'export const lex = (s) => s.split(/\\t| /)\n')
   console.log('lexer.js edited while the agent was down; second run:')

@@ -83,6 +83,14 @@ describe('the long-wait hook', () => {
     assert.equal(waits.length, 1)
     assert.equal(waits[0].reason, 'queued')
     assert.ok(waits[0].waitMs > 1000, `a long wait: ${waits[0].waitMs} ms`)
+    // The hook is handed the call the wait holds, as it would be sent, without its headers.
+    const held = waits[0].call
+    assert.deepEqual(held.body, JSON.parse(body(12_000)))
+    assert.equal(held.url, `${mock.url}/v1/messages`)
+    assert.equal(held.method, 'POST')
+    assert.equal(held.model, 'claude-sonnet-4-6')
+    assert.equal(held.provider, 'anthropic')
+    assert.ok(!JSON.stringify(held).includes('"k"'), 'no API key in it')
     const m = tw.metrics()
     assert.equal(m.liveLeases, 0, 'the ticket was withdrawn')
     assert.equal(m.pools[0].queueDepth, 0)
