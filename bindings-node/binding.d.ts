@@ -64,6 +64,12 @@ export declare class Coordinator {
   get now(): U64
   /** The index of the pool with this name, or `null`. */
   poolId(name: string): number | null
+  /**
+   * Which API a request is a model call of (`anthropic_messages`, `openai_chat`,
+   * `openai_responses`), or `null`: the provider crate's rule, on the path as the
+   * provider's router reads it (`target`: the path, query string allowed).
+   */
+  modelCall(method: string, target: string): string | null
   /** Pool names, by index. */
   get pools(): Array<string>
   /** The configuration as JSON (the shape the constructor takes). */

@@ -515,6 +515,15 @@ pub fn handle(c: &mut core::Coordinator, now: u64, input: &str) -> Result<core::
     Ok(c.handle(core::Millis(now), &input)?)
 }
 
+/// `modelCall(method, target)`: which API a request is a model call of
+/// ([`tokenwarden_provider::model_call`]: the path as the provider's router reads it, so no
+/// look-alike passes unleased), as `anthropic_messages`, `openai_chat` or
+/// `openai_responses`; `None` for a request that passes through.
+#[must_use]
+pub fn model_call(method: &str, target: &str) -> Option<&'static str> {
+    tokenwarden_provider::model_call(method, target).map(tokenwarden_provider::Api::name)
+}
+
 /// `planFleet(json)`: the core's fleet sizing ([`core::plan_fleet_json`]) on a fleet
 /// description in the core's snake_case JSON, answered as camelCase JSON; an error names
 /// the field as the description spells it and is `invalid_argument`.

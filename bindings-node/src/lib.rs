@@ -143,6 +143,14 @@ impl Coordinator {
         self.inner.pool_id(&name).map(|p| p.0)
     }
 
+    /// Which API a request is a model call of (`anthropic_messages`, `openai_chat`,
+    /// `openai_responses`), or `null`: the provider crate's rule, on the path as the
+    /// provider's router reads it (`target`: the path, query string allowed).
+    #[napi]
+    pub fn model_call(&self, method: String, target: String) -> Option<&'static str> {
+        tokenwarden_js_abi::model_call(&method, &target)
+    }
+
     /// Pool names, by index.
     #[napi(getter)]
     pub fn pools(&self) -> Vec<String> {

@@ -9,6 +9,7 @@ export declare class WasmEngine implements Engine {
   private constructor()
   readonly pools: readonly string[]
   poolId(name: string): number | null
+  modelCall: Engine['modelCall']
   requestLease: Engine['requestLease']
   settle: Engine['settle']
   cancel: Engine['cancel']

@@ -126,6 +126,9 @@ export class WasmRegisters {
   poolId(name) {
     return this.#c.poolId(name)
   }
+  modelCall(method, target) {
+    return this.#c.modelCall(method, target)
+  }
   takeWide() {
     return this.#c.takeWide()
   }

@@ -191,6 +191,14 @@ impl Coordinator {
         self.inner.pool_id(name).map(|p| p.0)
     }
 
+    /// Which API a request is a model call of (`anthropic_messages`, `openai_chat`,
+    /// `openai_responses`), or `undefined`: the provider crate's rule, on the path as the
+    /// provider's router reads it (`target`: the path, query string allowed).
+    #[wasm_bindgen(js_name = modelCall)]
+    pub fn model_call(&self, method: &str, target: &str) -> Option<String> {
+        tokenwarden_js_abi::model_call(method, target).map(String::from)
+    }
+
     /// Pool names, by index.
     #[wasm_bindgen(getter)]
     pub fn pools(&self) -> Vec<String> {

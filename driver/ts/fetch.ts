@@ -18,7 +18,7 @@ import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
 import { LeaseRejectedError, TokenwardenError } from './errors.js'
 import { BytesPerTokenEstimator, type Estimate, type EstimateInput, type Estimator } from './estimator.js'
-import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, detectProvider, promptTokens, providerErrorBody } from './providers.js'
+import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, promptTokens, providerErrorBody } from './providers.js'
 import { type CallStep, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
@@ -257,7 +257,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
     const send = options.fetch ?? globalThis.fetch
     const url = new URL(input instanceof Request ? input.url : String(input))
     const method = init?.method ?? (input instanceof Request ? input.method : 'GET')
-    const provider = detectProvider(url, method)
+    const provider = providerOf(driver, method, url)
     if (provider === null) return send(input, init)
     // A model call's redirect is handed back, never followed: it would take the API key to
     // wherever the Location points.
@@ -388,13 +388,23 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
     } catch (e) {
       if (options.errorResponses === false) throw e
       const url = new URL(input instanceof Request ? input.url : String(input))
-      const provider = detectProvider(url, init?.method ?? (input instanceof Request ? input.method : 'GET'))
+      const provider = providerOf(driver, init?.method ?? (input instanceof Request ? input.method : 'GET'), url)
       const answer = provider === null ? null : refusalResponse(e, provider)
       if (answer === null) throw e
       return answer
     }
   }
   return wrapped as typeof fetch
+}
+
+/**
+ * Which provider a request is a model call of, or `null` (it passes through unleased): the
+ * engine's `modelCall`, the provider crate's rule on the path as the provider's router
+ * reads it (a look-alike such as `/v1/m%65ssages` is leased too).
+ */
+function providerOf(driver: Driver, method: string, url: URL): Provider | null {
+  const api = driver.engine.modelCall(method, url.pathname)
+  return api === null ? null : api === 'anthropic_messages' ? 'anthropic' : 'openai'
 }
 
 function messageOf(e: unknown): string {

@@ -9,21 +9,6 @@ import type { Usage } from './types.js'
 /** A provider API the wrapper understands. */
 export type Provider = 'anthropic' | 'openai'
 
-/**
- * Which provider API a request URL is a model call of, or `null` (passed through): `POST`
- * to `…/messages` (Anthropic), `…/chat/completions` or `…/responses` (OpenAI), whatever the
- * query string. The Responses API's other routes (`GET`/`DELETE /responses/{id}`,
- * `…/input_items`, `POST /responses/{id}/cancel`, `/responses/input_tokens`,
- * `/responses/compact`) are not model calls here and pass through.
- */
-export function detectProvider(url: URL, method: string): Provider | null {
-  if (method.toUpperCase() !== 'POST') return null
-  const path = url.pathname.replace(/\/+$/, '')
-  if (path.endsWith('/messages') && !path.endsWith('/count_tokens')) return 'anthropic'
-  if (path.endsWith('/chat/completions') || path.endsWith('/responses')) return 'openai'
-  return null
-}
-
 /** The fields of a request body the wrapper needs. */
 export interface CallShape {
   model: string

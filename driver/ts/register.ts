@@ -92,6 +92,7 @@ import type {
   LeaseRequest,
   MarginReason,
   Metrics,
+  ModelApi,
   RejectReason,
   Settlement,
   TaskOutcome,
@@ -105,6 +106,7 @@ import type {
 export interface RegisterBinding {
   readonly pools: string[]
   poolId(name: string): number | null | undefined
+  modelCall(method: string, target: string): string | null | undefined
   /** The register-file calls; the addon reads its attached buffer and ignores `io`. */
   requestLeaseIo(io: Float64Array): number
   settleIo(io: Float64Array): number
@@ -325,6 +327,12 @@ export class RegisterEngine implements Engine {
 
   poolId(name: string): number | null {
     return this.#c.poolId(name) ?? null
+  }
+
+  modelCall(method: string, target: string): ModelApi | null {
+    if (typeof method !== 'string') throw invalidArgument(`modelCall needs the method as a string, got ${typeof method}`, 'method')
+    if (typeof target !== 'string') throw invalidArgument(`modelCall needs the request target (a path) as a string, got ${typeof target}`, 'target')
+    return (this.#c.modelCall(method, target) ?? null) as ModelApi | null
   }
 
   requestLease(now: U64, r: LeaseRequest): Decision {

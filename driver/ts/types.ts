@@ -459,11 +459,21 @@ export interface Metrics {
  * `now` (integer milliseconds on the caller's clock) where the core does; none reads a
  * clock. Errors are thrown as `Error`s with a stable `code` (see `TokenwardenError`).
  */
+/** A provider API whose calls are leased (see {@link Engine.modelCall}). */
+export type ModelApi = 'anthropic_messages' | 'openai_chat' | 'openai_responses'
+
 export interface Engine {
   /** Pool names, by index. */
   readonly pools: readonly string[]
   /** The index of the pool with this name, or `null`. */
   poolId(name: string): number | null
+  /**
+   * Which API a request is a model call of, or `null` (it passes through unleased): the
+   * provider crate's rule (`tokenwarden-provider`), on the path as the provider's router
+   * reads it, so a look-alike (`/v1/m%65ssages`, `/V1/Messages`, `/v1/messages;x`) is a
+   * model call too. `target`: the request's path, query string allowed.
+   */
+  modelCall(method: string, target: string): ModelApi | null
   requestLease(now: U64, request: LeaseRequest): Decision
   settle(now: U64, lease: number, usage: Usage): Settlement
   cancel(now: U64, lease: number): void

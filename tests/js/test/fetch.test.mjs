@@ -47,6 +47,15 @@ describe('fetch wrapper', () => {
     tw.close()
   })
 
+  test("a look-alike of a model call's path is leased too (the provider's router reads it as one)", async () => {
+    const paths = ['/v1/m%65ssages', '/V1/Messages', '/v1/messages;x', '/v1//messages/', '/v1/x/../messages', '/v1/m%2565ssages']
+    const { tw, fetch, sent, events } = harness(paths.map(() => anthropicOk({ input_tokens: 90, output_tokens: 7 })))
+    for (const p of paths) assert.equal((await post(fetch, `https://api.example${p}`)).status, 200, p)
+    assert.equal(sent.length, paths.length)
+    assert.equal(events.filter((e) => e.name === 'settled').length, paths.length, 'every one was leased and settled')
+    tw.close()
+  })
+
   test('requests that are not model calls pass through unleased', async () => {
     const { tw, fetch, events } = harness([new Response('{}'), new Response('{}')])
     await fetch('https://api.example/v1/models')

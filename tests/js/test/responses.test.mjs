@@ -8,9 +8,9 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import OpenAI from 'openai'
-import { SseUsage, callShape, detectProvider, usageFromBody } from 'tokenwarden-driver'
+import { SseUsage, callShape, usageFromBody } from 'tokenwarden-driver'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
-import { createTokenwarden } from '../support/engine.mjs'
+import { createTokenwarden, engines } from '../support/engine.mjs'
 
 const KEY = 'sk-test-SECRET-responses'
 const enc = new TextEncoder()
@@ -25,16 +25,19 @@ const response = (status, u) => ({ id: 'resp_1', object: 'response', status, out
 
 describe('Responses API: detection, shape and usage', () => {
   test('POST …/responses is an OpenAI model call whatever the query string; its other routes pass through', () => {
-    const u = (s) => new URL(s)
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses'), 'POST'), 'openai')
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses?api-version=2025-04-01'), 'post'), 'openai')
-    assert.equal(detectProvider(u('http://127.0.0.1:8787/v1/fleets/f/quotas/q/agents/a/worker/openai/responses/'), 'POST'), 'openai')
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses/resp_1'), 'GET'), null)
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses/resp_1'), 'DELETE'), null)
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses/resp_1/input_items'), 'GET'), null)
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses/resp_1/cancel'), 'POST'), null)
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses/input_tokens'), 'POST'), null)
-    assert.equal(detectProvider(u('https://api.openai.com/v1/responses'), 'GET'), null)
+    const engine = engines.create({ pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 100_000 }] }, 1, 0)
+    const call = (s, method = 'POST') => engine.modelCall(method, new URL(s).pathname)
+    assert.equal(call('https://api.openai.com/v1/responses'), 'openai_responses')
+    assert.equal(call('https://api.openai.com/v1/responses?api-version=2025-04-01', 'post'), 'openai_responses')
+    assert.equal(call('http://127.0.0.1:8787/v1/fleets/f/quotas/q/agents/a/worker/openai/responses/'), 'openai_responses')
+    assert.equal(call('https://api.openai.com/v1/chat/completions'), 'openai_chat')
+    assert.equal(call('https://api.openai.com/v1/responses/resp_1', 'GET'), null)
+    assert.equal(call('https://api.openai.com/v1/responses/resp_1', 'DELETE'), null)
+    assert.equal(call('https://api.openai.com/v1/responses/resp_1/input_items', 'GET'), null)
+    assert.equal(call('https://api.openai.com/v1/responses/resp_1/cancel'), null)
+    assert.equal(call('https://api.openai.com/v1/responses/input_tokens'), null)
+    assert.equal(call('https://api.openai.com/v1/responses', 'GET'), null)
+    assert.throws(() => engine.modelCall('POST', null), (e) => e.code === 'invalid_argument' && e.field === 'target')
   })
 
   test('max_output_tokens is the output reservation; stream and model are read', () => {
