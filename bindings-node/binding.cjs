@@ -836,4 +836,5 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.Coordinator = nativeBinding.Coordinator
+module.exports.UsageReader = nativeBinding.UsageReader
 module.exports.planFleet = nativeBinding.planFleet

@@ -70,6 +70,11 @@ export declare class Coordinator {
    * provider's router reads it (`target`: the path, query string allowed).
    */
   modelCall(method: string, target: string): string | null
+  /**
+   * A reader of one answer's usage for `api` (as `modelCall` names it): a
+   * server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
+   */
+  usageReader(api: string, stream: boolean): UsageReader
   /** Pool names, by index. */
   get pools(): Array<string>
   /** The configuration as JSON (the shape the constructor takes). */
@@ -115,6 +120,23 @@ export declare class Coordinator {
   takeWide(): string | Record<string, any> | null
   /** Internal consistency check; throws `corrupt` naming the broken invariant. */
   check(): void
+}
+
+/**
+ * Reads one provider answer's usage as it passes through (the provider crate's reader):
+ * `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
+ * short.
+ */
+export declare class UsageReader {
+  /** Feeds the next piece of the body. */
+  push(chunk: Uint8Array): void
+  /**
+   * The body ended cleanly: `{"usage": …, "seen": …}` as JSON text (the usage reported
+   * in full, or `null`; what the answer showed).
+   */
+  end(): string
+  /** What the answer showed so far, as JSON text (a usage object or `null`). */
+  seen(): string
 }
 
 /**

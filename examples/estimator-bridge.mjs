@@ -9,8 +9,8 @@
 // - each attempt of a call (the first ask, and each ask again after a refusal or a 429)
 //   estimates the same parsed body object: `estimate({ provider, model, body })`, `model`
 //   and `max_tokens` read by the driver's own `callShape`;
-// - when the provider's usage arrives, the usage is read by the driver's `usageFromBody`
-//   and the estimator observes it exactly as `learn` in fetch.ts does:
+// - when the provider's usage arrives (as the core takes it: what the provider crate's
+//   readers make of an answer), the estimator observes it exactly as `learn` in fetch.ts does:
 //   `observe({ provider, model, body, estimate, actualInputTokens, usage })`, with the
 //   same body and the same estimate object as the attempt that was sent.
 //
@@ -36,7 +36,7 @@ try {
   process.stderr.write(`estimator-bridge: cannot import the built driver (${entry}): ${e?.message ?? e}\nbuild it: npm ci (at the repository root), then cd driver && npm run build\n`)
   process.exit(3)
 }
-const { DefaultEstimator, callShape, usageFromBody } = driver
+const { DefaultEstimator, callShape } = driver
 
 // The simulator's virtual time, ms: set by every message that carries `now`.
 let now = 0
@@ -67,16 +67,21 @@ async function handle(msg) {
       const c = calls.get(msg.call)
       if (c === undefined || c.estimate === null) throw new Error(`observe of call ${msg.call}: never estimated`)
       calls.delete(msg.call)
-      const usage = usageFromBody(c.provider, { usage: msg.usage })
-      if (usage === null) throw new Error(`observe of call ${msg.call}: usage the driver cannot read: ${JSON.stringify(msg.usage)}`)
+      // The simulator sends the usage as the core takes it (uncached input, cache writes,
+      // cache reads, output): what the provider crate's readers make of an answer.
+      const u = msg.usage ?? {}
+      const n = (k) => {
+        const v = u[k]
+        if (!Number.isSafeInteger(v) || v < 0) throw new Error(`observe of call ${msg.call}: usage.${k} must be a count, got ${JSON.stringify(v)}`)
+        return v
+      }
       // As fetch.ts's `learn` (its `actualInputTokens` is `promptTokens(usage)`, every
       // prompt token the usage counts: uncached, cache writes and cache reads).
-      const n = (v) => Number(v ?? 0)
       const observed = {
-        inputTokens: n(usage.inputTokens),
-        cacheReadInputTokens: n(usage.cacheReadInputTokens),
-        cacheCreationInputTokens: n(usage.cacheCreationInputTokens),
-        outputTokens: n(usage.outputTokens),
+        inputTokens: n('input_tokens'),
+        cacheReadInputTokens: n('cache_read_input_tokens'),
+        cacheCreationInputTokens: n('cache_creation_input_tokens'),
+        outputTokens: n('output_tokens'),
       }
       await estimator.observe?.({ provider: c.provider, model: c.model, body: c.body, estimate: c.estimate, actualInputTokens: observed.inputTokens + observed.cacheCreationInputTokens + observed.cacheReadInputTokens, usage: observed })
       return { ok: true }

@@ -515,6 +515,9 @@ pub fn handle(c: &mut core::Coordinator, now: u64, input: &str) -> Result<core::
     Ok(c.handle(core::Millis(now), &input)?)
 }
 
+/// The provider crate, for the bindings' usage readers.
+pub use tokenwarden_provider as provider;
+
 /// `modelCall(method, target)`: which API a request is a model call of
 /// ([`tokenwarden_provider::model_call`]: the path as the provider's router reads it, so no
 /// look-alike passes unleased), as `anthropic_messages`, `openai_chat` or
@@ -522,6 +525,62 @@ pub fn handle(c: &mut core::Coordinator, now: u64, input: &str) -> Result<core::
 #[must_use]
 pub fn model_call(method: &str, target: &str) -> Option<&'static str> {
     tokenwarden_provider::model_call(method, target).map(tokenwarden_provider::Api::name)
+}
+
+/// A reader of one answer's usage ([`tokenwarden_provider::UsageReader`]) for the API
+/// named as [`model_call`] names it; `stream`: a server-sent-event stream, else a JSON body.
+pub fn usage_reader(
+    api: &str,
+    stream: bool,
+) -> Result<tokenwarden_provider::UsageReader, ArgError> {
+    use tokenwarden_provider::{Api, Format, UsageReader};
+    let api = match api {
+        "anthropic_messages" => Api::AnthropicMessages,
+        "openai_chat" => Api::OpenaiChat,
+        "openai_responses" => Api::OpenaiResponses,
+        other => {
+            return Err(ArgError::range(
+                "invalid_argument",
+                format!(
+                    "`api` must be anthropic_messages, openai_chat or openai_responses, got {other:?}"
+                ),
+            )
+            .with_field("api"));
+        }
+    };
+    Ok(UsageReader::new(Format::from(api), stream))
+}
+
+/// The end of an answer read by a [`usage_reader`]: `{"usage": …, "seen": …}` as JSON text
+/// (camelCase usage objects, or `null`): the usage it reported in full, and what it showed
+/// (for a call cut short).
+pub fn usage_end(reader: &mut tokenwarden_provider::UsageReader) -> String {
+    reader.end();
+    format!(
+        r#"{{"usage":{},"seen":{}}}"#,
+        usage_json(reader.usage()),
+        usage_json(reader.seen())
+    )
+}
+
+/// What an answer read by a [`usage_reader`] showed so far (a call cut short), as JSON
+/// text: a camelCase usage object, or `null`.
+#[must_use]
+pub fn usage_seen(reader: &tokenwarden_provider::UsageReader) -> String {
+    usage_json(reader.seen())
+}
+
+fn usage_json(u: Option<tokenwarden_provider::Usage>) -> String {
+    match u {
+        None => "null".into(),
+        Some(u) => format!(
+            r#"{{"inputTokens":{},"cacheCreationInputTokens":{},"cacheReadInputTokens":{},"outputTokens":{}}}"#,
+            u.input_tokens,
+            u.cache_creation_input_tokens,
+            u.cache_read_input_tokens,
+            u.output_tokens
+        ),
+    }
 }
 
 /// `planFleet(json)`: the core's fleet sizing ([`core::plan_fleet_json`]) on a fleet

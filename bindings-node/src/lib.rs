@@ -20,7 +20,7 @@ pub mod convert;
 
 use convert::{Thrown, U64, WideResult, io, to_js_json, u64_arg, u64_to_js};
 use napi::Env;
-use napi::bindgen_prelude::{Either, Float64Array, Unknown};
+use napi::bindgen_prelude::{Either, Float64Array, Uint8Array, Unknown};
 use napi_derive::napi;
 use serde_json::Value;
 use tokenwarden_core as core;
@@ -149,6 +149,15 @@ impl Coordinator {
     #[napi]
     pub fn model_call(&self, method: String, target: String) -> Option<&'static str> {
         tokenwarden_js_abi::model_call(&method, &target)
+    }
+
+    /// A reader of one answer's usage for `api` (as `modelCall` names it): a
+    /// server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
+    #[napi]
+    pub fn usage_reader(&self, env: Env, api: String, stream: bool) -> napi::Result<UsageReader> {
+        js(&env, || {
+            tokenwarden_js_abi::usage_reader(&api, stream).map(|inner| UsageReader { inner })
+        })
     }
 
     /// Pool names, by index.
@@ -379,4 +388,34 @@ fn registers(io: &mut Option<Float64Array>) -> Result<&mut [f64], Thrown> {
 #[napi(js_name = "planFleet")]
 pub fn plan_fleet(env: Env, json: String) -> napi::Result<String> {
     js(&env, || tokenwarden_js_abi::plan_fleet(&json))
+}
+
+/// Reads one provider answer's usage as it passes through (the provider crate's reader):
+/// `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
+/// short.
+#[napi]
+pub struct UsageReader {
+    inner: tokenwarden_js_abi::provider::UsageReader,
+}
+
+#[napi]
+impl UsageReader {
+    /// Feeds the next piece of the body.
+    #[napi]
+    pub fn push(&mut self, chunk: Uint8Array) {
+        self.inner.push(&chunk);
+    }
+
+    /// The body ended cleanly: `{"usage": …, "seen": …}` as JSON text (the usage reported
+    /// in full, or `null`; what the answer showed).
+    #[napi]
+    pub fn end(&mut self) -> String {
+        tokenwarden_js_abi::usage_end(&mut self.inner)
+    }
+
+    /// What the answer showed so far, as JSON text (a usage object or `null`).
+    #[napi]
+    pub fn seen(&self) -> String {
+        tokenwarden_js_abi::usage_seen(&self.inner)
+    }
 }

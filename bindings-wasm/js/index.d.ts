@@ -10,6 +10,7 @@ export declare class WasmEngine implements Engine {
   readonly pools: readonly string[]
   poolId(name: string): number | null
   modelCall: Engine['modelCall']
+  usageReader: Engine['usageReader']
   requestLease: Engine['requestLease']
   settle: Engine['settle']
   cancel: Engine['cancel']

@@ -129,6 +129,9 @@ export class WasmRegisters {
   modelCall(method, target) {
     return this.#c.modelCall(method, target)
   }
+  usageReader(api, stream) {
+    return this.#c.usageReader(api, stream)
+  }
   takeWide() {
     return this.#c.takeWide()
   }

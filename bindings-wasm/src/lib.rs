@@ -199,6 +199,15 @@ impl Coordinator {
         tokenwarden_js_abi::model_call(method, target).map(String::from)
     }
 
+    /// A reader of one answer's usage for `api` (as `modelCall` names it): a
+    /// server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
+    #[wasm_bindgen(js_name = usageReader)]
+    pub fn usage_reader(&self, api: &str, stream: bool) -> Result<UsageReader, Thrown> {
+        tokenwarden_js_abi::usage_reader(api, stream)
+            .map(|inner| UsageReader { inner })
+            .map_err(Thrown::from)
+    }
+
     /// Pool names, by index.
     #[wasm_bindgen(getter)]
     pub fn pools(&self) -> Vec<String> {
@@ -406,4 +415,31 @@ const MAX_SEED: u64 = (1 << 53) - 1;
 #[wasm_bindgen(js_name = planFleet)]
 pub fn plan_fleet(json: &str) -> Result<String, Thrown> {
     tokenwarden_js_abi::plan_fleet(json).map_err(Thrown::from)
+}
+
+/// Reads one provider answer's usage as it passes through (the provider crate's reader):
+/// `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
+/// short.
+#[wasm_bindgen]
+pub struct UsageReader {
+    inner: tokenwarden_js_abi::provider::UsageReader,
+}
+
+#[wasm_bindgen]
+impl UsageReader {
+    /// Feeds the next piece of the body.
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.inner.push(chunk);
+    }
+
+    /// The body ended cleanly: `{"usage": …, "seen": …}` as JSON text (the usage reported
+    /// in full, or `null`; what the answer showed).
+    pub fn end(&mut self) -> String {
+        tokenwarden_js_abi::usage_end(&mut self.inner)
+    }
+
+    /// What the answer showed so far, as JSON text (a usage object or `null`).
+    pub fn seen(&self) -> String {
+        tokenwarden_js_abi::usage_seen(&self.inner)
+    }
 }

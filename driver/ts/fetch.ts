@@ -18,8 +18,8 @@ import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
 import { LeaseRejectedError, TokenwardenError } from './errors.js'
 import { BytesPerTokenEstimator, type Estimate, type EstimateInput, type Estimator } from './estimator.js'
-import { BodyUsage, MAX_COUNT, WHOLE_BODY_BYTES, type Provider, SseUsage, callShape, promptTokens, providerErrorBody } from './providers.js'
-import { type CallStep, type Role, type U64, type Usage, newCall } from './types.js'
+import { MAX_COUNT, type Provider, callShape, promptTokens, providerErrorBody } from './providers.js'
+import { type CallStep, type ModelApi, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
 export interface FetchOptions {
@@ -98,8 +98,11 @@ export interface UpstreamTimeouts {
 export const DEFAULT_FIRST_BYTE_MS = 600_000
 /** The default {@link UpstreamTimeouts.idleMs}: 5 minutes without a byte from a body being read. */
 export const DEFAULT_IDLE_MS = 300_000
-/** A JSON answer up to this size is read whole before the caller gets it; a larger one streams through. */
-const HOLD_BYTES = WHOLE_BODY_BYTES + 1
+/**
+ * A JSON answer up to this size is read whole before the caller gets it (the provider
+ * crate's reader parses a body of up to 1 MiB whole); a larger one streams through.
+ */
+const HOLD_BYTES = (1 << 20) + 1
 /** The longest finite timeout (a timer's limit, about 24.8 days). */
 const MAX_TIMEOUT_MS = 2_147_483_647
 
@@ -257,8 +260,9 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
     const send = options.fetch ?? globalThis.fetch
     const url = new URL(input instanceof Request ? input.url : String(input))
     const method = init?.method ?? (input instanceof Request ? input.method : 'GET')
-    const provider = providerOf(driver, method, url)
-    if (provider === null) return send(input, init)
+    const api = driver.engine.modelCall(method, url.pathname)
+    if (api === null) return send(input, init)
+    const provider = providerOf(api)
     // A model call's redirect is handed back, never followed: it would take the API key to
     // wherever the Location points.
     const unleased = (): Promise<Response> => (input instanceof Request ? send(new Request(input, { ...init, redirect: 'manual' })) : send(input, { ...init, redirect: 'manual' }))
@@ -379,7 +383,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         return res
       }
       const stream = isEventStream(res)
-      return relay(res, lease, driver, stream ? sseMeter(provider) : bodyMeter(provider), upstream, timeouts.idleMs, stream ? 0 : HOLD_BYTES, onUsage)
+      return relay(res, lease, driver, meter(driver, api, stream), upstream, timeouts.idleMs, stream ? 0 : HOLD_BYTES, onUsage)
     }
   }
   const wrapped = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
@@ -388,8 +392,8 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
     } catch (e) {
       if (options.errorResponses === false) throw e
       const url = new URL(input instanceof Request ? input.url : String(input))
-      const provider = providerOf(driver, init?.method ?? (input instanceof Request ? input.method : 'GET'), url)
-      const answer = provider === null ? null : refusalResponse(e, provider)
+      const api = driver.engine.modelCall(init?.method ?? (input instanceof Request ? input.method : 'GET'), url.pathname)
+      const answer = api === null ? null : refusalResponse(e, providerOf(api))
       if (answer === null) throw e
       return answer
     }
@@ -398,13 +402,12 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
 }
 
 /**
- * Which provider a request is a model call of, or `null` (it passes through unleased): the
- * engine's `modelCall`, the provider crate's rule on the path as the provider's router
+ * The provider whose format a model call's API follows. Which requests are model calls is
+ * the engine's `modelCall`: the provider crate's rule on the path as the provider's router
  * reads it (a look-alike such as `/v1/m%65ssages` is leased too).
  */
-function providerOf(driver: Driver, method: string, url: URL): Provider | null {
-  const api = driver.engine.modelCall(method, url.pathname)
-  return api === null ? null : api === 'anthropic_messages' ? 'anthropic' : 'openai'
+function providerOf(api: ModelApi): Provider {
+  return api === 'anthropic_messages' ? 'anthropic' : 'openai'
 }
 
 function messageOf(e: unknown): string {
@@ -614,13 +617,6 @@ function interruptedQuietly(lease: Lease, seen: Usage | null, driver: Driver, fo
   }
 }
 
-/** What a stream showed before it broke: its reported usage, output counted from the text seen. */
-function seenSoFar(tracker: SseUsage): Usage {
-  const reported = tracker.usage
-  const output = Math.min(MAX_COUNT, Math.max(Number(reported?.outputTokens ?? 0), Math.ceil(tracker.textBytes / 2)))
-  return { ...(reported ?? {}), outputTokens: output }
-}
-
 /** Reads a response body's usage as it passes through. */
 interface Meter {
   push(chunk: Uint8Array): void
@@ -630,23 +626,24 @@ interface Meter {
   seen(): Usage | null
 }
 
-/** A server-sent-event stream's usage: final only when the stream gave its last usage report. */
-function sseMeter(provider: Provider): Meter {
-  const tracker = new SseUsage(provider)
+/**
+ * The provider crate's usage reader for the answer (`engine.usageReader`): a stream is
+ * final only when it gave its last usage report and no error event; a JSON body is read
+ * with bounded memory; what a stream cut short showed is its reported usage with its
+ * output at least half the text it carried.
+ */
+function meter(driver: Driver, api: ModelApi, stream: boolean): Meter {
+  const reader = driver.engine.usageReader(api, stream)
+  let ended: Usage | null | undefined
   return {
-    push: (chunk) => tracker.push(chunk),
+    push: (chunk) => reader.push(chunk),
     end: () => {
-      tracker.end()
-      return tracker.complete ? tracker.usage : null
+      const r = reader.end()
+      ended = r.seen
+      return r.usage
     },
-    seen: () => seenSoFar(tracker),
+    seen: () => (ended !== undefined ? ended : reader.seen()),
   }
-}
-
-/** A JSON body's usage, with bounded memory (see {@link BodyUsage}). */
-function bodyMeter(provider: Provider): Meter {
-  const body = new BodyUsage(provider)
-  return { push: (chunk) => body.push(chunk), end: () => body.usage(), seen: () => null }
 }
 
 /**

@@ -18,7 +18,7 @@ export type { BytesPerTokenOptions, DefaultEstimatorOptions, Estimate, EstimateI
 export type { CountTokensFailure, CountTokensOptions } from './counttokens.js'
 export { openaiEncoding } from './tokenize.js'
 export type { OpenAIEncoding } from './tokenize.js'
-export { SseUsage, callShape, errorTypeFor, providerErrorBody, usageFromBody } from './providers.js'
+export { callShape, errorTypeFor, providerErrorBody } from './providers.js'
 export type { CallShape, Provider } from './providers.js'
 export { ManualClock, sleep, systemClock } from './clock.js'
 export type { Clock } from './clock.js'

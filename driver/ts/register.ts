@@ -98,6 +98,7 @@ import type {
   TaskOutcome,
   TaskSpec,
   TaskSummary,
+  UsageReader,
   U64,
   Usage,
 } from './types.js'
@@ -107,6 +108,7 @@ export interface RegisterBinding {
   readonly pools: string[]
   poolId(name: string): number | null | undefined
   modelCall(method: string, target: string): string | null | undefined
+  usageReader(api: string, stream: boolean): { push(chunk: Uint8Array): void; end(): string; seen(): string }
   /** The register-file calls; the addon reads its attached buffer and ignores `io`. */
   requestLeaseIo(io: Float64Array): number
   settleIo(io: Float64Array): number
@@ -333,6 +335,21 @@ export class RegisterEngine implements Engine {
     if (typeof method !== 'string') throw invalidArgument(`modelCall needs the method as a string, got ${typeof method}`, 'method')
     if (typeof target !== 'string') throw invalidArgument(`modelCall needs the request target (a path) as a string, got ${typeof target}`, 'target')
     return (this.#c.modelCall(method, target) ?? null) as ModelApi | null
+  }
+
+  usageReader(api: ModelApi, stream: boolean): UsageReader {
+    if (typeof stream !== 'boolean') throw invalidArgument(`usageReader needs \`stream\` as a boolean, got ${typeof stream}`, 'stream')
+    let r: ReturnType<RegisterBinding['usageReader']>
+    try {
+      r = this.#c.usageReader(api, stream)
+    } catch (e) {
+      throw normalizeEngineError(e, 'usageReader')
+    }
+    return {
+      push: (chunk) => r.push(chunk),
+      end: () => JSON.parse(r.end()) as { usage: Usage | null; seen: Usage | null },
+      seen: () => JSON.parse(r.seen()) as Usage | null,
+    }
   }
 
   requestLease(now: U64, r: LeaseRequest): Decision {

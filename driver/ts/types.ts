@@ -462,6 +462,20 @@ export interface Metrics {
 /** A provider API whose calls are leased (see {@link Engine.modelCall}). */
 export type ModelApi = 'anthropic_messages' | 'openai_chat' | 'openai_responses'
 
+/**
+ * Reads one provider answer's usage as it passes through ({@link Engine.usageReader}):
+ * `push` each piece of the body, then `end()` at its clean end — `usage` is what the call
+ * reported in full, or `null` when it did not (cut short, an error event inside the
+ * stream, malformed counts) — or `seen()` for a call cut short: what the answer showed (a
+ * stream's reported usage with its output at least half the text it carried; `null` for
+ * a JSON body). Settle with `usage`, else end the lease as interrupted with `seen`.
+ */
+export interface UsageReader {
+  push(chunk: Uint8Array): void
+  end(): { usage: Usage | null; seen: Usage | null }
+  seen(): Usage | null
+}
+
 export interface Engine {
   /** Pool names, by index. */
   readonly pools: readonly string[]
@@ -474,6 +488,11 @@ export interface Engine {
    * model call too. `target`: the request's path, query string allowed.
    */
   modelCall(method: string, target: string): ModelApi | null
+  /**
+   * A reader of one provider answer's usage (the provider crate's): a server-sent-event
+   * stream when `stream`, else a JSON body read with bounded memory.
+   */
+  usageReader(api: ModelApi, stream: boolean): UsageReader
   requestLease(now: U64, request: LeaseRequest): Decision
   settle(now: U64, lease: number, usage: Usage): Settlement
   cancel(now: U64, lease: number): void

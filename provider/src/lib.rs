@@ -1,5 +1,6 @@
 //! What tokenwarden knows of each provider's HTTP API, beside the core (`no_std`, no I/O):
-//! which requests are model calls.
+//! which requests are model calls, and how a provider's answer reports what a call used
+//! ([`usage`]).
 //!
 //! A model call is leased before it is sent; any other request (token counting, model
 //! lists, a batch, a stored response) passes through. The decision is made on the path as
@@ -21,6 +22,9 @@
 extern crate alloc;
 
 use alloc::vec::Vec;
+
+pub mod usage;
+pub use usage::{Format, Usage, UsageReader};
 
 /// A provider API whose calls are leased.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -2,8 +2,8 @@
 // leases, when it retries, how it settles, and its parsers.
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { BytesPerTokenEstimator, SseUsage, promptBytes, usageFromBody } from 'tokenwarden-driver'
-import { createTokenwarden } from '../support/engine.mjs'
+import { BytesPerTokenEstimator, promptBytes } from 'tokenwarden-driver'
+import { createTokenwarden, engines } from '../support/engine.mjs'
 
 const encoder = new TextEncoder()
 const anthropicOk = (usage = { input_tokens: 100, output_tokens: 20 }) =>
@@ -209,52 +209,69 @@ describe('fetch wrapper', () => {
 })
 
 describe('parsers and the estimator', () => {
+  // The provider crate's usage readers, through the engine (`engine.usageReader`).
+  const engine = engines.create({ pools: [{ name: 'm1', input_tokens_per_minute: 1_000 }] }, 1, 0)
+  const readStream = (api, text, step = text.length) => {
+    const r = engine.usageReader(api, true)
+    const bytes = encoder.encode(text)
+    for (let i = 0; i < bytes.length; i += step) r.push(bytes.subarray(i, i + step))
+    return r.end()
+  }
+  const readBody = (api, json) => {
+    const r = engine.usageReader(api, false)
+    r.push(encoder.encode(typeof json === 'string' ? json : JSON.stringify(json)))
+    return r.end().usage
+  }
+  const MAX = Number.MAX_SAFE_INTEGER
+
   test('SSE usage: Anthropic message_start then message_delta, across chunk boundaries', () => {
-    const t = new SseUsage('anthropic')
     const text =
       'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"cache_read_input_tokens":30,"output_tokens":1}}}\n\n' +
       'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"type":"text_delta","text":"abcd"}}\n\n' +
       'event: message_delta\r\ndata: {"type":"message_delta","usage":{"output_tokens":42}}\r\n\r\n' +
       'event: message_stop\ndata: {"type":"message_stop"}\n\n'
-    const bytes = encoder.encode(text)
-    for (let i = 0; i < bytes.length; i += 7) t.push(bytes.subarray(i, i + 7))
-    t.end()
-    assert.deepEqual(t.usage, { inputTokens: 12, cacheCreationInputTokens: 0, cacheReadInputTokens: 30, outputTokens: 42 })
-    assert.equal(t.textBytes, 4)
-    assert.equal(t.finished, true)
+    assert.deepEqual(readStream('anthropic_messages', text, 7).usage, { inputTokens: 12, cacheCreationInputTokens: 0, cacheReadInputTokens: 30, outputTokens: 42 })
+    // Cut short after the text: what it showed, its output half the text's characters.
+    const cut = text.slice(0, text.indexOf('event: message_delta'))
+    const r = readStream('anthropic_messages', cut, 5)
+    assert.equal(r.usage, null)
+    assert.deepEqual(r.seen, { inputTokens: 12, cacheCreationInputTokens: 0, cacheReadInputTokens: 30, outputTokens: 2 })
   })
 
   test('OpenAI usage separates cached prompt tokens', () => {
-    assert.deepEqual(usageFromBody('openai', { usage: { prompt_tokens: 100, completion_tokens: 5, prompt_tokens_details: { cached_tokens: 60 } } }), {
+    assert.deepEqual(readBody('openai_chat', { usage: { prompt_tokens: 100, completion_tokens: 5, prompt_tokens_details: { cached_tokens: 60 } } }), {
       inputTokens: 40,
+      cacheCreationInputTokens: 0,
       cacheReadInputTokens: 60,
       outputTokens: 5,
     })
-    assert.equal(usageFromBody('openai', { nothing: 1 }), null)
+    assert.equal(readBody('openai_chat', { nothing: 1 }), null)
+    assert.equal(readBody('openai_chat', 'not json'), null)
+    assert.throws(() => engine.usageReader('gemini', true), (e) => e.code === 'invalid_argument' && e.field === 'api')
   })
 
   test('usage counts: absurd figures clamped to 2^53 - 1; strings, negatives and non-finite are missing usage, not 0', () => {
-    const MAX = Number.MAX_SAFE_INTEGER
-    assert.deepEqual(usageFromBody('anthropic', JSON.parse('{"usage":{"input_tokens":1e300,"output_tokens":18446744073709551616}}')), {
+    assert.deepEqual(readBody('anthropic_messages', '{"usage":{"input_tokens":1e300,"output_tokens":18446744073709551616}}'), {
       inputTokens: MAX,
       cacheCreationInputTokens: 0,
       cacheReadInputTokens: 0,
       outputTokens: MAX,
     })
-    assert.deepEqual(usageFromBody('openai', { usage: { prompt_tokens: 1e18, completion_tokens: 3 } }), { inputTokens: MAX, cacheReadInputTokens: 0, outputTokens: 3 })
+    assert.deepEqual(readBody('openai_chat', { usage: { prompt_tokens: 1e18, completion_tokens: 3 } }), { inputTokens: MAX, cacheCreationInputTokens: 0, cacheReadInputTokens: 0, outputTokens: 3 })
     for (const usage of [
       { input_tokens: '5', output_tokens: 1 },
       { input_tokens: 5, output_tokens: -1 },
-      { input_tokens: 5, output_tokens: Number.POSITIVE_INFINITY },
       { input_tokens: 5 },
       { input_tokens: 5, output_tokens: 1, cache_creation_input_tokens: '2' },
     ]) {
-      assert.equal(usageFromBody('anthropic', { usage }), null, JSON.stringify(usage))
+      assert.equal(readBody('anthropic_messages', { usage }), null, JSON.stringify(usage))
     }
-    assert.equal(usageFromBody('openai', { usage: { prompt_tokens: 5, completion_tokens: 1, prompt_tokens_details: { cached_tokens: -1 } } }), null)
-    assert.equal(usageFromBody('openai', { usage: { prompt_tokens: 5, completion_tokens: 1, prompt_tokens_details: 'x' } }), null)
+    // JSON has no Infinity: a body that writes one is not JSON, so no usage.
+    assert.equal(readBody('anthropic_messages', '{"usage":{"input_tokens":5,"output_tokens":Infinity}}'), null)
+    assert.equal(readBody('openai_chat', { usage: { prompt_tokens: 5, completion_tokens: 1, prompt_tokens_details: { cached_tokens: -1 } } }), null)
+    assert.equal(readBody('openai_chat', { usage: { prompt_tokens: 5, completion_tokens: 1, prompt_tokens_details: 'x' } }), null)
     // Absent or null optional counts are 0.
-    assert.deepEqual(usageFromBody('anthropic', { usage: { input_tokens: 5, output_tokens: 1, cache_read_input_tokens: null } }), {
+    assert.deepEqual(readBody('anthropic_messages', { usage: { input_tokens: 5, output_tokens: 1, cache_read_input_tokens: null } }), {
       inputTokens: 5,
       cacheCreationInputTokens: 0,
       cacheReadInputTokens: 0,
@@ -266,34 +283,27 @@ describe('parsers and the estimator', () => {
     const start = 'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\n'
     const delta = 'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":42}}\n\n'
     const error = 'event: error\ndata: {"type":"error","error":{"type":"overloaded_error"}}\n\n'
-    const run = (provider, text) => {
-      const t = new SseUsage(provider)
-      t.push(encoder.encode(text))
-      t.end()
-      return t
-    }
-    assert.equal(run('anthropic', start).complete, false)
-    assert.equal(run('anthropic', start + delta).complete, true)
-    assert.equal(run('anthropic', start + delta + error).complete, false)
-    assert.equal(run('anthropic', start + error).errored, true)
+    const complete = (api, text) => readStream(api, text).usage !== null
+    assert.equal(complete('anthropic_messages', start), false)
+    assert.equal(complete('anthropic_messages', start + delta), true)
+    assert.equal(complete('anthropic_messages', start + delta + error), false)
+    assert.equal(complete('anthropic_messages', start + error), false)
     // A delta without any input count (message_start's was malformed) is not final either.
     const badStart = 'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":"12"}}}\n\n'
-    const t = run('anthropic', badStart + delta)
-    assert.equal(t.complete, false)
-    assert.equal(t.malformed, true)
-    assert.equal(run('openai', 'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\ndata: [DONE]\n\n').complete, true)
-    assert.equal(run('openai', 'data: {"choices":[],"usage":{"prompt_tokens":"3","completion_tokens":4}}\n\ndata: [DONE]\n\n').complete, false)
-    assert.equal(run('openai', 'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\ndata: [DONE]\n\n').complete, false)
+    assert.equal(complete('anthropic_messages', badStart + delta), false)
+    assert.equal(complete('openai_chat', 'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\ndata: [DONE]\n\n'), true)
+    assert.equal(complete('openai_chat', 'data: {"choices":[],"usage":{"prompt_tokens":"3","completion_tokens":4}}\n\ndata: [DONE]\n\n'), false)
+    assert.equal(complete('openai_chat', 'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}\n\ndata: [DONE]\n\n'), false)
   })
 
   test('SSE usage holds no line above 1 MiB: it is skipped and counted as text', () => {
-    const t = new SseUsage('anthropic')
+    const r = engine.usageReader('anthropic_messages', true)
     const huge = `data: ${'x'.repeat(3 * 1024 * 1024)}`
-    for (let i = 0; i < huge.length; i += 65_536) t.push(encoder.encode(huge.slice(i, i + 65_536)))
-    t.push(encoder.encode('\n\nevent: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\n'))
-    t.end()
-    assert.ok(t.textBytes >= 3 * 1024 * 1024, `counted as text: ${t.textBytes}`)
-    assert.equal(t.usage.inputTokens, 12, 'the next event is read')
+    for (let i = 0; i < huge.length; i += 65_536) r.push(encoder.encode(huge.slice(i, i + 65_536)))
+    r.push(encoder.encode('\n\nevent: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\n'))
+    const seen = r.seen()
+    assert.ok(seen.outputTokens >= (3 * 1024 * 1024) / 2, `counted as text: ${seen.outputTokens} tokens`)
+    assert.equal(seen.inputTokens, 12, 'the next event is read')
   })
 
   test('the cached prefix ends at the last cache_control block (Anthropic only)', () => {

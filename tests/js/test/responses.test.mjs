@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict'
 import { after, before, describe, test } from 'node:test'
 import OpenAI from 'openai'
-import { SseUsage, callShape, usageFromBody } from 'tokenwarden-driver'
+import { callShape } from 'tokenwarden-driver'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 import { createTokenwarden, engines } from '../support/engine.mjs'
 
@@ -46,14 +46,23 @@ describe('Responses API: detection, shape and usage', () => {
     assert.equal(callShape('openai', { model: 'gpt-5', input: 'hi', max_output_tokens: -1 }).maxTokens, 4096, 'malformed: the default')
   })
 
+  // The provider crate's usage readers, through the engine (`engine.usageReader`).
+  const engine = engines.create({ pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 100_000 }] }, 1, 0)
+  const readBody = (json) => {
+    const r = engine.usageReader('openai_responses', false)
+    r.push(enc.encode(JSON.stringify(json)))
+    return r.end().usage
+  }
+  const usageOf = (input, read, output) => ({ inputTokens: input, cacheCreationInputTokens: 0, cacheReadInputTokens: read, outputTokens: output })
+
   test("a response object's usage: cached tokens taken out of the input, reasoning part of the output", () => {
-    assert.deepEqual(usageFromBody('openai', response('completed', usage)), { inputTokens: 20, cacheReadInputTokens: 100, outputTokens: 30 })
-    assert.deepEqual(usageFromBody('openai', response('completed', { input_tokens: 7, output_tokens: 2 })), { inputTokens: 7, cacheReadInputTokens: 0, outputTokens: 2 })
+    assert.deepEqual(readBody(response('completed', usage)), usageOf(20, 100, 30))
+    assert.deepEqual(readBody(response('completed', { input_tokens: 7, output_tokens: 2 })), usageOf(7, 0, 2))
     // Malformed: missing, never 0.
-    assert.equal(usageFromBody('openai', response('completed', { input_tokens: 7 })), null)
-    assert.equal(usageFromBody('openai', response('completed', { input_tokens: '7', output_tokens: 2 })), null)
-    assert.equal(usageFromBody('openai', response('completed', { input_tokens: 7, output_tokens: 2, input_tokens_details: 'x' })), null)
-    assert.equal(usageFromBody('openai', response('in_progress', null)), null)
+    assert.equal(readBody(response('completed', { input_tokens: 7 })), null)
+    assert.equal(readBody(response('completed', { input_tokens: '7', output_tokens: 2 })), null)
+    assert.equal(readBody(response('completed', { input_tokens: 7, output_tokens: 2, input_tokens_details: 'x' })), null)
+    assert.equal(readBody(response('in_progress', null)), null)
   })
 
   const events = (terminal, u) => [
@@ -66,42 +75,36 @@ describe('Responses API: detection, shape and usage', () => {
     ...(terminal === null ? [] : [{ type: terminal, sequence_number: 6, response: response(terminal.slice('response.'.length), u) }]),
   ]
   const track = (text, split = 7) => {
-    const t = new SseUsage('openai')
+    const r = engine.usageReader('openai_responses', true)
     const bytes = enc.encode(text)
-    for (let i = 0; i < bytes.length; i += split) t.push(bytes.subarray(i, i + split))
-    t.end()
-    return t
+    for (let i = 0; i < bytes.length; i += split) r.push(bytes.subarray(i, i + split))
+    return r.end()
   }
+  // 'hello there' is 11 characters: 6 tokens at two a token.
+  const helloThere = Math.ceil('hello there'.length / 2)
 
   test('SSE: response.completed and response.incomplete carry the final usage', () => {
     for (const terminal of ['response.completed', 'response.incomplete']) {
       const t = track(sse(events(terminal, usage)))
-      assert.equal(t.complete, true, terminal)
-      assert.equal(t.finished, true)
-      assert.deepEqual(t.usage, { inputTokens: 20, cacheReadInputTokens: 100, outputTokens: 30 })
-      assert.equal(t.textBytes, 'hello there'.length)
+      assert.deepEqual(t.usage, usageOf(20, 100, 30), terminal)
     }
   })
 
   test('SSE: a stream that ends without a terminal event, an error event, or response.failed without usage is not complete', () => {
     const cut = track(sse(events(null)))
-    assert.equal(cut.complete, false)
     assert.equal(cut.usage, null)
-    assert.equal(cut.textBytes, 'hello there'.length, 'what was seen counts for the interrupted charge')
+    assert.deepEqual(cut.seen, usageOf(0, 0, helloThere), 'what was seen counts for the interrupted charge')
     const errored = track(sse([...events('response.completed', usage), { type: 'error', sequence_number: 7, code: 'server_error', message: 'boom', param: null }]))
-    assert.equal(errored.errored, true)
-    assert.equal(errored.complete, false)
+    assert.equal(errored.usage, null)
+    assert.deepEqual(errored.seen, usageOf(20, 100, 30), 'the usage it reported before the error is what it showed')
     const failed = track(sse(events('response.failed', null)))
-    assert.equal(failed.errored, true)
-    assert.equal(failed.complete, false)
+    assert.equal(failed.usage, null)
     // A failed response that says what it used is settled with that.
     const failedWithUsage = track(sse(events('response.failed', { input_tokens: 50, output_tokens: 3 })))
-    assert.equal(failedWithUsage.complete, true)
-    assert.deepEqual(failedWithUsage.usage, { inputTokens: 50, cacheReadInputTokens: 0, outputTokens: 3 })
+    assert.deepEqual(failedWithUsage.usage, usageOf(50, 0, 3))
     // Malformed usage on the terminal event: missing, never 0.
     const malformed = track(sse(events('response.completed', { input_tokens: -1, output_tokens: 3 })))
-    assert.equal(malformed.malformed, true)
-    assert.equal(malformed.complete, false)
+    assert.equal(malformed.usage, null)
   })
 })
 
