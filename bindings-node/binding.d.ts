@@ -71,6 +71,14 @@ export declare class Coordinator {
    */
   modelCall(method: string, target: string): string | null
   /**
+   * Who a call is by its client's session headers (Claude Code's, Codex's) and its
+   * family, under the name `base` when one is given: `{name, parent, root}` as JSON text,
+   * or `null`. `headers`: `name
+  value
+  …`.
+   */
+  callerIdentity(headers: string, base?: string | undefined | null): string
+  /**
    * A reader of one answer's usage for `api` (as `modelCall` names it): a
    * server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
    */

@@ -583,6 +583,41 @@ fn usage_json(u: Option<tokenwarden_provider::Usage>) -> String {
     }
 }
 
+/// Header pairs from their text (`name\nvalue\n…`, every name and value followed by a line
+/// feed: how the bindings pass headers).
+pub fn header_pairs(headers: &str) -> Result<Vec<(&str, &str)>, ArgError> {
+    let bad = || {
+        ArgError::range(
+            "invalid_argument",
+            "`headers` must be names and values, each followed by a line feed".into(),
+        )
+        .with_field("headers")
+    };
+    let mut pairs = Vec::new();
+    if !headers.is_empty() {
+        let mut lines = headers.strip_suffix('\n').ok_or_else(bad)?.split('\n');
+        while let Some(name) = lines.next() {
+            pairs.push((name, lines.next().ok_or_else(bad)?));
+        }
+    }
+    Ok(pairs)
+}
+
+/// `callerIdentity(headers, base)`: who a call is by its client's session headers, and its
+/// family ([`tokenwarden_provider::identity()`]), under the name `base` when the URL or a
+/// credential gives one: `{"name", "parent", "root"}` as JSON text, or `null`. `headers` as
+/// [`header_pairs`] reads them.
+pub fn caller_identity(headers: &str, base: Option<&str>) -> Result<String, ArgError> {
+    let pairs = header_pairs(headers)?;
+    Ok(match tokenwarden_provider::identity(&pairs, base) {
+        None => "null".into(),
+        Some(who) => {
+            serde_json::json!({ "name": who.name, "parent": who.parent, "root": who.root })
+                .to_string()
+        }
+    })
+}
+
 /// `planFleet(json)`: the core's fleet sizing ([`core::plan_fleet_json`]) on a fleet
 /// description in the core's snake_case JSON, answered as camelCase JSON; an error names
 /// the field as the description spells it and is `invalid_argument`.
@@ -1173,20 +1208,7 @@ pub mod io {
                     .with_field("status")
             })?;
         let unix = opt_slot(io, response::UNIX_NOW_MS, "unixNowMs")?;
-        let bad = || {
-            ArgError::range(
-                "invalid_argument",
-                "`headers` must be names and values, each followed by a line feed".into(),
-            )
-            .with_field("headers")
-        };
-        let mut pairs = Vec::new();
-        if !headers.is_empty() {
-            let mut lines = headers.strip_suffix('\n').ok_or_else(bad)?.split('\n');
-            while let Some(name) = lines.next() {
-                pairs.push((name, lines.next().ok_or_else(bad)?));
-            }
-        }
+        let pairs = super::header_pairs(headers)?;
         Ok(ResponseIo {
             now: slot(io, response::NOW, "now").map(core::Millis)?,
             pool: core::PoolId(u32_from_f64(io[response::POOL], "pool")?),

@@ -151,6 +151,21 @@ impl Coordinator {
         tokenwarden_js_abi::model_call(&method, &target)
     }
 
+    /// Who a call is by its client's session headers (Claude Code's, Codex's) and its
+    /// family, under the name `base` when one is given: `{name, parent, root}` as JSON text,
+    /// or `null`. `headers`: `name\nvalue\n…`.
+    #[napi]
+    pub fn caller_identity(
+        &self,
+        env: Env,
+        headers: String,
+        base: Option<String>,
+    ) -> napi::Result<String> {
+        js(&env, || {
+            tokenwarden_js_abi::caller_identity(&headers, base.as_deref())
+        })
+    }
+
     /// A reader of one answer's usage for `api` (as `modelCall` names it): a
     /// server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
     #[napi]

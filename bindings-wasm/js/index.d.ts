@@ -11,6 +11,7 @@ export declare class WasmEngine implements Engine {
   poolId(name: string): number | null
   modelCall: Engine['modelCall']
   usageReader: Engine['usageReader']
+  callerIdentity: Engine['callerIdentity']
   requestLease: Engine['requestLease']
   settle: Engine['settle']
   cancel: Engine['cancel']

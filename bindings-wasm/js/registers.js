@@ -132,6 +132,9 @@ export class WasmRegisters {
   usageReader(api, stream) {
     return this.#c.usageReader(api, stream)
   }
+  callerIdentity(headers, base) {
+    return this.#c.callerIdentity(headers, base)
+  }
   takeWide() {
     return this.#c.takeWide()
   }

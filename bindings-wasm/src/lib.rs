@@ -199,6 +199,14 @@ impl Coordinator {
         tokenwarden_js_abi::model_call(method, target).map(String::from)
     }
 
+    /// Who a call is by its client's session headers (Claude Code's, Codex's) and its
+    /// family, under the name `base` when one is given: `{name, parent, root}` as JSON text,
+    /// or `null`. `headers`: `name\nvalue\n…`.
+    #[wasm_bindgen(js_name = callerIdentity)]
+    pub fn caller_identity(&self, headers: &str, base: Option<String>) -> Result<String, Thrown> {
+        tokenwarden_js_abi::caller_identity(headers, base.as_deref()).map_err(Thrown::from)
+    }
+
     /// A reader of one answer's usage for `api` (as `modelCall` names it): a
     /// server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
     #[wasm_bindgen(js_name = usageReader)]

@@ -83,6 +83,7 @@ import type {
   CallResponseResult,
   CallState,
   CallStep,
+  CallerIdentity,
   Decision,
   Engine,
   EngineEvent,
@@ -109,6 +110,7 @@ export interface RegisterBinding {
   poolId(name: string): number | null | undefined
   modelCall(method: string, target: string): string | null | undefined
   usageReader(api: string, stream: boolean): { push(chunk: Uint8Array): void; end(): string; seen(): string }
+  callerIdentity(headers: string, base: string | null | undefined): string
   /** The register-file calls; the addon reads its attached buffer and ignores `io`. */
   requestLeaseIo(io: Float64Array): number
   settleIo(io: Float64Array): number
@@ -335,6 +337,19 @@ export class RegisterEngine implements Engine {
     if (typeof method !== 'string') throw invalidArgument(`modelCall needs the method as a string, got ${typeof method}`, 'method')
     if (typeof target !== 'string') throw invalidArgument(`modelCall needs the request target (a path) as a string, got ${typeof target}`, 'target')
     return (this.#c.modelCall(method, target) ?? null) as ModelApi | null
+  }
+
+  callerIdentity(headers: Array<[string, string]>, base: string | null): CallerIdentity | null {
+    const text = headerText(headers)
+    if (text === null) throw invalidArgument('callerIdentity needs the headers as [name, value] pairs of strings without line feeds', 'headers')
+    if (base !== null && typeof base !== 'string') throw invalidArgument(`callerIdentity needs \`base\` as a string or null, got ${typeof base}`, 'base')
+    let out: string
+    try {
+      out = this.#c.callerIdentity(text, base ?? undefined)
+    } catch (e) {
+      throw normalizeEngineError(e, 'callerIdentity')
+    }
+    return JSON.parse(out) as CallerIdentity | null
   }
 
   usageReader(api: ModelApi, stream: boolean): UsageReader {

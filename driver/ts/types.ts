@@ -462,6 +462,15 @@ export interface Metrics {
 /** A provider API whose calls are leased (see {@link Engine.modelCall}). */
 export type ModelApi = 'anthropic_messages' | 'openai_chat' | 'openai_responses'
 
+/** Who a call is ({@link Engine.callerIdentity}): its name, its parent's, its family's root. */
+export interface CallerIdentity {
+  name: string
+  /** The agent that spawned it (`null` for a session's main thread or a named agent). */
+  parent: string | null
+  /** The root of its family (`null` for a root itself). */
+  root: string | null
+}
+
 /**
  * Reads one provider answer's usage as it passes through ({@link Engine.usageReader}):
  * `push` each piece of the body, then `end()` at its clean end — `usage` is what the call
@@ -493,6 +502,13 @@ export interface Engine {
    * stream when `stream`, else a JSON body read with bounded memory.
    */
   usageReader(api: ModelApi, stream: boolean): UsageReader
+  /**
+   * Who a call is by its client's session headers (Claude Code's `x-claude-code-*`, Codex's
+   * `session_id`, `thread-id`, `x-openai-subagent`) and the family it belongs to, under the
+   * name `base` when the URL or a credential gives one (the provider crate's rule); `null`
+   * when nothing names it.
+   */
+  callerIdentity(headers: Array<[string, string]>, base: string | null): CallerIdentity | null
   requestLease(now: U64, request: LeaseRequest): Decision
   settle(now: U64, lease: number, usage: Usage): Settlement
   cancel(now: U64, lease: number): void

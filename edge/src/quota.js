@@ -25,7 +25,7 @@ import {
 } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
-import { Family, familyIdentity, sessionIdentity } from './identity.js'
+import { Family } from './identity.js'
 import { parseExact, readState, writeChanged } from './store.js'
 import { Timeline } from './timeline.js'
 import { WaitLog } from './waitlog.js'
@@ -977,7 +977,7 @@ export class QuotaObject {
     if (base !== null && base.length > 128) throw Object.assign(new HttpError(400, 'invalid_argument', 'the agent name must be 1 to 128 characters'), { field: 'x-tokenwarden-agent' })
     // The client's session headers: who the call is when nothing above names it, and under
     // a name, which of that agent's subagents (a child of it: `alice/<subagent id>`).
-    const session = familyIdentity(base, sessionIdentity(request.headers))
+    const session = tw.engine.callerIdentity([...request.headers], base)
     const now = this.clock.now()
     if (session !== null) this.family.seen(session, now)
     // A parent with live subagents plans for them: its calls unblock them (capped by the core).

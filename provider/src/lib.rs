@@ -1,6 +1,6 @@
 //! What tokenwarden knows of each provider's HTTP API, beside the core (`no_std`, no I/O):
-//! which requests are model calls, and how a provider's answer reports what a call used
-//! ([`usage`]).
+//! which requests are model calls, how a provider's answer reports what a call used
+//! ([`usage`]), and who a call is by its client's session headers ([`mod@identity`]).
 //!
 //! A model call is leased before it is sent; any other request (token counting, model
 //! lists, a batch, a stored response) passes through. The decision is made on the path as
@@ -23,7 +23,9 @@ extern crate alloc;
 
 use alloc::vec::Vec;
 
+pub mod identity;
 pub mod usage;
+pub use identity::{Identity, identity};
 pub use usage::{Format, Usage, UsageReader};
 
 /// A provider API whose calls are leased.

@@ -484,3 +484,23 @@ describe("a newcomer's mistakes get errors that name them (issue 42, item 6)", (
     assert.equal(any.fits, true)
   })
 })
+
+describe("the provider crate's rules through the engine (issue 42)", () => {
+  test('callerIdentity: Claude Code and Codex session headers, families under a name, bad input named', () => {
+    const { driver } = setup()
+    const e = driver.engine
+    const claude = [
+      ['x-claude-code-session-id', 's1'],
+      ['x-claude-code-agent-id', 'a2'],
+      ['x-claude-code-parent-agent-id', 'a1'],
+    ]
+    assert.deepEqual(e.callerIdentity(claude, null), { name: 's1/a2', parent: 's1/a1', root: 's1' })
+    assert.deepEqual(e.callerIdentity(claude, 'alice'), { name: 'alice/a2', parent: 'alice/a1', root: 'alice' })
+    assert.deepEqual(e.callerIdentity([['Session-Id', 'r'], ['x-openai-subagent', 'review']], null), { name: 'r/review', parent: 'r', root: 'r' })
+    assert.deepEqual(e.callerIdentity([], 'bob'), { name: 'bob', parent: null, root: null })
+    assert.equal(e.callerIdentity([['x-claude-code-session-id', '../etc']], null), null)
+    assert.throws(() => e.callerIdentity([['a\nb', 'c']], null), (err) => err.code === 'invalid_argument' && err.field === 'headers')
+    assert.throws(() => e.callerIdentity('x-claude-code-session-id: s1', null), (err) => err.code === 'invalid_argument' && err.field === 'headers')
+    driver.close()
+  })
+})
