@@ -51,12 +51,7 @@ impl Coordinator {
         self.granted(lease, now)?;
         let now = self.advance(now);
         // The lease may have been reaped by advancing to `now`.
-        let live = self.leases.live();
-        let Some(entry) = self.leases.remove(lease) else {
-            return Err(LeaseError::UnknownLease);
-        };
-        debug_assert_eq!(self.leases.live() + 1, live, "the lease left the table");
-        self.leases.prune_expiries();
+        let entry = self.take_lease(lease)?;
         let Phase::Active {
             charged,
             gated,
@@ -160,12 +155,7 @@ impl Coordinator {
             return Err(LeaseError::UnknownLease);
         }
         let now = self.advance(now);
-        let live = self.leases.live();
-        let Some(entry) = self.leases.remove(lease) else {
-            return Err(LeaseError::UnknownLease);
-        };
-        debug_assert_eq!(self.leases.live() + 1, live, "the lease left the table");
-        self.leases.prune_expiries();
+        let entry = self.take_lease(lease)?;
         let p = entry.pool;
         let window = self.config.window_ms;
         let Some(pool) = self.pools.get_mut(p as usize) else {
@@ -353,5 +343,15 @@ impl Coordinator {
             }) => Err(LeaseError::NotGranted),
             Some(_) => Ok(()),
         }
+    }
+
+    /// Takes lease `lease` (granted or queued) out of the table; `UnknownLease` if it is
+    /// not there.
+    fn take_lease(&mut self, lease: LeaseId) -> Result<Entry, LeaseError> {
+        let live = self.leases.live();
+        let entry = self.leases.remove(lease).ok_or(LeaseError::UnknownLease)?;
+        debug_assert_eq!(self.leases.live() + 1, live, "the lease left the table");
+        self.leases.prune_expiries();
+        Ok(entry)
     }
 }
