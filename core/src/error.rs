@@ -106,7 +106,7 @@ impl fmt::Display for LeaseError {
             }
             LeaseError::UnknownTask => f.write_str("unknown task: never opened, or already ended"),
             LeaseError::TooManyTasks => {
-                f.write_str("too many open tasks (max_tasks): end some before opening more")
+                f.write_str("too many open tasks: max_tasks are open (three quarters of it for an agent's own open or a request naming a new task; the rest is the operator's): end some before opening more")
             }
         }
     }

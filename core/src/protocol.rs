@@ -127,6 +127,11 @@ pub enum Input {
     OpenTask {
         /// The task.
         task: TaskSpec,
+        /// Opened by a member of a shared limiter (an agent's own credential), not the
+        /// operator: a new task only while fewer than three quarters of `max_tasks` are
+        /// open, as a request naming one.
+        #[serde(default, skip_serializing_if = "is_false")]
+        member: bool,
     },
     /// A failure of an open task: [`Coordinator::task_failed`].
     TaskFailed {
@@ -425,8 +430,13 @@ impl Coordinator {
             Input::CallInterrupted { lease, seen } => Output::Settled {
                 settlement: self.call_interrupted(now, *lease, seen.as_ref())?,
             },
-            Input::OpenTask { task } => {
-                self.open_task(now, task)?;
+            Input::OpenTask { task, member } => {
+                let by = if *member {
+                    crate::tasks::Opener::Member
+                } else {
+                    crate::tasks::Opener::Operator
+                };
+                self.open_task_by(now, task, by)?;
                 Output::TaskOpened
             }
             Input::TaskFailed { task, signature } => Output::TaskFailed {

@@ -242,24 +242,25 @@ impl Tasks {
         (u64::from(max) * 3 / 4) as usize
     }
 
-    /// The task, opened with `spec` if new, and marked active at `now`. An `explicit` open
+    /// The task, opened with `spec` if new, and marked active at `now`. The operator's open
     /// ([`Coordinator::open_task`](crate::Coordinator::open_task)) may fill the table to
-    /// `max` and updates an open task's role and unblocks; an implicit one (a request
-    /// naming an unknown task) opens only below [`Tasks::implicit_cap`]. When the table
-    /// (or the implicit share) is full, the least recently active task idle for at least
-    /// `idle_ms` is ended as abandoned to make room; `None` when there is none to end
-    /// (nothing changes then).
+    /// `max`; a member's (an agent's own credential at a shared limiter) and a request
+    /// naming an unknown task open only below [`Tasks::implicit_cap`], so the operator
+    /// always has a quarter of the table. An open (not a request) updates an open task's
+    /// role and unblocks. When the table (or the share) is full, the least recently active
+    /// task idle for at least `idle_ms` is ended as abandoned to make room; `None` when
+    /// there is none to end (nothing changes then).
     pub(crate) fn open(
         &mut self,
         spec: &TaskSpec,
         now: Millis,
         (max, idle_ms): (u32, u64),
-        explicit: bool,
+        by: Opener,
     ) -> Option<&mut Task> {
         match self.find(spec.task) {
             Ok(i) => {
                 let t = self.open.get_mut(i)?;
-                if explicit {
+                if by != Opener::Request {
                     t.role = spec.role;
                     // An open span of critical-path wait is counted up to now at the old
                     // number of tasks waiting on it.
@@ -270,7 +271,7 @@ impl Tasks {
                 Some(t)
             }
             Err(mut i) => {
-                let cap = if explicit {
+                let cap = if by == Opener::Operator {
                     max as usize
                 } else {
                     Tasks::implicit_cap(max)
@@ -508,4 +509,14 @@ impl Task {
         }
         self.repeats
     }
+}
+/// Who opens a task (see [`Tasks::open`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Opener {
+    /// The operator: the whole table.
+    Operator,
+    /// A member of a shared limiter, for its own agent: three quarters of it.
+    Member,
+    /// A request naming a task nobody opened: three quarters of it, and no update.
+    Request,
 }

@@ -626,3 +626,48 @@ fn task_idle_ms_is_validated_and_older_snapshots_restore() {
         1
     );
 }
+
+#[test]
+fn a_member_opens_new_tasks_only_below_three_quarters_the_operator_the_rest() {
+    let mut c = coord(r#""input_tokens_per_minute":100000"#, r#","max_tasks":8"#);
+    let open = |c: &mut Coordinator, task: u64, member: bool, role: &str| {
+        let input: Input = serde_json::from_str(&format!(
+            r#"{{"op":"open_task","task":{{"task":{task},"role":"{role}"}}{}}}"#,
+            if member { r#","member":true"# } else { "" }
+        ))
+        .unwrap();
+        c.handle(Millis(1), &input)
+    };
+    for t in 0..6 {
+        assert_eq!(
+            open(&mut c, t, true, "worker"),
+            Ok(Output::TaskOpened),
+            "task {t}"
+        );
+    }
+    // Six open, three quarters of eight: a member's new task is refused, nothing changes.
+    let before = c.metrics(Millis(1)).tasks.open;
+    assert_eq!(
+        open(&mut c, 6, true, "worker"),
+        Err(LeaseError::TooManyTasks)
+    );
+    assert_eq!(c.metrics(Millis(1)).tasks.open, before);
+    // A member still updates a task that is open; the operator opens the last quarter.
+    assert_eq!(open(&mut c, 0, true, "planner"), Ok(Output::TaskOpened));
+    assert_eq!(open(&mut c, 6, false, "worker"), Ok(Output::TaskOpened));
+    assert_eq!(open(&mut c, 7, false, "worker"), Ok(Output::TaskOpened));
+    assert_eq!(
+        open(&mut c, 8, false, "worker"),
+        Err(LeaseError::TooManyTasks)
+    );
+    // In JSON the flag is left out when false.
+    let input = Input::OpenTask {
+        task: TaskSpec {
+            task: TaskId(3),
+            ..TaskSpec::default()
+        },
+        member: false,
+    };
+    let json = serde_json::to_string(&input).unwrap();
+    assert!(!json.contains("member"), "{json}");
+}

@@ -300,7 +300,8 @@ export type Input =
       reported?: boolean
     }
   | { op: 'call_interrupted'; lease: number; seen?: Usage | null }
-  | { op: 'open_task'; task: TaskSpec }
+  /** `member`: opened by an agent's own credential at a shared limiter, not the operator (a new task only below three quarters of `max_tasks`). */
+  | { op: 'open_task'; task: TaskSpec; member?: boolean }
   | { op: 'task_failed'; task: U64; signature: U64 }
   | { op: 'end_task'; task: U64; outcome: TaskOutcome }
   | { op: 'restarted'; keep?: number[] }

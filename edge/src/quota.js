@@ -97,9 +97,8 @@ function newEpoch() {
   return `${Date.now().toString(36)}${crypto.getRandomValues(new Uint32Array(1))[0].toString(36)}`
 }
 
-/** Task owners remembered per object, and the core's default `max_tasks`. */
+/** Task owners remembered per object. */
 const MAX_TASK_OWNERS = 8192
-const DEFAULT_MAX_TASKS = 4096
 
 /** Agent ids remembered per object (names are bounded: 1 to 128 characters). */
 const MAX_AGENT_IDS = 4096
@@ -715,7 +714,7 @@ export class QuotaObject {
    * @param {Record<string, any>} input
    * @returns {Promise<import('tokenwarden-wasm').Output>}
    */
-  async #apply({ tw, who, fleet, quota }, input) {
+  async #apply({ tw, who }, input) {
     const op = input.op
     const fields = typeof op === 'string' && Object.hasOwn(MEMBER_INPUTS, op) ? MEMBER_INPUTS[op] : null
     if (fields === null) {
@@ -821,18 +820,10 @@ export class QuotaObject {
           throw Object.assign(new HttpError(400, 'invalid_argument', '`task` must be a task object: { task, role?, unblocks? }'), { field: 'task' })
         only(b, ['task', 'role', 'unblocks'], 'the task')
         const spec = { task: taskId(b.task), role: roleOf(b.role), unblocks: b.unblocks === undefined ? 0 : unblocksOf(b.unblocks) }
-        // An agent credential opens a new task only while fewer than three quarters of
-        // `max_tasks` are open, as a lease naming one does: the last quarter is the operator's.
-        if (who !== null) {
-          if (this.taskOwners.has(spec.task)) this.#mayAct(spec.task, who)
-          else {
-            const max = parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet ?? '']?.quotas?.[quota ?? '']?.config?.max_tasks ?? DEFAULT_MAX_TASKS
-            const open = Number(tw.metrics().tasks.open)
-            if (open >= Math.floor((max * 3) / 4))
-              throw new HttpError(409, 'too_many_tasks', `${open} tasks are open: an agent credential opens new ones only below three quarters of max_tasks (${max}); the rest is the operator's`)
-          }
-        }
-        const out = tw.handle({ op, task: spec })
+        if (who !== null && this.taskOwners.has(spec.task)) this.#mayAct(spec.task, who)
+        // An agent credential is a member: the core opens a new task for it only while
+        // fewer than three quarters of `max_tasks` are open (the rest is the operator's).
+        const out = tw.handle({ op, task: spec, ...(who === null ? {} : { member: true }) })
         this.#own(spec.task, who)
         return out
       }

@@ -13,7 +13,7 @@ use crate::ids::{AgentId, LeaseId, TaskId};
 use crate::lease::{Entry, Fair, LeaseTable, Phase};
 use crate::queue::Key;
 use crate::request::{Ask, LeaseRequest, charge, output_reserve};
-use crate::tasks::TaskSpec;
+use crate::tasks::{Opener, TaskSpec};
 use crate::time::Millis;
 use crate::weight::{place_cost, small, virtual_cost};
 
@@ -203,7 +203,11 @@ impl Coordinator {
             unblocks: req.unblocks,
         };
         let bounds = (self.config.max_tasks, self.config.task_idle_ms);
-        if self.tasks.open(&spec, now, bounds, false).is_some() {
+        if self
+            .tasks
+            .open(&spec, now, bounds, Opener::Request)
+            .is_some()
+        {
             Some(task)
         } else {
             self.tasks.untracked = self.tasks.untracked.saturating_add(1);

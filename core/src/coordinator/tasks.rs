@@ -6,7 +6,7 @@ use crate::ids::PoolId;
 use crate::ids::TaskId;
 use crate::metrics::MINUTE_MS;
 use crate::metrics::{TaskFigures, TaskMetrics};
-use crate::tasks::{Ended, TaskOutcome, TaskSpec, TaskSummary};
+use crate::tasks::{Ended, Opener, TaskOutcome, TaskSpec, TaskSummary};
 use crate::time::Millis;
 
 use super::Coordinator;
@@ -26,11 +26,23 @@ impl Coordinator {
     /// `max_tasks` tasks are open, none of them idle, and this one is not among them
     /// (nothing changes then).
     pub fn open_task(&mut self, now: Millis, spec: &TaskSpec) -> Result<(), LeaseError> {
+        self.open_task_by(now, spec, Opener::Operator)
+    }
+
+    /// [`Coordinator::open_task`] by `by`: a member of a shared limiter (an agent's own
+    /// credential) opens a new task only while fewer than three quarters of `max_tasks`
+    /// are open, as a request naming one does (the last quarter is the operator's).
+    pub(crate) fn open_task_by(
+        &mut self,
+        now: Millis,
+        spec: &TaskSpec,
+        by: Opener,
+    ) -> Result<(), LeaseError> {
         // The clock moves only if the open succeeds: a refusal changes nothing.
         let now = self.now.max(now);
         let bounds = (self.config.max_tasks, self.config.task_idle_ms);
         self.tasks
-            .open(spec, now, bounds, true)
+            .open(spec, now, bounds, by)
             .ok_or(LeaseError::TooManyTasks)?;
         self.clamp(now);
         Ok(())

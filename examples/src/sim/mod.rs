@@ -1032,7 +1032,10 @@ impl<'a> Sim<'a> {
             role: self.sc.agents[i].role,
             unblocks: u32::try_from(self.blocked_on(i)).unwrap_or(u32::MAX),
         };
-        self.tell(Input::OpenTask { task: spec });
+        self.tell(Input::OpenTask {
+            task: spec,
+            member: false,
+        });
     }
 
     /// Ends agent `i`'s current task in the coordinator.
