@@ -209,12 +209,16 @@ export class Lease {
   /**
    * The call lifecycle: reports the response for this lease's call and returns the core's
    * next step for it (`deliver`, `wait` then ask again, or `give_up`) with the call's new
-   * state. A response that is not a success is settled by the core as nothing used.
+   * state. The lease has ended when the core settled it (`settled`: a response that is not
+   * a success, as nothing used): the core's answer says so, not the status.
    */
   respond(call: CallState, status: number, headers: HeadersLike): CallResponseResult | Promise<CallResponseResult> {
     const r = this.#driver.callResponse(call, this.pool, this.id, status, headers)
-    if (status < 200 || status > 299) this.#done = true
-    return r
+    const ended = (answer: CallResponseResult): CallResponseResult => {
+      if (answer.settled !== null) this.#done = true
+      return answer
+    }
+    return r instanceof Promise ? r.then(ended) : ended(r)
   }
 
   /**

@@ -129,8 +129,12 @@ export class RemoteLease extends Lease {
    * The local engine decides only when the limiter cannot answer for the lease.
    */
   override respond(call: CallState, status: number, headers: HeadersLike): Promise<CallResponseResult> {
-    if (status < 200 || status > 299) this.#ended = true
-    return this.#remote.remoteRespond(this, call, status, headers)
+    // Ended when the limiter's core settled it (a response that is not a success), as its
+    // answer says.
+    return this.#remote.remoteRespond(this, call, status, headers).then((answer) => {
+      if (answer.settled !== null) this.#ended = true
+      return answer
+    })
   }
 
   /** Settles at the limiter by the core's conservative rule; resolves with its settlement. */

@@ -2,7 +2,7 @@
 // TOKENWARDEN_ENGINE=wasm: the same suite must pass on both).
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { Driver, LeaseRejectedError, ManualClock, RemoteTokenwarden, Tokenwarden, TokenwardenError, planFleetWith } from 'tokenwarden-driver'
+import { Driver, LeaseRejectedError, ManualClock, RemoteTokenwarden, Tokenwarden, TokenwardenError, newCall, planFleetWith } from 'tokenwarden-driver'
 import { engines as nativeEngines } from '../support/engine.mjs'
 
 const POOL = { name: 'sonnet', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1000, max_concurrent: 4 }
@@ -501,6 +501,28 @@ describe("the provider crate's rules through the engine (issue 42)", () => {
     assert.equal(e.callerIdentity([['x-claude-code-session-id', '../etc']], null), null)
     assert.throws(() => e.callerIdentity([['a\nb', 'c']], null), (err) => err.code === 'invalid_argument' && err.field === 'headers')
     assert.throws(() => e.callerIdentity('x-claude-code-session-id: s1', null), (err) => err.code === 'invalid_argument' && err.field === 'headers')
+    driver.close()
+  })
+})
+
+describe("a lease ends when the core's answer says it settled it, not by the status (issue 42)", () => {
+  test('an error answer the core settles ends the lease; a 200 leaves it to its settle', async () => {
+    const { driver } = setup()
+    const ask = async () => {
+      const a = await driver.callLease(newCall(), { agent: 1, pool: 0, inputTokens: 100, maxTokens: 10 })
+      return { call: a.call, lease: await a.lease }
+    }
+    const first = await ask()
+    const refused = await first.lease.respond(first.call, 400, [])
+    assert.equal(refused.step.kind, 'deliver')
+    assert.notEqual(refused.settled, null, 'the core settled it as nothing used')
+    assert.equal(first.lease.done, true)
+    const second = await ask()
+    const ok = await second.lease.respond(second.call, 200, [])
+    assert.equal(ok.settled, null)
+    assert.equal(second.lease.done, false, 'still to be settled from its usage')
+    second.lease.settle({ inputTokens: 100, outputTokens: 5 })
+    assert.equal(second.lease.done, true)
     driver.close()
   })
 })
