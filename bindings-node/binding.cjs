@@ -837,4 +837,5 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.Coordinator = nativeBinding.Coordinator
 module.exports.UsageReader = nativeBinding.UsageReader
+module.exports.countTokens = nativeBinding.countTokens
 module.exports.planFleet = nativeBinding.planFleet

@@ -148,6 +148,14 @@ export declare class UsageReader {
 }
 
 /**
+ * How many tokens `text` is in OpenAI's `encoding` (`o200k_base` or `cl100k_base`), by the
+ * provider crate's byte-pair tokenizer (special-token strings count as ordinary text, as
+ * the API takes them in a prompt). The ranks are in the addon; an encoding's table is
+ * built the first time it counts.
+ */
+export declare function countTokens(encoding: string, text: string): number
+
+/**
  * Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's
  * snake_case JSON: `{ pool, agents: [...], headroom_permille? }`), answered as camelCase
  * JSON — every limited axis's late-session demand and share, the binding axis, the agents

@@ -17,6 +17,8 @@ rm -rf pkg
 for target in web nodejs bundler; do
   wasm-bindgen "$wasm" --out-dir "pkg/$target" --target "$target" --weak-refs --remove-name-section --remove-producers-section
 done
+# The tokenizer's ranks, loaded by the host when first needed (not in the .wasm).
+rm -rf data && mkdir data && cp "$root"/provider/data/*.bpe data/
 # The nodejs build is CommonJS inside this ESM package.
 printf '{ "type": "commonjs" }\n' > pkg/nodejs/package.json
 size=$(wc -c < pkg/web/tokenwarden_wasm_bg.wasm)

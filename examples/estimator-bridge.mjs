@@ -1,8 +1,9 @@
 // The product's estimator for the fleet simulator (`examples/src/sim/bridge.rs`).
 //
 // The simulator generates request bodies and needs the shipped estimator's figures for
-// them, not a copy of its rules: this program imports the built driver (`driver/dist`,
-// the `tokenwarden-driver` package) and runs its default estimator, `DefaultEstimator`
+// them, not a copy of its rules: this program imports the built npm package
+// (`bindings-node/dist`, the `tokenwarden` package: the driver with the native addon's
+// tokenizer, which it registers on import) and runs its default estimator, `DefaultEstimator`
 // (what `Tokenwarden` uses unless given another), with its clock set to the simulator's
 // virtual time, and calls it the way the `fetch` wrapper does (driver/ts/fetch.ts):
 //
@@ -24,16 +25,16 @@
 //   {"op":"forget","call":K}                          -> {"ok":true}   (a call that never settled)
 // An error answers {"error":"..."} and the simulator stops with it.
 //
-//   node examples/estimator-bridge.mjs [path/to/driver/dist/index.js]
+//   node examples/estimator-bridge.mjs [path/to/bindings-node/dist/index.js]
 import { createInterface } from 'node:readline'
 import { pathToFileURL } from 'node:url'
 
-const entry = process.argv[2] ?? new URL('../driver/dist/index.js', import.meta.url).href
+const entry = process.argv[2] ?? new URL('../bindings-node/dist/index.js', import.meta.url).href
 let driver
 try {
   driver = await import(entry.startsWith('file:') ? entry : pathToFileURL(entry).href)
 } catch (e) {
-  process.stderr.write(`estimator-bridge: cannot import the built driver (${entry}): ${e?.message ?? e}\nbuild it: npm ci (at the repository root), then cd driver && npm run build\n`)
+  process.stderr.write(`estimator-bridge: cannot import the built npm package (${entry}): ${e?.message ?? e}\nbuild it: npm ci (at the repository root), then cd driver && npm run build, then cd bindings-node && npm run build\n`)
   process.exit(3)
 }
 const { DefaultEstimator, callShape } = driver

@@ -91,7 +91,6 @@ npm ci --no-audit --no-fund --loglevel=error
 node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test edge/bench || { echo "FAILED: biome (rerun: node_modules/.bin/biome check driver/ts edge; --write applies the formatting)" >&2; exit 1; }
 # The edge limiter's JavaScript type-checked against the driver's declarations (edge/tsconfig.json).
 (cd edge && npm run --silent typecheck) && echo "edge: type-checked" || { echo "FAILED: the edge's types (rerun: cd edge && npm run typecheck)" >&2; exit 1; }
-est_log=$(cargo test --quiet -p tokenwarden-examples --test estimator -- --ignored 2>&1) && echo "fleet simulator on the product's estimator (examples/tests/estimator.rs): $(grep '^test result' <<<"$est_log")" || { echo "$est_log"; echo "FAILED: the simulator's estimator scenario (rerun: cargo test -p tokenwarden-examples --test estimator -- --ignored)" >&2; exit 1; }
 (
   cd bindings-node
   # (cargo's "Compiling" lines left out; warnings and errors still print.)
@@ -101,6 +100,8 @@ est_log=$(cargo test --quiet -p tokenwarden-examples --test estimator -- --ignor
     exit 1
   }
 )
+# The simulator's estimator scenario runs the npm package just built (driver + addon tokenizer).
+est_log=$(cargo test --quiet -p tokenwarden-examples --test estimator -- --ignored 2>&1) && echo "fleet simulator on the product's estimator (examples/tests/estimator.rs): $(grep '^test result' <<<"$est_log")" || { echo "$est_log"; echo "FAILED: the simulator's estimator scenario (rerun: cargo test -p tokenwarden-examples --test estimator -- --ignored)" >&2; exit 1; }
 
 WASM_BINDGEN_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
 step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), build web/nodejs/bundler"
@@ -165,7 +166,7 @@ venv=target/serve-venv
 (
   cd tests/js
   WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" \
-    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs serve/waitlog.test.mjs
+    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs serve/waitlog.test.mjs serve/tokenizer.test.mjs
 )
 
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"

@@ -5,8 +5,8 @@ import { build } from 'esbuild'
 import { Miniflare } from 'miniflare'
 
 /**
- * Bundles the Worker at `entry` (a file path) into `outdir/<name>.js`; the .wasm stays a
- * separate module next to it, as Workers load it.
+ * Bundles the Worker at `entry` (a file path) into `outdir/<name>.js`; the .wasm and the
+ * tokenizer's ranks (`.bpe`) stay separate modules next to it, as Workers load them.
  */
 export async function buildWorker(outdir, { entry, name = 'worker' }) {
   if (typeof entry !== 'string') throw new TypeError('buildWorker needs `entry`, the path of the Worker module')
@@ -17,7 +17,7 @@ export async function buildWorker(outdir, { entry, name = 'worker' }) {
     platform: 'neutral',
     conditions: ['workerd', 'worker', 'browser'],
     outdir,
-    loader: { '.wasm': 'copy' },
+    loader: { '.wasm': 'copy', '.bpe': 'copy' },
     assetNames: '[name]-[hash]',
     logLevel: 'error',
   })
@@ -37,7 +37,10 @@ export async function startWorker({ outdir, name = 'worker', persist, fleets, po
     modules: true,
     scriptPath: `${outdir}${name}.js`,
     modulesRoot: outdir,
-    modulesRules: [{ type: 'CompiledWasm', include: ['**/*.wasm'] }],
+    modulesRules: [
+      { type: 'CompiledWasm', include: ['**/*.wasm'] },
+      { type: 'Data', include: ['**/*.bpe'] },
+    ],
     compatibilityDate: '2025-12-01',
     // As in edge/wrangler.toml: a request's signal aborts when its client goes away.
     compatibilityFlags: ['enable_request_signal'],

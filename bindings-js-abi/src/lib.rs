@@ -1402,3 +1402,24 @@ pub use ts::typescript;
 
 #[cfg(test)]
 mod tests;
+
+/// The encoding named `encoding` (`o200k_base` or `cl100k_base`), for `tokenizer`.
+pub fn encoding(encoding: &str) -> Result<tokenwarden_provider::bpe::Encoding, ArgError> {
+    tokenwarden_provider::bpe::Encoding::from_name(encoding).ok_or_else(|| {
+        ArgError::range(
+            "invalid_argument",
+            format!("`encoding` must be o200k_base or cl100k_base, got {encoding:?}"),
+        )
+        .with_field("encoding")
+    })
+}
+
+/// A tokenizer for `encoding` from its ranks file (`provider/data/<encoding>.bpe`, shipped
+/// beside the bindings): a ranks file that is not that encoding's is refused as
+/// `invalid_argument` on `ranks`, with what is wrong with it.
+pub fn tokenizer(encoding: &str, ranks: &[u8]) -> Result<tokenwarden_provider::bpe::Bpe, ArgError> {
+    let e = self::encoding(encoding)?;
+    tokenwarden_provider::bpe::Bpe::new(e, ranks).map_err(|why| {
+        ArgError::range("invalid_argument", format!("{e} ranks: {why}")).with_field("ranks")
+    })
+}

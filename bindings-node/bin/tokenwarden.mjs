@@ -323,10 +323,11 @@ function writeConfig({ data, fleets, host, port }) {
   rmSync(workerDir, { recursive: true, force: true })
   privateDir(workerDir)
   const modules = []
-  // The Worker and its wasm (not parse-fleets.js, which only this CLI runs).
+  // The Worker, its wasm and the tokenizer's ranks (not parse-fleets.js, which only this CLI runs).
   for (const f of readdirSync(bundle)) {
     if (f === 'worker.js') modules.unshift(`(name = "worker.js", esModule = embed "worker/worker.js")`)
     else if (f.endsWith('.wasm')) modules.push(`(name = ${capnpString(f)}, wasm = embed ${capnpString(`worker/${f}`)})`)
+    else if (f.endsWith('.bpe')) modules.push(`(name = ${capnpString(f)}, data = embed ${capnpString(`worker/${f}`)})`)
     else continue
     copyFileSync(join(bundle, f), join(workerDir, f))
     chmodSync(join(workerDir, f), 0o600)

@@ -1,5 +1,6 @@
 // Bundles the edge limiter's Worker (../edge/src/worker.js, on tokenwarden-wasm) into
-// serve/ for `tokenwarden serve`: serve/worker.js and the .wasm module it imports, as
+// serve/ for `tokenwarden serve`: serve/worker.js and the .wasm and tokenizer ranks (.bpe)
+// modules it imports, as
 // workerd loads them. Run by `npm run build` (build:serve).
 import { rmSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
@@ -15,7 +16,7 @@ const result = await build({
   platform: 'neutral',
   conditions: ['workerd', 'worker', 'browser'],
   outdir,
-  loader: { '.wasm': 'copy' },
+  loader: { '.wasm': 'copy', '.bpe': 'copy' },
   assetNames: '[name]-[hash]',
   metafile: true,
   logLevel: 'error',

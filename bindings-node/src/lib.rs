@@ -405,6 +405,35 @@ pub fn plan_fleet(env: Env, json: String) -> napi::Result<String> {
     js(&env, || tokenwarden_js_abi::plan_fleet(&json))
 }
 
+/// How many tokens `text` is in OpenAI's `encoding` (`o200k_base` or `cl100k_base`), by the
+/// provider crate's byte-pair tokenizer (special-token strings count as ordinary text, as
+/// the API takes them in a prompt). The ranks are in the addon; an encoding's table is
+/// built the first time it counts.
+#[napi(js_name = "countTokens")]
+pub fn count_tokens(env: Env, encoding: String, text: String) -> napi::Result<u32> {
+    js(&env, || {
+        let bpe = native_tokenizer(&encoding)?;
+        Ok(u32::try_from(bpe.count(&text)).unwrap_or(u32::MAX))
+    })
+}
+
+/// The addon's tokenizer for `encoding`, built on first use.
+fn native_tokenizer(encoding: &str) -> Result<&'static tokenwarden_provider::bpe::Bpe, Thrown> {
+    use std::sync::OnceLock;
+    use tokenwarden_provider::bpe::{self, Bpe, Encoding};
+    static O200K: OnceLock<Result<Bpe, tokenwarden_js_abi::ArgError>> = OnceLock::new();
+    static CL100K: OnceLock<Result<Bpe, tokenwarden_js_abi::ArgError>> = OnceLock::new();
+    let built = match tokenwarden_js_abi::encoding(encoding)? {
+        Encoding::O200kBase => {
+            O200K.get_or_init(|| tokenwarden_js_abi::tokenizer("o200k_base", bpe::O200K_BASE))
+        }
+        Encoding::Cl100kBase => {
+            CL100K.get_or_init(|| tokenwarden_js_abi::tokenizer("cl100k_base", bpe::CL100K_BASE))
+        }
+    };
+    built.as_ref().map_err(Clone::clone)
+}
+
 /// Reads one provider answer's usage as it passes through (the provider crate's reader):
 /// `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
 /// short.

@@ -9,8 +9,8 @@
  * ```
  */
 import { createRequire } from 'node:module'
-import { NativeEngine, nativeEngines, nativeLoadError } from './native.js'
-import { type EngineFactory, type FleetPlan, type Plan, Tokenwarden, TokenwardenError, type TokenwardenOptions, planFleetWith } from 'tokenwarden-driver'
+import { NativeEngine, nativeCountTokens, nativeEngines, nativeLoadError } from './native.js'
+import { type EngineFactory, type FleetPlan, type Plan, Tokenwarden, TokenwardenError, type TokenizerSource, type TokenwardenOptions, planFleetWith, useTokenizers } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
 export { NativeEngine, nativeEngines, nativeLoadError }
@@ -35,6 +35,17 @@ export function wasmEngines(): EngineFactory {
   wasm ??= (require('tokenwarden-wasm/nodejs') as { wasmEngines: EngineFactory }).wasmEngines
   return wasm
 }
+
+/**
+ * The tokenizers the estimator counts with: the native addon's where the engine chosen by
+ * default (see {@link engine}) is native, else the wasm build's (its ranks read from its
+ * package).
+ */
+export const tokenizers: TokenizerSource = (encoding) => {
+  if (engine().name === 'native') return (text: string) => nativeCountTokens(encoding, text)
+  return (require('tokenwarden-wasm/nodejs') as { wasmTokenizers: TokenizerSource }).wasmTokenizers(encoding)
+}
+useTokenizers(tokenizers)
 
 /** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */
 function defaultChoice(): EngineChoice {

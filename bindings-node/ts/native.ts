@@ -35,6 +35,15 @@ function addon(): typeof Binding {
   return binding
 }
 
+/** How many tokens `text` is in `encoding`, by the addon's tokenizer (the provider crate's). */
+export function nativeCountTokens(encoding: 'o200k_base' | 'cl100k_base', text: string): number {
+  try {
+    return addon().countTokens(encoding, text)
+  } catch (e) {
+    throw normalizeEngineError(e, 'countTokens')
+  }
+}
+
 /** The addon's coordinator as an {@link Engine}. */
 export class NativeEngine extends RegisterEngine {
   /** Wraps an addon coordinator (use `nativeEngines.create` / `.restore`). */

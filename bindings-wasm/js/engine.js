@@ -79,6 +79,40 @@ export function enginesFor(wasm) {
   }
 }
 
+/**
+ * The wasm build's tokenizers as a `TokenizerSource` for the driver's estimator
+ * (`useTokenizers`): the provider crate's byte-pair tokenizer, built from the encoding's
+ * ranks file (`data/<encoding>.bpe`, 0.7–1.6 MB) that `ranks(encoding)` loads — the bytes,
+ * or a promise of them — the first time the encoding is asked for.
+ */
+export function tokenizersFor(wasm, ranks) {
+  return (encoding) => {
+    if (encoding !== 'o200k_base' && encoding !== 'cl100k_base') throw invalidArgument(`encoding must be o200k_base or cl100k_base, got ${JSON.stringify(encoding)}`, 'encoding')
+    const make = (bytes) => {
+      let t
+      try {
+        t = new wasm.Tokenizer(encoding, bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes))
+      } catch (e) {
+        throw normalizeEngineError(e, 'tokenizer')
+      }
+      return (text) => t.count(text)
+    }
+    const bytes = ranks(encoding)
+    return bytes instanceof Promise ? bytes.then(make) : make(bytes)
+  }
+}
+
+/**
+ * The ranks of `encoding` fetched from `data/` beside this package's modules (browsers and
+ * bundles, which serve or copy the package's files).
+ */
+export async function fetchedRanks(encoding) {
+  const url = encoding === 'o200k_base' ? new URL('../data/o200k_base.bpe', import.meta.url) : new URL('../data/cl100k_base.bpe', import.meta.url)
+  const r = await fetch(url)
+  if (!r.ok) throw new Error(`the ${encoding} ranks could not be loaded: ${r.status} from ${url}`)
+  return new Uint8Array(await r.arrayBuffer())
+}
+
 /** `createTokenwarden` for an engine factory: a `Tokenwarden` with a random seed by default. */
 export function tokenwardenFor(engines, randomSeed) {
   return (options) => new Tokenwarden({ seed: randomSeed(), ...options, engine: options.engine ?? engines })

@@ -1,6 +1,6 @@
 // Types for every entry point of tokenwarden-wasm (web, nodejs, bundler, workerd): the
 // shared driver from `tokenwarden-driver` plus the wasm engine.
-import type { Engine, EngineFactory, Tokenwarden, TokenwardenOptions } from 'tokenwarden-driver'
+import type { Engine, EngineFactory, TokenizerSource, Tokenwarden, TokenwardenOptions } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
 
@@ -42,6 +42,15 @@ export declare const wasmEngines: EngineFactory & {
   /** The core's fleet sizing on a fleet description's JSON text (camelCase JSON text back). */
   planFleet(json: string): string
 }
+
+/**
+ * The wasm build's tokenizers (the provider crate's byte-pair tokenizer), each built the
+ * first time its encoding is asked for from the package's `data/<encoding>.bpe` (read from
+ * disk under Node, fetched beside the module in a browser or bundle, a data module in a
+ * Worker). Registered with the driver when the package is imported (`useTokenizers`), unless
+ * another engine package registered its own first.
+ */
+export declare const wasmTokenizers: TokenizerSource
 
 /** Options for {@link createTokenwarden}: the engine defaults to the wasm build. */
 export type CreateOptions = Omit<TokenwardenOptions, 'engine'> & Partial<Pick<TokenwardenOptions, 'engine'>>

@@ -1,6 +1,8 @@
 // Node.js: the `nodejs` build (synchronous load of the .wasm next to it).
+import { readFileSync } from 'node:fs'
+import { useTokenizers } from 'tokenwarden-driver'
 import wasm from '../pkg/nodejs/tokenwarden_wasm.js'
-import { enginesFor, tokenwardenFor } from './engine.js'
+import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
 
 export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
@@ -8,5 +10,10 @@ export { WasmEngine } from './engine.js'
 export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */
 export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
+/** The tokenizers the estimator counts with (the ranks read from `data/` beside this file). */
+export const wasmTokenizers = tokenizersFor(wasm, (encoding) =>
+  readFileSync(encoding === 'o200k_base' ? new URL('../data/o200k_base.bpe', import.meta.url) : new URL('../data/cl100k_base.bpe', import.meta.url)),
+)
+useTokenizers(wasmTokenizers, false)
 /** The build is ready as soon as it is imported; here for symmetry with `web`. */
 export async function init() {}

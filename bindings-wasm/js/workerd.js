@@ -3,7 +3,8 @@
 import { initSync } from '../pkg/web/tokenwarden_wasm.js'
 import * as wasm from '../pkg/web/tokenwarden_wasm.js'
 import module from '../pkg/web/tokenwarden_wasm_bg.wasm'
-import { enginesFor, tokenwardenFor } from './engine.js'
+import { useTokenizers } from 'tokenwarden-driver'
+import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
 
 initSync({ module })
 
@@ -13,5 +14,14 @@ export { WasmEngine } from './engine.js'
 export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */
 export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
+/**
+ * The tokenizers the estimator counts with: the ranks are data modules of the Worker
+ * (`data/*.bpe`; a bundler copies them, and the runtime's module rules load `.bpe` as
+ * `Data`), imported when first needed.
+ */
+export const wasmTokenizers = tokenizersFor(wasm, async (encoding) =>
+  (encoding === 'o200k_base' ? await import('../data/o200k_base.bpe') : await import('../data/cl100k_base.bpe')).default,
+)
+useTokenizers(wasmTokenizers, false)
 /** Already initialised; here for symmetry with `web`. */
 export async function init() {}

@@ -425,6 +425,31 @@ pub fn plan_fleet(json: &str) -> Result<String, Thrown> {
     tokenwarden_js_abi::plan_fleet(json).map_err(Thrown::from)
 }
 
+/// Counts tokens as one of OpenAI's encodings does (the provider crate's byte-pair
+/// tokenizer), from that encoding's ranks file (`data/<encoding>.bpe` in this package,
+/// loaded by the host when first needed: the ranks are not in the `.wasm`).
+#[wasm_bindgen]
+pub struct Tokenizer {
+    inner: tokenwarden_js_abi::provider::bpe::Bpe,
+}
+
+#[wasm_bindgen]
+impl Tokenizer {
+    /// The tokenizer for `encoding` (`o200k_base` or `cl100k_base`) from its ranks file's
+    /// bytes.
+    #[wasm_bindgen(constructor)]
+    pub fn new(encoding: &str, ranks: &[u8]) -> Result<Tokenizer, Thrown> {
+        Ok(Tokenizer {
+            inner: tokenwarden_js_abi::tokenizer(encoding, ranks)?,
+        })
+    }
+
+    /// How many tokens `text` is (special-token strings count as ordinary text).
+    pub fn count(&self, text: &str) -> u32 {
+        u32::try_from(self.inner.count(text)).unwrap_or(u32::MAX)
+    }
+}
+
 /// Reads one provider answer's usage as it passes through (the provider crate's reader):
 /// `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
 /// short.

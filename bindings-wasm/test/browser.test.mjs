@@ -53,6 +53,7 @@ test('every trace replays identically through the web build in Chromium', { skip
   assert.deepEqual(failed, [], 'every trace matches native')
   assert.ok(r.driver.waitedMs >= 40, `the second lease waited for the first to settle: ${r.driver.waitedMs} ms`)
   assert.equal(r.driver.liveLeases, 0)
+  assert.deepEqual(r.tokens, { o200k: 14, cl100k: 16 }, 'the tokenizer counts as tiktoken does, its ranks fetched')
   console.log(`# chromium: ${r.results.length} traces identical to native; wasm init ${r.initMs.toFixed(1)} ms; ${r.userAgent.match(/Chrome\/[\d.]+/)?.[0]}`)
   await page.close()
 })

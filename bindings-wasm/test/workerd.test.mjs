@@ -42,3 +42,15 @@ test('the shared driver runs on workerd timers', async () => {
   assert.ok(body.waitedMs >= 20, `waited ${body.waitedMs} ms`)
   assert.equal(body.liveLeases, 0)
 })
+
+test('the tokenizer loads its ranks as data modules and counts as OpenAI does', async () => {
+  const text = 'Hello, world! 日本語のテキスト fn main() {}'
+  const res = await mf.dispatchFetch('http://worker/tokens', { method: 'POST', body: text })
+  assert.equal(res.status, 200)
+  const body = await res.json()
+  // tiktoken's counts (the provider crate's tests check every text against it).
+  assert.deepEqual({ o200k: body.o200k, cl100k: body.cl100k }, { o200k: 14, cl100k: 16 })
+  // The default estimator counts the prompt with it: the text, the role, 3 per message
+  // and 3 for the reply's priming (not the byte rule's guess).
+  assert.deepEqual(body.estimate, { inputTokens: 14 + 1 + 3 + 3, cachedPrefixTokens: 0 })
+})

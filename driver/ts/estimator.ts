@@ -1006,11 +1006,13 @@ export class BytesPerTokenEstimator implements Estimator {
 export interface DefaultEstimatorOptions extends BytesPerTokenOptions {
   /**
    * Count OpenAI prompts with the model's tokenizer (default `true`): o200k_base or
-   * cl100k_base by model (see `openaiEncoding`), from the `gpt-tokenizer` package, loaded
-   * the first time an OpenAI call is estimated (that estimate waits for it, about 0.4 s;
-   * the others are synchronous); and Anthropic prompts with o200k_base as a proxy for
-   * Claude's tokenizer (loaded the same way on the first Anthropic estimate). Where it cannot
-   * be loaded, or with `false`, the byte rule.
+   * cl100k_base by model (see `openaiEncoding`), the provider crate's byte-pair tokenizer
+   * from the engine package in use (`useTokenizers`: the native addon's, or the wasm
+   * build's with its ranks loaded when first needed), made the first time an OpenAI call is
+   * estimated (that estimate waits for it: 10–50 ms; the others are synchronous); and
+   * Anthropic prompts with o200k_base as a proxy for Claude's tokenizer (made the same way
+   * on the first Anthropic estimate). Where it cannot be had (no engine package imported),
+   * or with `false`, the byte rule.
    */
   tokenizer?: boolean
   /**

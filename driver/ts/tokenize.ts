@@ -1,8 +1,8 @@
 /**
  * Counting an OpenAI prompt with the model's own tokenizer: which encoding a model uses,
- * loading it (the `gpt-tokenizer` package, its ranks bundled in the package: nothing is
- * downloaded at run time), and the published rules for what a request adds around its
- * text (per message, the reply priming, tool definitions).
+ * where the tokenizer comes from (the provider crate's byte-pair tokenizer, through the
+ * engine package in use: see {@link useTokenizers}), and the published rules for what a
+ * request adds around its text (per message, the reply priming, tool definitions).
  */
 
 /** The byte-pair encodings of OpenAI's current models. */
@@ -32,8 +32,13 @@ export function openaiEncoding(model: string): OpenAIEncoding {
   return 'o200k_base'
 }
 
-/** Text counts are treated as ordinary text: a prompt may quote `<|endoftext|>`. */
-const ORDINARY = { disallowedSpecial: new Set<string>() }
+/**
+ * Where an encoding's counter comes from: the engine package's tokenizer (the provider
+ * crate's, in the native addon or the `.wasm`, its ranks loaded when first asked for).
+ */
+export type TokenizerSource = (encoding: OpenAIEncoding) => CountText | Promise<CountText>
+
+let source: TokenizerSource | null = null
 
 interface Loading {
   counter: CountText | null
@@ -44,28 +49,32 @@ interface Loading {
 const loading = new Map<OpenAIEncoding, Loading>()
 
 /**
- * Imported when first needed, not with the driver: an encoding's ranks are 1–2.4 MB of
- * JavaScript and take 0.2–0.4 s to load, which a process that calls only Anthropic never
- * pays. The specifiers are literal so that a bundler (esbuild for a Worker) includes them.
+ * Sets where tokenizers come from. The engine packages call it when they are imported
+ * (`tokenwarden`: the native addon's, else the wasm build's; `tokenwarden-wasm`: its own),
+ * so a `DefaultEstimator` counts with the tokenizer that ships beside the engine. With
+ * `replace` false, only when none is set yet (the wasm package's own, under the native
+ * package that loaded it as its fallback). Counters already loaded stay; one that failed is
+ * tried again from the new source.
  */
-function importEncoding(encoding: OpenAIEncoding): Promise<{ countTokens: (text: string, options: typeof ORDINARY) => number }> {
-  return encoding === 'o200k_base' ? import('gpt-tokenizer/encoding/o200k_base') : import('gpt-tokenizer/encoding/cl100k_base')
+export function useTokenizers(s: TokenizerSource, replace = true): void {
+  if (typeof s !== 'function') throw new TypeError('useTokenizers needs a function from an encoding to its counter')
+  if (!replace && source !== null) return
+  source = s
+  for (const [encoding, l] of loading) if (l.counter === null) loading.delete(encoding)
 }
 
-/** The longest run without whitespace tokenized whole (see {@link bounded}). */
-const MAX_RUN = 1024
 /** The most text tokenized per string; beyond it the count is extrapolated (see {@link bounded}). */
 const MAX_TOKENIZED = 1 << 20
 
 /**
- * A counter whose cost stays linear in what it is given, whatever a caller sends:
- * byte-pair merging is quadratic in a pre-token's length, so one long run without whitespace
- * (400 KB of `x`, base64, a minified file) would take minutes whole. Runs are cut at
- * {@link MAX_RUN} characters and counted apart (about a token more per cut, on text that
- * real prompts rarely hold), and past {@link MAX_TOKENIZED} characters the rest is counted
- * at the rate of the first part. Below both bounds the count is the tokenizer's, exactly.
+ * A counter whose cost is bounded whatever a caller sends: runs without whitespace longer
+ * than `maxRun` characters are cut and counted apart (about a token more per cut; the
+ * tokenizer itself merges a long run in O(n log n), so an OpenAI count cuts none, and only
+ * the Anthropic proxy does, on purpose), and past `maxTokenized` characters (default
+ * {@link MAX_TOKENIZED}) the rest is counted at the rate of the first part. Below both
+ * bounds the count is the tokenizer's, exactly.
  */
-export function bounded(count: CountText, maxRun = MAX_RUN, maxTokenized = MAX_TOKENIZED): CountText {
+export function bounded(count: CountText, maxRun = Number.POSITIVE_INFINITY, maxTokenized = MAX_TOKENIZED): CountText {
   const runs: CountText = (s) => {
     let run = 0
     let from = 0
@@ -84,26 +93,32 @@ export function bounded(count: CountText, maxRun = MAX_RUN, maxTokenized = MAX_T
     }
     return from === 0 ? count(s) : n + (from < s.length ? count(s.slice(from)) : 0)
   }
+  const whole = maxRun === Number.POSITIVE_INFINITY ? count : runs
   return (s) => {
-    if (s.length <= maxTokenized) return runs(s)
-    const head = runs(s.slice(0, maxTokenized))
+    if (s.length <= maxTokenized) return whole(s)
+    const head = whole(s.slice(0, maxTokenized))
     return Math.ceil((head * s.length) / maxTokenized)
   }
 }
 
 /**
  * The encoding's counter, loading it the first time (one load per process, shared by every
- * caller). Rejects when the tokenizer cannot be loaded (a page without a bundler or an
- * import map for `gpt-tokenizer`): the failure is remembered, see {@link tokenizerState}.
+ * caller). Rejects when no tokenizer can be had (no engine package has registered its
+ * tokenizers, or its ranks cannot be loaded): the failure is remembered, see
+ * {@link tokenizerState}.
  */
 export function loadTokenizer(encoding: OpenAIEncoding): Promise<CountText> {
   const known = loading.get(encoding)
   if (known !== undefined) return known.promise
   const entry: Loading = { counter: null, promise: Promise.resolve(null as unknown as CountText), error: undefined }
-  entry.promise = importEncoding(encoding).then(
-    (m) => {
-      if (typeof m.countTokens !== 'function') throw new TypeError(`gpt-tokenizer's ${encoding} module has no countTokens`)
-      const counter: CountText = bounded((text) => m.countTokens(text, ORDINARY))
+  const from = source
+  entry.promise = (async () => {
+    if (from === null) throw new Error("no tokenizer: import the engine package ('tokenwarden' or 'tokenwarden-wasm'), whose tokenizer the estimator counts with")
+    return from(encoding)
+  })().then(
+    (count) => {
+      if (typeof count !== 'function') throw new TypeError(`the ${encoding} tokenizer is not a counting function`)
+      const counter: CountText = bounded(count)
       entry.counter = counter
       return counter
     },

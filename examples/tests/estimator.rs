@@ -2,8 +2,8 @@
 //! driver's `DefaultEstimator`, under Node, through `examples/estimator-bridge.mjs`) on the
 //! request bodies it generates, and the provider counts them exactly.
 //!
-//! It needs Node and the built driver, which `cargo test` runs before in
-//! `scripts/test.sh`: so it is ignored there and run by the script once the driver is built
+//! It needs Node and the built npm package, which `cargo test` runs before in
+//! `scripts/test.sh`: so it is ignored there and run by the script once the package is built
 //! (`cargo test -p tokenwarden-examples --test estimator -- --ignored`). Run by hand without
 //! them, it fails and says what to build; it is never skipped.
 
@@ -17,7 +17,7 @@ fn scenario() -> sim::Scenario {
 }
 
 #[test]
-#[ignore = "needs Node and the built driver: run by scripts/test.sh"]
+#[ignore = "needs Node and the built npm package: run by scripts/test.sh"]
 fn the_bridge_answers_with_the_driver_s_estimate() {
     let _ = scenario();
     let mut b = bridge::EstimatorBridge::spawn().unwrap_or_else(|e| panic!("{e}"));
@@ -48,7 +48,7 @@ fn the_bridge_answers_with_the_driver_s_estimate() {
 }
 
 #[test]
-#[ignore = "needs Node and the built driver: run by scripts/test.sh"]
+#[ignore = "needs Node and the built npm package: run by scripts/test.sh"]
 fn the_estimator_scenario_meets_its_goals_on_the_product_s_estimates() {
     let sc = scenario();
     assert_eq!(sc.strategies, vec![Strategy::Coordinator]);

@@ -1,6 +1,7 @@
 //! What tokenwarden knows of each provider's HTTP API, beside the core (`no_std`, no I/O):
 //! which requests are model calls, how a provider's answer reports what a call used
-//! ([`usage`]), and who a call is by its client's session headers ([`mod@identity`]).
+//! ([`usage`]), who a call is by its client's session headers ([`mod@identity`]), and how
+//! many tokens a text is in OpenAI's byte-pair encodings ([`bpe`]).
 //!
 //! A model call is leased before it is sent; any other request (token counting, model
 //! lists, a batch, a stored response) passes through. The decision is made on the path as
@@ -23,6 +24,7 @@ extern crate alloc;
 
 use alloc::vec::Vec;
 
+pub mod bpe;
 pub mod identity;
 pub mod usage;
 pub use identity::{Identity, identity};

@@ -1,6 +1,6 @@
 // A Worker that replays conformance traces through the `workerd` build of tokenwarden-wasm:
 // POST a trace file's text to /replay and get `{ error }` back (`null` when it matches).
-import { wasmEngines, createTokenwarden } from '../../js/workerd.js'
+import { DefaultEstimator, createTokenwarden, wasmEngines, wasmTokenizers } from '../../js/workerd.js'
 import { parse } from '../../../tests/js/support/json.mjs'
 import { verify } from '../../../tests/js/support/replay.mjs'
 
@@ -28,6 +28,15 @@ export default {
       const body = { waitedMs: lease.waitedMs, liveLeases: tw.metrics().liveLeases }
       tw.close()
       return Response.json(body)
+    }
+    if (url.pathname === '/tokens' && request.method === 'POST') {
+      // The tokenizer as the Worker loads it (its ranks a data module), and the default
+      // estimator counting an OpenAI prompt with it.
+      const text = await request.text()
+      const o200k = (await wasmTokenizers('o200k_base'))(text)
+      const cl100k = (await wasmTokenizers('cl100k_base'))(text)
+      const estimate = await new DefaultEstimator().estimate({ provider: 'openai', model: 'gpt-4o', body: { model: 'gpt-4o', messages: [{ role: 'user', content: text }] } })
+      return Response.json({ o200k, cl100k, estimate })
     }
     return new Response('not found', { status: 404 })
   },

@@ -6,9 +6,9 @@
 //! With no arguments it runs every scenario under every strategy and writes
 //! `docs/report/` (the committed report).
 //!
-//! The `estimator` scenario runs the product's own estimator: the built driver under Node
+//! The `estimator` scenario runs the product's own estimator: the built npm package under Node
 //! (`examples/estimator-bridge.mjs`; Node is `$TOKENWARDEN_NODE` or `node`). Without Node or
-//! the built driver (`npm ci` at the repository root, then `cd driver && npm run build`) the default run leaves that
+//! the built npm package (`npm ci` at the repository root, then `cd driver && npm run build`, then `cd bindings-node && npm run build`) the default run leaves that
 //! scenario out and says so on stderr and in the report's goals; `--scenario estimator`
 //! fails instead.
 
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    // The product's estimator needs Node and the built driver: a run of every scenario goes
+    // The product's estimator needs Node and the built npm package: a run of every scenario goes
     // on without them (and says so), a run of that scenario alone fails below.
     let mut skipped = Vec::new();
     if only.is_none() {

@@ -1,10 +1,11 @@
 //! The product's estimator, called from the simulator: `examples/estimator-bridge.mjs`
-//! runs the built driver's `DefaultEstimator` under Node, with its clock on the
-//! simulator's virtual time, and answers one JSON line for each one sent (see the script
-//! for the protocol). One process per run, spoken to synchronously.
+//! runs the built npm package's `DefaultEstimator` (`tokenwarden`: the driver with the
+//! native addon's tokenizer, as it ships) under Node, with its clock on the simulator's
+//! virtual time, and answers one JSON line for each one sent (see the script for the
+//! protocol). One process per run, spoken to synchronously.
 //!
-//! Node is `$TOKENWARDEN_NODE`, else `node` on `PATH`; the driver is `driver/dist/` of this
-//! repository (`npm ci` at the repository root, then `cd driver && npm run build`).
+//! Node is `$TOKENWARDEN_NODE`, else `node` on `PATH`; the package is `bindings-node/dist/`
+//! of this repository (see [`BUILD_HINT`]).
 
 use std::ffi::OsString;
 use std::fmt;
@@ -15,7 +16,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use tokenwarden_core::Usage;
 
 /// What to run to get the estimator: printed with every failure to start it.
-pub const BUILD_HINT: &str = "build the driver: npm ci at the repository root, then cd driver && npm run build (Node >= 20.19 on PATH, or set TOKENWARDEN_NODE)";
+pub const BUILD_HINT: &str = "build the npm package: npm ci at the repository root, then cd driver && npm run build, then cd bindings-node && npm run build (Node >= 20.19 on PATH, or set TOKENWARDEN_NODE)";
 
 /// Why the estimator could not be run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,9 +35,9 @@ pub fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("estimator-bridge.mjs")
 }
 
-/// The built driver the script imports.
-pub fn driver_entry() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../driver/dist/index.js")
+/// The built npm package the script imports.
+pub fn package_entry() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bindings-node/dist/index.js")
 }
 
 /// The Node binary: `$TOKENWARDEN_NODE`, else `node`.
@@ -44,7 +45,7 @@ pub fn node() -> OsString {
     std::env::var_os("TOKENWARDEN_NODE").unwrap_or_else(|| "node".into())
 }
 
-/// Why the estimator cannot run here (no Node, or the driver not built), or `None` when
+/// Why the estimator cannot run here (no Node, or the package not built), or `None` when
 /// both are present. (Whether it then runs is for [`EstimatorBridge::spawn`] to say.)
 pub fn unavailable() -> Option<String> {
     let node = node();
@@ -60,10 +61,10 @@ pub fn unavailable() -> Option<String> {
             node.to_string_lossy()
         ));
     }
-    let entry = driver_entry();
+    let entry = package_entry();
     if !entry.is_file() {
         return Some(format!(
-            "the built driver ({}) is missing; {BUILD_HINT}",
+            "the built npm package ({}) is missing; {BUILD_HINT}",
             entry.display()
         ));
     }
@@ -129,7 +130,7 @@ impl EstimatorBridge {
         }
         let mut child = Command::new(node())
             .arg(script())
-            .arg(driver_entry())
+            .arg(package_entry())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

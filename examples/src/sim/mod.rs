@@ -183,12 +183,12 @@ pub struct Scenario {
     /// The goal this scenario checks, for the report.
     pub goal: &'static str,
     /// The agents send generated Anthropic request bodies ([`bodies`]): the product's own
-    /// estimator (the built driver's, under Node, through [`bridge`]) estimates each one for
+    /// estimator (the built npm package's, under Node, through [`bridge`]) estimates each one for
     /// its lease and observes each settled call; the provider counts them exactly and keeps
     /// the prompt cache by content. `shape.context_start` is the task's first message
     /// (pasted files), `context_max` the history at which the agent compacts it,
     /// `max_tokens` and `turns` as elsewhere; a broken turn sends its call again 30 s
-    /// later (no re-plan model). Needs Node and the built driver.
+    /// later (no re-plan model). Needs Node and the built npm package.
     pub product_estimator: bool,
     /// `weights.small_lead_permille` under the coordinator strategies (the product's
     /// default; the `mixed` scenario's goal compares with 0).

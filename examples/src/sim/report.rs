@@ -456,7 +456,7 @@ pub fn estimates_table(r: &RunResult) -> String {
     let n = r.estimates.len();
     let _ = writeln!(
         s,
-        "Estimates by the product's estimator (the built driver's `{}`) under {}, against the provider's exact counts, over the {n} settled calls:\n",
+        "Estimates by the product's estimator (the built npm package's `{}`) under {}, against the provider's exact counts, over the {n} settled calls:\n",
         r.estimator.as_deref().unwrap_or("?"),
         r.strategy.label()
     );
@@ -852,7 +852,7 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "The `estimator` scenario runs the product's own estimator, not exact counts: its agents send request bodies the simulator generates (Anthropic Messages JSON, every token of which it knows), and each lease is sized by the built driver's default estimator (`DefaultEstimator` from `driver/dist`, run under Node by `examples/estimator-bridge.mjs` with its clock on the simulator's virtual time), which observes each settled call's usage as the `fetch` wrapper has it do. It needs Node and the built driver (`npm ci` at the repository root, then `cd driver && npm run build`): without them a run of every scenario leaves it out and says so in a line of the goals below, and `--scenario estimator` fails. `scripts/test.sh` runs it once the driver is built. Its figures move when the estimator does.\n"
+        "The `estimator` scenario runs the product's own estimator, not exact counts: its agents send request bodies the simulator generates (Anthropic Messages JSON, every token of which it knows), and each lease is sized by the built npm package's default estimator (`DefaultEstimator` of the `tokenwarden` package, `bindings-node/dist`, with its native tokenizer, run under Node by `examples/estimator-bridge.mjs` with its clock on the simulator's virtual time), which observes each settled call's usage as the `fetch` wrapper has it do. It needs Node and the built npm package (`npm ci` at the repository root, then `cd driver && npm run build`, then `cd bindings-node && npm run build`): without them a run of every scenario leaves it out and says so in a line of the goals below, and `--scenario estimator` fails. `scripts/test.sh` runs it once the package is built. Its figures move when the estimator does.\n"
     );
     let mut all_goals = Vec::new();
     let _ = writeln!(

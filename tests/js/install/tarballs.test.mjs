@@ -33,7 +33,9 @@ const PLATFORM = 'tokenwarden-linux-x64-gnu'
 const PLATFORMS = Object.keys(JSON.parse(readFileSync(join(root, 'bindings-node/package.json'), 'utf8')).optionalDependencies)
 
 const PROGRAM = `
-import { NativeEngine, createTokenwarden, engine } from 'tokenwarden'
+import { NativeEngine, createTokenwarden, engine, tokenizers } from 'tokenwarden'
+// The estimator's tokenizer as installed (the addon's, or the wasm package's with its ranks).
+const tokens = (await tokenizers('o200k_base'))('Hello, world! 日本語のテキスト fn main() {}')
 const tw = createTokenwarden({
   config: { pools: [{ name: 'claude-sonnet-4-6', input_tokens_per_minute: 100000, output_tokens_per_minute: 20000, requests_per_minute: 100 }] },
 })
@@ -57,7 +59,7 @@ for (let i = 0; i < 3; i++) {
 const m = tw.metrics()
 const running = tw.engine instanceof NativeEngine ? 'native' : 'wasm'
 if (running !== engine().name) throw new Error('engine() says ' + engine().name + ', the instance runs ' + running)
-console.log(JSON.stringify({ engine: running, node: process.version, sdk: Number(process.versions.node.split('.')[0]) >= 22, calls, settled: Number(m.pools[0].counters.settled) }))
+console.log(JSON.stringify({ engine: running, node: process.version, sdk: Number(process.versions.node.split('.')[0]) >= 22, calls, settled: Number(m.pools[0].counters.settled), tokens }))
 tw.close()
 `
 
@@ -230,6 +232,7 @@ describe('the packed tarballs in an empty project', () => {
       assert.equal(r.sdk, major >= 22)
       assert.equal(r.calls.length, 3)
       assert.equal(r.settled, 3, 'every call settled')
+      assert.equal(r.tokens, 14, "the addon's tokenizer counts as tiktoken does")
     })
   }
 
@@ -243,6 +246,7 @@ describe('the packed tarballs in an empty project', () => {
         const r = await run(major)
         assert.equal(r.engine, 'wasm', `Node ${major}`)
         assert.equal(r.settled, 3, `Node ${major}: every call settled`)
+        assert.equal(r.tokens, 14, `Node ${major}: the wasm tokenizer, its ranks read from the installed package`)
       }
       // Asking for the native engine there is an error that says what to do instead.
       const forced = execFileSync(NODES[24], ['-e', "import('tokenwarden').then((m) => { try { m.createTokenwarden({ engine: 'native', config: { pools: [{ name: 'p', input_tokens_per_minute: 1 }] } }) } catch (e) { console.log(e.code + ': ' + e.message) } })"], { cwd: project, encoding: 'utf8' })

@@ -41,12 +41,15 @@ test('tokenwarden-driver ships its compiled layer and types only', () => {
 
 test('tokenwarden ships the addon, its generated loader and types, the engine glue, and serve (the CLI and the edge limiter bundled)', () => {
   check('bindings-node', {
-    allowed: [...common, /^binding\.(cjs|d\.ts)$/, /^tokenwarden\.[a-z0-9-]+\.node$/, /^dist\/(index|native|driver|checkpoint)\.(js|d\.ts)$/, /^bin\/tokenwarden\.mjs$/, /^serve\/(worker|parse-fleets)\.js$/, /^serve\/tokenwarden_wasm_bg-[A-Z0-9]+\.wasm$/],
+    allowed: [...common, /^binding\.(cjs|d\.ts)$/, /^tokenwarden\.[a-z0-9-]+\.node$/, /^dist\/(index|native|driver|checkpoint)\.(js|d\.ts)$/, /^bin\/tokenwarden\.mjs$/, /^serve\/(worker|parse-fleets)\.js$/, /^serve\/tokenwarden_wasm_bg-[A-Z0-9]+\.wasm$/, /^serve\/(o200k|cl100k)_base-[A-Z0-9]+\.bpe$/],
     required: ['package.json', 'README.md', 'binding.cjs', 'binding.d.ts', 'dist/index.js', 'dist/index.d.ts', 'dist/native.js', 'dist/driver.js', 'dist/checkpoint.js', 'bin/tokenwarden.mjs', 'serve/worker.js', 'serve/parse-fleets.js'],
   })
+  // serve's Worker imports the tokenizer's ranks as data modules (names hashed by the bundler).
+  const files = packed('bindings-node')
+  for (const e of ['o200k_base', 'cl100k_base']) assert.ok(files.some((f) => f.startsWith(`serve/${e}-`) && f.endsWith('.bpe')), `serve ships ${e}'s ranks`)
 })
 
-test('tokenwarden-wasm ships its entry points and the three wasm-bindgen builds', () => {
+test('tokenwarden-wasm ships its entry points, the three wasm-bindgen builds and the tokenizer ranks', () => {
   const builds = ['web', 'nodejs', 'bundler']
   check('bindings-wasm', {
     allowed: [
@@ -55,10 +58,13 @@ test('tokenwarden-wasm ships its entry points and the three wasm-bindgen builds'
       /^js\/index\.d\.ts$/,
       /^pkg\/(web|nodejs|bundler)\/tokenwarden_wasm(_bg)?\.(js|d\.ts|wasm|wasm\.d\.ts)$/,
       /^pkg\/nodejs\/package\.json$/,
+      /^data\/(o200k|cl100k)_base\.bpe$/,
     ],
     required: [
       'package.json',
       'README.md',
+      'data/o200k_base.bpe',
+      'data/cl100k_base.bpe',
       'js/index.d.ts',
       'js/workerd.js',
       'js/engine.js',
