@@ -836,6 +836,9 @@ function __napiStampBindingTarget(exportsObject, target) {
 module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __napiLoadedBindingTarget)
 module.exports = nativeBinding
 module.exports.Coordinator = nativeBinding.Coordinator
+module.exports.Estimator = nativeBinding.Estimator
 module.exports.UsageReader = nativeBinding.UsageReader
+module.exports.callShape = nativeBinding.callShape
 module.exports.countTokens = nativeBinding.countTokens
 module.exports.planFleet = nativeBinding.planFleet
+module.exports.promptBytes = nativeBinding.promptBytes

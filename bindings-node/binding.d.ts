@@ -131,6 +131,40 @@ export declare class Coordinator {
 }
 
 /**
+ * The provider crate's estimator (`tokenwarden_provider::estimate`): request bodies (JSON
+ * text) → the input tokens a lease reserves, learning from each settled call. The
+ * driver's `DefaultEstimator` runs on it.
+ */
+export declare class Estimator {
+  /** An estimator from its options' camelCase JSON (`{}`: the defaults). */
+  constructor(options: string)
+  /** `{"id","inputTokens","cachedPrefixTokens","cachedPrefixConfirmed"}` as JSON text. */
+  estimate(now: number, provider: string, model: string, body: string): string
+  /**
+   * Learns from a settled call; `false` when the estimate is no longer remembered and
+   * no body was given (call again with it).
+   */
+  observe(id: number, now: number, provider: string, model: string, body: string | undefined | null, actual: number, usage?: string | undefined | null): boolean
+  /** Forgets an estimate whose call will not settle. */
+  forget(id: number): void
+  /** Whether a prefix of this prompt has a known token count. */
+  knowsPrefixOf(provider: string, model: string, body: string): boolean
+  /** Records an exact count of a request's whole prompt. */
+  recordPromptTokens(provider: string, model: string, body: string, tokens: number): void
+  /** Units per token by class (prose, code, CJK, document) of a model. */
+  ratios(provider: string, model: string): Array<number>
+  /** How many prompt prefixes are remembered as cached. */
+  cachedPrefixes(): number
+  /** The encoding an estimate of this model needs and has not been given, or `null`. */
+  needsTokenizer(provider: string, model: string): string | null
+  /**
+   * Counts with the addon's tokenizer for `encoding` from now on (its ranks are in the
+   * addon).
+   */
+  useTokenizer(encoding: string): void
+}
+
+/**
  * Reads one provider answer's usage as it passes through (the provider crate's reader):
  * `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
  * short.
@@ -148,6 +182,12 @@ export declare class UsageReader {
 }
 
 /**
+ * Model, output reservation and stream flag of a request body's JSON text:
+ * `{"model","maxTokens","stream"}` as JSON text.
+ */
+export declare function callShape(provider: string, body: string): string
+
+/**
  * How many tokens `text` is in OpenAI's `encoding` (`o200k_base` or `cl100k_base`), by the
  * provider crate's byte-pair tokenizer (special-token strings count as ordinary text, as
  * the API takes them in a prompt). The ranks are in the addon; an encoding's table is
@@ -162,3 +202,9 @@ export declare function countTokens(encoding: string, text: string): number
  * that fit at the headroom, and how much the turns stretch when the fleet is too big.
  */
 export declare function planFleet(json: string): string
+
+/**
+ * A prompt's UTF-8 bytes split at Anthropic's last cache breakpoint:
+ * `{"prefix","rest"}` as JSON text.
+ */
+export declare function promptBytes(provider: string, body: string): string

@@ -1423,3 +1423,288 @@ pub fn tokenizer(encoding: &str, ranks: &[u8]) -> Result<tokenwarden_provider::b
         ArgError::range("invalid_argument", format!("{e} ranks: {why}")).with_field("ranks")
     })
 }
+
+/// The estimator's options as the bindings take them: camelCase JSON (`{}`: the defaults),
+/// unknown fields refused.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct EstimatorOptions {
+    initial_bytes_per_token: Option<f64>,
+    initial_tokens_per_proxy_token: Option<f64>,
+    learning_rate: Option<f64>,
+    safety: Option<f64>,
+    cached_prefixes: Option<u64>,
+    min_cache_tokens: Option<u64>,
+    tokenizer: Option<bool>,
+}
+
+/// An estimator ([`tokenwarden_provider::estimate::Estimator`]) from its options' JSON
+/// text.
+pub fn estimator(options: &str) -> Result<tokenwarden_provider::estimate::Estimator, ArgError> {
+    use tokenwarden_provider::estimate::{Estimator, Options};
+    let o: EstimatorOptions = serde_json::from_str(options).map_err(|e| {
+        ArgError::range("invalid_argument", format!("estimator options: {e}")).with_field("options")
+    })?;
+    let d = Options::default();
+    let options = Options {
+        initial_bytes_per_token: o
+            .initial_bytes_per_token
+            .unwrap_or(d.initial_bytes_per_token),
+        initial_tokens_per_proxy_token: o
+            .initial_tokens_per_proxy_token
+            .unwrap_or(d.initial_tokens_per_proxy_token),
+        learning_rate: o.learning_rate.unwrap_or(d.learning_rate),
+        safety: o.safety.unwrap_or(d.safety),
+        cached_prefixes: o.cached_prefixes.map_or(d.cached_prefixes, |n| {
+            usize::try_from(n).unwrap_or(usize::MAX)
+        }),
+        min_cache_tokens: o.min_cache_tokens.unwrap_or(d.min_cache_tokens),
+        tokenizer: o.tokenizer.unwrap_or(d.tokenizer),
+    };
+    Estimator::new(options)
+        .map_err(|e| ArgError::range("invalid_argument", e.to_string()).with_field(e.field))
+}
+
+/// The provider named `name` (`anthropic` or `openai`).
+pub fn estimate_provider(name: &str) -> Result<tokenwarden_provider::estimate::Provider, ArgError> {
+    tokenwarden_provider::estimate::Provider::from_name(name).ok_or_else(|| {
+        ArgError::range(
+            "invalid_argument",
+            format!("`provider` must be anthropic or openai, got {name:?}"),
+        )
+        .with_field("provider")
+    })
+}
+
+/// A request body's JSON text, parsed: it must be a JSON object.
+pub fn request_body(text: &str) -> Result<Value, ArgError> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err(ArgError::range(
+            "invalid_argument",
+            "the request body must be a JSON object".into(),
+        )
+        .with_field("body")),
+        Err(e) => Err(ArgError::range(
+            "invalid_argument",
+            format!("the request body is not JSON: {e}"),
+        )
+        .with_field("body")),
+    }
+}
+
+/// `estimate(now, provider, model, body)`: `{"id","inputTokens","cachedPrefixTokens",
+/// "cachedPrefixConfirmed"}` as JSON text.
+pub fn estimate(
+    e: &mut tokenwarden_provider::estimate::Estimator,
+    now: f64,
+    provider: &str,
+    model: &str,
+    body: &str,
+) -> Result<String, ArgError> {
+    let now = u64_of(now, "now")?;
+    let provider = estimate_provider(provider)?;
+    let body = request_body(body)?;
+    let (id, est) = e.estimate(now, provider, model, &body);
+    Ok(format!(
+        r#"{{"id":{id},"inputTokens":{},"cachedPrefixTokens":{},"cachedPrefixConfirmed":{}}}"#,
+        est.input_tokens, est.cached_prefix_tokens, est.cached_prefix_confirmed
+    ))
+}
+
+/// A settled call's usage as the estimator takes it: camelCase JSON
+/// (`{inputTokens, cacheReadInputTokens, cacheCreationInputTokens, outputTokens}`).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ObservedUsage {
+    #[serde(default)]
+    input_tokens: f64,
+    #[serde(default)]
+    cache_read_input_tokens: f64,
+    #[serde(default)]
+    cache_creation_input_tokens: f64,
+    #[serde(default)]
+    output_tokens: f64,
+}
+
+/// `observe(id, now, provider, model, body, actual, usage)`: learns from a settled call.
+/// `body` (its JSON text) is needed only when the estimate is no longer remembered: then
+/// `false` without it (call again with it), `true` once learned from.
+#[allow(clippy::too_many_arguments)]
+pub fn observe(
+    e: &mut tokenwarden_provider::estimate::Estimator,
+    id: f64,
+    now: f64,
+    provider: &str,
+    model: &str,
+    body: Option<&str>,
+    actual: f64,
+    usage: Option<&str>,
+) -> Result<bool, ArgError> {
+    let id = u64_of(id, "id")?;
+    let now = u64_of(now, "now")?;
+    let provider = estimate_provider(provider)?;
+    let actual = if actual.is_finite() && actual > 0.0 {
+        u64_of(actual.floor(), "actualInputTokens")?
+    } else {
+        0
+    };
+    let usage = match usage {
+        None => None,
+        Some(text) => {
+            let u: ObservedUsage = serde_json::from_str(text).map_err(|err| {
+                ArgError::range("invalid_argument", format!("usage: {err}")).with_field("usage")
+            })?;
+            let n = |x: f64| {
+                if x.is_finite() && x > 0.0 {
+                    x as u64
+                } else {
+                    0
+                }
+            };
+            Some(tokenwarden_provider::Usage {
+                input_tokens: n(u.input_tokens),
+                cache_read_input_tokens: n(u.cache_read_input_tokens),
+                cache_creation_input_tokens: n(u.cache_creation_input_tokens),
+                output_tokens: n(u.output_tokens),
+            })
+        }
+    };
+    let body = match body {
+        Some(text) => Some(request_body(text)?),
+        None => None,
+    };
+    Ok(e.observe(
+        id,
+        now,
+        provider,
+        model,
+        body.as_ref(),
+        actual,
+        usage.as_ref(),
+    ))
+}
+
+/// A non-negative integral `f64` from JavaScript as `u64`.
+fn u64_of(x: f64, field: &'static str) -> Result<u64, ArgError> {
+    if x.is_finite() && x >= 0.0 && x.fract() == 0.0 && x <= 9_007_199_254_740_991.0 {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Ok(x as u64)
+    } else {
+        Err(ArgError::range(
+            "invalid_argument",
+            format!("`{field}` must be a non-negative integer, got {x}"),
+        )
+        .with_field(field))
+    }
+}
+
+/// The fields of a request body `callShape` reads; the rest of the body is skipped
+/// unparsed.
+#[derive(Deserialize)]
+struct ShapeFields {
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(default)]
+    max_tokens: Option<Value>,
+    #[serde(default)]
+    max_output_tokens: Option<Value>,
+    #[serde(default)]
+    max_completion_tokens: Option<Value>,
+    #[serde(default)]
+    stream: Option<Value>,
+}
+
+/// `callShape(provider, body)`: `{"model","maxTokens","stream"}` as JSON text (the
+/// provider crate's `call_shape`, on the few fields it reads).
+pub fn call_shape(provider: &str, body: &str) -> Result<String, ArgError> {
+    let provider = estimate_provider(provider)?;
+    let f: ShapeFields = match serde_json::from_str(body) {
+        Ok(f) => f,
+        Err(_) => {
+            // Not an object of those fields: say why as the full parse does.
+            request_body(body)?;
+            return Err(ArgError::range(
+                "invalid_argument",
+                "the request body must be a JSON object".into(),
+            )
+            .with_field("body"));
+        }
+    };
+    let mut o = Map::new();
+    for (k, v) in [
+        ("model", f.model),
+        ("max_tokens", f.max_tokens),
+        ("max_output_tokens", f.max_output_tokens),
+        ("max_completion_tokens", f.max_completion_tokens),
+        ("stream", f.stream),
+    ] {
+        if let Some(v) = v {
+            o.insert(k.into(), v);
+        }
+    }
+    let s = tokenwarden_provider::estimate::call_shape(provider, &Value::Object(o));
+    Ok(format!(
+        r#"{{"model":{},"maxTokens":{},"stream":{}}}"#,
+        Value::String(s.model),
+        s.max_tokens,
+        s.stream
+    ))
+}
+
+/// `promptBytes(provider, body)`: `{"prefix","rest"}` as JSON text (see
+/// [`tokenwarden_provider::estimate::prompt_bytes`]).
+pub fn prompt_bytes(provider: &str, body: &str) -> Result<String, ArgError> {
+    let provider = estimate_provider(provider)?;
+    let body = request_body(body)?;
+    let (prefix, rest) = tokenwarden_provider::estimate::prompt_bytes(provider, &body);
+    Ok(format!(r#"{{"prefix":{prefix},"rest":{rest}}}"#))
+}
+
+/// `knowsPrefixOf(provider, model, body)`.
+pub fn knows_prefix_of(
+    e: &tokenwarden_provider::estimate::Estimator,
+    provider: &str,
+    model: &str,
+    body: &str,
+) -> Result<bool, ArgError> {
+    Ok(e.knows_prefix_of(estimate_provider(provider)?, model, &request_body(body)?))
+}
+
+/// `recordPromptTokens(provider, model, body, tokens)`.
+pub fn record_prompt_tokens(
+    e: &mut tokenwarden_provider::estimate::Estimator,
+    provider: &str,
+    model: &str,
+    body: &str,
+    tokens: f64,
+) -> Result<(), ArgError> {
+    let tokens = u64_of(tokens, "tokens")?;
+    e.record_prompt_tokens(
+        estimate_provider(provider)?,
+        model,
+        &request_body(body)?,
+        tokens,
+    );
+    Ok(())
+}
+
+/// `ratios(provider, model)`: units per token by class (prose, code, CJK, document).
+pub fn ratios(
+    e: &tokenwarden_provider::estimate::Estimator,
+    provider: &str,
+    model: &str,
+) -> Result<Vec<f64>, ArgError> {
+    Ok(e.ratios(estimate_provider(provider)?, model).to_vec())
+}
+
+/// `needsTokenizer(provider, model)`: the encoding an estimate needs and has not been
+/// given, or `None`.
+pub fn needs_tokenizer(
+    e: &tokenwarden_provider::estimate::Estimator,
+    provider: &str,
+    model: &str,
+) -> Result<Option<&'static str>, ArgError> {
+    Ok(e.needs_tokenizer(estimate_provider(provider)?, model)
+        .map(tokenwarden_provider::bpe::Encoding::name))
+}

@@ -418,20 +418,180 @@ pub fn count_tokens(env: Env, encoding: String, text: String) -> napi::Result<u3
 }
 
 /// The addon's tokenizer for `encoding`, built on first use.
-fn native_tokenizer(encoding: &str) -> Result<&'static tokenwarden_provider::bpe::Bpe, Thrown> {
-    use std::sync::OnceLock;
+fn native_tokenizer(
+    encoding: &str,
+) -> Result<std::sync::Arc<tokenwarden_provider::bpe::Bpe>, Thrown> {
+    use std::sync::{Arc, OnceLock};
     use tokenwarden_provider::bpe::{self, Bpe, Encoding};
-    static O200K: OnceLock<Result<Bpe, tokenwarden_js_abi::ArgError>> = OnceLock::new();
-    static CL100K: OnceLock<Result<Bpe, tokenwarden_js_abi::ArgError>> = OnceLock::new();
+    type Built = Result<Arc<Bpe>, tokenwarden_js_abi::ArgError>;
+    static O200K: OnceLock<Built> = OnceLock::new();
+    static CL100K: OnceLock<Built> = OnceLock::new();
+    let make = |name, ranks| tokenwarden_js_abi::tokenizer(name, ranks).map(Arc::new);
     let built = match tokenwarden_js_abi::encoding(encoding)? {
-        Encoding::O200kBase => {
-            O200K.get_or_init(|| tokenwarden_js_abi::tokenizer("o200k_base", bpe::O200K_BASE))
-        }
-        Encoding::Cl100kBase => {
-            CL100K.get_or_init(|| tokenwarden_js_abi::tokenizer("cl100k_base", bpe::CL100K_BASE))
-        }
+        Encoding::O200kBase => O200K.get_or_init(|| make("o200k_base", bpe::O200K_BASE)),
+        Encoding::Cl100kBase => CL100K.get_or_init(|| make("cl100k_base", bpe::CL100K_BASE)),
     };
-    built.as_ref().map_err(Clone::clone)
+    Ok(built.as_ref().map_err(Clone::clone)?.clone())
+}
+
+/// The provider crate's estimator (`tokenwarden_provider::estimate`): request bodies (JSON
+/// text) → the input tokens a lease reserves, learning from each settled call. The
+/// driver's `DefaultEstimator` runs on it.
+#[napi]
+pub struct Estimator {
+    inner: tokenwarden_provider::estimate::Estimator,
+}
+
+#[napi]
+impl Estimator {
+    /// An estimator from its options' camelCase JSON (`{}`: the defaults).
+    #[napi(constructor)]
+    pub fn new(env: Env, options: String) -> napi::Result<Estimator> {
+        js(&env, || {
+            Ok(Estimator {
+                inner: tokenwarden_js_abi::estimator(&options)?,
+            })
+        })
+    }
+
+    /// `{"id","inputTokens","cachedPrefixTokens","cachedPrefixConfirmed"}` as JSON text.
+    #[napi]
+    pub fn estimate(
+        &mut self,
+        env: Env,
+        now: f64,
+        provider: String,
+        model: String,
+        body: String,
+    ) -> napi::Result<String> {
+        js(&env, || {
+            tokenwarden_js_abi::estimate(&mut self.inner, now, &provider, &model, &body)
+        })
+    }
+
+    /// Learns from a settled call; `false` when the estimate is no longer remembered and
+    /// no body was given (call again with it).
+    #[napi]
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe(
+        &mut self,
+        env: Env,
+        id: f64,
+        now: f64,
+        provider: String,
+        model: String,
+        body: Option<String>,
+        actual: f64,
+        usage: Option<String>,
+    ) -> napi::Result<bool> {
+        js(&env, || {
+            tokenwarden_js_abi::observe(
+                &mut self.inner,
+                id,
+                now,
+                &provider,
+                &model,
+                body.as_deref(),
+                actual,
+                usage.as_deref(),
+            )
+        })
+    }
+
+    /// Forgets an estimate whose call will not settle.
+    #[napi]
+    pub fn forget(&mut self, id: f64) {
+        if id.is_finite() && id >= 0.0 {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            self.inner.forget(id as u64);
+        }
+    }
+
+    /// Whether a prefix of this prompt has a known token count.
+    #[napi(js_name = "knowsPrefixOf")]
+    pub fn knows_prefix_of(
+        &self,
+        env: Env,
+        provider: String,
+        model: String,
+        body: String,
+    ) -> napi::Result<bool> {
+        js(&env, || {
+            tokenwarden_js_abi::knows_prefix_of(&self.inner, &provider, &model, &body)
+        })
+    }
+
+    /// Records an exact count of a request's whole prompt.
+    #[napi(js_name = "recordPromptTokens")]
+    pub fn record_prompt_tokens(
+        &mut self,
+        env: Env,
+        provider: String,
+        model: String,
+        body: String,
+        tokens: f64,
+    ) -> napi::Result<()> {
+        js(&env, || {
+            tokenwarden_js_abi::record_prompt_tokens(
+                &mut self.inner,
+                &provider,
+                &model,
+                &body,
+                tokens,
+            )
+        })
+    }
+
+    /// Units per token by class (prose, code, CJK, document) of a model.
+    #[napi]
+    pub fn ratios(&self, env: Env, provider: String, model: String) -> napi::Result<Vec<f64>> {
+        js(&env, || {
+            tokenwarden_js_abi::ratios(&self.inner, &provider, &model)
+        })
+    }
+
+    /// How many prompt prefixes are remembered as cached.
+    #[napi(js_name = "cachedPrefixes")]
+    pub fn cached_prefixes(&self) -> u32 {
+        u32::try_from(self.inner.cached_prefixes()).unwrap_or(u32::MAX)
+    }
+
+    /// The encoding an estimate of this model needs and has not been given, or `null`.
+    #[napi(js_name = "needsTokenizer")]
+    pub fn needs_tokenizer(
+        &self,
+        env: Env,
+        provider: String,
+        model: String,
+    ) -> napi::Result<Option<&'static str>> {
+        js(&env, || {
+            tokenwarden_js_abi::needs_tokenizer(&self.inner, &provider, &model)
+        })
+    }
+
+    /// Counts with the addon's tokenizer for `encoding` from now on (its ranks are in the
+    /// addon).
+    #[napi(js_name = "useTokenizer")]
+    pub fn use_tokenizer(&mut self, env: Env, encoding: String) -> napi::Result<()> {
+        js(&env, || {
+            self.inner.use_tokenizer(native_tokenizer(&encoding)?);
+            Ok(())
+        })
+    }
+}
+
+/// Model, output reservation and stream flag of a request body's JSON text:
+/// `{"model","maxTokens","stream"}` as JSON text.
+#[napi(js_name = "callShape")]
+pub fn call_shape(env: Env, provider: String, body: String) -> napi::Result<String> {
+    js(&env, || tokenwarden_js_abi::call_shape(&provider, &body))
+}
+
+/// A prompt's UTF-8 bytes split at Anthropic's last cache breakpoint:
+/// `{"prefix","rest"}` as JSON text.
+#[napi(js_name = "promptBytes")]
+pub fn prompt_bytes(env: Env, provider: String, body: String) -> napi::Result<String> {
+    js(&env, || tokenwarden_js_abi::prompt_bytes(&provider, &body))
 }
 
 /// Reads one provider answer's usage as it passes through (the provider crate's reader):

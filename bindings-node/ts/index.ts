@@ -9,8 +9,8 @@
  * ```
  */
 import { createRequire } from 'node:module'
-import { NativeEngine, nativeCountTokens, nativeEngines, nativeLoadError } from './native.js'
-import { type EngineFactory, type FleetPlan, type Plan, Tokenwarden, TokenwardenError, type TokenizerSource, type TokenwardenOptions, planFleetWith, useTokenizers } from 'tokenwarden-driver'
+import { NativeEngine, nativeCountTokens, nativeEstimators, nativeEngines, nativeLoadError } from './native.js'
+import { type CountText, type EngineFactory, type EstimatorSource, type FleetPlan, type OpenAIEncoding, type Plan, Tokenwarden, TokenwardenError, type TokenwardenOptions, planFleetWith, useEstimators } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
 export { NativeEngine, nativeEngines, nativeLoadError }
@@ -32,20 +32,35 @@ let wasm: EngineFactory | null = null
 
 /** The WebAssembly engine (`tokenwarden-wasm`), loaded the first time it is asked for. */
 export function wasmEngines(): EngineFactory {
-  wasm ??= (require('tokenwarden-wasm/nodejs') as { wasmEngines: EngineFactory }).wasmEngines
+  wasm ??= wasmPackage().wasmEngines
   return wasm
 }
 
-/**
- * The tokenizers the estimator counts with: the native addon's where the engine chosen by
- * default (see {@link engine}) is native, else the wasm build's (its ranks read from its
- * package).
- */
-export const tokenizers: TokenizerSource = (encoding) => {
-  if (engine().name === 'native') return (text: string) => nativeCountTokens(encoding, text)
-  return (require('tokenwarden-wasm/nodejs') as { wasmTokenizers: TokenizerSource }).wasmTokenizers(encoding)
+/** The wasm package (`tokenwarden-wasm/nodejs`), loaded the first time it is needed. */
+function wasmPackage(): { wasmEngines: EngineFactory; wasmEstimators: EstimatorSource; wasmTokenizers: (encoding: OpenAIEncoding) => CountText | Promise<CountText> } {
+  return require('tokenwarden-wasm/nodejs')
 }
-useTokenizers(tokenizers)
+
+/**
+ * A counter of `encoding`'s tokens (the provider crate's tokenizer): the native addon's
+ * where the engine chosen by default (see {@link engine}) is native, else the wasm build's
+ * (its ranks read from its package).
+ */
+export function tokenizers(encoding: OpenAIEncoding): CountText | Promise<CountText> {
+  if (engine().name === 'native') return (text: string) => nativeCountTokens(encoding, text)
+  return wasmPackage().wasmTokenizers(encoding)
+}
+
+/**
+ * The estimators the driver runs (`DefaultEstimator`): the provider crate's, in the native
+ * addon where the engine chosen by default is native, else in the wasm build.
+ */
+export const estimators: EstimatorSource = {
+  create: (options) => (engine().name === 'native' ? nativeEstimators : wasmPackage().wasmEstimators).create(options),
+  callShape: (provider, body) => (engine().name === 'native' ? nativeEstimators : wasmPackage().wasmEstimators).callShape(provider, body),
+  promptBytes: (provider, body) => (engine().name === 'native' ? nativeEstimators : wasmPackage().wasmEstimators).promptBytes(provider, body),
+}
+useEstimators(estimators)
 
 /** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */
 function defaultChoice(): EngineChoice {

@@ -4,7 +4,7 @@
  */
 import { createRequire } from 'node:module'
 import type * as Binding from '../binding.js'
-import { type EngineFactory, RegisterEngine, type RegisterBinding, TokenwardenError, type U64, configJson, normalizeEngineError } from 'tokenwarden-driver'
+import { type EngineFactory, type EstimatorSource, RegisterEngine, type RegisterBinding, TokenwardenError, type U64, configJson, normalizeEngineError } from 'tokenwarden-driver'
 
 const require = createRequire(import.meta.url)
 
@@ -42,6 +42,31 @@ export function nativeCountTokens(encoding: 'o200k_base' | 'cl100k_base', text: 
   } catch (e) {
     throw normalizeEngineError(e, 'countTokens')
   }
+}
+
+/** The addon's estimators (the provider crate's), for the driver's `DefaultEstimator`. */
+export const nativeEstimators: EstimatorSource = {
+  create(options) {
+    try {
+      return new (addon().Estimator)(options)
+    } catch (e) {
+      throw normalizeEngineError(e, 'estimator')
+    }
+  },
+  callShape(provider, body) {
+    try {
+      return addon().callShape(provider, body)
+    } catch (e) {
+      throw normalizeEngineError(e, 'callShape')
+    }
+  },
+  promptBytes(provider, body) {
+    try {
+      return addon().promptBytes(provider, body)
+    } catch (e) {
+      throw normalizeEngineError(e, 'promptBytes')
+    }
+  },
 }
 
 /** The addon's coordinator as an {@link Engine}. */

@@ -1,7 +1,7 @@
 // Bundlers (webpack, Vite, esbuild with a wasm plugin): the `bundler` build, which imports
 // the .wasm as an ES module and is ready once imported.
 import * as wasm from '../pkg/bundler/tokenwarden_wasm.js'
-import { useTokenizers } from 'tokenwarden-driver'
+import { useEstimators } from 'tokenwarden-driver'
 import { enginesFor, fetchedRanks, tokenizersFor, tokenwardenFor } from './engine.js'
 
 export * from 'tokenwarden-driver'
@@ -10,8 +10,12 @@ export { WasmEngine } from './engine.js'
 export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */
 export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
-/** The tokenizers the estimator counts with (the ranks fetched from `data/` beside this file, when first needed). */
-export const wasmTokenizers = tokenizersFor(wasm, fetchedRanks)
-useTokenizers(wasmTokenizers, false)
+/** The tokenizers (the ranks fetched from `data/` beside this file when first needed). */
+const tokenizers = tokenizersFor(wasm, fetchedRanks)
+/** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
+export const wasmTokenizers = tokenizers.counter
+/** The provider crate's estimators, which the driver's `DefaultEstimator` runs (registered on import). */
+export const wasmEstimators = tokenizers.estimators
+useEstimators(wasmEstimators, false)
 /** Ready once imported; here for symmetry with `web`. */
 export async function init() {}

@@ -80,26 +80,68 @@ export function enginesFor(wasm) {
 }
 
 /**
- * The wasm build's tokenizers as a `TokenizerSource` for the driver's estimator
- * (`useTokenizers`): the provider crate's byte-pair tokenizer, built from the encoding's
- * ranks file (`data/<encoding>.bpe`, 0.7–1.6 MB) that `ranks(encoding)` loads — the bytes,
- * or a promise of them — the first time the encoding is asked for.
+ * The wasm build's tokenizers and estimators: `ranks(encoding)` loads an encoding's ranks
+ * file (`data/<encoding>.bpe`, 0.7–1.6 MB: the bytes, or a promise of them) the first time
+ * it is needed. `tokenizer(encoding)` is the wasm `Tokenizer` (or a promise of it);
+ * `counter(encoding)` counts with it; `estimators` is what the driver's `DefaultEstimator`
+ * runs (`useEstimators`), handed the tokenizer when an estimate first needs it.
  */
 export function tokenizersFor(wasm, ranks) {
-  return (encoding) => {
+  const loaded = new Map()
+  const tokenizer = (encoding) => {
     if (encoding !== 'o200k_base' && encoding !== 'cl100k_base') throw invalidArgument(`encoding must be o200k_base or cl100k_base, got ${JSON.stringify(encoding)}`, 'encoding')
+    const known = loaded.get(encoding)
+    if (known !== undefined) return known
     const make = (bytes) => {
-      let t
       try {
-        t = new wasm.Tokenizer(encoding, bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes))
+        const t = new wasm.Tokenizer(encoding, bytes instanceof Uint8Array ? bytes : new Uint8Array(bytes))
+        loaded.set(encoding, t)
+        return t
       } catch (e) {
         throw normalizeEngineError(e, 'tokenizer')
       }
-      return (text) => t.count(text)
     }
     const bytes = ranks(encoding)
-    return bytes instanceof Promise ? bytes.then(make) : make(bytes)
+    if (!(bytes instanceof Promise)) return make(bytes)
+    const pending = bytes.then(make)
+    loaded.set(encoding, pending)
+    // A failed load is tried again the next time it is asked for.
+    pending.catch(() => loaded.delete(encoding))
+    return pending
   }
+  const counter = (encoding) => {
+    const t = tokenizer(encoding)
+    return t instanceof Promise ? t.then((tok) => (text) => tok.count(text)) : (text) => t.count(text)
+  }
+  const call = (op, f) => {
+    try {
+      return f()
+    } catch (e) {
+      throw normalizeEngineError(e, op)
+    }
+  }
+  const estimators = {
+    create(options) {
+      const e = call('estimator', () => new wasm.Estimator(options))
+      return {
+        estimate: (now, provider, model, body) => call('estimate', () => e.estimate(now, provider, model, body)),
+        observe: (id, now, provider, model, body, actual, usage) => call('observe', () => e.observe(id, now, provider, model, body ?? undefined, actual, usage ?? undefined)),
+        forget: (id) => e.forget(id),
+        knowsPrefixOf: (provider, model, body) => call('knowsPrefixOf', () => e.knowsPrefixOf(provider, model, body)),
+        recordPromptTokens: (provider, model, body, tokens) => call('recordPromptTokens', () => e.recordPromptTokens(provider, model, body, tokens)),
+        ratios: (provider, model) => call('ratios', () => e.ratios(provider, model)),
+        cachedPrefixes: () => e.cachedPrefixes(),
+        needsTokenizer: (provider, model) => call('needsTokenizer', () => e.needsTokenizer(provider, model)) ?? null,
+        useTokenizer(encoding) {
+          const t = tokenizer(encoding)
+          return t instanceof Promise ? t.then((tok) => e.useTokenizer(tok)) : e.useTokenizer(t)
+        },
+      }
+    },
+    callShape: (provider, body) => call('callShape', () => wasm.callShape(provider, body)),
+    promptBytes: (provider, body) => call('promptBytes', () => wasm.promptBytes(provider, body)),
+  }
+  return { tokenizer, counter, estimators }
 }
 
 /**

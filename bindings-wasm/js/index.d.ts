@@ -1,6 +1,6 @@
 // Types for every entry point of tokenwarden-wasm (web, nodejs, bundler, workerd): the
 // shared driver from `tokenwarden-driver` plus the wasm engine.
-import type { Engine, EngineFactory, TokenizerSource, Tokenwarden, TokenwardenOptions } from 'tokenwarden-driver'
+import type { CountText, Engine, EngineFactory, EstimatorSource, OpenAIEncoding, Tokenwarden, TokenwardenOptions } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
 
@@ -44,13 +44,19 @@ export declare const wasmEngines: EngineFactory & {
 }
 
 /**
- * The wasm build's tokenizers (the provider crate's byte-pair tokenizer), each built the
- * first time its encoding is asked for from the package's `data/<encoding>.bpe` (read from
- * disk under Node, fetched beside the module in a browser or bundle, a data module in a
- * Worker). Registered with the driver when the package is imported (`useTokenizers`), unless
+ * A counter of `encoding`'s tokens: the wasm build's tokenizer (the provider crate's
+ * byte-pair tokenizer), built the first time the encoding is asked for from the package's
+ * `data/<encoding>.bpe` (read from disk under Node, fetched beside the module in a browser
+ * or bundle, a data module in a Worker): a promise while the ranks load.
+ */
+export declare function wasmTokenizers(encoding: OpenAIEncoding): CountText | Promise<CountText>
+
+/**
+ * The provider crate's estimators in the wasm build, which the driver's `DefaultEstimator`
+ * runs: registered with the driver when the package is imported (`useEstimators`), unless
  * another engine package registered its own first.
  */
-export declare const wasmTokenizers: TokenizerSource
+export declare const wasmEstimators: EstimatorSource
 
 /** Options for {@link createTokenwarden}: the engine defaults to the wasm build. */
 export type CreateOptions = Omit<TokenwardenOptions, 'engine'> & Partial<Pick<TokenwardenOptions, 'engine'>>

@@ -1,6 +1,6 @@
 // Node.js: the `nodejs` build (synchronous load of the .wasm next to it).
 import { readFileSync } from 'node:fs'
-import { useTokenizers } from 'tokenwarden-driver'
+import { useEstimators } from 'tokenwarden-driver'
 import wasm from '../pkg/nodejs/tokenwarden_wasm.js'
 import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
 
@@ -10,10 +10,14 @@ export { WasmEngine } from './engine.js'
 export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */
 export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
-/** The tokenizers the estimator counts with (the ranks read from `data/` beside this file). */
-export const wasmTokenizers = tokenizersFor(wasm, (encoding) =>
+/** The tokenizers (the ranks read from `data/` beside this file when first needed). */
+const tokenizers = tokenizersFor(wasm, (encoding) =>
   readFileSync(encoding === 'o200k_base' ? new URL('../data/o200k_base.bpe', import.meta.url) : new URL('../data/cl100k_base.bpe', import.meta.url)),
 )
-useTokenizers(wasmTokenizers, false)
+/** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
+export const wasmTokenizers = tokenizers.counter
+/** The provider crate's estimators, which the driver's `DefaultEstimator` runs (registered on import). */
+export const wasmEstimators = tokenizers.estimators
+useEstimators(wasmEstimators, false)
 /** The build is ready as soon as it is imported; here for symmetry with `web`. */
 export async function init() {}

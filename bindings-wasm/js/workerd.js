@@ -3,7 +3,7 @@
 import { initSync } from '../pkg/web/tokenwarden_wasm.js'
 import * as wasm from '../pkg/web/tokenwarden_wasm.js'
 import module from '../pkg/web/tokenwarden_wasm_bg.wasm'
-import { useTokenizers } from 'tokenwarden-driver'
+import { useEstimators } from 'tokenwarden-driver'
 import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
 
 initSync({ module })
@@ -15,13 +15,17 @@ export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */
 export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
 /**
- * The tokenizers the estimator counts with: the ranks are data modules of the Worker
+ * The tokenizers: the ranks are data modules of the Worker
  * (`data/*.bpe`; a bundler copies them, and the runtime's module rules load `.bpe` as
  * `Data`), imported when first needed.
  */
-export const wasmTokenizers = tokenizersFor(wasm, async (encoding) =>
+const tokenizers = tokenizersFor(wasm, async (encoding) =>
   (encoding === 'o200k_base' ? await import('../data/o200k_base.bpe') : await import('../data/cl100k_base.bpe')).default,
 )
-useTokenizers(wasmTokenizers, false)
+/** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
+export const wasmTokenizers = tokenizers.counter
+/** The provider crate's estimators, which the driver's `DefaultEstimator` runs (registered on import). */
+export const wasmEstimators = tokenizers.estimators
+useEstimators(wasmEstimators, false)
 /** Already initialised; here for symmetry with `web`. */
 export async function init() {}

@@ -430,7 +430,7 @@ pub fn plan_fleet(json: &str) -> Result<String, Thrown> {
 /// loaded by the host when first needed: the ranks are not in the `.wasm`).
 #[wasm_bindgen]
 pub struct Tokenizer {
-    inner: tokenwarden_js_abi::provider::bpe::Bpe,
+    inner: std::sync::Arc<tokenwarden_js_abi::provider::bpe::Bpe>,
 }
 
 #[wasm_bindgen]
@@ -440,7 +440,7 @@ impl Tokenizer {
     #[wasm_bindgen(constructor)]
     pub fn new(encoding: &str, ranks: &[u8]) -> Result<Tokenizer, Thrown> {
         Ok(Tokenizer {
-            inner: tokenwarden_js_abi::tokenizer(encoding, ranks)?,
+            inner: std::sync::Arc::new(tokenwarden_js_abi::tokenizer(encoding, ranks)?),
         })
     }
 
@@ -448,6 +448,146 @@ impl Tokenizer {
     pub fn count(&self, text: &str) -> u32 {
         u32::try_from(self.inner.count(text)).unwrap_or(u32::MAX)
     }
+
+    /// Its encoding: `o200k_base` or `cl100k_base`.
+    pub fn encoding(&self) -> String {
+        self.inner.encoding().name().into()
+    }
+}
+
+/// The provider crate's estimator (`tokenwarden_provider::estimate`): request bodies (JSON
+/// text) → the input tokens a lease reserves, learning from each settled call. The
+/// driver's `DefaultEstimator` runs on it.
+#[wasm_bindgen]
+pub struct Estimator {
+    inner: tokenwarden_js_abi::provider::estimate::Estimator,
+}
+
+#[wasm_bindgen]
+impl Estimator {
+    /// An estimator from its options' camelCase JSON (`{}`: the defaults).
+    #[wasm_bindgen(constructor)]
+    pub fn new(options: &str) -> Result<Estimator, Thrown> {
+        Ok(Estimator {
+            inner: tokenwarden_js_abi::estimator(options)?,
+        })
+    }
+
+    /// `{"id","inputTokens","cachedPrefixTokens","cachedPrefixConfirmed"}` as JSON text.
+    pub fn estimate(
+        &mut self,
+        now: f64,
+        provider: &str,
+        model: &str,
+        body: &str,
+    ) -> Result<String, Thrown> {
+        Ok(tokenwarden_js_abi::estimate(
+            &mut self.inner,
+            now,
+            provider,
+            model,
+            body,
+        )?)
+    }
+
+    /// Learns from a settled call; `false` when the estimate is no longer remembered and
+    /// no body was given (call again with it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn observe(
+        &mut self,
+        id: f64,
+        now: f64,
+        provider: &str,
+        model: &str,
+        body: Option<String>,
+        actual: f64,
+        usage: Option<String>,
+    ) -> Result<bool, Thrown> {
+        Ok(tokenwarden_js_abi::observe(
+            &mut self.inner,
+            id,
+            now,
+            provider,
+            model,
+            body.as_deref(),
+            actual,
+            usage.as_deref(),
+        )?)
+    }
+
+    /// Forgets an estimate whose call will not settle.
+    pub fn forget(&mut self, id: f64) {
+        if id.is_finite() && id >= 0.0 {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            self.inner.forget(id as u64);
+        }
+    }
+
+    /// Whether a prefix of this prompt has a known token count.
+    #[wasm_bindgen(js_name = knowsPrefixOf)]
+    pub fn knows_prefix_of(&self, provider: &str, model: &str, body: &str) -> Result<bool, Thrown> {
+        Ok(tokenwarden_js_abi::knows_prefix_of(
+            &self.inner,
+            provider,
+            model,
+            body,
+        )?)
+    }
+
+    /// Records an exact count of a request's whole prompt.
+    #[wasm_bindgen(js_name = recordPromptTokens)]
+    pub fn record_prompt_tokens(
+        &mut self,
+        provider: &str,
+        model: &str,
+        body: &str,
+        tokens: f64,
+    ) -> Result<(), Thrown> {
+        Ok(tokenwarden_js_abi::record_prompt_tokens(
+            &mut self.inner,
+            provider,
+            model,
+            body,
+            tokens,
+        )?)
+    }
+
+    /// Units per token by class (prose, code, CJK, document) of a model.
+    pub fn ratios(&self, provider: &str, model: &str) -> Result<Vec<f64>, Thrown> {
+        Ok(tokenwarden_js_abi::ratios(&self.inner, provider, model)?)
+    }
+
+    /// How many prompt prefixes are remembered as cached.
+    #[wasm_bindgen(js_name = cachedPrefixes)]
+    pub fn cached_prefixes(&self) -> u32 {
+        u32::try_from(self.inner.cached_prefixes()).unwrap_or(u32::MAX)
+    }
+
+    /// The encoding an estimate of this model needs and has not been given, or `undefined`.
+    #[wasm_bindgen(js_name = needsTokenizer)]
+    pub fn needs_tokenizer(&self, provider: &str, model: &str) -> Result<Option<String>, Thrown> {
+        Ok(tokenwarden_js_abi::needs_tokenizer(&self.inner, provider, model)?.map(String::from))
+    }
+
+    /// Counts with `tokenizer` from now on.
+    #[wasm_bindgen(js_name = useTokenizer)]
+    pub fn use_tokenizer(&mut self, tokenizer: &Tokenizer) {
+        self.inner.use_tokenizer(tokenizer.inner.clone());
+    }
+}
+
+/// Model, output reservation and stream flag of a request body's JSON text:
+/// `{"model","maxTokens","stream"}` as JSON text.
+#[wasm_bindgen(js_name = callShape)]
+pub fn call_shape(provider: &str, body: &str) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::call_shape(provider, body)?)
+}
+
+/// A prompt's UTF-8 bytes split at Anthropic's last cache breakpoint:
+/// `{"prefix","rest"}` as JSON text.
+#[wasm_bindgen(js_name = promptBytes)]
+pub fn prompt_bytes(provider: &str, body: &str) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::prompt_bytes(provider, body)?)
 }
 
 /// Reads one provider answer's usage as it passes through (the provider crate's reader):

@@ -274,8 +274,8 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       // Not JSON: the provider will refuse it (400) without generating anything.
       return unleased()
     }
-    if (body === null || typeof body !== 'object') return unleased()
-    const shape = callShape(provider, body)
+    if (body === null || typeof body !== 'object' || Array.isArray(body)) return unleased()
+    const shape = callShape(provider, text ?? '')
     const pool = resolvePool(driver, options.pool, shape.model, provider)
     const signal = init?.signal ?? (input instanceof Request ? input.signal : null)
     const forward: RequestInit = { ...init, method, body: text, redirect: 'manual' }
@@ -306,7 +306,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
 
     // A loop that does what the core says: every retry, wait and give-up is its decision.
     for (;;) {
-      const estimated = estimateOf(driver, estimator, { provider, model: shape.model, body })
+      const estimated = estimateOf(driver, estimator, { provider, model: shape.model, body, ...(text === null ? {} : { text }) })
       const estimate = estimated instanceof Promise ? await estimated : estimated
       const request = {
         agent,

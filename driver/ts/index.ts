@@ -13,11 +13,21 @@ export type { RemoteOptions } from './remote.js'
 export type { TaskFailure, TaskOptions, TokenwardenOptions } from './tokenwarden.js'
 export { createFetch, agentIdFor, failureSignature, taskIdFor, DEFAULT_FIRST_BYTE_MS, DEFAULT_IDLE_MS } from './fetch.js'
 export type { FetchContext, FetchOptions, HeldCall, LongWait, UpstreamTimeouts } from './fetch.js'
-export { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, promptBytes } from './estimator.js'
-export type { BytesPerTokenOptions, DefaultEstimatorOptions, Estimate, EstimateInput, Estimator, Observation, ObservedUsage } from './estimator.js'
+export { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, estimators, promptBytes, useEstimators } from './estimator.js'
+export type {
+  BytesPerTokenOptions,
+  CountText,
+  DefaultEstimatorOptions,
+  Estimate,
+  EstimateInput,
+  Estimator,
+  EstimatorCore,
+  EstimatorSource,
+  Observation,
+  ObservedUsage,
+  OpenAIEncoding,
+} from './estimator.js'
 export type { CountTokensFailure, CountTokensOptions } from './counttokens.js'
-export { openaiEncoding, useTokenizers } from './tokenize.js'
-export type { CountText, OpenAIEncoding, TokenizerSource } from './tokenize.js'
 export { callShape, errorTypeFor, providerErrorBody } from './providers.js'
 export type { CallShape, Provider } from './providers.js'
 export { ManualClock, sleep, systemClock } from './clock.js'

@@ -1,10 +1,12 @@
 /**
- * What the `fetch` wrapper still knows about each provider's API itself: where the model
- * and `max_tokens` are in a request, and each provider's error format. Which requests are
+ * What the `fetch` wrapper still knows about each provider's API itself: each provider's
+ * error format. Where the model and `max_tokens` are in a request is the provider crate's
+ * (`callShape`, through the engine package's estimators). Which requests are
  * model calls and how an answer reports its usage are the provider crate's
  * (`tokenwarden-provider`), asked through the engine (`engine.modelCall`,
  * `engine.usageReader`).
  */
+import { estimators } from './estimator.js'
 import type { Usage } from './types.js'
 
 /** A provider API the wrapper understands. */
@@ -18,19 +20,15 @@ export interface CallShape {
   stream: boolean
 }
 
-/** Default output reservation when a request names none (OpenAI allows that). */
-export const DEFAULT_MAX_TOKENS = 4096
-
 /**
- * Reads model, max tokens and stream flag from a parsed request body. The output cap is
- * Anthropic's `max_tokens`; OpenAI's `max_output_tokens` (Responses), else
- * `max_completion_tokens` ?? `max_tokens` (Chat Completions).
+ * Reads model, max tokens and stream flag from a request body (the provider crate's rule,
+ * through the engine package's estimators): the output cap is Anthropic's `max_tokens`;
+ * OpenAI's `max_output_tokens` (Responses), else `max_completion_tokens`, else `max_tokens`
+ * (Chat Completions); 4,096 when none is a non-negative integer. The body is its JSON text,
+ * or the parsed object.
  */
-export function callShape(provider: Provider, body: Record<string, unknown>): CallShape {
-  const model = typeof body.model === 'string' ? body.model : ''
-  const raw = provider === 'anthropic' ? body.max_tokens : (body.max_output_tokens ?? body.max_completion_tokens ?? body.max_tokens)
-  const maxTokens = typeof raw === 'number' && Number.isSafeInteger(raw) && raw >= 0 ? raw : DEFAULT_MAX_TOKENS
-  return { model, maxTokens, stream: body.stream === true }
+export function callShape(provider: Provider, body: Record<string, unknown> | string): CallShape {
+  return JSON.parse(estimators().callShape(provider, typeof body === 'string' ? body : JSON.stringify(body))) as CallShape
 }
 
 /** The largest token count a usage figure is taken as (2^53 - 1, the engines' limit). */

@@ -12,8 +12,7 @@ fn short(mut sc: sim::Scenario, minutes: u64) -> sim::Scenario {
 
 #[test]
 fn provider_never_admits_beyond_its_limits_in_any_scenario() {
-    // The scenario with the product's estimator needs Node and the built npm package, which
-    // `cargo test` runs before: tests/estimator.rs checks it (run by scripts/test.sh).
+    // The scenario with the product's estimator is checked by tests/estimator.rs.
     for sc in sim::scenarios()
         .into_iter()
         .filter(|s| !s.product_estimator)

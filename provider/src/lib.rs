@@ -25,6 +25,7 @@ extern crate alloc;
 use alloc::vec::Vec;
 
 pub mod bpe;
+pub mod estimate;
 pub mod identity;
 pub mod usage;
 pub use identity::{Identity, identity};

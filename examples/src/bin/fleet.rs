@@ -6,11 +6,8 @@
 //! With no arguments it runs every scenario under every strategy and writes
 //! `docs/report/` (the committed report).
 //!
-//! The `estimator` scenario runs the product's own estimator: the built npm package under Node
-//! (`examples/estimator-bridge.mjs`; Node is `$TOKENWARDEN_NODE` or `node`). Without Node or
-//! the built npm package (`npm ci` at the repository root, then `cd driver && npm run build`, then `cd bindings-node && npm run build`) the default run leaves that
-//! scenario out and says so on stderr and in the report's goals; `--scenario estimator`
-//! fails instead.
+//! The `estimator` scenario runs the product's own estimator (the provider crate's, which
+//! every engine package runs) in this process: every scenario runs on a fresh clone.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -67,20 +64,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    // The product's estimator needs Node and the built npm package: a run of every scenario goes
-    // on without them (and says so), a run of that scenario alone fails below.
-    let mut skipped = Vec::new();
-    if only.is_none() {
-        if let Some(why) = sim::bridge::unavailable() {
-            scenarios.retain(|s| {
-                if s.product_estimator {
-                    eprintln!("fleet: scenario {} not run: {why}", s.name);
-                    skipped.push((s.name, why.clone()));
-                }
-                !s.product_estimator
-            });
-        }
-    }
     if let Some(m) = minutes {
         for s in &mut scenarios {
             s.minutes = m;
@@ -105,13 +88,7 @@ fn main() -> ExitCode {
                 strategy.label()
             );
             let _ = std::io::stderr().flush();
-            match sim::try_run(&sc, strategy, seed) {
-                Ok(r) => results.push(r),
-                Err(e) => {
-                    eprintln!("\nfleet: scenario {}: {e}", sc.name);
-                    return ExitCode::FAILURE;
-                }
-            }
+            results.push(sim::run(&sc, strategy, seed));
             done += 1;
         }
         runs.push((sc, results));
@@ -145,12 +122,9 @@ fn main() -> ExitCode {
     for s in &sweeps {
         print!("{s}");
     }
-    match report::write(&out, &runs, &command, &sweeps, &skipped) {
+    match report::write(&out, &runs, &command, &sweeps) {
         Ok(goals) => {
             println!("\nGoals:");
-            for (name, why) in &skipped {
-                println!("  [NOT RUN] scenario {name}: {why}");
-            }
             for g in &goals {
                 println!(
                     "  [{}] {} — {}",

@@ -36,7 +36,6 @@ use tokenwarden_core::{
 use tokenwarden_host_loop::{CallSpec, Ended, Host, Reply as HostReply, Sent, World};
 
 use bodies::{Conversation, Preamble, Prompt, PromptCache, Reply, Vocab};
-pub use bridge::BridgeError;
 use bridge::EstimatorBridge;
 
 pub use provider::Limits;
@@ -183,12 +182,12 @@ pub struct Scenario {
     /// The goal this scenario checks, for the report.
     pub goal: &'static str,
     /// The agents send generated Anthropic request bodies ([`bodies`]): the product's own
-    /// estimator (the built npm package's, under Node, through [`bridge`]) estimates each one for
-    /// its lease and observes each settled call; the provider counts them exactly and keeps
-    /// the prompt cache by content. `shape.context_start` is the task's first message
-    /// (pasted files), `context_max` the history at which the agent compacts it,
-    /// `max_tokens` and `turns` as elsewhere; a broken turn sends its call again 30 s
-    /// later (no re-plan model). Needs Node and the built npm package.
+    /// estimator (the provider crate's, which every engine package runs; see [`bridge`])
+    /// estimates each one for its lease and observes each settled call; the provider counts
+    /// them exactly and keeps the prompt cache by content. `shape.context_start` is the
+    /// task's first message (pasted files), `context_max` the history at which the agent
+    /// compacts it, `max_tokens` and `turns` as elsewhere; a broken turn sends its call
+    /// again 30 s later (no re-plan model).
     pub product_estimator: bool,
     /// `weights.small_lead_permille` under the coordinator strategies (the product's
     /// default; the `mixed` scenario's goal compares with 0).
@@ -532,12 +531,6 @@ struct Bodies {
     next_call: u64,
 }
 
-impl Bodies {
-    fn fail(e: &BridgeError) -> ! {
-        panic!("{e}")
-    }
-}
-
 struct Sim<'a> {
     sc: &'a Scenario,
     strategy: Strategy,
@@ -564,7 +557,7 @@ struct Sim<'a> {
 const HARNESS_PATIENCE_MS: u64 = 60_000;
 
 impl<'a> Sim<'a> {
-    fn new(sc: &'a Scenario, strategy: Strategy, seed: u64) -> Result<Sim<'a>, BridgeError> {
+    fn new(sc: &'a Scenario, strategy: Strategy, seed: u64) -> Sim<'a> {
         let n = sc.agents.len();
         let bodies = if sc.product_estimator {
             let vocab = Vocab::new();
@@ -573,7 +566,7 @@ impl<'a> Sim<'a> {
                 vocab,
                 preamble,
                 cache: PromptCache::default(),
-                bridge: EstimatorBridge::spawn()?,
+                bridge: EstimatorBridge::new(),
                 convs: vec![None; n],
                 pending: vec![None; n],
                 next_call: 0,
@@ -593,7 +586,7 @@ impl<'a> Sim<'a> {
             .map(|a| a.tenant)
             .max()
             .map_or(0, |t| t + 1);
-        Ok(Sim {
+        Sim {
             sc,
             strategy,
             rng: Rng::new(seed ^ 0x5EED),
@@ -663,7 +656,7 @@ impl<'a> Sim<'a> {
                 estimator,
                 agent_input_error_permille: Vec::new(),
             },
-        })
+        }
     }
 
     fn at(&mut self, t: u64, ev: Ev) {
@@ -1055,10 +1048,7 @@ impl<'a> Sim<'a> {
                 (Some((p, _)), false) => Some(p.body.as_str()),
                 _ => None,
             };
-            let e = b
-                .bridge
-                .estimate(id, self.now, body)
-                .unwrap_or_else(|e| Bodies::fail(&e));
+            let e = b.bridge.estimate(id, self.now, body);
             assert_eq!(
                 e.max_tokens, call.max_tokens,
                 "the driver reads the body's max_tokens"
@@ -1248,7 +1238,7 @@ impl<'a> Sim<'a> {
                 ..
             }) = call
             {
-                b.bridge.forget(id).unwrap_or_else(|e| Bodies::fail(&e));
+                b.bridge.forget(id);
             }
             self.agents[i].state = State::Tool;
             let t = self.now + 30_000;
@@ -1307,9 +1297,7 @@ impl<'a> Sim<'a> {
         let estimate = self.agents[i].pending_estimate.take();
         let now = self.now;
         if let (Some(b), Some((_, _, Some(id)))) = (self.bodies.as_mut(), estimate) {
-            b.bridge
-                .observe(id, now, &usage)
-                .unwrap_or_else(|e| Bodies::fail(&e));
+            b.bridge.observe(id, now, &usage);
         }
         if let (Some((input, cached, _)), true) = (estimate, self.bodies.is_some()) {
             self.r.estimates.push(EstimateSample {
@@ -1575,14 +1563,7 @@ pub fn coordinator_config(sc: &Scenario, strategy: Strategy) -> Config {
     Config::from_json(&json).expect("scenario config is valid")
 }
 
-/// Runs one scenario under one strategy. Panics with [`try_run`]'s error when the scenario
-/// needs the product's estimator and it cannot be run.
+/// Runs one scenario under one strategy.
 pub fn run(sc: &Scenario, strategy: Strategy, seed: u64) -> RunResult {
-    try_run(sc, strategy, seed).unwrap_or_else(|e| panic!("scenario {}: {e}", sc.name))
-}
-
-/// Runs one scenario under one strategy; a scenario with the product's estimator first
-/// starts it ([`bridge`]), and says why when it cannot.
-pub fn try_run(sc: &Scenario, strategy: Strategy, seed: u64) -> Result<RunResult, BridgeError> {
-    Ok(Sim::new(sc, strategy, seed)?.run())
+    Sim::new(sc, strategy, seed).run()
 }

@@ -456,7 +456,7 @@ pub fn estimates_table(r: &RunResult) -> String {
     let n = r.estimates.len();
     let _ = writeln!(
         s,
-        "Estimates by the product's estimator (the built npm package's `{}`) under {}, against the provider's exact counts, over the {n} settled calls:\n",
+        "Estimates by the product's estimator (`{}`) under {}, against the provider's exact counts, over the {n} settled calls:\n",
         r.estimator.as_deref().unwrap_or("?"),
         r.strategy.label()
     );
@@ -828,7 +828,6 @@ pub fn write(
     runs: &[(Scenario, Vec<RunResult>)],
     command: &str,
     sweeps: &[String],
-    skipped: &[(&str, String)],
 ) -> io::Result<Vec<Goal>> {
     std::fs::create_dir_all(dir)?;
     let (seed003_share, seed003_queued, seed003_p95) = seed003_figures(runs);
@@ -852,19 +851,13 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "The `estimator` scenario runs the product's own estimator, not exact counts: its agents send request bodies the simulator generates (Anthropic Messages JSON, every token of which it knows), and each lease is sized by the built npm package's default estimator (`DefaultEstimator` of the `tokenwarden` package, `bindings-node/dist`, with its native tokenizer, run under Node by `examples/estimator-bridge.mjs` with its clock on the simulator's virtual time), which observes each settled call's usage as the `fetch` wrapper has it do. It needs Node and the built npm package (`npm ci` at the repository root, then `cd driver && npm run build`, then `cd bindings-node && npm run build`): without them a run of every scenario leaves it out and says so in a line of the goals below, and `--scenario estimator` fails. `scripts/test.sh` runs it once the package is built. Its figures move when the estimator does.\n"
+        "The `estimator` scenario runs the product's own estimator, not exact counts: its agents send request bodies the simulator generates (Anthropic Messages JSON, every token of which it knows), and each lease is sized by the provider crate's estimator (`tokenwarden_provider::estimate`, the code every engine package runs for the driver's `DefaultEstimator`, with o200k_base as its tokenizer and its clock on the simulator's virtual time), which observes each settled call's usage as the `fetch` wrapper has it do. It runs in the simulator's process: no Node, nothing to build first. Its figures move when the estimator does.\n"
     );
     let mut all_goals = Vec::new();
     let _ = writeln!(
         md,
         "## Goals\n\n| scenario | goal | measured | met |\n|---|---|---|---|"
     );
-    for (name, why) in skipped {
-        let _ = writeln!(
-            md,
-            "| {name} | (every goal) | **not run**: {why} | **not run** |"
-        );
-    }
     for (sc, results) in runs {
         for goal in goals(sc, results) {
             let _ = writeln!(

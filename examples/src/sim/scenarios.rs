@@ -342,7 +342,7 @@ pub fn scenarios() -> Vec<Scenario> {
     out.push(s);
 
     // Claude-Code-like sessions whose request bodies the simulator generates: the product's
-    // own estimator (the built npm package's, under Node) sizes every lease.
+    // own estimator (the provider crate's, as every engine package runs it) sizes every lease.
     let agents = (0..12)
         .map(|i| {
             let opus = i >= 8;
@@ -370,7 +370,7 @@ pub fn scenarios() -> Vec<Scenario> {
         .collect();
     let mut s = base(
         "estimator",
-        "12 Claude-Code-like sessions (8 on one model with max_tokens 32000, 4 on another with 128000) whose Anthropic request bodies the simulator generates: 12 tools, a system prompt in two blocks with a breakpoint, a history growing each turn by a tool_use and its tool_result, the rolling breakpoint on the newest message, compaction past 55k tokens, a 6-15 min pause after 2% of turns. The coordinator leases by the product's estimator (DefaultEstimator of the built npm package, under Node, observing every settled call as the fetch wrapper does); the provider counts every token exactly and applies Anthropic's prompt-cache rules.",
+        "12 Claude-Code-like sessions (8 on one model with max_tokens 32000, 4 on another with 128000) whose Anthropic request bodies the simulator generates: 12 tools, a system prompt in two blocks with a breakpoint, a history growing each turn by a tool_use and its tool_result, the rolling breakpoint on the newest message, compaction past 55k tokens, a 6-15 min pause after 2% of turns. The coordinator leases by the product's estimator (the provider crate's, which DefaultEstimator runs in every engine package, observing every settled call as the fetch wrapper does); the provider counts every token exactly and applies Anthropic's prompt-cache rules.",
         "<= 1% 429s with the product's estimates; the core's median input-estimate error <= 10%",
         agents,
     );

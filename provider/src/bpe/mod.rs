@@ -33,7 +33,7 @@ use core::fmt;
 mod split;
 
 /// The byte-pair encodings of OpenAI's current models.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Encoding {
     /// GPT-4o and later (GPT-4.1, GPT-4.5, GPT-5), the o-series, the codex models.
     O200kBase,
