@@ -24,14 +24,16 @@ fn main() {
         .expect("tiktoken-rs loads its own ranks");
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&encoding.tokens().to_le_bytes());
+        let mut bytes = Vec::new();
         for rank in 0..encoding.tokens() {
             let token = bpe
                 .decode_bytes(&[rank])
                 .unwrap_or_else(|e| panic!("{encoding} has no token {rank}: {e}"));
             let len = u8::try_from(token.len()).expect("a token is at most 255 bytes");
             out.push(len);
-            out.extend_from_slice(&token);
+            bytes.extend_from_slice(&token);
         }
+        out.extend_from_slice(&bytes);
         assert!(
             bpe.decode_bytes(&[encoding.tokens()]).is_err(),
             "{encoding} has more than {} ordinary tokens",

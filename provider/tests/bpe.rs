@@ -143,10 +143,10 @@ fn a_ranks_file_that_is_wrong_is_refused_by_what_is_wrong() {
     );
     // Token 1 made a copy of token 0 (both single bytes).
     let mut dup = o.to_vec();
-    let first = 20; // magic 16, count 4: then token 0's length byte
-    assert_eq!(dup[first], 1);
-    assert_eq!(dup[first + 2], 1);
-    dup[first + 3] = dup[first + 1];
+    let lens = 20; // magic 16, count 4: then the lengths, then the bytes
+    let bytes = lens + 199_998;
+    assert_eq!((dup[lens], dup[lens + 1]), (1, 1));
+    dup[bytes + 1] = dup[bytes];
     assert_eq!(
         Bpe::new(Encoding::O200kBase, &dup).unwrap_err(),
         RanksError::BadToken { rank: 1 }

@@ -12,8 +12,9 @@
 //! encodings' ranks (`O200K_BASE`, `CL100K_BASE`). The files are
 //! `provider/data/*.bpe`, made from tiktoken's published ranks by
 //! `cargo run -p tokenwarden-provider --example bpe_ranks`: a 16-byte magic
-//! (`tokenwarden-bpe` and a newline), the token count as a little-endian `u32`, then each
-//! token in rank order as a length byte and its bytes.
+//! (`tokenwarden-bpe2`), the token count as a little-endian `u32`, each token's length in
+//! rank order (a byte each), then every token's bytes in rank order (the lengths apart from
+//! the bytes compress 5–6 % better: what a Worker bundle is measured by).
 //!
 //! ```
 //! # #[cfg(feature = "ranks")] {
@@ -115,7 +116,7 @@ pub const O200K_BASE: &[u8] = include_bytes!("../../data/o200k_base.bpe");
 pub const CL100K_BASE: &[u8] = include_bytes!("../../data/cl100k_base.bpe");
 
 /// The magic a ranks file begins with.
-pub const MAGIC: &[u8; 16] = b"tokenwarden-bpe\n";
+pub const MAGIC: &[u8; 16] = b"tokenwarden-bpe2";
 
 /// Why a ranks file was refused by [`Bpe::new`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,7 +152,7 @@ impl fmt::Display for RanksError {
         match self {
             RanksError::NotRanks => write!(
                 f,
-                "not a tokenwarden ranks file (it must begin with \"tokenwarden-bpe\\n\")"
+                "not a tokenwarden ranks file (it must begin with \"tokenwarden-bpe2\")"
             ),
             RanksError::Count { expected, found } => write!(
                 f,
@@ -209,7 +210,7 @@ impl Bpe {
     /// A [`RanksError`] naming what is wrong with the file.
     pub fn new(encoding: Encoding, ranks: &[u8]) -> Result<Bpe, RanksError> {
         let rest = ranks.strip_prefix(MAGIC).ok_or(RanksError::NotRanks)?;
-        let (count, mut rest) = match rest.split_first_chunk::<4>() {
+        let (count, rest) = match rest.split_first_chunk::<4>() {
             Some((c, r)) => (u32::from_le_bytes(*c), r),
             None => return Err(RanksError::NotRanks),
         };
@@ -220,26 +221,25 @@ impl Bpe {
                 found: count,
             });
         }
-        let mut pool = Vec::with_capacity(rest.len());
+        let Some((lens, bytes)) = rest.split_at_checked(count as usize) else {
+            return Err(RanksError::Truncated { rank: 0 });
+        };
         let mut ends = Vec::with_capacity(count as usize);
-        for rank in 0..count {
-            let Some((&len, r)) = rest.split_first() else {
-                return Err(RanksError::Truncated { rank });
-            };
-            let len = usize::from(len);
+        let mut end = 0usize;
+        for (rank, &len) in (0..count).zip(lens) {
             if len == 0 {
                 return Err(RanksError::BadToken { rank });
             }
-            let Some(bytes) = r.get(..len) else {
+            end += usize::from(len);
+            if end > bytes.len() {
                 return Err(RanksError::Truncated { rank });
-            };
-            pool.extend_from_slice(bytes);
-            ends.push(u32::try_from(pool.len()).map_err(|_| RanksError::Truncated { rank })?);
-            rest = &r[len..];
+            }
+            ends.push(u32::try_from(end).map_err(|_| RanksError::Truncated { rank })?);
         }
-        if !rest.is_empty() {
+        if end != bytes.len() {
             return Err(RanksError::Truncated { rank: count });
         }
+        let pool = bytes.to_vec();
         let size = (count as usize)
             .saturating_mul(2)
             .next_power_of_two()
