@@ -240,6 +240,23 @@ impl LeaseTable {
     /// Drops pool `pool`'s stale heap tops; rebuilds a heap holding more than twice its
     /// tickets (and 16).
     fn tidy(&mut self, pool: u32) {
+        // Both tops standing and neither heap past its bound (the common case): nothing to do.
+        if let Some(ix) = self.index.0.get(pool as usize) {
+            let limit = ix.tickets.saturating_mul(2).saturating_add(16);
+            let fine = ix.promises.len() <= limit
+                && ix.budgets.len() <= limit
+                && ix
+                    .promises
+                    .peek()
+                    .is_none_or(|&Reverse((at, id))| Self::promised_at(self.get(id), at))
+                && ix
+                    .budgets
+                    .peek()
+                    .is_none_or(|&Reverse((b, id))| Self::budgeted(self.get(id), b));
+            if fine {
+                return;
+            }
+        }
         let Some(mut ix) = self.index.0.get_mut(pool as usize).map(core::mem::take) else {
             return;
         };
@@ -384,6 +401,16 @@ impl LeaseTable {
         stands: impl Fn(Option<&Entry>, K) -> bool,
     ) -> Vec<LeaseId> {
         let mut out = Vec::new();
+        // Nothing due (the common case): the heap is left as it is.
+        match self
+            .index
+            .0
+            .get_mut(pool as usize)
+            .map(|ix| heap(ix).peek().copied())
+        {
+            Some(Some(Reverse((k, _)))) if due(k) => {}
+            _ => return out,
+        }
         let Some(mut ix) = self.index.0.get_mut(pool as usize).map(core::mem::take) else {
             return out;
         };

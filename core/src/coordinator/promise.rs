@@ -224,12 +224,9 @@ impl Coordinator {
             return;
         }
         let held = self.held(p, now);
-        let slots = if blocked {
-            let n = usize::try_from(pool.in_flight).unwrap_or(usize::MAX);
-            self.leases.expiries_in(p, n)
-        } else {
-            Vec::new()
-        };
+        // The expiries of the leases in flight, read the first time a ticket needs them.
+        let in_flight = usize::try_from(pool.in_flight).unwrap_or(usize::MAX);
+        let mut slots: Option<Vec<Millis>> = None;
         let ttl = self.config.lease_ttl_ms;
         let delay = pool.delay;
         let counting = self.counting(p).unwrap_or_default();
@@ -282,8 +279,9 @@ impl Coordinator {
             }
             if blocked && eta <= now {
                 let j = usize::try_from(before.get(Axis::Requests)).unwrap_or(usize::MAX);
+                let slots = slots.get_or_insert_with(|| self.leases.expiries_in(p, in_flight));
                 eta = with_headroom(now, bound)
-                    .max(slot_frees(&slots, j, now, ttl))
+                    .max(slot_frees(slots, j, now, ttl))
                     .max(now.plus(1));
             }
             let slack = eta.since(bound);
