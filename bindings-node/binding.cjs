@@ -840,5 +840,7 @@ module.exports.Estimator = nativeBinding.Estimator
 module.exports.UsageReader = nativeBinding.UsageReader
 module.exports.callShape = nativeBinding.callShape
 module.exports.countTokens = nativeBinding.countTokens
+module.exports.errorBody = nativeBinding.errorBody
+module.exports.errorEvent = nativeBinding.errorEvent
 module.exports.planFleet = nativeBinding.planFleet
 module.exports.promptBytes = nativeBinding.promptBytes

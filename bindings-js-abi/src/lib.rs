@@ -1708,3 +1708,63 @@ pub fn needs_tokenizer(
     Ok(e.needs_tokenizer(estimate_provider(provider)?, model)
         .map(tokenwarden_provider::bpe::Encoding::name))
 }
+
+/// The arguments of an error in a provider's format: the provider, the status (100–599)
+/// and tokenwarden's fields (a JSON object's text).
+fn error_parts(
+    provider: &str,
+    status: f64,
+    tokenwarden: &str,
+) -> Result<(tokenwarden_provider::estimate::Provider, u16, Value), ArgError> {
+    let provider = estimate_provider(provider)?;
+    let status = u16::try_from(u64_of(status, "status")?)
+        .ok()
+        .filter(|s| (100..=599).contains(s))
+        .ok_or_else(|| {
+            ArgError::range(
+                "invalid_argument",
+                format!("`status` must be an HTTP status (100 to 599), got {status}"),
+            )
+            .with_field("status")
+        })?;
+    let fields = match serde_json::from_str::<Value>(tokenwarden) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => {
+            return Err(ArgError::range(
+                "invalid_argument",
+                "`tokenwarden` must be a JSON object's text".into(),
+            )
+            .with_field("tokenwarden"));
+        }
+    };
+    Ok((provider, status, fields))
+}
+
+/// `errorBody(provider, status, type, message, tokenwarden)`: an error body in the
+/// provider's format, as JSON text ([`tokenwarden_provider::errors::error_body`]).
+pub fn error_body(
+    provider: &str,
+    status: f64,
+    kind: Option<&str>,
+    message: &str,
+    tokenwarden: &str,
+) -> Result<String, ArgError> {
+    let (provider, status, fields) = error_parts(provider, status, tokenwarden)?;
+    let body = tokenwarden_provider::errors::error_body(provider, status, kind, message, &fields);
+    Ok(serde_json::to_string(&body).unwrap_or_default())
+}
+
+/// `errorEvent(provider, status, type, message, tokenwarden)`: one error event in the
+/// provider's stream format ([`tokenwarden_provider::errors::error_event`]).
+pub fn error_event(
+    provider: &str,
+    status: f64,
+    kind: Option<&str>,
+    message: &str,
+    tokenwarden: &str,
+) -> Result<String, ArgError> {
+    let (provider, status, fields) = error_parts(provider, status, tokenwarden)?;
+    Ok(tokenwarden_provider::errors::error_event(
+        provider, status, kind, message, &fields,
+    ))
+}

@@ -9,8 +9,8 @@
  * ```
  */
 import { createRequire } from 'node:module'
-import { NativeEngine, nativeCountTokens, nativeEstimators, nativeEngines, nativeLoadError } from './native.js'
-import { type CountText, type EngineFactory, type EstimatorSource, type FleetPlan, type OpenAIEncoding, type Plan, Tokenwarden, TokenwardenError, type TokenwardenOptions, planFleetWith, useEstimators } from 'tokenwarden-driver'
+import { NativeEngine, nativeCountTokens, nativeProviderRules, nativeEngines, nativeLoadError } from './native.js'
+import { type CountText, type EngineFactory, type ProviderRules, type FleetPlan, type OpenAIEncoding, type Plan, Tokenwarden, TokenwardenError, type TokenwardenOptions, planFleetWith, useProviderRules } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
 export { NativeEngine, nativeEngines, nativeLoadError }
@@ -37,7 +37,7 @@ export function wasmEngines(): EngineFactory {
 }
 
 /** The wasm package (`tokenwarden-wasm/nodejs`), loaded the first time it is needed. */
-function wasmPackage(): { wasmEngines: EngineFactory; wasmEstimators: EstimatorSource; wasmTokenizers: (encoding: OpenAIEncoding) => CountText | Promise<CountText> } {
+function wasmPackage(): { wasmEngines: EngineFactory; wasmProviderRules: ProviderRules; wasmTokenizers: (encoding: OpenAIEncoding) => CountText | Promise<CountText> } {
   return require('tokenwarden-wasm/nodejs')
 }
 
@@ -52,15 +52,18 @@ export function tokenizers(encoding: OpenAIEncoding): CountText | Promise<CountT
 }
 
 /**
- * The estimators the driver runs (`DefaultEstimator`): the provider crate's, in the native
- * addon where the engine chosen by default is native, else in the wasm build.
+ * The provider crate's rules the driver runs (its estimator, request shapes, error
+ * formats): the native addon's where the engine chosen by default is native, else the wasm
+ * build's.
  */
-export const estimators: EstimatorSource = {
-  create: (options) => (engine().name === 'native' ? nativeEstimators : wasmPackage().wasmEstimators).create(options),
-  callShape: (provider, body) => (engine().name === 'native' ? nativeEstimators : wasmPackage().wasmEstimators).callShape(provider, body),
-  promptBytes: (provider, body) => (engine().name === 'native' ? nativeEstimators : wasmPackage().wasmEstimators).promptBytes(provider, body),
-}
-useEstimators(estimators)
+const rules = (): ProviderRules => (engine().name === 'native' ? nativeProviderRules : wasmPackage().wasmProviderRules)
+useProviderRules({
+  create: (options) => rules().create(options),
+  callShape: (provider, body) => rules().callShape(provider, body),
+  promptBytes: (provider, body) => rules().promptBytes(provider, body),
+  errorBody: (provider, status, type, message, tokenwarden) => rules().errorBody(provider, status, type, message, tokenwarden),
+  errorEvent: (provider, status, type, message, tokenwarden) => rules().errorEvent(provider, status, type, message, tokenwarden),
+})
 
 /** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */
 function defaultChoice(): EngineChoice {

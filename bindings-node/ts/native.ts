@@ -4,7 +4,7 @@
  */
 import { createRequire } from 'node:module'
 import type * as Binding from '../binding.js'
-import { type EngineFactory, type EstimatorSource, RegisterEngine, type RegisterBinding, TokenwardenError, type U64, configJson, normalizeEngineError } from 'tokenwarden-driver'
+import { type EngineFactory, type ProviderRules, RegisterEngine, type RegisterBinding, TokenwardenError, type U64, configJson, normalizeEngineError } from 'tokenwarden-driver'
 
 const require = createRequire(import.meta.url)
 
@@ -44,8 +44,8 @@ export function nativeCountTokens(encoding: 'o200k_base' | 'cl100k_base', text: 
   }
 }
 
-/** The addon's estimators (the provider crate's), for the driver's `DefaultEstimator`. */
-export const nativeEstimators: EstimatorSource = {
+/** The provider crate's rules in the addon (its estimator, request shapes, error formats). */
+export const nativeProviderRules: ProviderRules = {
   create(options) {
     try {
       return new (addon().Estimator)(options)
@@ -65,6 +65,20 @@ export const nativeEstimators: EstimatorSource = {
       return addon().promptBytes(provider, body)
     } catch (e) {
       throw normalizeEngineError(e, 'promptBytes')
+    }
+  },
+  errorBody(provider, status, type, message, tokenwarden) {
+    try {
+      return addon().errorBody(provider, status, type ?? null, message, tokenwarden)
+    } catch (e) {
+      throw normalizeEngineError(e, 'errorBody')
+    }
+  },
+  errorEvent(provider, status, type, message, tokenwarden) {
+    try {
+      return addon().errorEvent(provider, status, type ?? null, message, tokenwarden)
+    } catch (e) {
+      throw normalizeEngineError(e, 'errorEvent')
     }
   },
 }

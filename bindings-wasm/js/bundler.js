@@ -1,7 +1,7 @@
 // Bundlers (webpack, Vite, esbuild with a wasm plugin): the `bundler` build, which imports
 // the .wasm as an ES module and is ready once imported.
 import * as wasm from '../pkg/bundler/tokenwarden_wasm.js'
-import { useEstimators } from 'tokenwarden-driver'
+import { useProviderRules } from 'tokenwarden-driver'
 import { enginesFor, fetchedRanks, tokenizersFor, tokenwardenFor } from './engine.js'
 
 export * from 'tokenwarden-driver'
@@ -14,8 +14,8 @@ export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
 const tokenizers = tokenizersFor(wasm, fetchedRanks)
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
 export const wasmTokenizers = tokenizers.counter
-/** The provider crate's estimators, which the driver's `DefaultEstimator` runs (registered on import). */
-export const wasmEstimators = tokenizers.estimators
-useEstimators(wasmEstimators, false)
+/** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
+export const wasmProviderRules = tokenizers.rules
+useProviderRules(wasmProviderRules, false)
 /** Ready once imported; here for symmetry with `web`. */
 export async function init() {}

@@ -80,11 +80,12 @@ export function enginesFor(wasm) {
 }
 
 /**
- * The wasm build's tokenizers and estimators: `ranks(encoding)` loads an encoding's ranks
+ * The wasm build's tokenizers and provider rules: `ranks(encoding)` loads an encoding's ranks
  * file (`data/<encoding>.bpe`, 0.7–1.6 MB: the bytes, or a promise of them) the first time
  * it is needed. `tokenizer(encoding)` is the wasm `Tokenizer` (or a promise of it);
- * `counter(encoding)` counts with it; `estimators` is what the driver's `DefaultEstimator`
- * runs (`useEstimators`), handed the tokenizer when an estimate first needs it.
+ * `counter(encoding)` counts with it; `rules` is the provider crate's rules the driver runs
+ * (`useProviderRules`: its estimator, handed the tokenizer when an estimate first needs it,
+ * request shapes, error formats).
  */
 export function tokenizersFor(wasm, ranks) {
   const loaded = new Map()
@@ -120,7 +121,7 @@ export function tokenizersFor(wasm, ranks) {
       throw normalizeEngineError(e, op)
     }
   }
-  const estimators = {
+  const rules = {
     create(options) {
       const e = call('estimator', () => new wasm.Estimator(options))
       return {
@@ -140,8 +141,10 @@ export function tokenizersFor(wasm, ranks) {
     },
     callShape: (provider, body) => call('callShape', () => wasm.callShape(provider, body)),
     promptBytes: (provider, body) => call('promptBytes', () => wasm.promptBytes(provider, body)),
+    errorBody: (provider, status, type, message, tokenwarden) => call('errorBody', () => wasm.errorBody(provider, status, type ?? undefined, message, tokenwarden)),
+    errorEvent: (provider, status, type, message, tokenwarden) => call('errorEvent', () => wasm.errorEvent(provider, status, type ?? undefined, message, tokenwarden)),
   }
-  return { tokenizer, counter, estimators }
+  return { tokenizer, counter, rules }
 }
 
 /**

@@ -1,6 +1,6 @@
 // Types for every entry point of tokenwarden-wasm (web, nodejs, bundler, workerd): the
 // shared driver from `tokenwarden-driver` plus the wasm engine.
-import type { CountText, Engine, EngineFactory, EstimatorSource, OpenAIEncoding, Tokenwarden, TokenwardenOptions } from 'tokenwarden-driver'
+import type { CountText, Engine, EngineFactory, ProviderRules, OpenAIEncoding, Tokenwarden, TokenwardenOptions } from 'tokenwarden-driver'
 
 export * from 'tokenwarden-driver'
 
@@ -52,11 +52,11 @@ export declare const wasmEngines: EngineFactory & {
 export declare function wasmTokenizers(encoding: OpenAIEncoding): CountText | Promise<CountText>
 
 /**
- * The provider crate's estimators in the wasm build, which the driver's `DefaultEstimator`
- * runs: registered with the driver when the package is imported (`useEstimators`), unless
- * another engine package registered its own first.
+ * The provider crate's rules in the wasm build, which the driver runs (its estimator,
+ * request shapes, error formats): registered with the driver when the package is imported
+ * (`useProviderRules`), unless another engine package registered its own first.
  */
-export declare const wasmEstimators: EstimatorSource
+export declare const wasmProviderRules: ProviderRules
 
 /** Options for {@link createTokenwarden}: the engine defaults to the wasm build. */
 export type CreateOptions = Omit<TokenwardenOptions, 'engine'> & Partial<Pick<TokenwardenOptions, 'engine'>>

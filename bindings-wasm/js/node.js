@@ -1,6 +1,6 @@
 // Node.js: the `nodejs` build (synchronous load of the .wasm next to it).
 import { readFileSync } from 'node:fs'
-import { useEstimators } from 'tokenwarden-driver'
+import { useProviderRules } from 'tokenwarden-driver'
 import wasm from '../pkg/nodejs/tokenwarden_wasm.js'
 import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
 
@@ -16,8 +16,8 @@ const tokenizers = tokenizersFor(wasm, (encoding) =>
 )
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
 export const wasmTokenizers = tokenizers.counter
-/** The provider crate's estimators, which the driver's `DefaultEstimator` runs (registered on import). */
-export const wasmEstimators = tokenizers.estimators
-useEstimators(wasmEstimators, false)
+/** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
+export const wasmProviderRules = tokenizers.rules
+useProviderRules(wasmProviderRules, false)
 /** The build is ready as soon as it is imported; here for symmetry with `web`. */
 export async function init() {}

@@ -1,7 +1,7 @@
 // Browsers: the `web` build. Call `await init()` once (it fetches the .wasm next to the
 // module, or takes a URL, Response, bytes or a compiled WebAssembly.Module).
 import initWasm, * as wasm from '../pkg/web/tokenwarden_wasm.js'
-import { useEstimators } from 'tokenwarden-driver'
+import { useProviderRules } from 'tokenwarden-driver'
 import { enginesFor, fetchedRanks, tokenizersFor, tokenwardenFor } from './engine.js'
 
 export * from 'tokenwarden-driver'
@@ -10,9 +10,9 @@ export { WasmEngine } from './engine.js'
 const tokenizers = tokenizersFor(wasm, fetchedRanks)
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
 export const wasmTokenizers = tokenizers.counter
-/** The provider crate's estimators, which the driver's `DefaultEstimator` runs (registered on import). */
-export const wasmEstimators = tokenizers.estimators
-useEstimators(wasmEstimators, false)
+/** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
+export const wasmProviderRules = tokenizers.rules
+useProviderRules(wasmProviderRules, false)
 /** Loads and instantiates the .wasm; resolves when engines can be created. */
 export async function init(input) {
   await initWasm(input === undefined ? undefined : { module_or_path: input })

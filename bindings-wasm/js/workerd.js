@@ -3,7 +3,7 @@
 import { initSync } from '../pkg/web/tokenwarden_wasm.js'
 import * as wasm from '../pkg/web/tokenwarden_wasm.js'
 import module from '../pkg/web/tokenwarden_wasm_bg.wasm'
-import { useEstimators } from 'tokenwarden-driver'
+import { useProviderRules } from 'tokenwarden-driver'
 import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
 
 initSync({ module })
@@ -24,8 +24,8 @@ const tokenizers = tokenizersFor(wasm, async (encoding) =>
 )
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
 export const wasmTokenizers = tokenizers.counter
-/** The provider crate's estimators, which the driver's `DefaultEstimator` runs (registered on import). */
-export const wasmEstimators = tokenizers.estimators
-useEstimators(wasmEstimators, false)
+/** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
+export const wasmProviderRules = tokenizers.rules
+useProviderRules(wasmProviderRules, false)
 /** Already initialised; here for symmetry with `web`. */
 export async function init() {}

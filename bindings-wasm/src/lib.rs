@@ -583,6 +583,43 @@ pub fn call_shape(provider: &str, body: &str) -> Result<String, Thrown> {
     Ok(tokenwarden_js_abi::call_shape(provider, body)?)
 }
 
+/// An error body in the provider's format (JSON text): the type is the status's unless
+/// `type` names one; tokenwarden's fields (a JSON object's text) under `tokenwarden`.
+#[wasm_bindgen(js_name = errorBody)]
+pub fn error_body(
+    provider: &str,
+    status: f64,
+    kind: Option<String>,
+    message: &str,
+    tokenwarden: &str,
+) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::error_body(
+        provider,
+        status,
+        kind.as_deref(),
+        message,
+        tokenwarden,
+    )?)
+}
+
+/// One error event in the provider's stream format.
+#[wasm_bindgen(js_name = errorEvent)]
+pub fn error_event(
+    provider: &str,
+    status: f64,
+    kind: Option<String>,
+    message: &str,
+    tokenwarden: &str,
+) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::error_event(
+        provider,
+        status,
+        kind.as_deref(),
+        message,
+        tokenwarden,
+    )?)
+}
+
 /// A prompt's UTF-8 bytes split at Anthropic's last cache breakpoint:
 /// `{"prefix","rest"}` as JSON text.
 #[wasm_bindgen(js_name = promptBytes)]

@@ -100,33 +100,42 @@ export interface EstimatorCore {
   useTokenizer(encoding: string): void | Promise<void>
 }
 
-/** What an engine package gives the driver's estimators ({@link useEstimators}). */
-export interface EstimatorSource {
+/**
+ * The provider crate's rules as an engine package exposes them ({@link useProviderRules}):
+ * the estimator, where a request body keeps its model and output cap, and each provider's
+ * error format.
+ */
+export interface ProviderRules {
   /** An estimator from its options' camelCase JSON. */
   create(options: string): EstimatorCore
   /** `{"model","maxTokens","stream"}` of a body's JSON text. */
   callShape(provider: string, body: string): string
   /** `{"prefix","rest"}` of a body's JSON text. */
   promptBytes(provider: string, body: string): string
+  /** An error body in the provider's format (JSON text); `type` null: the status's. */
+  errorBody(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string): string
+  /** One error event in the provider's stream format. */
+  errorEvent(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string): string
 }
 
-let source: EstimatorSource | null = null
+let source: ProviderRules | null = null
 
 /**
- * Sets where estimators come from: the engine packages call it when they are imported
- * (`tokenwarden`: the native addon's, or the wasm build's where the addon does not load;
- * `tokenwarden-wasm`: its own), so the driver's estimators run the provider crate's. With
+ * Sets where the provider crate's rules come from: the engine packages call it when they
+ * are imported (`tokenwarden`: the native addon's, or the wasm build's where the addon does
+ * not load; `tokenwarden-wasm`: its own), so the driver's estimators, request shapes and
+ * error bodies are the provider crate's. With
  * `replace` false, only when none is set yet (the wasm package under the native package
  * that loaded it as its fallback).
  */
-export function useEstimators(s: EstimatorSource, replace = true): void {
-  if (s === null || typeof s !== 'object' || typeof s.create !== 'function') throw new TypeError('useEstimators needs { create, callShape, promptBytes } from an engine package')
+export function useProviderRules(s: ProviderRules, replace = true): void {
+  if (s === null || typeof s !== 'object' || typeof s.create !== 'function') throw new TypeError('useProviderRules needs { create, callShape, promptBytes } from an engine package')
   if (!replace && source !== null) return
   source = s
 }
 
 /** The registered source, or a clear error. */
-export function estimators(): EstimatorSource {
+export function providerRules(): ProviderRules {
   if (source === null) throw new Error("no estimator: import an engine package ('tokenwarden' or 'tokenwarden-wasm'), whose estimator the driver runs")
   return source
 }
@@ -235,7 +244,7 @@ export class DefaultEstimator implements Estimator {
   }
 
   #core(): EstimatorCore {
-    this.#made ??= estimators().create(this.#options)
+    this.#made ??= providerRules().create(this.#options)
     return this.#made
   }
 
@@ -385,5 +394,5 @@ function textOf(input: EstimateInput): string {
  * earlier call cached.) A PDF's bytes are its text's.
  */
 export function promptBytes(provider: Provider, body: Record<string, unknown> | string): { prefix: number; rest: number } {
-  return JSON.parse(estimators().promptBytes(provider, typeof body === 'string' ? body : JSON.stringify(body))) as { prefix: number; rest: number }
+  return JSON.parse(providerRules().promptBytes(provider, typeof body === 'string' ? body : JSON.stringify(body))) as { prefix: number; rest: number }
 }

@@ -13,7 +13,7 @@ export type { RemoteOptions } from './remote.js'
 export type { TaskFailure, TaskOptions, TokenwardenOptions } from './tokenwarden.js'
 export { createFetch, agentIdFor, failureSignature, taskIdFor, DEFAULT_FIRST_BYTE_MS, DEFAULT_IDLE_MS } from './fetch.js'
 export type { FetchContext, FetchOptions, HeldCall, LongWait, UpstreamTimeouts } from './fetch.js'
-export { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, estimators, promptBytes, useEstimators } from './estimator.js'
+export { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, promptBytes, providerRules, useProviderRules } from './estimator.js'
 export type {
   BytesPerTokenOptions,
   CountText,
@@ -22,13 +22,13 @@ export type {
   EstimateInput,
   Estimator,
   EstimatorCore,
-  EstimatorSource,
+  ProviderRules,
   Observation,
   ObservedUsage,
   OpenAIEncoding,
 } from './estimator.js'
 export type { CountTokensFailure, CountTokensOptions } from './counttokens.js'
-export { callShape, errorTypeFor, providerErrorBody } from './providers.js'
+export { callShape, errorTypeFor, providerErrorBody, providerErrorEvent } from './providers.js'
 export type { CallShape, Provider } from './providers.js'
 export { ManualClock, sleep, systemClock } from './clock.js'
 export type { Clock } from './clock.js'

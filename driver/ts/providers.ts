@@ -1,12 +1,12 @@
 /**
- * What the `fetch` wrapper still knows about each provider's API itself: each provider's
- * error format. Where the model and `max_tokens` are in a request is the provider crate's
- * (`callShape`, through the engine package's estimators). Which requests are
+ * Each provider's API as the hosts see it, every rule the provider crate's: the error
+ * format, and where the model and `max_tokens` are in a request
+ * (`callShape`, through the engine package's provider rules). Which requests are
  * model calls and how an answer reports its usage are the provider crate's
  * (`tokenwarden-provider`), asked through the engine (`engine.modelCall`,
  * `engine.usageReader`).
  */
-import { estimators } from './estimator.js'
+import { providerRules } from './estimator.js'
 import type { Usage } from './types.js'
 
 /** A provider API the wrapper understands. */
@@ -22,13 +22,13 @@ export interface CallShape {
 
 /**
  * Reads model, max tokens and stream flag from a request body (the provider crate's rule,
- * through the engine package's estimators): the output cap is Anthropic's `max_tokens`;
+ * through the engine package's provider rules): the output cap is Anthropic's `max_tokens`;
  * OpenAI's `max_output_tokens` (Responses), else `max_completion_tokens`, else `max_tokens`
  * (Chat Completions); 4,096 when none is a non-negative integer. The body is its JSON text,
  * or the parsed object.
  */
 export function callShape(provider: Provider, body: Record<string, unknown> | string): CallShape {
-  return JSON.parse(estimators().callShape(provider, typeof body === 'string' ? body : JSON.stringify(body))) as CallShape
+  return JSON.parse(providerRules().callShape(provider, typeof body === 'string' ? body : JSON.stringify(body))) as CallShape
 }
 
 /** The largest token count a usage figure is taken as (2^53 - 1, the engines' limit). */
@@ -39,38 +39,22 @@ export function promptTokens(u: Usage): number {
   return Number(u.inputTokens ?? 0) + Number(u.cacheCreationInputTokens ?? 0) + Number(u.cacheReadInputTokens ?? 0)
 }
 
-/** The provider's error type for an HTTP status (both providers use these names). */
+/** The provider's error type for an HTTP status (the provider crate's rule). */
 export function errorTypeFor(status: number): string {
-  switch (status) {
-    case 400:
-      return 'invalid_request_error'
-    case 401:
-      return 'authentication_error'
-    case 403:
-      return 'permission_error'
-    case 404:
-      return 'not_found_error'
-    case 413:
-      return 'request_too_large'
-    case 426:
-      return 'invalid_request_error'
-    case 429:
-      return 'rate_limit_error'
-    case 504:
-      return 'timeout_error'
-    case 529:
-      return 'overloaded_error'
-    default:
-      return 'api_error'
-  }
+  return (JSON.parse(providerRules().errorBody('anthropic', status, null, '', '{}')) as { error: { type: string } }).error.type
 }
 
 /**
  * An error body in the provider's own format, which its official SDKs parse and show
  * (Anthropic `{"type":"error","error":{"type","message"}}`, OpenAI
- * `{"error":{"message","type","code"}}`), with tokenwarden's own fields under `tokenwarden`.
+ * `{"error":{"message","type","code"}}`), with tokenwarden's own fields under `tokenwarden`:
+ * the provider crate's rule. `type` is the status's unless given.
  */
-export function providerErrorBody(provider: Provider, status: number, message: string, tokenwarden: { error: string } & Record<string, unknown>): Record<string, unknown> {
-  const type = errorTypeFor(status)
-  return provider === 'anthropic' ? { type: 'error', error: { type, message }, tokenwarden } : { error: { message, type, code: tokenwarden.error }, tokenwarden }
+export function providerErrorBody(provider: Provider, status: number, message: string, tokenwarden: { error: string } & Record<string, unknown>, type?: string): Record<string, unknown> {
+  return JSON.parse(providerRules().errorBody(provider, status, type ?? null, message, JSON.stringify(tokenwarden))) as Record<string, unknown>
+}
+
+/** One error event in the provider's stream format (a call that fails after its stream began). */
+export function providerErrorEvent(provider: Provider, status: number, message: string, tokenwarden: { error: string } & Record<string, unknown>, type?: string): string {
+  return providerRules().errorEvent(provider, status, type ?? null, message, JSON.stringify(tokenwarden))
 }

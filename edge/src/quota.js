@@ -19,6 +19,7 @@ import {
   errorTypeFor,
   newCall,
   providerErrorBody,
+  providerErrorEvent,
   stepOf,
   taskIdFor,
   wasmEngines,
@@ -1141,11 +1142,9 @@ function errorOf(raw) {
   return null
 }
 
-/** One SSE error event in the provider's stream format. */
+/** One SSE error event in the provider's stream format (the provider crate's rule). */
 function sseError(provider, status, type, message, code) {
-  const data = /** @type {{ error: Record<string, unknown> }} */ (providerErrorBody(provider, status, message, { error: code ?? type, message }))
-  if (provider === 'anthropic') data.error.type = type
-  return provider === 'anthropic' ? `event: error\ndata: ${JSON.stringify(data)}\n\n` : `data: ${JSON.stringify(data)}\n\n`
+  return providerErrorEvent(provider, status, message, { error: code ?? type, message }, type)
 }
 
 /**

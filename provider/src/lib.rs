@@ -1,7 +1,8 @@
 //! What tokenwarden knows of each provider's HTTP API, beside the core (`no_std`, no I/O):
 //! which requests are model calls, how a provider's answer reports what a call used
 //! ([`usage`]), who a call is by its client's session headers ([`mod@identity`]), and how
-//! many tokens a text is in OpenAI's byte-pair encodings ([`bpe`]).
+//! many tokens a text is in OpenAI's byte-pair encodings ([`bpe`]); what a request costs
+//! ([`estimate`]); and how an error is answered in each provider's format ([`errors`]).
 //!
 //! A model call is leased before it is sent; any other request (token counting, model
 //! lists, a batch, a stored response) passes through. The decision is made on the path as
@@ -25,6 +26,7 @@ extern crate alloc;
 use alloc::vec::Vec;
 
 pub mod bpe;
+pub mod errors;
 pub mod estimate;
 pub mod identity;
 pub mod usage;
