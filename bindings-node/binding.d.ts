@@ -196,13 +196,11 @@ export declare function callShape(provider: string, body: string): string
 export declare function countTokens(encoding: string, text: string): number
 
 /**
- * An error body in the provider's format (JSON text): the type is the status's unless
- * `type` names one; tokenwarden's fields (a JSON object's text) under `tokenwarden`.
+ * An error in the provider's format: its body (JSON text), or with `stream` one event of
+ * its stream format. The type is the status's unless `type` names one; tokenwarden's
+ * fields (a JSON object's text) go under `tokenwarden`.
  */
-export declare function errorBody(provider: string, status: number, kind: string | undefined | null, message: string, tokenwarden: string): string
-
-/** One error event in the provider's stream format. */
-export declare function errorEvent(provider: string, status: number, kind: string | undefined | null, message: string, tokenwarden: string): string
+export declare function errorAnswer(provider: string, status: number, kind: string | undefined | null, message: string, tokenwarden: string, stream: boolean): string
 
 /**
  * Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's

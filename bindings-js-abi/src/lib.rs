@@ -1740,31 +1740,24 @@ fn error_parts(
     Ok((provider, status, fields))
 }
 
-/// `errorBody(provider, status, type, message, tokenwarden)`: an error body in the
-/// provider's format, as JSON text ([`tokenwarden_provider::errors::error_body`]).
-pub fn error_body(
+/// `errorAnswer(provider, status, type, message, tokenwarden, stream)`: an error in the
+/// provider's format — a body (JSON text, [`tokenwarden_provider::errors::error_body`]) or,
+/// with `stream`, one event of its stream format
+/// ([`tokenwarden_provider::errors::error_event`]).
+pub fn error_answer(
     provider: &str,
     status: f64,
     kind: Option<&str>,
     message: &str,
     tokenwarden: &str,
+    stream: bool,
 ) -> Result<String, ArgError> {
+    use tokenwarden_provider::errors::{error_body, error_event};
     let (provider, status, fields) = error_parts(provider, status, tokenwarden)?;
-    let body = tokenwarden_provider::errors::error_body(provider, status, kind, message, &fields);
-    Ok(serde_json::to_string(&body).unwrap_or_default())
-}
-
-/// `errorEvent(provider, status, type, message, tokenwarden)`: one error event in the
-/// provider's stream format ([`tokenwarden_provider::errors::error_event`]).
-pub fn error_event(
-    provider: &str,
-    status: f64,
-    kind: Option<&str>,
-    message: &str,
-    tokenwarden: &str,
-) -> Result<String, ArgError> {
-    let (provider, status, fields) = error_parts(provider, status, tokenwarden)?;
-    Ok(tokenwarden_provider::errors::error_event(
-        provider, status, kind, message, &fields,
-    ))
+    Ok(if stream {
+        error_event(provider, status, kind, message, &fields)
+    } else {
+        serde_json::to_string(&error_body(provider, status, kind, message, &fields))
+            .unwrap_or_default()
+    })
 }

@@ -587,34 +587,28 @@ pub fn call_shape(env: Env, provider: String, body: String) -> napi::Result<Stri
     js(&env, || tokenwarden_js_abi::call_shape(&provider, &body))
 }
 
-/// An error body in the provider's format (JSON text): the type is the status's unless
-/// `type` names one; tokenwarden's fields (a JSON object's text) under `tokenwarden`.
-#[napi(js_name = "errorBody")]
-pub fn error_body(
+/// An error in the provider's format: its body (JSON text), or with `stream` one event of
+/// its stream format. The type is the status's unless `type` names one; tokenwarden's
+/// fields (a JSON object's text) go under `tokenwarden`.
+#[napi(js_name = "errorAnswer")]
+pub fn error_answer(
     env: Env,
     provider: String,
     status: f64,
     kind: Option<String>,
     message: String,
     tokenwarden: String,
+    stream: bool,
 ) -> napi::Result<String> {
     js(&env, || {
-        tokenwarden_js_abi::error_body(&provider, status, kind.as_deref(), &message, &tokenwarden)
-    })
-}
-
-/// One error event in the provider's stream format.
-#[napi(js_name = "errorEvent")]
-pub fn error_event(
-    env: Env,
-    provider: String,
-    status: f64,
-    kind: Option<String>,
-    message: String,
-    tokenwarden: String,
-) -> napi::Result<String> {
-    js(&env, || {
-        tokenwarden_js_abi::error_event(&provider, status, kind.as_deref(), &message, &tokenwarden)
+        tokenwarden_js_abi::error_answer(
+            &provider,
+            status,
+            kind.as_deref(),
+            &message,
+            &tokenwarden,
+            stream,
+        )
     })
 }
 

@@ -61,8 +61,7 @@ useProviderRules({
   create: (options) => rules().create(options),
   callShape: (provider, body) => rules().callShape(provider, body),
   promptBytes: (provider, body) => rules().promptBytes(provider, body),
-  errorBody: (provider, status, type, message, tokenwarden) => rules().errorBody(provider, status, type, message, tokenwarden),
-  errorEvent: (provider, status, type, message, tokenwarden) => rules().errorEvent(provider, status, type, message, tokenwarden),
+  errorAnswer: (provider, status, type, message, tokenwarden, stream) => rules().errorAnswer(provider, status, type, message, tokenwarden, stream),
 })
 
 /** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */

@@ -67,18 +67,11 @@ export const nativeProviderRules: ProviderRules = {
       throw normalizeEngineError(e, 'promptBytes')
     }
   },
-  errorBody(provider, status, type, message, tokenwarden) {
+  errorAnswer(provider, status, type, message, tokenwarden, stream) {
     try {
-      return addon().errorBody(provider, status, type ?? null, message, tokenwarden)
+      return addon().errorAnswer(provider, status, type ?? null, message, tokenwarden, stream)
     } catch (e) {
-      throw normalizeEngineError(e, 'errorBody')
-    }
-  },
-  errorEvent(provider, status, type, message, tokenwarden) {
-    try {
-      return addon().errorEvent(provider, status, type ?? null, message, tokenwarden)
-    } catch (e) {
-      throw normalizeEngineError(e, 'errorEvent')
+      throw normalizeEngineError(e, 'errorAnswer')
     }
   },
 }

@@ -141,8 +141,7 @@ export function tokenizersFor(wasm, ranks) {
     },
     callShape: (provider, body) => call('callShape', () => wasm.callShape(provider, body)),
     promptBytes: (provider, body) => call('promptBytes', () => wasm.promptBytes(provider, body)),
-    errorBody: (provider, status, type, message, tokenwarden) => call('errorBody', () => wasm.errorBody(provider, status, type ?? undefined, message, tokenwarden)),
-    errorEvent: (provider, status, type, message, tokenwarden) => call('errorEvent', () => wasm.errorEvent(provider, status, type ?? undefined, message, tokenwarden)),
+    errorAnswer: (provider, status, type, message, tokenwarden, stream) => call('errorAnswer', () => wasm.errorAnswer(provider, status, type ?? undefined, message, tokenwarden, stream)),
   }
   return { tokenizer, counter, rules }
 }

@@ -583,40 +583,25 @@ pub fn call_shape(provider: &str, body: &str) -> Result<String, Thrown> {
     Ok(tokenwarden_js_abi::call_shape(provider, body)?)
 }
 
-/// An error body in the provider's format (JSON text): the type is the status's unless
-/// `type` names one; tokenwarden's fields (a JSON object's text) under `tokenwarden`.
-#[wasm_bindgen(js_name = errorBody)]
-pub fn error_body(
+/// An error in the provider's format: its body (JSON text), or with `stream` one event of
+/// its stream format. The type is the status's unless `type` names one; tokenwarden's
+/// fields (a JSON object's text) go under `tokenwarden`.
+#[wasm_bindgen(js_name = errorAnswer)]
+pub fn error_answer(
     provider: &str,
     status: f64,
     kind: Option<String>,
     message: &str,
     tokenwarden: &str,
+    stream: bool,
 ) -> Result<String, Thrown> {
-    Ok(tokenwarden_js_abi::error_body(
+    Ok(tokenwarden_js_abi::error_answer(
         provider,
         status,
         kind.as_deref(),
         message,
         tokenwarden,
-    )?)
-}
-
-/// One error event in the provider's stream format.
-#[wasm_bindgen(js_name = errorEvent)]
-pub fn error_event(
-    provider: &str,
-    status: f64,
-    kind: Option<String>,
-    message: &str,
-    tokenwarden: &str,
-) -> Result<String, Thrown> {
-    Ok(tokenwarden_js_abi::error_event(
-        provider,
-        status,
-        kind.as_deref(),
-        message,
-        tokenwarden,
+        stream,
     )?)
 }
 

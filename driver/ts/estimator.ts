@@ -112,10 +112,11 @@ export interface ProviderRules {
   callShape(provider: string, body: string): string
   /** `{"prefix","rest"}` of a body's JSON text. */
   promptBytes(provider: string, body: string): string
-  /** An error body in the provider's format (JSON text); `type` null: the status's. */
-  errorBody(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string): string
-  /** One error event in the provider's stream format. */
-  errorEvent(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string): string
+  /**
+   * An error in the provider's format: its body (JSON text), or with `stream` one event of
+   * its stream format; `type` null: the status's.
+   */
+  errorAnswer(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string, stream: boolean): string
 }
 
 let source: ProviderRules | null = null

@@ -41,7 +41,7 @@ export function promptTokens(u: Usage): number {
 
 /** The provider's error type for an HTTP status (the provider crate's rule). */
 export function errorTypeFor(status: number): string {
-  return (JSON.parse(providerRules().errorBody('anthropic', status, null, '', '{}')) as { error: { type: string } }).error.type
+  return (JSON.parse(providerRules().errorAnswer('anthropic', status, null, '', '{}', false)) as { error: { type: string } }).error.type
 }
 
 /**
@@ -51,10 +51,10 @@ export function errorTypeFor(status: number): string {
  * the provider crate's rule. `type` is the status's unless given.
  */
 export function providerErrorBody(provider: Provider, status: number, message: string, tokenwarden: { error: string } & Record<string, unknown>, type?: string): Record<string, unknown> {
-  return JSON.parse(providerRules().errorBody(provider, status, type ?? null, message, JSON.stringify(tokenwarden))) as Record<string, unknown>
+  return JSON.parse(providerRules().errorAnswer(provider, status, type ?? null, message, JSON.stringify(tokenwarden), false)) as Record<string, unknown>
 }
 
 /** One error event in the provider's stream format (a call that fails after its stream began). */
 export function providerErrorEvent(provider: Provider, status: number, message: string, tokenwarden: { error: string } & Record<string, unknown>, type?: string): string {
-  return providerRules().errorEvent(provider, status, type ?? null, message, JSON.stringify(tokenwarden))
+  return providerRules().errorAnswer(provider, status, type ?? null, message, JSON.stringify(tokenwarden), true)
 }
