@@ -1504,8 +1504,9 @@ pub fn estimate(
 ) -> Result<String, ArgError> {
     let now = u64_of(now, "now")?;
     let provider = estimate_provider(provider)?;
-    let body = request_body(body)?;
-    let (id, est) = e.estimate(now, provider, model, &body);
+    let (id, est) = e
+        .estimate_text(now, provider, model, body)
+        .map_err(|why| ArgError::range("invalid_argument", why).with_field("body"))?;
     Ok(format!(
         r#"{{"id":{id},"inputTokens":{},"cachedPrefixTokens":{},"cachedPrefixConfirmed":{}}}"#,
         est.input_tokens, est.cached_prefix_tokens, est.cached_prefix_confirmed

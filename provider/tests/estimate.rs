@@ -405,3 +405,59 @@ fn the_same_calls_give_the_same_estimates() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn a_body_estimated_again_from_its_text_is_estimated_alike() {
+    let mut e = with_tokenizers();
+    let body = anthropic(&"rules ".repeat(500), "first question");
+    let text = serde_json::to_string(&body).unwrap();
+    let (_, a) = e
+        .estimate_text(0, Provider::Anthropic, "claude-sonnet-4-6", &text)
+        .unwrap();
+    // The same text again (a call asked again), and the same body parsed: the same figures.
+    let (id, b) = e
+        .estimate_text(1, Provider::Anthropic, "claude-sonnet-4-6", &text)
+        .unwrap();
+    assert_eq!(a, b);
+    assert_eq!(
+        with_tokenizers()
+            .estimate(0, Provider::Anthropic, "claude-sonnet-4-6", &body)
+            .1,
+        a
+    );
+    // Learning still happens on what the state says: observed, the prompt is known exactly.
+    e.observe(
+        id,
+        2,
+        Provider::Anthropic,
+        "claude-sonnet-4-6",
+        None,
+        900,
+        None,
+    );
+    let (_, c) = e
+        .estimate_text(3, Provider::Anthropic, "claude-sonnet-4-6", &text)
+        .unwrap();
+    assert_eq!(c.input_tokens, 900);
+    let openai =
+        serde_json::to_string(&json!({ "model": "gpt-4o", "messages": jargon() })).unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            e.estimate_text(4, Provider::Openai, "gpt-4o", &openai)
+                .unwrap()
+                .1
+                .input_tokens,
+            124
+        );
+    }
+    assert!(
+        e.estimate_text(5, Provider::Openai, "gpt-4o", "[1, 2]")
+            .unwrap_err()
+            .contains("JSON object")
+    );
+    assert!(
+        e.estimate_text(5, Provider::Openai, "gpt-4o", "{")
+            .unwrap_err()
+            .contains("not JSON")
+    );
+}

@@ -20,7 +20,7 @@
 //! [`Estimator::observe`] with the call's usage when it settles. Deterministic: its clock is
 //! the caller's, its tables bounded and ordered.
 
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -369,7 +369,29 @@ pub struct Estimator {
     media: RefCell<Lru<u64, Option<Cost>>>,
     asked: Lru<u64, Asked>,
     next: u64,
+    /// The latest bodies estimated from their text, with what was made of them: a call
+    /// asked again (after a refusal, a 429, a wait) is not parsed or analyzed again.
+    recent: VecDeque<Recent>,
 }
+
+/// A body estimated from its text, and what its estimates made of it.
+struct Recent {
+    text: String,
+    body: Value,
+    memo: Memo,
+}
+
+/// What estimates of one body made of it, for the next estimate of the same body: its
+/// prompts analyzed (per meter and model) and its OpenAI counts (per encoding).
+#[derive(Default)]
+struct Memo {
+    prompts: Vec<(bool, u64, Prompt)>,
+    counted: Vec<(Encoding, u64)>,
+}
+
+/// How many bodies are remembered with their text, and the longest remembered.
+const RECENT: usize = 4;
+const RECENT_BYTES: usize = 1 << 20;
 
 impl fmt::Debug for Estimator {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -403,6 +425,7 @@ impl Estimator {
             media: RefCell::new(Lru::new(MEDIA_COSTS)),
             asked: Lru::new(ASKED),
             next: 1,
+            recent: VecDeque::new(),
         })
     }
 
@@ -473,17 +496,70 @@ impl Estimator {
         model: &str,
         body: &Value,
     ) -> (u64, Estimate) {
+        self.estimate_with(now, provider, model, body, &mut Memo::default())
+    }
+
+    /// [`Estimator::estimate`] of a body given as its JSON text: the latest few bodies (up to
+    /// 1 MB each) are remembered with what was made of them, so a call asked again (the
+    /// same text: after a refusal, a 429, a wait) is not parsed or analyzed again.
+    ///
+    /// # Errors
+    ///
+    /// The text is not a JSON object (`Err` with why).
+    pub fn estimate_text(
+        &mut self,
+        now: u64,
+        provider: Provider,
+        model: &str,
+        text: &str,
+    ) -> Result<(u64, Estimate), String> {
+        let mut recent = match self.recent.iter().position(|r| r.text == text) {
+            Some(i) => self.recent.remove(i).unwrap_or_else(|| unreachable!()),
+            None => {
+                let body = match serde_json::from_str::<Value>(text) {
+                    Ok(v @ Value::Object(_)) => v,
+                    Ok(_) => return Err("the request body must be a JSON object".into()),
+                    Err(e) => return Err(alloc::format!("the request body is not JSON: {e}")),
+                };
+                Recent {
+                    text: String::new(),
+                    body,
+                    memo: Memo::default(),
+                }
+            }
+        };
+        let out = self.estimate_with(now, provider, model, &recent.body, &mut recent.memo);
+        if text.len() <= RECENT_BYTES {
+            if recent.text.is_empty() {
+                recent.text = text.into();
+            }
+            self.recent.push_back(recent);
+            while self.recent.len() > RECENT {
+                self.recent.pop_front();
+            }
+        }
+        Ok(out)
+    }
+
+    fn estimate_with(
+        &mut self,
+        now: u64,
+        provider: Provider,
+        model: &str,
+        body: &Value,
+        memo: &mut Memo,
+    ) -> (u64, Estimate) {
         let id = self.next;
         self.next += 1;
         let (asked, estimate) = match provider {
             Provider::Openai
                 if self.options.tokenizer && self.has_tokenizer(Encoding::for_model(model)) =>
             {
-                self.counted(model, body)
+                self.counted(model, body, memo)
             }
             _ => {
                 let proxy = provider == Provider::Anthropic && self.anthropic_proxy();
-                self.by_rule(proxy, now, provider, model, body)
+                self.by_rule(proxy, now, provider, model, body, memo)
             }
         };
         self.asked.insert(
@@ -497,21 +573,52 @@ impl Estimator {
         (id, estimate)
     }
 
-    fn counted(&mut self, model: &str, body: &Value) -> (By, Estimate) {
+    /// The prompt of `body` for `model` by the meter `proxy` says, from `memo` when an
+    /// earlier estimate of the same body made it.
+    fn prompt_memo(
+        &self,
+        proxy: bool,
+        provider: Provider,
+        model: &str,
+        body: &Value,
+        memo: &mut Memo,
+    ) -> Prompt {
+        let key = model_key(provider, model);
+        if let Some((_, _, p)) = memo
+            .prompts
+            .iter()
+            .find(|(x, k, _)| *x == proxy && *k == key)
+        {
+            return p.clone();
+        }
+        let p = self.analyze(proxy, provider, model, body);
+        memo.prompts.push((proxy, key, p.clone()));
+        p
+    }
+
+    fn counted(&mut self, model: &str, body: &Value, memo: &mut Memo) -> (By, Estimate) {
         let e = Encoding::for_model(model);
-        let counted = match self.counters.get(&e) {
-            Some(c) => openai::PromptCounter {
-                counter: c,
-                costing: Costing {
-                    meter: Meter::Exact(c),
-                    provider: Provider::Openai,
-                    media: &self.media,
-                },
+        let counted = match (
+            memo.counted.iter().find(|(x, _)| *x == e),
+            self.counters.get(&e),
+        ) {
+            (Some(&(_, n)), _) => n,
+            (None, Some(c)) => {
+                let n = openai::PromptCounter {
+                    counter: c,
+                    costing: Costing {
+                        meter: Meter::Exact(c),
+                        provider: Provider::Openai,
+                        media: &self.media,
+                    },
+                }
+                .prompt(body);
+                memo.counted.push((e, n));
+                n
             }
-            .prompt(body),
-            None => 0,
+            (None, None) => 0,
         };
-        let prompt = self.analyze(false, Provider::Openai, model, body);
+        let prompt = self.prompt_memo(false, Provider::Openai, model, body, memo);
         let mut residual = 0i64;
         for p in prompt.pieces.iter().rev() {
             if let Some(&r) = self.residuals.get(&p.key) {
@@ -536,8 +643,9 @@ impl Estimator {
         provider: Provider,
         model: &str,
         body: &Value,
+        memo: &mut Memo,
     ) -> (By, Estimate) {
-        let prompt = self.analyze(proxy, provider, model, body);
+        let prompt = self.prompt_memo(proxy, provider, model, body, memo);
         let key = model_key(provider, model);
         let safety = self.options.safety;
         let rule = self.rule(proxy);
