@@ -1,7 +1,7 @@
 // What the serve suites and measurements share: a free loopback port, `tokenwarden serve`
 // started and stopped as its users do (Ctrl-C), and headless Claude Code runs.
 import { execFileSync, spawn } from 'node:child_process'
-import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -38,6 +38,32 @@ export function serve(args, { bin = cli, env = process.env } = {}) {
     })
     child.on('exit', (code) => reject(new Error(`serve exited (${code}) before it was ready: ${out}`)))
   })
+}
+
+/**
+ * `tokenwarden serve` for one fleet (`ci`, secret `secret`, proxy mode open) with `quotas`
+ * (the config's `quotas` object), in a temporary data directory on a free port: resolves to
+ * `{ origin, server, close() }`; `close()` stops it (Ctrl-C) and removes the directory.
+ */
+export async function serveFleet(quotas, secret, prefix = 'tokenwarden-serve-') {
+  const data = mkdtempSync(join(tmpdir(), prefix))
+  const config = join(data, 'tokenwarden.json')
+  writeFileSync(config, JSON.stringify({ fleets: { ci: { secret, proxy_open: true, quotas } } }))
+  const port = await freePort()
+  try {
+    const server = await serve(['--config', config, '--port', String(port), '--data', join(data, 'state')])
+    return {
+      origin: `http://127.0.0.1:${port}`,
+      server,
+      async close() {
+        await stop(server.child)
+        rmSync(data, { recursive: true, force: true })
+      },
+    }
+  } catch (e) {
+    rmSync(data, { recursive: true, force: true })
+    throw e
+  }
 }
 
 /**

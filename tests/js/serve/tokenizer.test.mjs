@@ -4,36 +4,27 @@
 // (the mock provider counting with an independent BPE, js-tiktoken). The byte rule it falls
 // back on when no tokenizer loads would be about half again as high.
 import assert from 'node:assert/strict'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { after, before, test } from 'node:test'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
-import { freePort, serve, stop } from './support.mjs'
+import { serveFleet } from './support.mjs'
 
 const skip = process.env.WORKERD ? false : 'set WORKERD to the workerd binary'
 const SECRET = 'tokenizer-secret-0123456789'
 let mock
-let server
-let data
+let served
 let origin
 
 before(async () => {
   if (skip) return
   mock = await startMockProvider({ counting: 'bpe', inputTokensPerMinute: 600_000, outputTokensPerMinute: 200_000, requestsPerMinute: 600, concurrency: 8, replyTokens: 30 })
-  data = mkdtempSync(join(tmpdir(), 'tokenwarden-tokenizer-'))
-  const config = join(data, 'tokenwarden.json')
   const pools = [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 80_000, requests_per_minute: 600, max_concurrent: 8 }]
-  writeFileSync(config, JSON.stringify({ fleets: { ci: { secret: SECRET, proxy_open: true, quotas: { openai: { upstream: mock.url, config: { pools } } } } } }))
-  const port = await freePort()
-  origin = `http://127.0.0.1:${port}`
-  server = await serve(['--config', config, '--port', String(port), '--data', join(data, 'state')])
+  served = await serveFleet({ openai: { upstream: mock.url, config: { pools } } }, SECRET, 'tokenwarden-tokenizer-')
+  origin = served.origin
 })
 
 after(async () => {
-  if (server) await stop(server.child)
+  await served?.close()
   await mock?.close()
-  if (data) rmSync(data, { recursive: true, force: true })
 })
 
 test("an OpenAI call through serve is estimated by the tokenizer: the provider's own count", { skip }, async () => {
