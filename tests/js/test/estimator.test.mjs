@@ -7,8 +7,8 @@
 // reservation with what that upstream counted against the input limit (input + write).
 //
 // Then counting instead of guessing (issue 26, item 3): OpenAI prompts by the tokenizer,
-// checked against js-tiktoken (an independent implementation, not the estimator's
-// gpt-tokenizer) and OpenAI's published counts; asynchronous estimators through `tw.fetch`;
+// checked against js-tiktoken (an independent implementation, not the provider crate's
+// tokenizer the estimator counts with) and OpenAI's published counts; asynchronous estimators through `tw.fetch`;
 // Anthropic's `count_tokens` as an opt-in, against the mock provider.
 import assert from 'node:assert/strict'
 import { createHash } from 'node:crypto'
