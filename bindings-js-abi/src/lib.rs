@@ -789,10 +789,11 @@ pub mod io {
         "outputTokens",
     ];
     /// Role codes in the `role` slot: the index in this list.
-    pub const ROLES: [core::Role; 3] = [
+    pub const ROLES: [core::Role; 4] = [
         core::Role::Worker,
         core::Role::Reviewer,
         core::Role::Planner,
+        core::Role::Auto,
     ];
     /// Reject reasons in a rejected decision's reason slot: the index in this list (the
     /// core's tags).
@@ -860,13 +861,13 @@ pub mod io {
     pub const REPORT_SLOT: usize = report::RECOGNISED;
 
     /// The roles' names, in [`ROLES`] order (the core's serde tags, as objects spell them).
-    pub const ROLE_NAMES: [&str; 3] = ["worker", "reviewer", "planner"];
+    pub const ROLE_NAMES: [&str; 4] = ["worker", "reviewer", "planner", "auto"];
 
     /// An unknown role: a `RangeError` naming the field.
     fn bad_role() -> ArgError {
         ArgError::range(
             "invalid_argument",
-            "`role` must be planner, reviewer or worker".into(),
+            "`role` must be planner, reviewer, worker or auto".into(),
         )
         .with_field("role")
     }

@@ -202,10 +202,11 @@ fn every_role_has_its_code() {
         core::Role::Worker,
         core::Role::Reviewer,
         core::Role::Planner,
+        core::Role::Auto,
     ] {
         // (A new role fails to compile here until it is listed.)
         match role {
-            core::Role::Worker | core::Role::Reviewer | core::Role::Planner => {}
+            core::Role::Worker | core::Role::Reviewer | core::Role::Planner | core::Role::Auto => {}
         }
         let code = io::ROLES.iter().position(|r| *r == role);
         let mut regs = [0.0; io::IO_SLOTS];
@@ -220,7 +221,10 @@ fn every_role_has_its_code() {
     let e = io::io_lease_request(&regs).unwrap_err();
     assert_eq!(
         (e.field.as_deref(), e.message.as_str()),
-        (Some("role"), "`role` must be planner, reviewer or worker")
+        (
+            Some("role"),
+            "`role` must be planner, reviewer, worker or auto"
+        )
     );
 }
 

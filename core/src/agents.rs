@@ -460,6 +460,22 @@ impl Agents {
         }
     }
 
+    /// How many agents name the agent in `slot` as their family's root and were seen at or
+    /// after `since` (its subagents at work): 0 at once for an agent no one names.
+    pub(crate) fn members_seen(&self, slot: u32, since: Millis) -> u32 {
+        let Some(me) = self.get(slot) else {
+            return 0;
+        };
+        if !self.families.contains_key(&me.id) {
+            return 0;
+        }
+        let n = self
+            .values()
+            .filter(|a| a.family == Some(me.id) && a.last_seen >= since)
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
     /// How many members of the family of the agent in `slot` have a call queued or in
     /// flight, counting that agent as one whatever it has: 1 for an agent with no family.
     pub(crate) fn family_live(&self, slot: u32) -> u32 {

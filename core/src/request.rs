@@ -20,6 +20,11 @@ pub enum Role {
     /// A leaf worker (weight 1).
     #[default]
     Worker,
+    /// The core decides: a planner while agents of the agent's family (its subagents, which
+    /// name it as their `family`) were seen within a rate window — their calls wait on its
+    /// own, so it unblocks that many unless the request says — else a worker. What a host
+    /// passes when the caller names no role, so every host weighs a family alike.
+    Auto,
 }
 
 /// A request for capacity before one model call.

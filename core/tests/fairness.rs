@@ -414,3 +414,73 @@ fn estimates_on_the_safe_side_do_not_hold_the_margin_back() {
         Some(0)
     );
 }
+
+/// Who is granted first when the one slot frees: a worker queued first, then agent 10 with
+/// `Role::Auto`; agent 11 names 10 as its family and asked `child_asked_at` (or never).
+fn auto_order(child_asked_at: Option<u64>) -> Vec<u64> {
+    let cfg = r#"{"pools":[{"name":"p","input_tokens_per_minute":1000000,"max_concurrent":1}]}"#;
+    let mut c = Coordinator::new(Config::from_json(cfg).unwrap(), 1, Millis(0)).unwrap();
+    let ask = |agent: u64, role: Role, family: Option<u64>| LeaseRequest {
+        agent: AgentId(agent),
+        input_tokens: 100,
+        max_tokens: 10,
+        role,
+        family: family.map(AgentId),
+        ..Default::default()
+    };
+    let usage = Usage {
+        input_tokens: 100,
+        output_tokens: 10,
+        ..Default::default()
+    };
+    if let Some(at) = child_asked_at {
+        let Decision::Grant { lease, .. } = c
+            .request_lease(Millis(at), &ask(11, Role::Worker, Some(10)))
+            .unwrap()
+        else {
+            panic!("the child's call is granted");
+        };
+        c.settle(Millis(at + 1), lease, &usage).unwrap();
+    }
+    let now = 100_000;
+    let Decision::Grant { lease: holder, .. } = c
+        .request_lease(Millis(now), &ask(1, Role::Worker, None))
+        .unwrap()
+    else {
+        panic!("the holder is granted");
+    };
+    assert!(matches!(
+        c.request_lease(Millis(now + 1), &ask(2, Role::Worker, None))
+            .unwrap(),
+        Decision::Queued { .. }
+    ));
+    assert!(matches!(
+        c.request_lease(Millis(now + 2), &ask(10, Role::Auto, None))
+            .unwrap(),
+        Decision::Queued { .. }
+    ));
+    while c.poll_event().is_some() {}
+    let mut order = Vec::new();
+    let mut held = holder;
+    for t in 0..2 {
+        c.settle(Millis(now + 10 + t), held, &usage).unwrap();
+        while let Some(e) = c.poll_event() {
+            if let Event::Granted { lease, agent, .. } = e {
+                order.push(agent.0);
+                held = lease;
+            }
+        }
+    }
+    order
+}
+
+#[test]
+fn the_core_s_role_makes_a_parent_with_subagents_at_work_a_planner() {
+    // Its subagent asked within the rate window: a planner unblocking one, ahead of the
+    // worker queued before it.
+    assert_eq!(auto_order(Some(60_000)), vec![10, 2]);
+    // No family, or a subagent last seen over a window ago: a worker, after the one queued
+    // before it.
+    assert_eq!(auto_order(None), vec![2, 10]);
+    assert_eq!(auto_order(Some(30_000)), vec![2, 10]);
+}

@@ -215,7 +215,8 @@ fn weight(r: Role) -> u64 {
     match r {
         Role::Planner => 3_000,
         Role::Reviewer => 2_000,
-        Role::Worker => 1_000,
+        // No agent here has a family: `auto` is a worker.
+        Role::Worker | Role::Auto => 1_000,
     }
 }
 

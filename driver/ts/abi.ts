@@ -15,7 +15,7 @@ export const LEASE_REQUEST_FIELDS = ['agent', 'pool', 'inputTokens', 'cachedPref
 /** `settleIo`'s usage, from `SLOT_ARG_USAGE` in this order. */
 export const USAGE_FIELDS = ['inputTokens', 'cacheCreationInputTokens', 'cacheReadInputTokens', 'outputTokens'] as const
 /** Role codes: the index in this list. */
-export const ROLES = ['worker', 'reviewer', 'planner'] as const
+export const ROLES = ['worker', 'reviewer', 'planner', 'auto'] as const
 /** A rejected decision's reason code: the index in this list. */
 export const REJECT_REASONS = ['exceeds_capacity', 'wait_too_long', 'queue_full', 'too_many_leases', 'too_many_agents'] as const
 /** Axis codes: the index in this list. */

@@ -31,7 +31,10 @@ export interface FetchOptions {
    * place in the fair order, split among its members with calls in line.
    */
   family?: U64 | string
-  /** The agent's role in the task graph (default `worker`). */
+  /**
+   * The agent's role in the task graph (default `auto`: the core's choice, a planner while
+   * its subagents are at work, else a worker).
+   */
   role?: Role
   /** Downstream tasks waiting on this agent's calls; a function is read at every call. */
   unblocks?: number | (() => number)
@@ -315,7 +318,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         cachedPrefixTokens: estimate.cachedPrefixTokens,
         ...(estimate.cachedPrefixConfirmed === true ? { cachedPrefixConfirmed: true } : {}),
         maxTokens: shape.maxTokens,
-        role: options.role ?? 'worker',
+        role: options.role ?? 'auto',
         unblocks: typeof options.unblocks === 'function' ? options.unblocks() : (options.unblocks ?? 0),
         ...(task === undefined ? {} : { task }),
         ...(options.failureSignature === undefined ? {} : { failureSignature: options.failureSignature }),

@@ -707,7 +707,7 @@ export class RegisterEngine implements Engine {
     checkNumeric(spec, ['task', 'unblocks'])
     // The same error either engine's request path gives (napi's own says only "no variant").
     if (spec.role !== undefined && spec.role !== null && ROLE_CODES[spec.role] === undefined) {
-      throw invalidArgument('`role` must be planner, reviewer or worker', 'role')
+      throw invalidArgument('`role` must be planner, reviewer, worker or auto', 'role')
     }
     this.#handle(now, { op: 'open_task', task: spec }, 'openTask')
   }

@@ -13,8 +13,12 @@ import type { AXES, EVENTS, LEASE_REQUEST_FIELDS, REJECT_REASONS, ROLES, USAGE_F
 /** An unsigned 64-bit integer: `number` up to 2^53 - 1, `bigint` above. */
 export type U64 = number | bigint
 
-/** An agent's role in the task graph; it sets the base queue weight (3 / 2 / 1). */
-export type Role = 'planner' | 'reviewer' | 'worker'
+/**
+ * An agent's role in the task graph; it sets the base queue weight (3 / 2 / 1). `auto`: the
+ * core decides — a planner while agents of its family (subagents naming it as their
+ * `family`) were seen within a rate window, unblocking that many, else a worker.
+ */
+export type Role = 'planner' | 'reviewer' | 'worker' | 'auto'
 
 /** A rate-limited dimension of a pool. */
 export type Axis = 'input_tokens' | 'output_tokens' | 'tokens' | 'requests'

@@ -26,7 +26,6 @@ import {
 } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
-import { Family } from './identity.js'
 import { parseExact, readState, writeChanged } from './store.js'
 import { Timeline } from './timeline.js'
 import { WaitLog } from './waitlog.js'
@@ -264,10 +263,10 @@ function unblocksOf(v, field = 'unblocks') {
   return n
 }
 
-const ROLES = ['planner', 'reviewer', 'worker']
+const ROLES = ['planner', 'reviewer', 'worker', 'auto']
 function roleOf(v, field = 'role') {
   if (v === undefined || v === null) return 'worker'
-  if (!ROLES.includes(v)) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be planner, reviewer or worker`), { field })
+  if (!ROLES.includes(v)) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be planner, reviewer, worker or auto`), { field })
   return v
 }
 
@@ -309,8 +308,6 @@ export class QuotaObject {
     this.epoch = null
     /** @type {AgentIds | null} */
     this.agentIds = null
-    /** Subagents and their parents, as proxied calls' session headers show them (identity.js). */
-    this.family = new Family()
     /** Task id → the agent credential's name that opened it (at most MAX_TASK_OWNERS). */
     this.taskOwners = new Map()
     /** Recent call events and the ceilings hit, in memory only (timeline.js). */
@@ -970,20 +967,18 @@ export class QuotaObject {
     // The client's session headers: who the call is when nothing above names it, and under
     // a name, which of that agent's subagents (a child of it: `alice/<subagent id>`).
     const session = tw.engine.callerIdentity([...request.headers], base)
-    const now = this.clock.now()
-    if (session !== null) this.family.seen(session, now)
-    // A parent with live subagents plans for them: its calls unblock them (capped by the core).
-    const children = session === null ? 0 : this.family.live(session.name, now)
     const agentName = session?.name ?? base ?? 'proxy'
     const agent = who !== null && agentName === who.name ? who.id : await this.#agentIds().id(agentName)
     // The family's root: by default the family shares one place in the fair order.
     const family = session?.root == null ? null : who !== null && session.root === who.name ? who.id : await this.#agentIds().id(session.root)
-    const role = roleOf(pick('role') ?? (children > 0 ? 'planner' : undefined), 'x-tokenwarden-role')
+    // No role named: the core's (`auto`: a planner for its subagents at work, which unblocks
+    // them, else a worker), as every host leaves it.
+    const role = roleOf(pick('role') ?? 'auto', 'x-tokenwarden-role')
     const task = pick('task')
     if (task !== null) {
       this.#own(taskId(task, 'x-tokenwarden-task'), who)
     }
-    const unblocks = pick('unblocks') ?? (children > 0 ? String(children) : null)
+    const unblocks = pick('unblocks')
     const signature = request.headers.get('x-tokenwarden-failure-signature')
     if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature))))
       throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })

@@ -72,7 +72,7 @@ function decoded(segment) {
   }
 }
 
-const ROLES = new Set(['planner', 'reviewer', 'worker'])
+const ROLES = new Set(['planner', 'reviewer', 'worker', 'auto'])
 
 /**
  * `/agents/a1/worker/task/fix/anthropic/v1/messages` → `/proxy/agent/a1/role/worker/task/fix/v1/messages`;
@@ -87,7 +87,7 @@ function agentPath(rest) {
   const credential = isCredential(p[2]) ? p[2] : null
   if (credential !== null) p[2] = credential.split('.')[2] ?? ''
   const role = p[3]
-  if (!ROLES.has(role)) throw new HttpError(404, 'not_found', `no such route: the role in /agents/<agent>/<role>/… must be planner, reviewer or worker, got ${JSON.stringify(role)}`)
+  if (!ROLES.has(role)) throw new HttpError(404, 'not_found', `no such route: the role in /agents/<agent>/<role>/… must be planner, reviewer, worker or auto, got ${JSON.stringify(role)}`)
   let i = 4
   const extra = []
   while ((p[i] === 'task' || p[i] === 'unblocks') && i + 1 < p.length) {

@@ -12,7 +12,6 @@ import { after, before, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
-import { CHILD_LIVE_MS, Family, MAX_CHILDREN, MAX_PARENTS } from '../src/identity.js'
 import { MAX_AGENT_LABELS, prometheusText } from '../src/prometheus.js'
 
 const outdir = fileURLToPath(new URL('../.build/identity/', import.meta.url))
@@ -134,7 +133,7 @@ test('a parent with a live subagent is served ahead of a plain worker queued bef
   assert.equal(settled.status, 200)
   await Promise.all([worker, main])
   const order = mock.log.slice(from).map((e) => (e.headers?.['user-agent'] ?? '').split(' ').pop())
-  assert.deepEqual(order, ['parent', 'worker'], 'the parent (planner, unblocks 1) goes first')
+  assert.deepEqual(order, ['parent', 'worker'], "the parent (the core's auto role: a planner unblocking its child) goes first")
   const m = await metrics('order')
   assert.equal(m.liveLeases, 0)
 })
@@ -142,21 +141,6 @@ test('a parent with a live subagent is served ahead of a plain worker queued bef
 // The naming rules themselves (Claude Code's and Codex's headers, families under a name)
 // are the provider crate's, tested there (`provider/src/identity.rs`); the proxy asks them
 // through the engine, which the workerd tests in this file go through.
-test('Family: children live a minute, and the table is bounded', () => {
-  const f = new Family()
-  f.seen({ name: 's/a', parent: 's' }, 1000)
-  f.seen({ name: 's/b', parent: 's' }, 2000)
-  f.seen({ name: 's', parent: null }, 2000)
-  assert.equal(f.live('s', 2000), 2)
-  assert.equal(f.live('s', 1000 + CHILD_LIVE_MS + 1), 1, 'a child is forgotten a minute after its last call')
-  assert.equal(f.live('s/a', 2000), 0)
-  for (let i = 0; i < MAX_CHILDREN + 10; i++) f.seen({ name: `p/${i}`, parent: 'p' }, 5000)
-  assert.equal(f.live('p', 5000), MAX_CHILDREN)
-  for (let i = 0; i < MAX_PARENTS + 10; i++) f.seen({ name: `q${i}/c`, parent: `q${i}` }, 6000)
-  assert.equal(f.live('q0', 6000), 0, 'the least recently seen parents are forgotten past the bound')
-  assert.equal(f.live(`q${MAX_PARENTS + 9}`, 6000), 1)
-})
-
 test('Prometheus: per-agent families by name, escaped, at most MAX_AGENT_LABELS labelled and the rest as other', () => {
   const agent = (i, name, extra = {}) => ({ agent: 1000 + i, name, activity: { state: 'idle' }, queued: 0, inFlight: 0, settled: i, lastSeen: i, alerting: false, ...extra })
   const agents = Array.from({ length: MAX_AGENT_LABELS + 5 }, (_, i) => agent(i, `bot-${i}`))

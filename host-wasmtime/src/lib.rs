@@ -538,7 +538,7 @@ macro_rules! guest {
 impl PluginCoordinator {
     /// See [`Coordinator::request_lease`](tokenwarden_core::Coordinator::request_lease).
     pub fn request_lease(&mut self, now: Millis, req: &LeaseRequest) -> Result<Decision, Error> {
-        let req = lease_request(req);
+        let req = lease_request(req)?;
         let r = guest!(self, |c, s, h| c.call_request_lease(s, h, now.0, req))?;
         r.map(decision).map_err(lease_error)
     }
@@ -646,7 +646,7 @@ impl PluginCoordinator {
         call: &mut Call,
         req: &LeaseRequest,
     ) -> Result<LeaseStep, Error> {
-        let (st, req) = (call_state(call), lease_request(req));
+        let (st, req) = (call_state(call), lease_request(req)?);
         let (st, step) = guest!(self, |c, s, h| c.call_call_lease(s, h, now.0, st, req))?
             .map_err(lease_error)?;
         *call = call_back(st);
@@ -720,7 +720,7 @@ impl PluginCoordinator {
     pub fn open_task(&mut self, now: Millis, spec: &TaskSpec) -> Result<(), Error> {
         let spec = w::TaskSpec {
             task: spec.task.0,
-            role: role_out(spec.role),
+            role: role_out(spec.role)?,
             unblocks: spec.unblocks,
         };
         guest!(self, |c, s, h| c.call_open_task(s, h, now.0, spec))?.map_err(lease_error)
@@ -810,7 +810,7 @@ impl PluginCoordinator {
     }
 }
 
-fn lease_request(r: &LeaseRequest) -> w::LeaseRequest {
+fn lease_request(r: &LeaseRequest) -> Result<w::LeaseRequest, Error> {
     // Destructured: a field the core adds fails to compile here until the WIT carries it.
     let LeaseRequest {
         agent,
@@ -825,26 +825,32 @@ fn lease_request(r: &LeaseRequest) -> w::LeaseRequest {
         task,
         family,
     } = *r;
-    w::LeaseRequest {
+    Ok(w::LeaseRequest {
         agent: agent.0,
         pool: pool.0,
         input_tokens,
         cached_prefix_tokens,
         cached_prefix_confirmed,
         max_tokens,
-        role: role_out(role),
+        role: role_out(role)?,
         unblocks,
         failure_signature,
         task: task.map(|t| t.0),
         family: family.map(|a| a.0),
-    }
+    })
 }
 
-fn role_out(r: Role) -> w::Role {
+/// A role as WIT 3's typed records carry it. `auto` (the core's choice by the agent's
+/// family) has no case there: it crosses the plugin through `handle`, as every input the
+/// typed functions do not carry.
+fn role_out(r: Role) -> Result<w::Role, Error> {
     match r {
-        Role::Planner => w::Role::Planner,
-        Role::Reviewer => w::Role::Reviewer,
-        Role::Worker => w::Role::Worker,
+        Role::Planner => Ok(w::Role::Planner),
+        Role::Reviewer => Ok(w::Role::Reviewer),
+        Role::Worker => Ok(w::Role::Worker),
+        Role::Auto => Err(incompatible(
+            "role `auto` crosses the plugin only through `handle` (wit v3's typed records have no such role)",
+        )),
     }
 }
 

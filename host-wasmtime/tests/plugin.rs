@@ -337,3 +337,27 @@ fn typed_calls_carry_every_field_of_the_cores_types() {
         );
     }
 }
+
+#[test]
+fn the_core_s_role_crosses_through_handle_and_the_typed_call_says_so() {
+    let mut c = plugin().coordinator(CONFIG, 1, Millis(0)).unwrap();
+    let auto = LeaseRequest {
+        role: tokenwarden_core::Role::Auto,
+        ..ask(1, 10)
+    };
+    // WIT 3's typed records have no `auto`: the typed call refuses it by name.
+    let e = c.request_lease(Millis(0), &auto).unwrap_err();
+    assert_eq!(e.code(), "plugin_incompatible");
+    assert!(e.to_string().contains("role `auto`"), "{e}");
+    // Through `handle` (the core's Input as JSON) the plugin takes it.
+    let out = c
+        .handle(
+            Millis(0),
+            &tokenwarden_core::Input::RequestLease { request: auto },
+        )
+        .unwrap();
+    assert!(
+        matches!(out, tokenwarden_core::Output::Granted { .. }),
+        "{out:?}"
+    );
+}

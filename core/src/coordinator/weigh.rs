@@ -18,7 +18,7 @@ use crate::weight::mul_permille;
 pub(super) fn weight(
     w: &WeightConfig,
     req: &LeaseRequest,
-    agent: &Agent,
+    (agent, members): (&Agent, u32),
     task: Option<&Task>,
     now: Millis,
 ) -> u128 {
@@ -26,10 +26,19 @@ pub(super) fn weight(
         Some(t) => (t.role, t.unblocks, t.repeats),
         None => (req.role, req.unblocks, agent.repeats),
     };
+    // `Role::Auto`: a planner for the `members` of its family seen lately (see `Role`).
+    let (role, unblocks) = match role {
+        Role::Auto if members > 0 => (
+            Role::Planner,
+            if unblocks == 0 { members } else { unblocks },
+        ),
+        Role::Auto => (Role::Worker, unblocks),
+        r => (r, unblocks),
+    };
     let base = match role {
         Role::Planner => w.planner,
         Role::Reviewer => w.reviewer,
-        Role::Worker => w.worker,
+        Role::Worker | Role::Auto => w.worker,
     };
     let unblocks = u128::from(unblocks.min(w.max_unblocks));
     let mut weight = mul_permille(

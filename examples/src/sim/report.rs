@@ -308,7 +308,9 @@ fn weight_of(sc: &Scenario, strategy: Strategy, agent: usize) -> u64 {
     u64::from(match role {
         Role::Planner => planner,
         Role::Reviewer => reviewer,
-        Role::Worker => worker,
+        // No scenario's agent leaves its role to the core (`auto` weighs as a worker
+        // without a family at work).
+        Role::Worker | Role::Auto => worker,
     })
 }
 
@@ -371,6 +373,7 @@ fn role_name(role: Role) -> &'static str {
         Role::Planner => "planner",
         Role::Reviewer => "reviewer",
         Role::Worker => "worker",
+        Role::Auto => "auto",
     }
 }
 
