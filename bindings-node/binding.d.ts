@@ -195,6 +195,12 @@ export declare function callShape(provider: string, body: string): string
  */
 export declare function countTokens(encoding: string, text: string): number
 
+/** The `count_tokens` request for a Messages body's JSON text: its counted fields. */
+export declare function countTokensBody(body: string): string
+
+/** How long to stop counting after a failed `count_tokens` (ms). */
+export declare function countTokensPause(status: number | undefined | null, retryAfter: string | undefined | null, unixNowMs: number, pauseMs: number): number
+
 /**
  * An error in the provider's format: its body (JSON text), or with `stream` one event of
  * its stream format. The type is the status's unless `type` names one; tokenwarden's

@@ -1763,3 +1763,32 @@ pub fn error_answer(
             .unwrap_or_default()
     })
 }
+
+/// `countTokensBody(body)`: the `count_tokens` request for a Messages body's JSON text (its
+/// counted fields, [`tokenwarden_provider::count_tokens::body`]), as JSON text.
+pub fn count_tokens_body(body: &str) -> Result<String, ArgError> {
+    let body = request_body(body)?;
+    Ok(serde_json::to_string(&tokenwarden_provider::count_tokens::body(&body)).unwrap_or_default())
+}
+
+/// `countTokensPause(status, retryAfter, unixNowMs, pauseMs)`: how long to stop counting
+/// after a failed count ([`tokenwarden_provider::count_tokens::pause_after_failure`]).
+pub fn count_tokens_pause(
+    status: Option<f64>,
+    retry_after: Option<&str>,
+    unix_now_ms: f64,
+    pause_ms: f64,
+) -> Result<f64, ArgError> {
+    let status = match status {
+        None => None,
+        Some(s) => Some(u16::try_from(u64_of(s, "status")?).unwrap_or(u16::MAX)),
+    };
+    let ms = tokenwarden_provider::count_tokens::pause_after_failure(
+        status,
+        retry_after,
+        u64_of(unix_now_ms, "unixNowMs")?,
+        u64_of(pause_ms, "pauseMs")?,
+    );
+    #[allow(clippy::cast_precision_loss)] // at most MAX_PAUSE_MS
+    Ok(ms as f64)
+}

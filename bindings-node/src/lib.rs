@@ -612,6 +612,31 @@ pub fn error_answer(
     })
 }
 
+/// The `count_tokens` request for a Messages body's JSON text: its counted fields.
+#[napi(js_name = "countTokensBody")]
+pub fn count_tokens_body(env: Env, body: String) -> napi::Result<String> {
+    js(&env, || tokenwarden_js_abi::count_tokens_body(&body))
+}
+
+/// How long to stop counting after a failed `count_tokens` (ms).
+#[napi(js_name = "countTokensPause")]
+pub fn count_tokens_pause(
+    env: Env,
+    status: Option<f64>,
+    retry_after: Option<String>,
+    unix_now_ms: f64,
+    pause_ms: f64,
+) -> napi::Result<f64> {
+    js(&env, || {
+        tokenwarden_js_abi::count_tokens_pause(
+            status,
+            retry_after.as_deref(),
+            unix_now_ms,
+            pause_ms,
+        )
+    })
+}
+
 /// A prompt's UTF-8 bytes split at Anthropic's last cache breakpoint:
 /// `{"prefix","rest"}` as JSON text.
 #[napi(js_name = "promptBytes")]

@@ -62,6 +62,8 @@ useProviderRules({
   callShape: (provider, body) => rules().callShape(provider, body),
   promptBytes: (provider, body) => rules().promptBytes(provider, body),
   errorAnswer: (provider, status, type, message, tokenwarden, stream) => rules().errorAnswer(provider, status, type, message, tokenwarden, stream),
+  countTokensBody: (body) => rules().countTokensBody(body),
+  countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => rules().countTokensPause(status, retryAfter, unixNowMs, pauseMs),
 })
 
 /** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */

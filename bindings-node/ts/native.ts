@@ -74,6 +74,20 @@ export const nativeProviderRules: ProviderRules = {
       throw normalizeEngineError(e, 'errorAnswer')
     }
   },
+  countTokensBody(body) {
+    try {
+      return addon().countTokensBody(body)
+    } catch (e) {
+      throw normalizeEngineError(e, 'countTokensBody')
+    }
+  },
+  countTokensPause(status, retryAfter, unixNowMs, pauseMs) {
+    try {
+      return addon().countTokensPause(status, retryAfter, unixNowMs, pauseMs)
+    } catch (e) {
+      throw normalizeEngineError(e, 'countTokensPause')
+    }
+  },
 }
 
 /** The addon's coordinator as an {@link Engine}. */

@@ -142,6 +142,8 @@ export function tokenizersFor(wasm, ranks) {
     callShape: (provider, body) => call('callShape', () => wasm.callShape(provider, body)),
     promptBytes: (provider, body) => call('promptBytes', () => wasm.promptBytes(provider, body)),
     errorAnswer: (provider, status, type, message, tokenwarden, stream) => call('errorAnswer', () => wasm.errorAnswer(provider, status, type ?? undefined, message, tokenwarden, stream)),
+    countTokensBody: (body) => call('countTokensBody', () => wasm.countTokensBody(body)),
+    countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => call('countTokensPause', () => wasm.countTokensPause(status ?? undefined, retryAfter ?? undefined, unixNowMs, pauseMs)),
   }
   return { tokenizer, counter, rules }
 }

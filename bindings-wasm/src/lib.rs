@@ -605,6 +605,28 @@ pub fn error_answer(
     )?)
 }
 
+/// The `count_tokens` request for a Messages body's JSON text: its counted fields.
+#[wasm_bindgen(js_name = countTokensBody)]
+pub fn count_tokens_body(body: &str) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::count_tokens_body(body)?)
+}
+
+/// How long to stop counting after a failed `count_tokens` (ms).
+#[wasm_bindgen(js_name = countTokensPause)]
+pub fn count_tokens_pause(
+    status: Option<f64>,
+    retry_after: Option<String>,
+    unix_now_ms: f64,
+    pause_ms: f64,
+) -> Result<f64, Thrown> {
+    Ok(tokenwarden_js_abi::count_tokens_pause(
+        status,
+        retry_after.as_deref(),
+        unix_now_ms,
+        pause_ms,
+    )?)
+}
+
 /// A prompt's UTF-8 bytes split at Anthropic's last cache breakpoint:
 /// `{"prefix","rest"}` as JSON text.
 #[wasm_bindgen(js_name = promptBytes)]

@@ -2,8 +2,10 @@
  * Anthropic's token counting endpoint (`POST /v1/messages/count_tokens`), as the opt-in
  * counter of {@link DefaultEstimator}: one request per prompt it has not seen, never in
  * the way of the model call for long (a timeout, then the byte rule), and quiet after a
- * failure (the endpoint has its own rate limit).
+ * failure (the endpoint has its own rate limit). This is its I/O; what it sends and how
+ * long it stays quiet are the provider crate's rules (`count_tokens`).
  */
+import { providerRules } from './rules.js'
 
 /** Options for counting Anthropic prompts with `count_tokens`. */
 export interface CountTokensOptions {
@@ -38,12 +40,10 @@ export interface CountTokensFailure {
 }
 
 const DEFAULT_TIMEOUT_MS = 2_000
+/** Counting stops this long after a failure by default (the provider crate's `count_tokens::PAUSE_MS`). */
 const DEFAULT_PAUSE_MS = 10_000
-const RATE_LIMITED_PAUSE_MS = 30_000
+/** The longest timeout or pause the options may set (the provider crate's `count_tokens::MAX_PAUSE_MS`). */
 const MAX_PAUSE_MS = 600_000
-
-/** The fields of a Messages request that `count_tokens` takes (and that count). */
-const COUNTED = ['model', 'system', 'messages', 'tools', 'tool_choice', 'thinking'] as const
 
 function optionError(field: string, what: string): TypeError {
   return Object.assign(new TypeError(`countTokens.${field} ${what}`), { code: 'invalid_argument', field: `countTokens.${field}` })
@@ -103,9 +103,8 @@ export class CountTokensClient {
    * timeout, a network error, an error status or a malformed answer (after pausing).
    */
   count(body: Record<string, unknown>): Promise<number> {
-    const counted: Record<string, unknown> = {}
-    for (const k of COUNTED) if (body[k] !== undefined) counted[k] = body[k]
-    const text = JSON.stringify(counted)
+    // The fields count_tokens takes: the provider crate's rule.
+    const text = providerRules().countTokensBody(JSON.stringify(body))
     const known = this.#inFlight.get(text)
     if (known !== undefined) return known
     const p = this.#send(text).finally(() => this.#inFlight.delete(text))
@@ -118,12 +117,12 @@ export class CountTokensClient {
     const abort = new AbortController()
     const timer = setTimeout(() => abort.abort(), this.#timeoutMs)
     let status: number | null = null
-    let retryAfterMs: number | null = null
+    let retryAfterValue: string | null = null
     try {
       const res = await (this.#fetch ?? globalThis.fetch)(this.#url, { method: 'POST', headers: this.#headers, body: text, signal: abort.signal })
       status = res.status
       if (!res.ok) {
-        retryAfterMs = retryAfter(res.headers.get('retry-after'))
+        retryAfterValue = res.headers.get('retry-after')
         await res.body?.cancel().catch(() => {})
         throw new Error(`count_tokens answered ${res.status}`)
       }
@@ -134,8 +133,9 @@ export class CountTokensClient {
     } catch (e) {
       this.failed++
       const message = abort.signal.aborted ? `count_tokens took longer than ${this.#timeoutMs} ms` : e instanceof Error ? e.message : String(e)
-      const rateLimited = status === 429 || status === 529
-      const pausedMs = Math.min(MAX_PAUSE_MS, rateLimited ? (retryAfterMs ?? RATE_LIMITED_PAUSE_MS) : this.#pauseMs)
+      // How long to stop counting: the provider crate's rule (a 429 / 529's Retry-After, read
+      // as the core reads the provider's; else the pause configured), at most 10 min.
+      const pausedMs = providerRules().countTokensPause(status, retryAfterValue, Date.now(), this.#pauseMs)
       this.#pausedUntil = Math.max(this.#pausedUntil, Date.now() + pausedMs)
       try {
         this.#onError?.({ status, message, pausedMs })
@@ -147,13 +147,4 @@ export class CountTokensClient {
       clearTimeout(timer)
     }
   }
-}
-
-/** `retry-after` in seconds (or an HTTP date), as milliseconds, or null. */
-function retryAfter(v: string | null): number | null {
-  if (v === null) return null
-  const s = Number(v)
-  if (Number.isFinite(s) && s >= 0) return Math.ceil(s * 1000)
-  const at = Date.parse(v)
-  return Number.isFinite(at) ? Math.max(0, at - Date.now()) : null
 }

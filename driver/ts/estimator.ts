@@ -9,6 +9,7 @@
 import { type CountTokensOptions, CountTokensClient } from './counttokens.js'
 import { invalidArgument } from './errors.js'
 import type { Provider } from './providers.js'
+import { type EstimatorCore, hasProviderRules, providerRules } from './rules.js'
 
 /** What the estimator sees of a request. */
 export interface EstimateInput {
@@ -82,64 +83,6 @@ export type CountText = (text: string) => number
 
 /** The byte-pair encodings of OpenAI's current models. */
 export type OpenAIEncoding = 'o200k_base' | 'cl100k_base'
-
-/**
- * The provider crate's estimator as an engine package exposes it (the napi addon's or the
- * wasm build's `Estimator`): bodies go in as JSON text, estimates come out as JSON text.
- */
-export interface EstimatorCore {
-  estimate(now: number, provider: string, model: string, body: string): string
-  observe(id: number, now: number, provider: string, model: string, body: string | null | undefined, actual: number, usage: string | null | undefined): boolean
-  forget(id: number): void
-  knowsPrefixOf(provider: string, model: string, body: string): boolean
-  recordPromptTokens(provider: string, model: string, body: string, tokens: number): void
-  ratios(provider: string, model: string): ArrayLike<number>
-  cachedPrefixes(): number
-  needsTokenizer(provider: string, model: string): string | null | undefined
-  /** Gives it `encoding`'s tokenizer (loading the ranks where the build does not hold them). */
-  useTokenizer(encoding: string): void | Promise<void>
-}
-
-/**
- * The provider crate's rules as an engine package exposes them ({@link useProviderRules}):
- * the estimator, where a request body keeps its model and output cap, and each provider's
- * error format.
- */
-export interface ProviderRules {
-  /** An estimator from its options' camelCase JSON. */
-  create(options: string): EstimatorCore
-  /** `{"model","maxTokens","stream"}` of a body's JSON text. */
-  callShape(provider: string, body: string): string
-  /** `{"prefix","rest"}` of a body's JSON text. */
-  promptBytes(provider: string, body: string): string
-  /**
-   * An error in the provider's format: its body (JSON text), or with `stream` one event of
-   * its stream format; `type` null: the status's.
-   */
-  errorAnswer(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string, stream: boolean): string
-}
-
-let source: ProviderRules | null = null
-
-/**
- * Sets where the provider crate's rules come from: the engine packages call it when they
- * are imported (`tokenwarden`: the native addon's, or the wasm build's where the addon does
- * not load; `tokenwarden-wasm`: its own), so the driver's estimators, request shapes and
- * error bodies are the provider crate's. With
- * `replace` false, only when none is set yet (the wasm package under the native package
- * that loaded it as its fallback).
- */
-export function useProviderRules(s: ProviderRules, replace = true): void {
-  if (s === null || typeof s !== 'object' || typeof s.create !== 'function') throw new TypeError('useProviderRules needs { create, callShape, promptBytes } from an engine package')
-  if (!replace && source !== null) return
-  source = s
-}
-
-/** The registered source, or a clear error. */
-export function providerRules(): ProviderRules {
-  if (source === null) throw new Error("no estimator: import an engine package ('tokenwarden' or 'tokenwarden-wasm'), whose estimator the driver runs")
-  return source
-}
 
 /** Options for {@link DefaultEstimator}. */
 export interface BytesPerTokenOptions {
@@ -241,7 +184,7 @@ export class DefaultEstimator implements Estimator {
     this.#counter = options.countTokens === undefined ? null : new CountTokensClient(options.countTokens)
     // Options out of range are refused now, not at the first estimate (when an engine
     // package is loaded; otherwise at the first estimate, with why).
-    if (source !== null) this.#core()
+    if (hasProviderRules()) this.#core()
   }
 
   #core(): EstimatorCore {

@@ -13,7 +13,9 @@ export type { RemoteOptions } from './remote.js'
 export type { TaskFailure, TaskOptions, TokenwardenOptions } from './tokenwarden.js'
 export { createFetch, agentIdFor, failureSignature, taskIdFor, DEFAULT_FIRST_BYTE_MS, DEFAULT_IDLE_MS } from './fetch.js'
 export type { FetchContext, FetchOptions, HeldCall, LongWait, UpstreamTimeouts } from './fetch.js'
-export { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, promptBytes, providerRules, useProviderRules } from './estimator.js'
+export { BytesPerTokenEstimator, CountTokensEstimator, DefaultEstimator, promptBytes } from './estimator.js'
+export { providerRules, useProviderRules } from './rules.js'
+export type { EstimatorCore, ProviderRules } from './rules.js'
 export type {
   BytesPerTokenOptions,
   CountText,
@@ -21,8 +23,6 @@ export type {
   Estimate,
   EstimateInput,
   Estimator,
-  EstimatorCore,
-  ProviderRules,
   Observation,
   ObservedUsage,
   OpenAIEncoding,

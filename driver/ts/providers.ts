@@ -6,7 +6,7 @@
  * (`tokenwarden-provider`), asked through the engine (`engine.modelCall`,
  * `engine.usageReader`).
  */
-import { providerRules } from './estimator.js'
+import { providerRules } from './rules.js'
 import type { Usage } from './types.js'
 
 /** A provider API the wrapper understands. */

@@ -2,7 +2,8 @@
 //! which requests are model calls, how a provider's answer reports what a call used
 //! ([`usage`]), who a call is by its client's session headers ([`mod@identity`]), and how
 //! many tokens a text is in OpenAI's byte-pair encodings ([`bpe`]); what a request costs
-//! ([`estimate`]); and how an error is answered in each provider's format ([`errors`]).
+//! ([`estimate`]), and how Anthropic's `count_tokens` is asked ([`count_tokens`]); and how an
+//! error is answered in each provider's format ([`errors`]).
 //!
 //! A model call is leased before it is sent; any other request (token counting, model
 //! lists, a batch, a stored response) passes through. The decision is made on the path as
@@ -26,6 +27,7 @@ extern crate alloc;
 use alloc::vec::Vec;
 
 pub mod bpe;
+pub mod count_tokens;
 pub mod errors;
 pub mod estimate;
 pub mod identity;

@@ -1,0 +1,76 @@
+/**
+ * The provider crate's rules as an engine package registers them with the driver: its
+ * estimator, where a request keeps its model and output cap, each provider's error format,
+ * and how Anthropic's `count_tokens` is asked. The driver's hosts call these; they keep no
+ * such rule of their own.
+ */
+/**
+ * The provider crate's estimator as an engine package exposes it (the napi addon's or the
+ * wasm build's `Estimator`): bodies go in as JSON text, estimates come out as JSON text.
+ */
+export interface EstimatorCore {
+  estimate(now: number, provider: string, model: string, body: string): string
+  observe(id: number, now: number, provider: string, model: string, body: string | null | undefined, actual: number, usage: string | null | undefined): boolean
+  forget(id: number): void
+  knowsPrefixOf(provider: string, model: string, body: string): boolean
+  recordPromptTokens(provider: string, model: string, body: string, tokens: number): void
+  ratios(provider: string, model: string): ArrayLike<number>
+  cachedPrefixes(): number
+  needsTokenizer(provider: string, model: string): string | null | undefined
+  /** Gives it `encoding`'s tokenizer (loading the ranks where the build does not hold them). */
+  useTokenizer(encoding: string): void | Promise<void>
+}
+
+/**
+ * The provider crate's rules as an engine package exposes them ({@link useProviderRules}):
+ * the estimator, where a request body keeps its model and output cap, and each provider's
+ * error format.
+ */
+export interface ProviderRules {
+  /** An estimator from its options' camelCase JSON. */
+  create(options: string): EstimatorCore
+  /** `{"model","maxTokens","stream"}` of a body's JSON text. */
+  callShape(provider: string, body: string): string
+  /** `{"prefix","rest"}` of a body's JSON text. */
+  promptBytes(provider: string, body: string): string
+  /**
+   * An error in the provider's format: its body (JSON text), or with `stream` one event of
+   * its stream format; `type` null: the status's.
+   */
+  errorAnswer(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string, stream: boolean): string
+  /** The `count_tokens` request for a Messages body's JSON text: the fields it counts. */
+  countTokensBody(body: string): string
+  /**
+   * How long to stop counting after a failed `count_tokens` (ms): a 429 / 529's
+   * `Retry-After`, else 30 s; any other failure `pauseMs`; at most 10 min.
+   */
+  countTokensPause(status: number | null, retryAfter: string | null, unixNowMs: number, pauseMs: number): number
+}
+
+let source: ProviderRules | null = null
+
+/**
+ * Sets where the provider crate's rules come from: the engine packages call it when they
+ * are imported (`tokenwarden`: the native addon's, or the wasm build's where the addon does
+ * not load; `tokenwarden-wasm`: its own), so the driver's estimators, request shapes and
+ * error bodies are the provider crate's. With
+ * `replace` false, only when none is set yet (the wasm package under the native package
+ * that loaded it as its fallback).
+ */
+export function useProviderRules(s: ProviderRules, replace = true): void {
+  if (s === null || typeof s !== 'object' || typeof s.create !== 'function')
+    throw new TypeError('useProviderRules needs { create, callShape, promptBytes, errorAnswer, countTokensBody, countTokensPause } from an engine package')
+  if (!replace && source !== null) return
+  source = s
+}
+
+/** The registered rules, or a clear error. */
+export function providerRules(): ProviderRules {
+  if (source === null) throw new Error("no provider rules: import an engine package ('tokenwarden' or 'tokenwarden-wasm'), whose provider crate the driver runs")
+  return source
+}
+
+/** Whether an engine package has registered its rules yet. */
+export function hasProviderRules(): boolean {
+  return source !== null
+}
