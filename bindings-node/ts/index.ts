@@ -56,7 +56,12 @@ export function tokenizers(encoding: OpenAIEncoding): CountText | Promise<CountT
  * formats): the native addon's where the engine chosen by default is native, else the wasm
  * build's.
  */
-const rules = (): ProviderRules => (engine().name === 'native' ? nativeProviderRules : wasmPackage().wasmProviderRules)
+let chosen: ProviderRules | null = null
+// Chosen once, at first use (every model call asks them): not `engine()` again per call.
+const rules = (): ProviderRules => {
+  chosen ??= engine().name === 'native' ? nativeProviderRules : wasmPackage().wasmProviderRules
+  return chosen
+}
 useProviderRules({
   create: (options) => rules().create(options),
   callShape: (provider, body) => rules().callShape(provider, body),

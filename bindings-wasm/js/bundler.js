@@ -2,7 +2,7 @@
 // the .wasm as an ES module and is ready once imported.
 import * as wasm from '../pkg/bundler/tokenwarden_wasm.js'
 import { useProviderRules } from 'tokenwarden-driver'
-import { enginesFor, fetchedRanks, tokenizersFor, tokenwardenFor } from './engine.js'
+import { enginesFor, fetchedRanks, providerRulesFor, tokenwardenFor } from './engine.js'
 
 export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
@@ -11,11 +11,11 @@ export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */
 export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
 /** The tokenizers (the ranks fetched from `data/` beside this file when first needed). */
-const tokenizers = tokenizersFor(wasm, fetchedRanks)
+const provider = providerRulesFor(wasm, fetchedRanks)
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
-export const wasmTokenizers = tokenizers.counter
+export const wasmTokenizers = provider.counter
 /** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
-export const wasmProviderRules = tokenizers.rules
+export const wasmProviderRules = provider.rules
 useProviderRules(wasmProviderRules, false)
 /** Ready once imported; here for symmetry with `web`. */
 export async function init() {}

@@ -87,7 +87,7 @@ export function enginesFor(wasm) {
  * (`useProviderRules`: its estimator, handed the tokenizer when an estimate first needs it,
  * request shapes, error formats).
  */
-export function tokenizersFor(wasm, ranks) {
+export function providerRulesFor(wasm, ranks) {
   const loaded = new Map()
   const tokenizer = (encoding) => {
     if (encoding !== 'o200k_base' && encoding !== 'cl100k_base') throw invalidArgument(`encoding must be o200k_base or cl100k_base, got ${JSON.stringify(encoding)}`, 'encoding')

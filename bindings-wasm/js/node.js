@@ -2,7 +2,7 @@
 import { readFileSync } from 'node:fs'
 import { useProviderRules } from 'tokenwarden-driver'
 import wasm from '../pkg/nodejs/tokenwarden_wasm.js'
-import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
+import { enginesFor, providerRulesFor, tokenwardenFor } from './engine.js'
 
 export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
@@ -11,13 +11,13 @@ export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */
 export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
 /** The tokenizers (the ranks read from `data/` beside this file when first needed). */
-const tokenizers = tokenizersFor(wasm, (encoding) =>
+const provider = providerRulesFor(wasm, (encoding) =>
   readFileSync(encoding === 'o200k_base' ? new URL('../data/o200k_base.bpe', import.meta.url) : new URL('../data/cl100k_base.bpe', import.meta.url)),
 )
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
-export const wasmTokenizers = tokenizers.counter
+export const wasmTokenizers = provider.counter
 /** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
-export const wasmProviderRules = tokenizers.rules
+export const wasmProviderRules = provider.rules
 useProviderRules(wasmProviderRules, false)
 /** The build is ready as soon as it is imported; here for symmetry with `web`. */
 export async function init() {}

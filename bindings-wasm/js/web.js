@@ -2,16 +2,16 @@
 // module, or takes a URL, Response, bytes or a compiled WebAssembly.Module).
 import initWasm, * as wasm from '../pkg/web/tokenwarden_wasm.js'
 import { useProviderRules } from 'tokenwarden-driver'
-import { enginesFor, fetchedRanks, tokenizersFor, tokenwardenFor } from './engine.js'
+import { enginesFor, fetchedRanks, providerRulesFor, tokenwardenFor } from './engine.js'
 
 export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
 /** The tokenizers (the ranks fetched from `data/` beside this file when first needed). */
-const tokenizers = tokenizersFor(wasm, fetchedRanks)
+const provider = providerRulesFor(wasm, fetchedRanks)
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
-export const wasmTokenizers = tokenizers.counter
+export const wasmTokenizers = provider.counter
 /** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
-export const wasmProviderRules = tokenizers.rules
+export const wasmProviderRules = provider.rules
 useProviderRules(wasmProviderRules, false)
 /** Loads and instantiates the .wasm; resolves when engines can be created. */
 export async function init(input) {

@@ -4,7 +4,7 @@ import { initSync } from '../pkg/web/tokenwarden_wasm.js'
 import * as wasm from '../pkg/web/tokenwarden_wasm.js'
 import module from '../pkg/web/tokenwarden_wasm_bg.wasm'
 import { useProviderRules } from 'tokenwarden-driver'
-import { enginesFor, tokenizersFor, tokenwardenFor } from './engine.js'
+import { enginesFor, providerRulesFor, tokenwardenFor } from './engine.js'
 
 initSync({ module })
 
@@ -19,13 +19,13 @@ export const createTokenwarden = tokenwardenFor(wasmEngines, wasm.randomSeed)
  * (`data/*.bpe`; a bundler copies them, and the runtime's module rules load `.bpe` as
  * `Data`), imported when first needed.
  */
-const tokenizers = tokenizersFor(wasm, async (encoding) =>
+const provider = providerRulesFor(wasm, async (encoding) =>
   (encoding === 'o200k_base' ? await import('../data/o200k_base.bpe') : await import('../data/cl100k_base.bpe')).default,
 )
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */
-export const wasmTokenizers = tokenizers.counter
+export const wasmTokenizers = provider.counter
 /** The provider crate's rules the driver runs (its estimator, request shapes, error formats; registered on import). */
-export const wasmProviderRules = tokenizers.rules
+export const wasmProviderRules = provider.rules
 useProviderRules(wasmProviderRules, false)
 /** Already initialised; here for symmetry with `web`. */
 export async function init() {}

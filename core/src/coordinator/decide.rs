@@ -264,10 +264,8 @@ impl Coordinator {
         };
         // The family members a request with the core's role (`Role::Auto`) plans for: those
         // seen within a rate window (before this ask marks the agent seen).
-        let auto = task
-            .and_then(|t| self.tasks.get(t))
-            .map_or(req.role, |t| t.role)
-            == crate::request::Role::Auto;
+        let task_state = task.and_then(|t| self.tasks.get(t));
+        let auto = task_state.map_or(req.role, |t| t.role) == crate::request::Role::Auto;
         let seen = if auto {
             let since = Millis(now.0.saturating_sub(self.config.window_ms));
             self.agents.members_seen(agent_slot, since)
@@ -297,7 +295,6 @@ impl Coordinator {
         // or withdrawn ask keeps that) is placed by at most a quantum of its share (see
         // `weights.quantum_permille`).
         let first = agent.pools.get(p as usize).is_none_or(|a| !a.served);
-        let task_state = task.and_then(|t| self.tasks.get(t));
         let weight =
             (weight(&self.config.weights, req, (agent, seen), task_state, now) / members).max(1);
         let (last_vfinish, last_small, held, warm_until) =
