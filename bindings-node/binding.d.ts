@@ -79,10 +79,16 @@ export declare class Coordinator {
    */
   callerIdentity(headers: string, base?: string | undefined | null): string
   /**
-   * A reader of one answer's usage for `api` (as `modelCall` names it): a
-   * server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
+   * One send of an `api` call (as `modelCall` names it), sent at `now` under a lease
+   * with `leaseLeftMs` to run, with the timeouts `exchangeTimeouts` answers (see
+   * `Exchange`).
    */
-  usageReader(api: string, stream: boolean): UsageReader
+  exchange(api: string, now: number, leaseLeftMs: number, firstByteMs: number, idleMs: number): Exchange
+  /**
+   * The upstream timeouts from a host's options (`undefined`: the default, `Infinity`:
+   * none): `[firstByteMs, idleMs]`, `Infinity` for none.
+   */
+  exchangeTimeouts(firstByteMs?: number | undefined | null, idleMs?: number | undefined | null): Array<number>
   /** Pool names, by index. */
   get pools(): Array<string>
   /** The configuration as JSON (the shape the constructor takes). */
@@ -165,20 +171,37 @@ export declare class Estimator {
 }
 
 /**
- * Reads one provider answer's usage as it passes through (the provider crate's reader):
- * `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
- * short.
+ * One send of a model call: the core's machine for renewal, timeouts, delivery and the
+ * lease's end, with the provider crate's reader of the answer's usage. Every event answers
+ * bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
  */
-export declare class UsageReader {
-  /** Feeds the next piece of the body. */
-  push(chunk: Uint8Array): void
-  /**
-   * The body ended cleanly: `{"usage": …, "seen": …}` as JSON text (the usage reported
-   * in full, or `null`; what the answer showed).
-   */
-  end(): string
-  /** What the answer showed so far, as JSON text (a usage object or `null`). */
-  seen(): string
+export declare class Exchange {
+  /** The head came at `now`: `answer` is `settled`, `empty`, `json` or `stream`. */
+  answered(now: number, answer: string, leaseLeftMs: number): number
+  /** The caller waits for the next piece from `now`. */
+  reading(now: number): number
+  /** A piece of the body came at `now`. */
+  push(now: number, chunk: Uint8Array): number
+  /** The body ended cleanly at `now`. */
+  end(now: number): number
+  /** The body broke or was cancelled. */
+  broken(): number
+  /** No answer came, or the core could not take it in. */
+  failed(): number
+  /** The timer fired at `now`. */
+  timeout(now: number): number
+  /** The renewal was answered at `now`: the lease has `leaseLeftMs` to run. */
+  renewed(now: number, leaseLeftMs: number): number
+  /** The renewal was refused (`gone`: the lease is unknown). */
+  renewRefused(gone: boolean): number
+  /** The settle was refused (`gone`: the lease had ended). */
+  settleRefused(gone: boolean): number
+  /** The interrupted end was refused (`gone`: the lease had ended). */
+  interruptedRefused(gone: boolean): number
+  /** When to call `timeout` next, on the host's clock; -1 for never. */
+  deadline(): number
+  /** The actions waiting, as JSON text (an array; see the package's `ExchangeAction`). */
+  actions(): string
 }
 
 /**

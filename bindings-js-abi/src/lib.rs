@@ -195,7 +195,7 @@ fn not_u32(n: f64, what: &str) -> ArgError {
 
 /// A number for a message, without Rust's float formatting (~15 KB of wasm): integers as
 /// integers, anything else by kind.
-fn shown(n: f64) -> String {
+pub(crate) fn shown(n: f64) -> String {
     if n.is_nan() {
         "NaN".into()
     } else if n.is_infinite() {
@@ -527,50 +527,7 @@ pub fn model_call(method: &str, target: &str) -> Option<&'static str> {
     tokenwarden_provider::model_call(method, target).map(tokenwarden_provider::Api::name)
 }
 
-/// A reader of one answer's usage ([`tokenwarden_provider::UsageReader`]) for the API
-/// named as [`model_call`] names it; `stream`: a server-sent-event stream, else a JSON body.
-pub fn usage_reader(
-    api: &str,
-    stream: bool,
-) -> Result<tokenwarden_provider::UsageReader, ArgError> {
-    use tokenwarden_provider::{Api, Format, UsageReader};
-    let api = match api {
-        "anthropic_messages" => Api::AnthropicMessages,
-        "openai_chat" => Api::OpenaiChat,
-        "openai_responses" => Api::OpenaiResponses,
-        other => {
-            return Err(ArgError::range(
-                "invalid_argument",
-                format!(
-                    "`api` must be anthropic_messages, openai_chat or openai_responses, got {other:?}"
-                ),
-            )
-            .with_field("api"));
-        }
-    };
-    Ok(UsageReader::new(Format::from(api), stream))
-}
-
-/// The end of an answer read by a [`usage_reader`]: `{"usage": …, "seen": …}` as JSON text
-/// (camelCase usage objects, or `null`): the usage it reported in full, and what it showed
-/// (for a call cut short).
-pub fn usage_end(reader: &mut tokenwarden_provider::UsageReader) -> String {
-    reader.end();
-    format!(
-        r#"{{"usage":{},"seen":{}}}"#,
-        usage_json(reader.usage()),
-        usage_json(reader.seen())
-    )
-}
-
-/// What an answer read by a [`usage_reader`] showed so far (a call cut short), as JSON
-/// text: a camelCase usage object, or `null`.
-#[must_use]
-pub fn usage_seen(reader: &tokenwarden_provider::UsageReader) -> String {
-    usage_json(reader.seen())
-}
-
-fn usage_json(u: Option<tokenwarden_provider::Usage>) -> String {
+pub(crate) fn usage_json(u: Option<tokenwarden_provider::Usage>) -> String {
     match u {
         None => "null".into(),
         Some(u) => format!(
@@ -647,6 +604,8 @@ pub fn plan_fleet(json: &str) -> Result<String, ArgError> {
         })
         .ok_or_else(|| ArgError::range("internal", "the plan does not serialize".into()))
 }
+
+pub mod exchange;
 
 pub mod io {
     //! The register file of the hot calls.

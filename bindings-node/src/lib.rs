@@ -166,12 +166,42 @@ impl Coordinator {
         })
     }
 
-    /// A reader of one answer's usage for `api` (as `modelCall` names it): a
-    /// server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
+    /// One send of an `api` call (as `modelCall` names it), sent at `now` under a lease
+    /// with `leaseLeftMs` to run, with the timeouts `exchangeTimeouts` answers (see
+    /// `Exchange`).
     #[napi]
-    pub fn usage_reader(&self, env: Env, api: String, stream: bool) -> napi::Result<UsageReader> {
+    pub fn exchange(
+        &self,
+        env: Env,
+        api: String,
+        now: f64,
+        lease_left_ms: f64,
+        first_byte_ms: f64,
+        idle_ms: f64,
+    ) -> napi::Result<Exchange> {
         js(&env, || {
-            tokenwarden_js_abi::usage_reader(&api, stream).map(|inner| UsageReader { inner })
+            tokenwarden_js_abi::exchange::Exchange::sent(
+                &api,
+                now,
+                lease_left_ms,
+                first_byte_ms,
+                idle_ms,
+            )
+            .map(|inner| Exchange { inner })
+        })
+    }
+
+    /// The upstream timeouts from a host's options (`undefined`: the default, `Infinity`:
+    /// none): `[firstByteMs, idleMs]`, `Infinity` for none.
+    #[napi]
+    pub fn exchange_timeouts(
+        &self,
+        env: Env,
+        first_byte_ms: Option<f64>,
+        idle_ms: Option<f64>,
+    ) -> napi::Result<Vec<f64>> {
+        js(&env, || {
+            tokenwarden_js_abi::exchange::timeouts(first_byte_ms, idle_ms).map(Vec::from)
         })
     }
 
@@ -644,32 +674,97 @@ pub fn prompt_bytes(env: Env, provider: String, body: String) -> napi::Result<St
     js(&env, || tokenwarden_js_abi::prompt_bytes(&provider, &body))
 }
 
-/// Reads one provider answer's usage as it passes through (the provider crate's reader):
-/// `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
-/// short.
+/// One send of a model call: the core's machine for renewal, timeouts, delivery and the
+/// lease's end, with the provider crate's reader of the answer's usage. Every event answers
+/// bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
 #[napi]
-pub struct UsageReader {
-    inner: tokenwarden_js_abi::provider::UsageReader,
+pub struct Exchange {
+    inner: tokenwarden_js_abi::exchange::Exchange,
 }
 
 #[napi]
-impl UsageReader {
-    /// Feeds the next piece of the body.
+impl Exchange {
+    /// The head came at `now`: `answer` is `settled`, `empty`, `json` or `stream`.
     #[napi]
-    pub fn push(&mut self, chunk: Uint8Array) {
-        self.inner.push(&chunk);
+    pub fn answered(
+        &mut self,
+        env: Env,
+        now: f64,
+        answer: String,
+        lease_left_ms: f64,
+    ) -> napi::Result<u32> {
+        js(&env, || self.inner.answered(now, &answer, lease_left_ms))
     }
 
-    /// The body ended cleanly: `{"usage": …, "seen": …}` as JSON text (the usage reported
-    /// in full, or `null`; what the answer showed).
+    /// The caller waits for the next piece from `now`.
     #[napi]
-    pub fn end(&mut self) -> String {
-        tokenwarden_js_abi::usage_end(&mut self.inner)
+    pub fn reading(&mut self, env: Env, now: f64) -> napi::Result<u32> {
+        js(&env, || self.inner.reading(now))
     }
 
-    /// What the answer showed so far, as JSON text (a usage object or `null`).
+    /// A piece of the body came at `now`.
     #[napi]
-    pub fn seen(&self) -> String {
-        tokenwarden_js_abi::usage_seen(&self.inner)
+    pub fn push(&mut self, env: Env, now: f64, chunk: Uint8Array) -> napi::Result<u32> {
+        js(&env, || self.inner.push(now, &chunk))
+    }
+
+    /// The body ended cleanly at `now`.
+    #[napi]
+    pub fn end(&mut self, env: Env, now: f64) -> napi::Result<u32> {
+        js(&env, || self.inner.end(now))
+    }
+
+    /// The body broke or was cancelled.
+    #[napi]
+    pub fn broken(&mut self) -> u32 {
+        self.inner.broken()
+    }
+
+    /// No answer came, or the core could not take it in.
+    #[napi]
+    pub fn failed(&mut self) -> u32 {
+        self.inner.failed()
+    }
+
+    /// The timer fired at `now`.
+    #[napi]
+    pub fn timeout(&mut self, env: Env, now: f64) -> napi::Result<u32> {
+        js(&env, || self.inner.timeout(now))
+    }
+
+    /// The renewal was answered at `now`: the lease has `leaseLeftMs` to run.
+    #[napi]
+    pub fn renewed(&mut self, env: Env, now: f64, lease_left_ms: f64) -> napi::Result<u32> {
+        js(&env, || self.inner.renewed(now, lease_left_ms))
+    }
+
+    /// The renewal was refused (`gone`: the lease is unknown).
+    #[napi]
+    pub fn renew_refused(&mut self, gone: bool) -> u32 {
+        self.inner.renew_refused(gone)
+    }
+
+    /// The settle was refused (`gone`: the lease had ended).
+    #[napi]
+    pub fn settle_refused(&mut self, gone: bool) -> u32 {
+        self.inner.settle_refused(gone)
+    }
+
+    /// The interrupted end was refused (`gone`: the lease had ended).
+    #[napi]
+    pub fn interrupted_refused(&mut self, gone: bool) -> u32 {
+        self.inner.interrupted_refused(gone)
+    }
+
+    /// When to call `timeout` next, on the host's clock; -1 for never.
+    #[napi]
+    pub fn deadline(&self) -> f64 {
+        self.inner.deadline()
+    }
+
+    /// The actions waiting, as JSON text (an array; see the package's `ExchangeAction`).
+    #[napi]
+    pub fn actions(&mut self) -> String {
+        self.inner.actions()
     }
 }

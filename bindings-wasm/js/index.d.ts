@@ -10,7 +10,8 @@ export declare class WasmEngine implements Engine {
   readonly pools: readonly string[]
   poolId(name: string): number | null
   modelCall: Engine['modelCall']
-  usageReader: Engine['usageReader']
+  exchange: Engine['exchange']
+  exchangeTimeouts: Engine['exchangeTimeouts']
   callerIdentity: Engine['callerIdentity']
   requestLease: Engine['requestLease']
   settle: Engine['settle']

@@ -129,8 +129,11 @@ export class WasmRegisters {
   modelCall(method, target) {
     return this.#c.modelCall(method, target)
   }
-  usageReader(api, stream) {
-    return this.#c.usageReader(api, stream)
+  exchange(api, now, leaseLeftMs, firstByteMs, idleMs) {
+    return this.#c.exchange(api, now, leaseLeftMs, firstByteMs, idleMs)
+  }
+  exchangeTimeouts(firstByteMs, idleMs) {
+    return Array.from(this.#c.exchangeTimeouts(firstByteMs, idleMs))
   }
   callerIdentity(headers, base) {
     return this.#c.callerIdentity(headers, base)

@@ -207,12 +207,38 @@ impl Coordinator {
         tokenwarden_js_abi::caller_identity(headers, base.as_deref()).map_err(Thrown::from)
     }
 
-    /// A reader of one answer's usage for `api` (as `modelCall` names it): a
-    /// server-sent-event stream when `stream`, else a JSON body (see `UsageReader`).
-    #[wasm_bindgen(js_name = usageReader)]
-    pub fn usage_reader(&self, api: &str, stream: bool) -> Result<UsageReader, Thrown> {
-        tokenwarden_js_abi::usage_reader(api, stream)
-            .map(|inner| UsageReader { inner })
+    /// One send of an `api` call (as `modelCall` names it), sent at `now` under a lease
+    /// with `leaseLeftMs` to run, with the timeouts `exchangeTimeouts` answers (see
+    /// `Exchange`).
+    pub fn exchange(
+        &self,
+        api: &str,
+        now: f64,
+        lease_left_ms: f64,
+        first_byte_ms: f64,
+        idle_ms: f64,
+    ) -> Result<Exchange, Thrown> {
+        tokenwarden_js_abi::exchange::Exchange::sent(
+            api,
+            now,
+            lease_left_ms,
+            first_byte_ms,
+            idle_ms,
+        )
+        .map(|inner| Exchange { inner })
+        .map_err(Thrown::from)
+    }
+
+    /// The upstream timeouts from a host's options (`undefined`: the default, `Infinity`:
+    /// none): `[firstByteMs, idleMs]`, `Infinity` for none.
+    #[wasm_bindgen(js_name = exchangeTimeouts)]
+    pub fn exchange_timeouts(
+        &self,
+        first_byte_ms: Option<f64>,
+        idle_ms: Option<f64>,
+    ) -> Result<Vec<f64>, Thrown> {
+        tokenwarden_js_abi::exchange::timeouts(first_byte_ms, idle_ms)
+            .map(Vec::from)
             .map_err(Thrown::from)
     }
 
@@ -634,29 +660,83 @@ pub fn prompt_bytes(provider: &str, body: &str) -> Result<String, Thrown> {
     Ok(tokenwarden_js_abi::prompt_bytes(provider, body)?)
 }
 
-/// Reads one provider answer's usage as it passes through (the provider crate's reader):
-/// `push` each piece of the body, then `end()` at its clean end, or `seen()` for a call cut
-/// short.
+/// One send of a model call: the core's machine for renewal, timeouts, delivery and the
+/// lease's end, with the provider crate's reader of the answer's usage. Every event answers
+/// bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
 #[wasm_bindgen]
-pub struct UsageReader {
-    inner: tokenwarden_js_abi::provider::UsageReader,
+pub struct Exchange {
+    inner: tokenwarden_js_abi::exchange::Exchange,
 }
 
 #[wasm_bindgen]
-impl UsageReader {
-    /// Feeds the next piece of the body.
-    pub fn push(&mut self, chunk: &[u8]) {
-        self.inner.push(chunk);
+impl Exchange {
+    /// The head came at `now`: `answer` is `settled`, `empty`, `json` or `stream`.
+    pub fn answered(&mut self, now: f64, answer: &str, lease_left_ms: f64) -> Result<u32, Thrown> {
+        self.inner
+            .answered(now, answer, lease_left_ms)
+            .map_err(Thrown::from)
     }
 
-    /// The body ended cleanly: `{"usage": …, "seen": …}` as JSON text (the usage reported
-    /// in full, or `null`; what the answer showed).
-    pub fn end(&mut self) -> String {
-        tokenwarden_js_abi::usage_end(&mut self.inner)
+    /// The caller waits for the next piece from `now`.
+    pub fn reading(&mut self, now: f64) -> Result<u32, Thrown> {
+        self.inner.reading(now).map_err(Thrown::from)
     }
 
-    /// What the answer showed so far, as JSON text (a usage object or `null`).
-    pub fn seen(&self) -> String {
-        tokenwarden_js_abi::usage_seen(&self.inner)
+    /// A piece of the body came at `now`.
+    pub fn push(&mut self, now: f64, chunk: &[u8]) -> Result<u32, Thrown> {
+        self.inner.push(now, chunk).map_err(Thrown::from)
+    }
+
+    /// The body ended cleanly at `now`.
+    pub fn end(&mut self, now: f64) -> Result<u32, Thrown> {
+        self.inner.end(now).map_err(Thrown::from)
+    }
+
+    /// The body broke or was cancelled.
+    pub fn broken(&mut self) -> u32 {
+        self.inner.broken()
+    }
+
+    /// No answer came, or the core could not take it in.
+    pub fn failed(&mut self) -> u32 {
+        self.inner.failed()
+    }
+
+    /// The timer fired at `now`.
+    pub fn timeout(&mut self, now: f64) -> Result<u32, Thrown> {
+        self.inner.timeout(now).map_err(Thrown::from)
+    }
+
+    /// The renewal was answered at `now`: the lease has `leaseLeftMs` to run.
+    pub fn renewed(&mut self, now: f64, lease_left_ms: f64) -> Result<u32, Thrown> {
+        self.inner.renewed(now, lease_left_ms).map_err(Thrown::from)
+    }
+
+    /// The renewal was refused (`gone`: the lease is unknown).
+    #[wasm_bindgen(js_name = renewRefused)]
+    pub fn renew_refused(&mut self, gone: bool) -> u32 {
+        self.inner.renew_refused(gone)
+    }
+
+    /// The settle was refused (`gone`: the lease had ended).
+    #[wasm_bindgen(js_name = settleRefused)]
+    pub fn settle_refused(&mut self, gone: bool) -> u32 {
+        self.inner.settle_refused(gone)
+    }
+
+    /// The interrupted end was refused (`gone`: the lease had ended).
+    #[wasm_bindgen(js_name = interruptedRefused)]
+    pub fn interrupted_refused(&mut self, gone: bool) -> u32 {
+        self.inner.interrupted_refused(gone)
+    }
+
+    /// When to call `timeout` next, on the host's clock; -1 for never.
+    pub fn deadline(&self) -> f64 {
+        self.inner.deadline()
+    }
+
+    /// The actions waiting, as JSON text (an array; see the package's `ExchangeAction`).
+    pub fn actions(&mut self) -> String {
+        self.inner.actions()
     }
 }

@@ -129,6 +129,7 @@ mod config;
 mod coordinator;
 mod decision;
 mod error;
+mod exchange;
 pub mod headers;
 mod history;
 mod ids;
@@ -156,6 +157,7 @@ pub use config::{
 pub use coordinator::{Coordinator, Snapshot};
 pub use decision::{Decision, Event, MarginReason, RejectReason, Settlement};
 pub use error::{ConfigError, FieldPath, LeaseError, RestoreError};
+pub use exchange::{Action, Answer, Exchange, HOLD_BYTES, Timeout, Timeouts};
 pub use headers::{HeaderReport, parse_headers};
 pub use ids::LeaseId;
 pub use ids::{AgentId, PoolId, TaskId};

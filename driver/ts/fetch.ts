@@ -18,8 +18,8 @@ import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
 import { LeaseRejectedError, TokenwardenError } from './errors.js'
 import { BytesPerTokenEstimator, type Estimate, type EstimateInput, type Estimator } from './estimator.js'
-import { MAX_COUNT, type Provider, callShape, promptTokens, providerErrorBody } from './providers.js'
-import { type CallStep, type ModelApi, type Role, type U64, type Usage, newCall } from './types.js'
+import { type Provider, callShape, promptTokens, providerErrorBody } from './providers.js'
+import { type CallStep, type Exchange, type ExchangeAction, type ModelApi, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
 export interface FetchOptions {
@@ -86,9 +86,10 @@ export interface FetchOptions {
 }
 
 /**
- * Upstream timeouts of a wrapped `fetch`, ms; `Infinity` turns one off. The defaults are
- * generous on purpose: a non-streamed call to a large model sends nothing until the whole
- * answer is ready, which can take minutes, and the official SDKs wait 10 minutes for one.
+ * Upstream timeouts of a wrapped `fetch`, ms (whole milliseconds from 1 to 30 days);
+ * `Infinity` turns one off. The defaults (the core's) are generous on purpose: a
+ * non-streamed call to a large model sends nothing until the whole answer is ready, which
+ * can take minutes, and the official SDKs wait 10 minutes for one.
  */
 export interface UpstreamTimeouts {
   /** From sending until the response's headers arrive (default 600,000: 10 minutes). */
@@ -97,32 +98,8 @@ export interface UpstreamTimeouts {
   idleMs?: number
 }
 
-/** The default {@link UpstreamTimeouts.firstByteMs}: 10 minutes, as the official SDKs' own request timeout. */
-export const DEFAULT_FIRST_BYTE_MS = 600_000
-/** The default {@link UpstreamTimeouts.idleMs}: 5 minutes without a byte from a body being read. */
-export const DEFAULT_IDLE_MS = 300_000
-/**
- * A JSON answer up to this size is read whole before the caller gets it (the provider
- * crate's reader parses a body of up to 1 MiB whole); a larger one streams through.
- */
-const HOLD_BYTES = (1 << 20) + 1
-/** The longest finite timeout (a timer's limit, about 24.8 days). */
-const MAX_TIMEOUT_MS = 2_147_483_647
-
-function timeoutOption(options: FetchOptions, name: keyof UpstreamTimeouts, fallback: number): number {
-  const v = options.timeouts?.[name]
-  if (v === undefined) return fallback
-  if (v === Number.POSITIVE_INFINITY) return v
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_TIMEOUT_MS) {
-    const err = new RangeError(
-      `fetch(): timeouts.${name} must be an integer number of milliseconds from 1 to ${MAX_TIMEOUT_MS}, or Infinity for none; got ${typeof v === 'number' ? v : typeof v}`,
-    ) as RangeError & { code: string; field: string }
-    err.code = 'invalid_argument'
-    err.field = `timeouts.${name}`
-    throw err
-  }
-  return v
-}
+/** The longest a timer is set for (a JavaScript timer's limit, about 24.8 days): a later deadline is reached in steps. */
+const MAX_TIMER_MS = 2_147_483_647
 
 /** What {@link FetchOptions.onLongWait} is told about the wait ahead. */
 export interface LongWait {
@@ -254,10 +231,7 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
   if (options.timeouts !== undefined && (options.timeouts === null || typeof options.timeouts !== 'object')) {
     throw Object.assign(new TypeError('fetch(): `timeouts` must be an object: { firstByteMs?, idleMs? }'), { code: 'invalid_argument', field: 'timeouts' })
   }
-  const timeouts = {
-    firstByteMs: timeoutOption(options, 'firstByteMs', DEFAULT_FIRST_BYTE_MS),
-    idleMs: timeoutOption(options, 'idleMs', DEFAULT_IDLE_MS),
-  }
+  const timeouts = driver.engine.exchangeTimeouts(options.timeouts?.firstByteMs, options.timeouts?.idleMs)
 
   const call = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
     const send = options.fetch ?? globalThis.fetch
@@ -342,18 +316,15 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       // This attempt's own signal: the caller's, and a timeout's abort of the request.
       const upstream = new AbortController()
       const sendSignal = signal === null ? upstream.signal : AbortSignal.any([signal, upstream.signal])
+      // The rest of the call is the core's exchange: renewal, timeouts, the lease's end.
+      const onUsage = (usage: Usage): void => learn(driver, estimator, provider, shape.model, body, estimate, usage)
+      const run = new SendRun(driver.engine.exchange(api, driver.clock.now(), leaseLeft(lease, driver), timeouts), lease, driver, upstream, onUsage)
       let res: Response
-      // While the provider works on the answer (a non-streamed call sends nothing until it
-      // is ready), the lease is kept alive as it is while a body flows.
-      const waiting = keptAliveWhile(lease, driver)
       try {
-        res = await firstByte(driver, send(url.href, { ...forward, signal: sendSignal }), upstream, timeouts.firstByteMs)
+        res = await run.until(send(url.href, { ...forward, signal: sendSignal }))
       } catch (err) {
-        // Nothing came back: the provider may have processed all of it.
-        interruptedQuietly(lease, null, driver)
+        run.on(run.x.failed())
         throw err
-      } finally {
-        waiting.stop()
       }
 
       let answer: Awaited<ReturnType<Lease['respond']>>
@@ -362,12 +333,14 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
       } catch (err) {
         // The core could not take the response in: the caller still gets the provider's answer.
         driver.emit('remote_error', { operation: 'response', message: messageOf(err) })
-        if (!lease.done) interruptedQuietly(lease, null, driver)
+        run.on(run.x.failed())
         return res
       }
       call = answer.call
       const next = answer.step
+      const now = driver.clock.now()
       if (next.kind === 'wait') {
+        run.on(run.x.answered(now, 'settled', 0))
         await res.body?.cancel().catch(() => {})
         await longWait(next, null)
         const cause = next.reason === 'overloaded' ? 'overloaded' : 'rate_limited'
@@ -378,15 +351,14 @@ export function createFetch(ctx: FetchContext, options: FetchOptions = {}): type
         // Handed over as the provider sent it (the SDK raises its own error, with the last
         // Retry-After in the headers; a redirect is not followed); the core settled the lease
         // as nothing used.
+        run.on(run.x.answered(now, 'settled', 0))
         return res
       }
-      const onUsage = (usage: Usage): void => learn(driver, estimator, provider, shape.model, body, estimate, usage)
       if (res.body === null) {
-        endLease(lease, null, null, driver)
+        run.on(run.x.answered(now, 'empty', 0))
         return res
       }
-      const stream = isEventStream(res)
-      return relay(res, lease, driver, meter(driver, api, stream), upstream, timeouts.idleMs, stream ? 0 : HOLD_BYTES, onUsage)
+      return relay(res, run, isEventStream(res))
     }
   }
   const wrapped = async (input: RequestInfo | URL, init?: RequestInit): Promise<Response> => {
@@ -420,34 +392,6 @@ function messageOf(e: unknown): string {
 /** The error a timed-out call fails with. */
 function upstreamTimeout(what: string, ms: number): TokenwardenError {
   return new TokenwardenError('upstream_timeout', `the provider sent ${what} in ${ms} ms (fetch() timeouts); the request was aborted`)
-}
-
-/**
- * The response, or the `upstream_timeout` error when its headers take longer than `ms`
- * (the request is then aborted; a response that still comes is discarded).
- */
-function firstByte(driver: Driver, sent: Promise<Response>, upstream: AbortController, ms: number): Promise<Response> {
-  if (ms === Number.POSITIVE_INFINITY) return sent
-  return new Promise<Response>((resolve, reject) => {
-    let timedOut = false
-    const timer = driver.clock.setTimer(() => {
-      timedOut = true
-      const err = upstreamTimeout('no response headers', ms)
-      upstream.abort(err)
-      reject(err)
-    }, ms)
-    sent.then(
-      (res) => {
-        driver.clock.clearTimer(timer)
-        if (timedOut) res.body?.cancel().catch(() => {})
-        else resolve(res)
-      },
-      (err: unknown) => {
-        driver.clock.clearTimer(timer)
-        if (!timedOut) reject(err)
-      },
-    )
-  })
 }
 
 /**
@@ -554,261 +498,210 @@ function learn(driver: Driver, estimator: Estimator, provider: Provider, model: 
   if (isThenable(r)) r.then(undefined, (e: unknown) => driver.emit('remote_error', { operation: 'estimator', message: messageOf(e) }))
 }
 
-/** Whether a usage figure was clamped: an absurd report, not one to learn from. */
-function clamped(u: Usage): boolean {
-  return [u.inputTokens, u.cacheCreationInputTokens, u.cacheReadInputTokens, u.outputTokens].some((v) => Number(v ?? 0) >= MAX_COUNT)
-}
-
 /** An engine's refusal that means the lease has already ended (reaped after its TTL, or settled). */
 function gone(e: unknown): boolean {
   const code = (e as { code?: unknown } | null)?.code
   return code === 'unknown_lease' || code === 'not_granted'
 }
 
+/** The time left on a lease, ms (a lease from the edge limiter has its expiry on the limiter's clock: Unix ms). */
+function leaseLeft(lease: Lease, driver: Driver): number {
+  const remote = typeof (lease as { handle?: unknown }).handle === 'string'
+  return Number(lease.expiresAt) - (remote ? driver.clock.unixNow() : driver.clock.now())
+}
+
+/** Bits of an exchange event's answer: actions wait; the deadline moved. */
+const ACTIONS = 1
+const TIMER = 2
+
 /**
- * Ends a lease: settles it with `usage`, or, when that is `null`, by the core's rule for an
- * interrupted call from what was `seen`. Never throws and never leaves the lease held: a
- * settle that fails for any reason but the lease being gone falls back to `interrupted`,
- * with a `remote_error` event saying so (a remote lease settles asynchronously, and its
- * failure is handled the same way). A lease that already ended (reaped after its TTL: the
- * `expired` event said so) is left alone. Returns whether `usage` was taken.
+ * The host of one send's exchange ({@link Engine.exchange}): it tells the machine what
+ * happened and does what it says — renews, settles or ends the lease as interrupted
+ * (never throwing: a refusal is told back, and a `remote_error` event says what failed),
+ * hands the answer over, aborts the request for a timeout — and keeps one timer at the
+ * machine's deadline.
  */
-function endLease(lease: Lease, usage: Usage | null, seen: Usage | null, driver: Driver): boolean {
-  if (lease.done) return false
-  if (usage === null) {
-    interruptedQuietly(lease, seen, driver)
-    return false
+class SendRun {
+  #timer: unknown = null
+  /** Rejects what the caller awaits (the head, a piece of the body) when a timeout passes. */
+  #waiter: ((err: Error) => void) | null = null
+  /** Whether the lease's end was asked before (a fallback after a refusal is asked even if the lease reads as done). */
+  #ending = false
+  /** The timeout's error, once one passed. */
+  timedOut: Error | null = null
+  /** Whether the machine said to hand the answer over. */
+  delivered = false
+
+  constructor(
+    readonly x: Exchange,
+    readonly lease: Lease,
+    readonly driver: Driver,
+    readonly upstream: AbortController,
+    readonly learn: (usage: Usage) => void,
+  ) {
+    this.#arm()
   }
-  let s: unknown
-  try {
-    s = lease.settle(usage)
-  } catch (e) {
-    if (gone(e)) return false
-    driver.emit('remote_error', { operation: 'settle', message: `${messageOf(e)}; the call is charged as interrupted instead` })
-    interruptedQuietly(lease, seen, driver, true)
-    return false
+
+  /** Acts on an event's answer. */
+  on(bits: number): void {
+    if (bits & TIMER) this.#arm()
+    if (bits & ACTIONS) for (const a of this.x.actions()) this.#act(a)
   }
-  if (s instanceof Promise) {
-    s.catch((e: unknown) => {
-      if (gone(e)) return
-      driver.emit('remote_error', { operation: 'settle', message: `${messageOf(e)}; the call is charged as interrupted instead` })
-      interruptedQuietly(lease, seen, driver, true)
+
+  /** `p`, unless a timeout passes first (a response that still comes is discarded). */
+  until<T>(p: Promise<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      this.#waiter = reject
+      p.then(
+        (v) => {
+          this.#waiter = null
+          if (this.timedOut === null) resolve(v)
+          else if (v instanceof Response) v.body?.cancel().catch(() => {})
+        },
+        (err: unknown) => {
+          this.#waiter = null
+          if (this.timedOut === null) reject(err)
+        },
+      )
     })
   }
-  return true
-}
 
-/**
- * Ends a lease whose usage is unknown by the core's conservative rule (`seen`: what the
- * stream had shown), ignoring a lease that already ended; never throws. If the engine
- * refuses `seen`, the lease ends as if nothing was seen (the whole reservation), and a
- * `remote_error` event says what failed. `force`: the lease's own `done` flag may already
- * be set by a settle that failed.
- */
-function interruptedQuietly(lease: Lease, seen: Usage | null, driver: Driver, force = false): void {
-  if (lease.done && !force) return
-  const failed = (e: unknown): void => {
-    if (gone(e)) return
-    driver.emit('remote_error', { operation: 'interrupted', message: messageOf(e) })
-    if (seen !== null) interruptedQuietly(lease, null, driver, true)
+  #arm(): void {
+    const clock = this.driver.clock
+    if (this.#timer !== null) clock.clearTimer(this.#timer)
+    this.#timer = null
+    const at = this.x.deadline()
+    if (at < 0) return
+    this.#timer = clock.setTimer(
+      () => {
+        this.#timer = null
+        // Re-armed whatever the machine did: a deadline past the longest timer is reached in steps.
+        this.on(this.x.timeout(clock.now()) | TIMER)
+      },
+      Math.min(Math.max(0, at - clock.now()), MAX_TIMER_MS),
+    )
   }
-  try {
-    const s: unknown = lease.interrupted(seen)
-    if (s instanceof Promise) s.catch(failed)
-  } catch (e) {
-    failed(e)
-  }
-}
 
-/** Reads a response body's usage as it passes through. */
-interface Meter {
-  push(chunk: Uint8Array): void
-  /** At the body's clean end: the usage the call reported in full, or `null` (it was cut short). */
-  end(): Usage | null
-  /** What the body showed so far, for a call cut short (`lease.interrupted(seen)`). */
-  seen(): Usage | null
-}
-
-/**
- * The provider crate's usage reader for the answer (`engine.usageReader`): a stream is
- * final only when it gave its last usage report and no error event; a JSON body is read
- * with bounded memory; what a stream cut short showed is its reported usage with its
- * output at least half the text it carried.
- */
-function meter(driver: Driver, api: ModelApi, stream: boolean): Meter {
-  const reader = driver.engine.usageReader(api, stream)
-  let ended: Usage | null | undefined
-  return {
-    push: (chunk) => reader.push(chunk),
-    end: () => {
-      const r = reader.end()
-      ended = r.seen
-      return r.usage
-    },
-    seen: () => (ended !== undefined ? ended : reader.seen()),
-  }
-}
-
-/**
- * Keeps a lease alive while nothing arrives (the wait for the response headers): the
- * {@link renewer}, asked on a timer every quarter of the lease's remaining time, until
- * `stop()` (the renewer renews once a third of the span has passed).
- */
-function keptAliveWhile(lease: Lease, driver: Driver): { stop(): void } {
-  const clock = driver.clock
-  const remote = typeof (lease as { handle?: unknown }).handle === 'string'
-  const span = Number(lease.expiresAt) - (remote ? clock.unixNow() : clock.now())
-  if (!(span > 0)) return { stop() {} }
-  const renew = renewer(lease, driver)
-  const every = Math.max(10, Math.floor(span / 4))
-  let timer: unknown = null
-  let stopped = false
-  const tick = (): void => {
-    if (stopped || lease.done) return
-    renew()
-    timer = clock.setTimer(tick, every)
-  }
-  timer = clock.setTimer(tick, every)
-  return {
-    stop() {
-      stopped = true
-      if (timer !== null) clock.clearTimer(timer)
-    },
-  }
-}
-
-/**
- * Keeps a lease alive while its body flows (`Lease.renew`, so a stream longer than the
- * lease TTL keeps its reservation and concurrency slot): called as each piece arrives, it
- * renews at most once per third of the lease's span (its remaining time when the body
- * started, then the full TTL each renewal gives), never while a renewal is on its way. A
- * lease that has ended stops it; another failure is a `remote_error` event and is tried
- * again a third of the span later.
- */
-function renewer(lease: Lease, driver: Driver): () => void {
-  const clock = driver.clock
-  // A lease from the edge limiter has its expiry on the limiter's clock (Unix ms).
-  const remote = typeof (lease as { handle?: unknown }).handle === 'string'
-  const now = (): number => (remote ? clock.unixNow() : clock.now())
-  let from = now()
-  let span = Number(lease.expiresAt) - from
-  let busy = false
-  let stopped = !(span > 0)
-  const failed = (e: unknown): void => {
-    if (gone(e)) stopped = true
-    else driver.emit('remote_error', { operation: 'renew', message: messageOf(e) })
-  }
-  const renewed = (sent: number, at: U64): void => {
-    const next = Number(at) - sent
-    if (next > 0) {
-      from = sent
-      span = next
+  #act(a: ExchangeAction): void {
+    switch (a.do) {
+      case 'renew':
+        this.#renew()
+        return
+      case 'settle':
+        this.#settle(a.usage, a.learn)
+        return
+      case 'interrupted':
+        this.#interrupted(a.seen)
+        return
+      case 'deliver':
+        this.delivered = true
+        return
+      case 'timed_out': {
+        const err = upstreamTimeout(a.timeout === 'first_byte' ? 'no response headers' : 'no more of the body', a.ms)
+        this.timedOut = err
+        this.upstream.abort(err)
+        this.#waiter?.(err)
+        this.#waiter = null
+        return
+      }
     }
   }
-  return () => {
-    if (stopped || busy || lease.done) return
-    const sent = now()
-    if (sent - from < span / 3) return
-    from = sent
+
+  #renew(): void {
+    const failed = (e: unknown): void => {
+      if (!gone(e)) this.driver.emit('remote_error', { operation: 'renew', message: messageOf(e) })
+      this.on(this.x.renewRefused(gone(e)))
+    }
+    const renewed = (): void => this.on(this.x.renewed(this.driver.clock.now(), leaseLeft(this.lease, this.driver)))
     let r: U64 | Promise<U64>
     try {
-      r = lease.renew()
+      r = this.lease.renew()
     } catch (e) {
       failed(e)
       return
     }
-    if (r instanceof Promise) {
-      busy = true
-      r.then(
-        (at) => {
-          busy = false
-          renewed(sent, at)
-        },
-        (e: unknown) => {
-          busy = false
-          failed(e)
-        },
-      )
-    } else {
-      renewed(sent, r)
+    if (r instanceof Promise) r.then(renewed, failed)
+    else renewed()
+  }
+
+  #settle(usage: Usage, learn: boolean): void {
+    const first = !this.#ending
+    this.#ending = true
+    // A lease that already ended (reaped after its TTL: the `expired` event said so) is left alone.
+    if (first && this.lease.done) return
+    const failed = (e: unknown): void => {
+      if (!gone(e)) this.driver.emit('remote_error', { operation: 'settle', message: `${messageOf(e)}; the call is charged as interrupted instead` })
+      this.on(this.x.settleRefused(gone(e)))
+    }
+    let s: unknown
+    try {
+      s = this.lease.settle(usage)
+    } catch (e) {
+      failed(e)
+      return
+    }
+    if (s instanceof Promise) s.catch(failed)
+    if (!learn) return
+    try {
+      this.learn(usage)
+    } catch (e) {
+      // An estimator that throws costs the caller nothing either.
+      this.driver.emit('remote_error', { operation: 'estimator', message: messageOf(e) })
+    }
+  }
+
+  #interrupted(seen: Usage | null): void {
+    const first = !this.#ending
+    this.#ending = true
+    if (first && this.lease.done) return
+    const failed = (e: unknown): void => {
+      if (!gone(e)) this.driver.emit('remote_error', { operation: 'interrupted', message: messageOf(e) })
+      this.on(this.x.interruptedRefused(gone(e)))
+    }
+    try {
+      const s: unknown = this.lease.interrupted(seen)
+      if (s instanceof Promise) s.catch(failed)
+    } catch (e) {
+      failed(e)
     }
   }
 }
 
 /**
- * Passes the body through, reading usage on the way, and ends the lease when the body
- * does: settled from the usage when it ended cleanly with one, else by the core's rule for
- * an interrupted call (cut short, broken, cancelled by the reader, or idle for longer than
- * `idleMs` while it is read: the request is then aborted and the body fails with
- * `upstream_timeout`). While pieces arrive the lease is renewed (see {@link renewer}). The
- * first `holdBytes` are read before the response is handed over
- * (a JSON answer: one that ends within them is settled by the time the caller has it, as
- * the SDKs read it whole anyway); the rest, and all of a stream, passes as it arrives.
+ * Passes the body through as the exchange says: a stream at once, a JSON answer once it
+ * ended (or passed the hold), each piece told to the machine (its usage read, the lease
+ * renewed) and the lease ended as it decides when the body ends, breaks, is cancelled by
+ * the reader or is idle too long while read (the request is then aborted and the body
+ * fails with `upstream_timeout`).
  */
-async function relay(res: Response, lease: Lease, driver: Driver, meter: Meter, upstream: AbortController, idleMs: number, holdBytes: number, onUsage: (usage: Usage) => void): Promise<Response> {
-  const reader = (res.body as ReadableStream<Uint8Array>).getReader()
+async function relay(res: Response, run: SendRun, stream: boolean): Promise<Response> {
+  const { x, driver } = run
   const clock = driver.clock
+  const reader = (res.body as ReadableStream<Uint8Array>).getReader()
   const init = { status: res.status, statusText: res.statusText, headers: res.headers }
-  let ended = false
-  const broken = (): void => {
-    if (ended) return
-    ended = true
-    interruptedQuietly(lease, meter.seen(), driver)
-  }
-  const finish = (): void => {
-    ended = true
-    const usage = meter.end()
-    if (!endLease(lease, usage, meter.seen(), driver) || usage === null || clamped(usage)) return
-    try {
-      onUsage(usage)
-    } catch (e) {
-      // An estimator that throws costs the caller nothing either.
-      driver.emit('remote_error', { operation: 'estimator', message: messageOf(e) })
-    }
-  }
-  // The next piece of the body, or `upstream_timeout` (the request aborted) after `idleMs`.
-  const renew = renewer(lease, driver)
+  run.on(x.answered(clock.now(), stream ? 'stream' : 'json', leaseLeft(run.lease, driver)))
+  // The next piece of the body, or `upstream_timeout` (the request aborted) after the idle timeout.
   const read = (): Promise<ReadableStreamReadResult<Uint8Array>> => {
-    if (idleMs === Number.POSITIVE_INFINITY) {
-      return reader.read().then((chunk) => {
-        if (!chunk.done) renew()
-        return chunk
-      })
-    }
-    return new Promise((resolve, reject) => {
-      const timer = clock.setTimer(() => {
-        const err = upstreamTimeout('no more of the body', idleMs)
-        broken()
-        upstream.abort(err)
-        reader.cancel(err).catch(() => {})
-        reject(err)
-      }, idleMs)
-      reader.read().then(
-        (chunk) => {
-          clock.clearTimer(timer)
-          if (!chunk.done) renew()
-          resolve(chunk)
-        },
-        (err: unknown) => {
-          clock.clearTimer(timer)
-          reject(err)
-        },
-      )
+    run.on(x.reading(clock.now()))
+    const chunk = run.until(reader.read())
+    chunk.catch((err: unknown) => {
+      if (err === run.timedOut) reader.cancel(err).catch(() => {})
     })
+    return chunk
   }
 
   const held: Uint8Array[] = []
   let heldBytes = 0
-  while (heldBytes < holdBytes) {
+  while (!run.delivered) {
     let chunk: ReadableStreamReadResult<Uint8Array>
     try {
       chunk = await read()
     } catch (err) {
-      broken()
+      run.on(x.broken())
       throw err
     }
     if (chunk.done) {
-      finish()
+      run.on(x.end(clock.now()))
       const whole = new Uint8Array(heldBytes)
       let at = 0
       for (const c of held) {
@@ -817,11 +710,12 @@ async function relay(res: Response, lease: Lease, driver: Driver, meter: Meter, 
       }
       return new Response(whole, init)
     }
-    meter.push(chunk.value)
     held.push(chunk.value)
     heldBytes += chunk.value.length
+    run.on(x.push(clock.now(), chunk.value))
   }
 
+  let ended = false
   const body = new ReadableStream<Uint8Array>({
     async pull(controller) {
       const first = held.shift()
@@ -833,21 +727,24 @@ async function relay(res: Response, lease: Lease, driver: Driver, meter: Meter, 
       try {
         chunk = await read()
       } catch (err) {
-        broken()
+        ended = true
+        run.on(x.broken())
         controller.error(err)
         return
       }
       if (ended) return
       if (chunk.done) {
-        finish()
+        ended = true
+        run.on(x.end(clock.now()))
         controller.close()
         return
       }
-      meter.push(chunk.value)
+      run.on(x.push(clock.now(), chunk.value))
       controller.enqueue(chunk.value)
     },
     cancel(reason) {
-      broken()
+      ended = true
+      run.on(x.broken())
       return reader.cancel(reason)
     },
   })

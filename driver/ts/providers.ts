@@ -4,7 +4,7 @@
  * (`callShape`, through the engine package's provider rules). Which requests are
  * model calls and how an answer reports its usage are the provider crate's
  * (`tokenwarden-provider`), asked through the engine (`engine.modelCall`,
- * `engine.usageReader`).
+ * `engine.exchange`, which also decides the lease's renewal and end).
  */
 import { providerRules } from './rules.js'
 import type { Usage } from './types.js'
@@ -30,9 +30,6 @@ export interface CallShape {
 export function callShape(provider: Provider, body: Record<string, unknown> | string): CallShape {
   return JSON.parse(providerRules().callShape(provider, typeof body === 'string' ? body : JSON.stringify(body))) as CallShape
 }
-
-/** The largest token count a usage figure is taken as (2^53 - 1, the engines' limit). */
-export const MAX_COUNT = Number.MAX_SAFE_INTEGER
 
 /** Every prompt token a usage counts (uncached, cache writes and cache reads). */
 export function promptTokens(u: Usage): number {

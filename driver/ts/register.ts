@@ -77,6 +77,8 @@ import {
 import { invalidArgument, normalizeEngineError } from './errors.js'
 import { stepOf } from './types.js'
 import type {
+  Exchange,
+  ExchangeAction,
   Axis,
   AxisReport,
   CallLeaseResult,
@@ -99,17 +101,20 @@ import type {
   TaskOutcome,
   TaskSpec,
   TaskSummary,
-  UsageReader,
   U64,
   Usage,
 } from './types.js'
+
+/** A binding's exchange: the {@link Exchange}, its actions as JSON text. */
+type BindingExchange = Omit<Exchange, 'actions'> & { actions(): string }
 
 /** What a binding's coordinator class offers (the addon's and the wasm build's). */
 export interface RegisterBinding {
   readonly pools: string[]
   poolId(name: string): number | null | undefined
   modelCall(method: string, target: string): string | null | undefined
-  usageReader(api: string, stream: boolean): { push(chunk: Uint8Array): void; end(): string; seen(): string }
+  exchange(api: string, now: number, leaseLeftMs: number, firstByteMs: number, idleMs: number): BindingExchange
+  exchangeTimeouts(firstByteMs: number | undefined, idleMs: number | undefined): number[]
   callerIdentity(headers: string, base: string | null | undefined): string
   /** The register-file calls; the addon reads its attached buffer and ignores `io`. */
   requestLeaseIo(io: Float64Array): number
@@ -352,18 +357,30 @@ export class RegisterEngine implements Engine {
     return JSON.parse(out) as CallerIdentity | null
   }
 
-  usageReader(api: ModelApi, stream: boolean): UsageReader {
-    if (typeof stream !== 'boolean') throw invalidArgument(`usageReader needs \`stream\` as a boolean, got ${typeof stream}`, 'stream')
-    let r: ReturnType<RegisterBinding['usageReader']>
+  exchange(api: ModelApi, now: number, leaseLeftMs: number, timeouts: readonly [number, number]): Exchange {
+    if (!Array.isArray(timeouts) || timeouts.length !== 2) throw invalidArgument('exchange needs `timeouts` as [firstByteMs, idleMs] (from exchangeTimeouts)', 'timeouts')
+    let x: BindingExchange
     try {
-      r = this.#c.usageReader(api, stream)
+      x = this.#c.exchange(api, now, leaseLeftMs, timeouts[0], timeouts[1])
     } catch (e) {
-      throw normalizeEngineError(e, 'usageReader')
+      throw normalizeEngineError(e, 'exchange')
     }
-    return {
-      push: (chunk) => r.push(chunk),
-      end: () => JSON.parse(r.end()) as { usage: Usage | null; seen: Usage | null },
-      seen: () => JSON.parse(r.seen()) as Usage | null,
+    // The object itself, with its actions parsed: every other call goes straight through.
+    const actions = x.actions.bind(x)
+    return Object.assign(x, { actions: () => JSON.parse(actions()) as ExchangeAction[] }) as unknown as Exchange
+  }
+
+  exchangeTimeouts(firstByteMs: number | undefined, idleMs: number | undefined): [number, number] {
+    for (const [name, v] of [
+      ['firstByteMs', firstByteMs],
+      ['idleMs', idleMs],
+    ] as const) {
+      if (v !== undefined && typeof v !== 'number') throw invalidArgument(`\`timeouts.${name}\` must be a number of milliseconds or Infinity, got ${typeof v}`, `timeouts.${name}`)
+    }
+    try {
+      return this.#c.exchangeTimeouts(firstByteMs, idleMs) as [number, number]
+    } catch (e) {
+      throw normalizeEngineError(e, 'exchangeTimeouts')
     }
   }
 

@@ -477,17 +477,57 @@ export interface CallerIdentity {
 }
 
 /**
- * Reads one provider answer's usage as it passes through ({@link Engine.usageReader}):
- * `push` each piece of the body, then `end()` at its clean end — `usage` is what the call
- * reported in full, or `null` when it did not (cut short, an error event inside the
- * stream, malformed counts) — or `seen()` for a call cut short: what the answer showed (a
- * stream's reported usage with its output at least half the text it carried; `null` for
- * a JSON body). Settle with `usage`, else end the lease as interrupted with `seen`.
+ * What one send's machine asks its host to do ({@link Exchange.actions}): renew the lease;
+ * settle it with `usage` (and, when `learn` and the settle was taken, let the estimator
+ * learn from it); end it as interrupted with what the body showed (`seen`, `null` for
+ * nothing); hand the answer over; abort the request for a timeout (the call then fails with
+ * `upstream_timeout`).
  */
-export interface UsageReader {
-  push(chunk: Uint8Array): void
-  end(): { usage: Usage | null; seen: Usage | null }
-  seen(): Usage | null
+export type ExchangeAction =
+  | { do: 'renew' }
+  | { do: 'settle'; usage: Usage; learn: boolean }
+  | { do: 'interrupted'; seen: Usage | null }
+  | { do: 'deliver' }
+  | { do: 'timed_out'; timeout: 'first_byte' | 'idle'; ms: number }
+
+/** What the core made of an answer's head: settled by it, a success with no body, a JSON body, an event stream. */
+export type ExchangeAnswer = 'settled' | 'empty' | 'json' | 'stream'
+
+/**
+ * One send of a model call ({@link Engine.exchange}): the core's machine for the lease's
+ * renewal, the upstream timeouts, when the answer is handed over and how the lease ends,
+ * with the provider crate's reader of the answer's usage. The host tells it what happened
+ * (times on the driver's clock) and does what it says. Every event answers bits: 1, actions
+ * wait ({@link Exchange.actions}); 2, the deadline moved ({@link Exchange.deadline}: arm
+ * one timer for it and call {@link Exchange.timeout} when it fires).
+ */
+export interface Exchange {
+  /** The head came: what the core made of it, and the time left on the lease. */
+  answered(now: number, answer: ExchangeAnswer, leaseLeftMs: number): number
+  /** The caller waits for the next piece of the body (the idle timeout runs). */
+  reading(now: number): number
+  /** A piece of the body came. */
+  push(now: number, chunk: Uint8Array): number
+  /** The body ended cleanly. */
+  end(now: number): number
+  /** The body broke or was cancelled. */
+  broken(): number
+  /** No answer came, or the core could not take it in. */
+  failed(): number
+  /** The timer fired. */
+  timeout(now: number): number
+  /** A renewal was answered: the time left on the lease. */
+  renewed(now: number, leaseLeftMs: number): number
+  /** A renewal was refused (`gone`: the lease is unknown). */
+  renewRefused(gone: boolean): number
+  /** A settle was refused (`gone`: the lease had ended). */
+  settleRefused(gone: boolean): number
+  /** An interrupted end was refused (`gone`: the lease had ended). */
+  interruptedRefused(gone: boolean): number
+  /** When to call `timeout` next, on the driver's clock; -1 for never. */
+  deadline(): number
+  /** The actions waiting, in order. */
+  actions(): ExchangeAction[]
 }
 
 export interface Engine {
@@ -503,10 +543,16 @@ export interface Engine {
    */
   modelCall(method: string, target: string): ModelApi | null
   /**
-   * A reader of one provider answer's usage (the provider crate's): a server-sent-event
-   * stream when `stream`, else a JSON body read with bounded memory.
+   * One send of an `api` call, sent at `now` under a lease with `leaseLeftMs` to run, with
+   * `timeouts` as {@link Engine.exchangeTimeouts} answers them (see {@link Exchange}).
    */
-  usageReader(api: ModelApi, stream: boolean): UsageReader
+  exchange(api: ModelApi, now: number, leaseLeftMs: number, timeouts: readonly [number, number]): Exchange
+  /**
+   * The upstream timeouts from a host's options, checked (`timeouts.firstByteMs`,
+   * `timeouts.idleMs`: whole milliseconds from 1 to 30 days, `Infinity` for none,
+   * `undefined` for the default of 10 and 5 minutes): `[firstByteMs, idleMs]`.
+   */
+  exchangeTimeouts(firstByteMs: number | undefined, idleMs: number | undefined): [number, number]
   /**
    * Who a call is by its client's session headers (Claude Code's `x-claude-code-*`, Codex's
    * `session_id`, `thread-id`, `x-openai-subagent`) and the family it belongs to, under the

@@ -3,6 +3,7 @@
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
 import { BytesPerTokenEstimator, promptBytes } from 'tokenwarden-driver'
+import { pieces, readAnswer } from '../support/answer.mjs'
 import { createTokenwarden, engines } from '../support/engine.mjs'
 
 const encoder = new TextEncoder()
@@ -209,19 +210,10 @@ describe('fetch wrapper', () => {
 })
 
 describe('parsers and the estimator', () => {
-  // The provider crate's usage readers, through the engine (`engine.usageReader`).
+  // The provider crate's usage readers, through the engine's exchange (`engine.exchange`).
   const engine = engines.create({ pools: [{ name: 'm1', input_tokens_per_minute: 1_000 }] }, 1, 0)
-  const readStream = (api, text, step = text.length) => {
-    const r = engine.usageReader(api, true)
-    const bytes = encoder.encode(text)
-    for (let i = 0; i < bytes.length; i += step) r.push(bytes.subarray(i, i + step))
-    return r.end()
-  }
-  const readBody = (api, json) => {
-    const r = engine.usageReader(api, false)
-    r.push(encoder.encode(typeof json === 'string' ? json : JSON.stringify(json)))
-    return r.end().usage
-  }
+  const readStream = (api, text, step = text.length) => readAnswer(engine, api, true, pieces(encoder.encode(text), step))
+  const readBody = (api, json) => readAnswer(engine, api, false, [typeof json === 'string' ? json : JSON.stringify(json)]).usage
   const MAX = Number.MAX_SAFE_INTEGER
 
   test('SSE usage: Anthropic message_start then message_delta, across chunk boundaries', () => {
@@ -247,16 +239,19 @@ describe('parsers and the estimator', () => {
     })
     assert.equal(readBody('openai_chat', { nothing: 1 }), null)
     assert.equal(readBody('openai_chat', 'not json'), null)
-    assert.throws(() => engine.usageReader('gemini', true), (e) => e.code === 'invalid_argument' && e.field === 'api')
+    assert.throws(() => engine.exchange('gemini', 0, 0, engine.exchangeTimeouts()), (e) => e.code === 'invalid_argument' && e.field === 'api')
   })
 
   test('usage counts: absurd figures clamped to 2^53 - 1; strings, negatives and non-finite are missing usage, not 0', () => {
-    assert.deepEqual(readBody('anthropic_messages', '{"usage":{"input_tokens":1e300,"output_tokens":18446744073709551616}}'), {
+    const absurd = readAnswer(engine, 'anthropic_messages', false, ['{"usage":{"input_tokens":1e300,"output_tokens":18446744073709551616}}'])
+    assert.deepEqual(absurd.usage, {
       inputTokens: MAX,
       cacheCreationInputTokens: 0,
       cacheReadInputTokens: 0,
       outputTokens: MAX,
     })
+    assert.equal(absurd.learn, false, 'settled with, not learned from')
+    assert.equal(readAnswer(engine, 'anthropic_messages', false, ['{"usage":{"input_tokens":5,"output_tokens":1}}']).learn, true)
     assert.deepEqual(readBody('openai_chat', { usage: { prompt_tokens: 1e18, completion_tokens: 3 } }), { inputTokens: MAX, cacheCreationInputTokens: 0, cacheReadInputTokens: 0, outputTokens: 3 })
     for (const usage of [
       { input_tokens: '5', output_tokens: 1 },
@@ -297,11 +292,10 @@ describe('parsers and the estimator', () => {
   })
 
   test('SSE usage holds no line above 1 MiB: it is skipped and counted as text', () => {
-    const r = engine.usageReader('anthropic_messages', true)
     const huge = `data: ${'x'.repeat(3 * 1024 * 1024)}`
-    for (let i = 0; i < huge.length; i += 65_536) r.push(encoder.encode(huge.slice(i, i + 65_536)))
-    r.push(encoder.encode('\n\nevent: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\n'))
-    const seen = r.seen()
+    const chunks = pieces(encoder.encode(huge), 65_536)
+    chunks.push('\n\nevent: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":1}}}\n\n')
+    const { seen } = readAnswer(engine, 'anthropic_messages', true, chunks, { end: false })
     assert.ok(seen.outputTokens >= (3 * 1024 * 1024) / 2, `counted as text: ${seen.outputTokens} tokens`)
     assert.equal(seen.inputTokens, 12, 'the next event is read')
   })

@@ -10,6 +10,7 @@ import { after, before, describe, test } from 'node:test'
 import OpenAI from 'openai'
 import { callShape } from 'tokenwarden-driver'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+import { pieces, readAnswer } from '../support/answer.mjs'
 import { createTokenwarden, engines } from '../support/engine.mjs'
 
 const KEY = 'sk-test-SECRET-responses'
@@ -46,13 +47,9 @@ describe('Responses API: detection, shape and usage', () => {
     assert.equal(callShape('openai', { model: 'gpt-5', input: 'hi', max_output_tokens: -1 }).maxTokens, 4096, 'malformed: the default')
   })
 
-  // The provider crate's usage readers, through the engine (`engine.usageReader`).
+  // The provider crate's usage readers, through the engine's exchange (`engine.exchange`).
   const engine = engines.create({ pools: [{ name: 'gpt-5', counting: 'openai', tokens_per_minute: 100_000 }] }, 1, 0)
-  const readBody = (json) => {
-    const r = engine.usageReader('openai_responses', false)
-    r.push(enc.encode(JSON.stringify(json)))
-    return r.end().usage
-  }
+  const readBody = (json) => readAnswer(engine, 'openai_responses', false, [JSON.stringify(json)]).usage
   const usageOf = (input, read, output) => ({ inputTokens: input, cacheCreationInputTokens: 0, cacheReadInputTokens: read, outputTokens: output })
 
   test("a response object's usage: cached tokens taken out of the input, reasoning part of the output", () => {
@@ -74,12 +71,7 @@ describe('Responses API: detection, shape and usage', () => {
     { type: 'response.output_text.done', sequence_number: 5, item_id: 'msg_1', output_index: 0, content_index: 0, text: 'hello there' },
     ...(terminal === null ? [] : [{ type: terminal, sequence_number: 6, response: response(terminal.slice('response.'.length), u) }]),
   ]
-  const track = (text, split = 7) => {
-    const r = engine.usageReader('openai_responses', true)
-    const bytes = enc.encode(text)
-    for (let i = 0; i < bytes.length; i += split) r.push(bytes.subarray(i, i + split))
-    return r.end()
-  }
+  const track = (text, split = 7) => readAnswer(engine, 'openai_responses', true, pieces(enc.encode(text), split))
   // 'hello there' is 11 characters: 6 tokens at two a token.
   const helloThere = Math.ceil('hello there'.length / 2)
 

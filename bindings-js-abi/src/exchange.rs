@@ -1,0 +1,316 @@
+//! One send of a model call for a JavaScript host: the core's [`Exchange`](core::Exchange)
+//! (renewal, timeouts, delivery, the lease's end) with the provider crate's usage reader
+//! for the answer's body, so the host passes bytes and the time and does what it is told.
+//!
+//! Every event answers a small number: [`ACTIONS`] set when actions wait
+//! ([`Exchange::actions`]), [`TIMER`] set when the deadline moved ([`Exchange::deadline`]).
+
+use tokenwarden_core as core;
+use tokenwarden_provider::{Api, Format, UsageReader};
+
+use crate::{ArgError, u64_from_f64};
+
+/// An event's answer bit: actions wait.
+pub const ACTIONS: u32 = 1;
+/// An event's answer bit: the deadline moved.
+pub const TIMER: u32 = 2;
+
+/// A send's machine and its answer's reader (see the module doc).
+#[derive(Debug)]
+pub struct Exchange {
+    machine: core::Exchange,
+    format: Format,
+    reader: Option<UsageReader>,
+}
+
+/// The API named as [`crate::model_call`] names it.
+pub fn api(name: &str) -> Result<Api, ArgError> {
+    match name {
+        "anthropic_messages" => Ok(Api::AnthropicMessages),
+        "openai_chat" => Ok(Api::OpenaiChat),
+        "openai_responses" => Ok(Api::OpenaiResponses),
+        other => Err(ArgError::range(
+            "invalid_argument",
+            format!(
+                "`api` must be anthropic_messages, openai_chat or openai_responses, got {other:?}"
+            ),
+        )
+        .with_field("api")),
+    }
+}
+
+/// A timeout option as the host gives it: `undefined` for the default, `Infinity` for
+/// none, else whole milliseconds. `field`: its name for the error.
+fn timeout(ms: Option<f64>, default: Option<u64>, field: &str) -> Result<Option<u64>, ArgError> {
+    match ms {
+        None => Ok(default),
+        Some(f) if f == f64::INFINITY => Ok(None),
+        Some(f) => u64_from_f64(f, field).ok().filter(|&v| v >= 1).map(Some).ok_or_else(|| {
+            ArgError::range(
+                "invalid_argument",
+                format!(
+                    "`{field}` must be an integer number of milliseconds from 1 to {}, or Infinity for none; got {}",
+                    core::MAX_DURATION_MS,
+                    crate::shown(f)
+                ),
+            )
+            .with_field(field)
+        }),
+    }
+}
+
+/// The upstream timeouts from the host's options (`timeouts.firstByteMs`,
+/// `timeouts.idleMs`; see [`core::Timeouts`]), as `[firstByteMs, idleMs]` with `Infinity`
+/// for none: the form [`Exchange::sent`] takes.
+pub fn timeouts(first_byte_ms: Option<f64>, idle_ms: Option<f64>) -> Result<[f64; 2], ArgError> {
+    let d = core::Timeouts::default();
+    let t = core::Timeouts {
+        first_byte_ms: timeout(first_byte_ms, d.first_byte_ms, "timeouts.firstByteMs")?,
+        idle_ms: timeout(idle_ms, d.idle_ms, "timeouts.idleMs")?,
+    };
+    if let Err(field) = t.check() {
+        let name = if field == "idle_ms" {
+            "timeouts.idleMs"
+        } else {
+            "timeouts.firstByteMs"
+        };
+        return Err(ArgError::range(
+            "invalid_argument",
+            format!(
+                "`{name}` must be from 1 to {} milliseconds",
+                core::MAX_DURATION_MS
+            ),
+        )
+        .with_field(name));
+    }
+    #[allow(clippy::cast_precision_loss)] // at most 30 days of ms: exact
+    let f = |t: Option<u64>| t.map_or(f64::INFINITY, |ms| ms as f64);
+    Ok([f(t.first_byte_ms), f(t.idle_ms)])
+}
+
+/// An instant from the host's clock (whole milliseconds).
+fn at(now: f64) -> Result<core::Millis, ArgError> {
+    u64_from_f64(now, "now").map(core::Millis)
+}
+
+/// Time left on a lease: a negative figure (its expiry passed on the host's clock) is none.
+fn left(ms: f64) -> Result<u64, ArgError> {
+    if ms.is_nan() {
+        return Err(ArgError::range(
+            "invalid_argument",
+            "`leaseLeftMs` must be a number of milliseconds, got NaN".into(),
+        )
+        .with_field("leaseLeftMs"));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // clamped first
+    Ok(ms.clamp(0.0, 1.8e19).floor() as u64)
+}
+
+impl Exchange {
+    /// The request of an `api` call was sent at `now` under a lease with `lease_left_ms` to
+    /// run, with `timeouts` as [`timeouts`] answers them.
+    pub fn sent(
+        api_name: &str,
+        now: f64,
+        lease_left_ms: f64,
+        first_byte_ms: f64,
+        idle_ms: f64,
+    ) -> Result<Exchange, ArgError> {
+        let t = timeouts(Some(first_byte_ms), Some(idle_ms))?;
+        let ms = |f: f64| (f != f64::INFINITY).then(|| u64_from_f64(f, "timeout").unwrap_or(0));
+        Ok(Exchange {
+            machine: core::Exchange::sent(
+                at(now)?,
+                left(lease_left_ms)?,
+                core::Timeouts {
+                    first_byte_ms: ms(t[0]),
+                    idle_ms: ms(t[1]),
+                },
+            ),
+            format: Format::from(api(api_name)?),
+            reader: None,
+        })
+    }
+
+    fn step(&mut self, f: impl FnOnce(&mut core::Exchange)) -> u32 {
+        let before = self.machine.poll_timeout();
+        f(&mut self.machine);
+        let mut bits = 0;
+        if self.machine.has_action() {
+            bits |= ACTIONS;
+        }
+        if self.machine.poll_timeout() != before {
+            bits |= TIMER;
+        }
+        bits
+    }
+
+    /// The head came at `now`; `answer` is what the core made of it (`settled`, `empty`,
+    /// `json` or `stream`), the lease has `lease_left_ms` to run.
+    pub fn answered(
+        &mut self,
+        now: f64,
+        answer: &str,
+        lease_left_ms: f64,
+    ) -> Result<u32, ArgError> {
+        let answer = match answer {
+            "settled" => core::Answer::Settled,
+            "empty" => core::Answer::Empty,
+            "json" => core::Answer::Json,
+            "stream" => core::Answer::Stream,
+            other => {
+                return Err(ArgError::range(
+                    "invalid_argument",
+                    format!("`answer` must be settled, empty, json or stream, got {other:?}"),
+                )
+                .with_field("answer"));
+            }
+        };
+        let (now, left) = (at(now)?, left(lease_left_ms)?);
+        if matches!(answer, core::Answer::Json | core::Answer::Stream) && !self.machine.is_ended() {
+            self.reader = Some(UsageReader::new(
+                self.format,
+                answer == core::Answer::Stream,
+            ));
+        }
+        Ok(self.step(|m| m.answered(now, answer, left)))
+    }
+
+    /// The caller waits for the next piece from `now`.
+    pub fn reading(&mut self, now: f64) -> Result<u32, ArgError> {
+        let now = at(now)?;
+        Ok(self.step(|m| m.reading(now)))
+    }
+
+    /// A piece of the body came at `now`.
+    pub fn push(&mut self, now: f64, chunk: &[u8]) -> Result<u32, ArgError> {
+        let now = at(now)?;
+        if !self.machine.is_ended() {
+            if let Some(r) = self.reader.as_mut() {
+                r.push(chunk);
+            }
+        }
+        Ok(self.step(|m| m.piece(now, chunk.len() as u64)))
+    }
+
+    /// The body ended cleanly at `now`.
+    pub fn end(&mut self, now: f64) -> Result<u32, ArgError> {
+        let now = at(now)?;
+        let usage = match self.reader.as_mut() {
+            Some(r) if !self.machine.is_ended() => {
+                r.end();
+                r.usage().map(core_usage)
+            }
+            _ => None,
+        };
+        Ok(self.step(|m| m.end(now, usage)))
+    }
+
+    /// The body broke or was cancelled.
+    pub fn broken(&mut self) -> u32 {
+        self.step(core::Exchange::broken)
+    }
+
+    /// No answer came, or the core could not take it in.
+    pub fn failed(&mut self) -> u32 {
+        self.step(core::Exchange::failed)
+    }
+
+    /// The host's timer fired at `now`.
+    pub fn timeout(&mut self, now: f64) -> Result<u32, ArgError> {
+        let now = at(now)?;
+        Ok(self.step(|m| m.handle_timeout(now)))
+    }
+
+    /// The renewal was answered at `now`; the lease has `lease_left_ms` to run.
+    pub fn renewed(&mut self, now: f64, lease_left_ms: f64) -> Result<u32, ArgError> {
+        let (now, left) = (at(now)?, left(lease_left_ms)?);
+        Ok(self.step(|m| m.renewed(now, left)))
+    }
+
+    /// The renewal was refused (`gone`: the lease is unknown).
+    pub fn renew_refused(&mut self, gone: bool) -> u32 {
+        self.step(|m| m.renew_refused(gone))
+    }
+
+    /// The settle was refused (`gone`: the lease had ended).
+    pub fn settle_refused(&mut self, gone: bool) -> u32 {
+        self.step(|m| m.settle_refused(gone))
+    }
+
+    /// The interrupted end was refused (`gone`: the lease had ended).
+    pub fn interrupted_refused(&mut self, gone: bool) -> u32 {
+        self.step(|m| m.interrupted_refused(gone))
+    }
+
+    /// When to call [`Exchange::timeout`] next, on the host's clock; -1 for never.
+    #[must_use]
+    pub fn deadline(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)] // a clock reading in ms: below 2^53
+        self.machine
+            .poll_timeout()
+            .map_or(-1.0, |t| t.as_u64() as f64)
+    }
+
+    /// The actions waiting, as a JSON array: `{"do":"renew"}`, `{"do":"settle","usage":…,
+    /// "learn":…}`, `{"do":"interrupted","seen":…}` (a usage object or `null`),
+    /// `{"do":"deliver"}`, `{"do":"timed_out","timeout":"first_byte"|"idle","ms":…}`.
+    pub fn actions(&mut self) -> String {
+        let mut out = String::from("[");
+        while let Some(a) = self.machine.poll_action() {
+            if out.len() > 1 {
+                out.push(',');
+            }
+            match a {
+                core::Action::Renew => out.push_str(r#"{"do":"renew"}"#),
+                core::Action::Deliver => out.push_str(r#"{"do":"deliver"}"#),
+                core::Action::Settle { usage, learn } => {
+                    out.push_str(&format!(
+                        r#"{{"do":"settle","usage":{},"learn":{learn}}}"#,
+                        crate::usage_json(Some(provider_usage(usage)))
+                    ));
+                }
+                core::Action::Interrupted { seen } => {
+                    let seen = if seen {
+                        self.reader.as_ref().and_then(UsageReader::seen)
+                    } else {
+                        None
+                    };
+                    out.push_str(&format!(
+                        r#"{{"do":"interrupted","seen":{}}}"#,
+                        crate::usage_json(seen)
+                    ));
+                }
+                core::Action::TimedOut { timeout, ms } => {
+                    let which = match timeout {
+                        core::Timeout::FirstByte => "first_byte",
+                        core::Timeout::Idle => "idle",
+                    };
+                    out.push_str(&format!(
+                        r#"{{"do":"timed_out","timeout":"{which}","ms":{ms}}}"#
+                    ));
+                }
+            }
+        }
+        out.push(']');
+        out
+    }
+}
+
+fn core_usage(u: tokenwarden_provider::Usage) -> core::Usage {
+    core::Usage {
+        input_tokens: u.input_tokens,
+        cache_creation_input_tokens: u.cache_creation_input_tokens,
+        cache_read_input_tokens: u.cache_read_input_tokens,
+        output_tokens: u.output_tokens,
+    }
+}
+
+fn provider_usage(u: core::Usage) -> tokenwarden_provider::Usage {
+    tokenwarden_provider::Usage {
+        input_tokens: u.input_tokens,
+        cache_creation_input_tokens: u.cache_creation_input_tokens,
+        cache_read_input_tokens: u.cache_read_input_tokens,
+        output_tokens: u.output_tokens,
+    }
+}
