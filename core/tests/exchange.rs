@@ -357,3 +357,92 @@ proptest! {
         prop_assert!(ends.first().is_none_or(|e| !e.1));
     }
 }
+
+/// The reference host loop drives the same machine: a call longer than its lease is renewed
+/// through and settled, not reaped; a call past the first-byte timeout fails with its lease
+/// ended as interrupted.
+mod host_loop {
+    use tokenwarden_core::{
+        AgentId, Config, Coordinator, Event, LeaseId, LeaseRequest, Millis, Settlement, Usage,
+    };
+    use tokenwarden_host_loop::{CallSpec, Ended, Host, Reply, Sent, World};
+
+    struct Slow {
+        duration_ms: u64,
+        ended: Vec<Ended>,
+        settled: Vec<Settlement>,
+        expired: usize,
+    }
+
+    impl World for Slow {
+        fn send(&mut self, _: u64, _: u64, _: &CallSpec, _: LeaseId) -> Sent {
+            Sent::Reply(Reply {
+                status: 200,
+                headers: Vec::new(),
+                duration_ms: self.duration_ms,
+                usage: Usage {
+                    input_tokens: 100,
+                    output_tokens: 10,
+                    ..Usage::default()
+                },
+                settle_after_ms: 0,
+            })
+        }
+        fn settled(&mut self, _: u64, _: u64, _: LeaseId, s: &Settlement) {
+            self.settled.push(*s);
+        }
+        fn event(&mut self, _: u64, e: &Event) {
+            if let Event::Expired { .. } = e {
+                self.expired += 1;
+            }
+        }
+        fn ended(&mut self, _: u64, _: u64, _: &CallSpec, how: Ended) -> Vec<(u64, CallSpec)> {
+            self.ended.push(how);
+            Vec::new()
+        }
+    }
+
+    fn run(duration_ms: u64) -> Slow {
+        let config = Config::from_json(
+            r#"{"pools":[{"name":"p","input_tokens_per_minute":100000,"max_concurrent":4}],
+                "lease_ttl_ms":60000}"#,
+        )
+        .unwrap();
+        let coord = Coordinator::new(config, 1, Millis(0)).unwrap();
+        let call = CallSpec {
+            request: LeaseRequest {
+                agent: AgentId(1),
+                input_tokens: 100,
+                max_tokens: 50,
+                ..Default::default()
+            },
+            tag: 0,
+        };
+        let mut world = Slow {
+            duration_ms,
+            ended: Vec::new(),
+            settled: Vec::new(),
+            expired: 0,
+        };
+        let mut host = Host::new(coord, vec![(0, call)]);
+        host.run(&mut world, 3_600_000);
+        assert!(host.coord.check().is_ok());
+        world
+    }
+
+    #[test]
+    fn a_call_longer_than_its_lease_is_renewed_through_and_settled() {
+        let w = run(200_000);
+        assert_eq!(w.ended, [Ended::Delivered]);
+        assert_eq!(w.expired, 0, "reaped while the provider worked on it");
+        assert_eq!(w.settled.len(), 1);
+    }
+
+    #[test]
+    fn a_call_past_the_first_byte_timeout_fails_and_its_lease_ends_interrupted() {
+        let w = run(700_000);
+        assert_eq!(w.ended, [Ended::TimedOut]);
+        assert_eq!(w.expired, 0, "renewed until the timeout, then ended");
+        assert!(w.settled.is_empty(), "no usage to settle with");
+    }
+}

@@ -813,7 +813,9 @@ impl World for Fleet {
                 };
                 self.next_call(a, think)
             }
-            Ended::GaveUp => {
+            // Gave up, or the provider kept the answer past the first-byte timeout (the
+            // lease ended as interrupted): the agent tries again soon.
+            Ended::GaveUp | Ended::TimedOut => {
                 let after = self.rng.range(1, 2_000);
                 self.next_call(a, after)
             }

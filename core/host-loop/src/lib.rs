@@ -18,16 +18,23 @@
 //! the snapshot of that instant is fed every input too, and [`Host::twin_diverged`] says
 //! where its outputs, events or wake-ups first differ.
 //!
+//! From the send to the lease's end, each call is the core's [`Exchange`], as in every
+//! shipped host: the lease renewed while the provider works on a long answer, the
+//! first-byte timeout (a call that takes longer fails, [`Ended::TimedOut`], its lease ended
+//! as interrupted), a success settled when its body ends (at once for a JSON answer, at
+//! [`Reply::settle_after_ms`] for a stream). The simulated body carries no pieces, so nothing
+//! is seen of a call cut short and no idle timeout runs.
+//!
 //! The world may also re-estimate a call at each ask ([`World::request`]), tell the core
 //! what the host would besides calls (a task opened or ended: [`World::outbox`]), answer
 //! with the provider's state as of the answer ([`World::answered`]), settle late
 //! ([`Reply::settle_after_ms`]), and act on its own clock ([`World::tick`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tokenwarden_core::{
-    Call, Coordinator, Event, Input, LeaseError, LeaseId, LeaseRequest, Millis, Output, Settlement,
-    Usage, Wait,
+    Action, Answer, Call, Coordinator, Event, Exchange, Input, LeaseError, LeaseId, LeaseRequest,
+    Millis, Output, Settlement, Timeouts, Usage, Wait,
 };
 
 /// What a call asks for and what the provider will make of it.
@@ -84,6 +91,9 @@ pub enum Ended {
     Cancelled,
     /// The client died after sending.
     Crashed,
+    /// The provider sent no answer within the first-byte timeout: the request was aborted
+    /// and the lease ended as interrupted.
+    TimedOut,
 }
 
 /// The world around the coordinator: the provider, and the agents that start calls.
@@ -147,7 +157,7 @@ enum Job {
     /// Call `id`'s client leaves its place in line under `ticket`.
     Leave(u64, LeaseId),
     /// A success of call `id`, answered earlier, is settled with the usage it reported.
-    Settle(u64, LeaseId, Usage),
+    Settle(u64, Usage),
 }
 
 /// One thing the coordinator said, to compare a host with its restored twin.
@@ -175,6 +185,13 @@ struct Running {
     asked: bool,
 }
 
+/// A send in flight: its lease, the lease's expiry as last known, and the core's machine.
+struct Sending {
+    lease: LeaseId,
+    expires_at: Millis,
+    exchange: Exchange,
+}
+
 /// The loop and its state.
 pub struct Host {
     /// The coordinator, for a test's own inspection.
@@ -187,6 +204,12 @@ pub struct Host {
     next_id: u64,
     /// Queued tickets, to the call they belong to.
     tickets: BTreeMap<LeaseId, u64>,
+    /// The sends in flight, by call (kept past the call's end until the lease's end is done).
+    sending: BTreeMap<u64, Sending>,
+    /// Their deadlines: (when, call).
+    deadlines: BTreeSet<(u64, u64)>,
+    /// The upstream timeouts of every send (the shipped default unless set).
+    timeouts: Timeouts,
     /// When to restore a twin, and the twin once restored.
     twin_at: Option<u64>,
     twin: Option<Twin>,
@@ -205,6 +228,9 @@ impl Host {
             calls: BTreeMap::new(),
             next_id: 0,
             tickets: BTreeMap::new(),
+            sending: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            timeouts: Timeouts::default(),
             twin_at: None,
             twin: None,
             wall_epoch: None,
@@ -232,6 +258,13 @@ impl Host {
             },
         );
         self.at(at, Job::Ask(id));
+    }
+
+    /// With these upstream timeouts for every send instead of the shipped default.
+    #[must_use]
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Host {
+        self.timeouts = timeouts;
+        self
     }
 
     /// With a wall clock: simulated time 0 is `epoch_unix_ms`, told with every response
@@ -302,24 +335,82 @@ impl Host {
         }
     }
 
-    /// Settles a success of call `id` with the usage the provider reported. A lease reaped
-    /// before a late settle is an outcome the host lives with, not an error.
-    fn settle(&mut self, world: &mut impl World, id: u64, lease: LeaseId, usage: Usage) {
-        match self.try_handle(&Input::Settle { lease, usage }) {
-            Ok(Output::Settled { settlement }) => world.settled(self.now, id, lease, &settlement),
-            Err(LeaseError::UnknownLease) => {}
-            other => panic!("at {} ms, settle of {lease}: {other:?}", self.now),
+    /// Tells call `id`'s exchange of an event (`f`), then does what it says: renews,
+    /// settles or ends the lease as interrupted (a lease the core no longer knows is an
+    /// outcome the host lives with, told back as such), fails the call on a timeout; and
+    /// keeps its deadline indexed. An exchange whose end is done is dropped.
+    fn exchange(&mut self, world: &mut impl World, id: u64, f: impl FnOnce(&mut Exchange, Millis)) {
+        let Some(mut s) = self.sending.remove(&id) else {
+            return;
+        };
+        if let Some(t) = s.exchange.poll_timeout() {
+            self.deadlines.remove(&(t.0, id));
         }
+        let now = Millis(self.now);
+        f(&mut s.exchange, now);
+        let lease = s.lease;
+        while let Some(action) = s.exchange.poll_action() {
+            match action {
+                Action::Renew => match self.try_handle(&Input::Renew { lease }) {
+                    Ok(Output::Renewed { expires_at }) => {
+                        s.expires_at = expires_at;
+                        s.exchange.renewed(now, expires_at.since(now));
+                    }
+                    Err(LeaseError::UnknownLease) => s.exchange.renew_refused(true),
+                    other => panic!("at {} ms, renew of {lease}: {other:?}", self.now),
+                },
+                Action::Settle { usage, .. } => {
+                    match self.try_handle(&Input::Settle { lease, usage }) {
+                        Ok(Output::Settled { settlement }) => {
+                            world.settled(self.now, id, lease, &settlement);
+                        }
+                        Err(LeaseError::UnknownLease) => s.exchange.settle_refused(true),
+                        other => panic!("at {} ms, settle of {lease}: {other:?}", self.now),
+                    }
+                }
+                // Nothing of a simulated body is seen: the whole reservation.
+                Action::Interrupted { .. } => {
+                    match self.try_handle(&Input::CallInterrupted { lease, seen: None }) {
+                        Ok(Output::Settled { .. }) => {}
+                        Err(LeaseError::UnknownLease) => s.exchange.interrupted_refused(true),
+                        other => panic!("at {} ms, interrupted {lease}: {other:?}", self.now),
+                    }
+                }
+                // Handed over: the call's step (`deliver`) ends it.
+                Action::Deliver => {}
+                Action::TimedOut { .. } => self.end(world, id, Ended::TimedOut),
+            }
+        }
+        if s.exchange.is_ended() {
+            return;
+        }
+        if let Some(t) = s.exchange.poll_timeout() {
+            self.deadlines.insert((t.0, id));
+        }
+        self.sending.insert(id, s);
     }
 
     fn poll_timeout(&mut self) -> Option<Millis> {
         self.both(|c| c.poll_timeout(), |t| Said::Wake(*t))
     }
 
-    fn send(&mut self, world: &mut impl World, id: u64, lease: LeaseId) {
+    fn send(&mut self, world: &mut impl World, id: u64, lease: LeaseId, expires_at: Millis) {
         let spec = self.calls[&id].spec.clone();
         match world.send(self.now, id, &spec, lease) {
             Sent::Reply(reply) => {
+                let now = Millis(self.now);
+                let exchange = Exchange::sent(now, expires_at.since(now), self.timeouts);
+                if let Some(t) = exchange.poll_timeout() {
+                    self.deadlines.insert((t.0, id));
+                }
+                self.sending.insert(
+                    id,
+                    Sending {
+                        lease,
+                        expires_at,
+                        exchange,
+                    },
+                );
                 self.at(
                     self.now + reply.duration_ms,
                     Job::Answer(id, lease, Some(reply)),
@@ -353,9 +444,14 @@ impl Host {
             world.output(self.now, id, &r.spec, &out);
         }
         match out {
-            Output::Send { call, lease, .. } => {
+            Output::Send {
+                call,
+                lease,
+                expires_at,
+                ..
+            } => {
                 self.set_state(id, call);
-                self.send(world, id, lease);
+                self.send(world, id, lease, expires_at);
             }
             Output::Wait { call, wait, .. } => {
                 self.set_state(id, call);
@@ -395,9 +491,12 @@ impl Host {
             pending.extend(events);
             let Some(e) = pending.pop_front() else { break };
             world.event(self.now, &e);
-            if let Event::Granted { lease, .. } = e {
+            if let Event::Granted {
+                lease, expires_at, ..
+            } = e
+            {
                 if let Some(id) = self.tickets.remove(&lease) {
-                    self.send(world, id, lease);
+                    self.send(world, id, lease, expires_at);
                 }
             }
         }
@@ -422,7 +521,12 @@ impl Host {
             let job = self.jobs.keys().next().map(|k| k.0);
             let wake = self.poll_timeout().map(|t| t.0);
             let tick = world.next_tick();
-            let Some(next) = [job, wake, tick].into_iter().flatten().min() else {
+            let due = self.deadlines.first().copied();
+            let Some(next) = [job, wake, tick, due.map(|d| d.0)]
+                .into_iter()
+                .flatten()
+                .min()
+            else {
                 break;
             };
             if next > until {
@@ -437,6 +541,8 @@ impl Host {
             if tick == Some(next) {
                 world.tick(self.now, &self.coord);
                 self.flush(world);
+            } else if let Some((_, id)) = due.filter(|d| d.0 == next) {
+                self.exchange(world, id, Exchange::handle_timeout);
             } else if wake == Some(next) && job.is_none_or(|j| j > next) {
                 // A wake-up that changes nothing, again and again, would hang a host.
                 if last_wake == wake {
@@ -490,7 +596,9 @@ impl Host {
                     self.end(world, id, Ended::Cancelled);
                 }
             }
-            Job::Settle(id, lease, usage) => self.settle(world, id, lease, usage),
+            Job::Settle(id, usage) => {
+                self.exchange(world, id, |x, now| x.end(now, Some(usage)));
+            }
             Job::Answer(id, lease, mut reply) => {
                 world.answered(self.now, id, lease, reply.as_mut());
                 let Some(reply) = reply else { return };
@@ -505,15 +613,29 @@ impl Host {
                     reported: false,
                 };
                 let out = self.handle(&input);
-                if let Output::Deliver { settled: None, .. } = &out {
-                    // A success: the host settles it from the usage the provider reported,
-                    // at once or when the usage arrives.
-                    if reply.settle_after_ms == 0 {
-                        self.settle(world, id, lease, reply.usage);
-                    } else {
-                        let at = self.now + reply.settle_after_ms;
-                        self.at(at, Job::Settle(id, lease, reply.usage));
+                // A success is settled from the usage the provider reported when its body
+                // ends: at once for a JSON answer, later for a stream's final report.
+                let answer = match &out {
+                    Output::Deliver { settled: None, .. } if reply.settle_after_ms == 0 => {
+                        Answer::Json
                     }
+                    Output::Deliver { settled: None, .. } => Answer::Stream,
+                    _ => Answer::Settled,
+                };
+                let left = self
+                    .sending
+                    .get(&id)
+                    .map_or(0, |s| s.expires_at.since(Millis(self.now)));
+                self.exchange(world, id, |x, now| x.answered(now, answer, left));
+                match answer {
+                    Answer::Json => {
+                        self.exchange(world, id, |x, now| x.end(now, Some(reply.usage)))
+                    }
+                    Answer::Stream => {
+                        let at = self.now + reply.settle_after_ms;
+                        self.at(at, Job::Settle(id, reply.usage));
+                    }
+                    _ => {}
                 }
                 self.obey(world, id, out);
             }
