@@ -496,7 +496,7 @@ impl LeaseTable {
         id.slot()
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn remove(&mut self, id: LeaseId) -> Option<Entry> {
         let s = self.slots.get_mut(id.slot() as usize)?;
         if s.generation != id.generation() {

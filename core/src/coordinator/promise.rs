@@ -192,14 +192,26 @@ impl Coordinator {
     /// for it at the latest (the `j`-th earliest for the `j`-th in line; a lease TTL more
     /// for each round of the slots), or its bound if later: [`Coordinator::poll_timeout`]
     /// wakes the host then. Each costs O(log n) per ticket it checks.
+    #[inline]
     pub(super) fn keep_promises(&mut self, p: u32, now: Millis) {
         let Some(pool) = self.pools.get_mut(p as usize) else {
             return;
         };
-        let by = pool.revise.take();
+        // No line, no promise to keep (the common case: checked without a call).
         if pool.queue.is_empty() {
+            pool.revise = None;
             return;
         }
+        self.keep_queued_promises(p, now);
+    }
+
+    /// [`Coordinator::keep_promises`] for a pool with a line.
+    #[inline(never)]
+    fn keep_queued_promises(&mut self, p: u32, now: Millis) {
+        let Some(pool) = self.pools.get_mut(p as usize) else {
+            return;
+        };
+        let by = pool.revise.take();
         let candidates = match by {
             Some(Revise::Recompute) => pool
                 .queue

@@ -347,6 +347,7 @@ impl Coordinator {
 
     /// Takes lease `lease` (granted or queued) out of the table; `UnknownLease` if it is
     /// not there.
+    #[inline(always)]
     fn take_lease(&mut self, lease: LeaseId) -> Result<Entry, LeaseError> {
         let live = self.leases.live();
         let entry = self.leases.remove(lease).ok_or(LeaseError::UnknownLease)?;
