@@ -172,35 +172,18 @@ export declare class Estimator {
 
 /**
  * One send of a model call: the core's machine for renewal, timeouts, delivery and the
- * lease's end, with the provider crate's reader of the answer's usage. Every event answers
- * bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
+ * lease's end, with the provider crate's reader of the answer's usage. Events go in by code
+ * (`EXCHANGE_EVENTS` in the driver's generated `abi.ts`), body pieces by `push`; each
+ * answers bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
  */
 export declare class Exchange {
-  /** The head came at `now`: `answer` is `settled`, `empty`, `json` or `stream`. */
-  answered(now: number, answer: string, leaseLeftMs: number): number
-  /** The caller waits for the next piece from `now`. */
-  reading(now: number): number
+  /** Event `code` at `now`, with its `arg` (see `EXCHANGE_EVENTS`). */
+  event(code: number, now: number, arg: number): number
   /** A piece of the body came at `now`. */
   push(now: number, chunk: Uint8Array): number
-  /** The body ended cleanly at `now`. */
-  end(now: number): number
-  /** The body broke or was cancelled. */
-  broken(): number
-  /** No answer came, or the core could not take it in. */
-  failed(): number
-  /** The timer fired at `now`. */
-  timeout(now: number): number
-  /** The renewal was answered at `now`: the lease has `leaseLeftMs` to run. */
-  renewed(now: number, leaseLeftMs: number): number
-  /** The renewal was refused (`gone`: the lease is unknown). */
-  renewRefused(gone: boolean): number
-  /** The settle was refused (`gone`: the lease had ended). */
-  settleRefused(gone: boolean): number
-  /** The interrupted end was refused (`gone`: the lease had ended). */
-  interruptedRefused(gone: boolean): number
-  /** When to call `timeout` next, on the host's clock; -1 for never. */
+  /** When to send the `timeout` event next, on the host's clock; -1 for never. */
   deadline(): number
-  /** The actions waiting, as JSON text (an array; see the package's `ExchangeAction`). */
+  /** The actions waiting, as JSON text (an array; see the driver's `ExchangeAction`). */
   actions(): string
 }
 

@@ -2,8 +2,11 @@
 //! (renewal, timeouts, delivery, the lease's end) with the provider crate's usage reader
 //! for the answer's body, so the host passes bytes and the time and does what it is told.
 //!
-//! Every event answers a small number: [`ACTIONS`] set when actions wait
-//! ([`Exchange::actions`]), [`TIMER`] set when the deadline moved ([`Exchange::deadline`]).
+//! The events cross the boundary as one call with a code ([`EVENTS`]: the index of the
+//! event's name; the TypeScript mirror is generated from it), bytes as another
+//! ([`Exchange::push`]). Every event answers a small number: [`ACTIONS`] set when actions
+//! wait ([`Exchange::actions`]), [`TIMER`] set when the deadline moved
+//! ([`Exchange::deadline`]).
 
 use tokenwarden_core as core;
 use tokenwarden_provider::{Api, Format, UsageReader};
@@ -14,6 +17,26 @@ use crate::{ArgError, u64_from_f64};
 pub const ACTIONS: u32 = 1;
 /// An event's answer bit: the deadline moved.
 pub const TIMER: u32 = 2;
+
+/// The events of [`Exchange::event`], by code (the index): the four answers to the head
+/// (`arg`: the time left on the lease), the caller reading, the body's end, a break, no
+/// answer, the timer, a renewal answered (`arg`: the time left) or refused, a settle or an
+/// interrupted refused (`arg`: 1 when the lease is gone).
+pub const EVENTS: [&str; 13] = [
+    "settled",
+    "empty",
+    "json",
+    "stream",
+    "reading",
+    "end",
+    "broken",
+    "failed",
+    "timeout",
+    "renewed",
+    "renew_refused",
+    "settle_refused",
+    "interrupted_refused",
+];
 
 /// A send's machine and its answer's reader (see the module doc).
 #[derive(Debug)]
@@ -145,41 +168,58 @@ impl Exchange {
         bits
     }
 
-    /// The head came at `now`; `answer` is what the core made of it (`settled`, `empty`,
-    /// `json` or `stream`), the lease has `lease_left_ms` to run.
-    pub fn answered(
-        &mut self,
-        now: f64,
-        answer: &str,
-        lease_left_ms: f64,
-    ) -> Result<u32, ArgError> {
-        let answer = match answer {
-            "settled" => core::Answer::Settled,
-            "empty" => core::Answer::Empty,
-            "json" => core::Answer::Json,
-            "stream" => core::Answer::Stream,
+    /// Event `code` ([`EVENTS`]) at `now`, with its `arg`.
+    pub fn event(&mut self, code: u32, now: f64, arg: f64) -> Result<u32, ArgError> {
+        let t = at(now)?;
+        let gone = arg != 0.0;
+        Ok(match code {
+            0..=3 => {
+                let answer = [
+                    core::Answer::Settled,
+                    core::Answer::Empty,
+                    core::Answer::Json,
+                    core::Answer::Stream,
+                ][code as usize];
+                let left = left(arg)?;
+                if matches!(answer, core::Answer::Json | core::Answer::Stream)
+                    && !self.machine.is_ended()
+                {
+                    self.reader = Some(UsageReader::new(
+                        self.format,
+                        answer == core::Answer::Stream,
+                    ));
+                }
+                self.step(|m| m.answered(t, answer, left))
+            }
+            4 => self.step(|m| m.reading(t)),
+            5 => {
+                let usage = match self.reader.as_mut() {
+                    Some(r) if !self.machine.is_ended() => {
+                        r.end();
+                        r.usage().map(core_usage)
+                    }
+                    _ => None,
+                };
+                self.step(|m| m.end(t, usage))
+            }
+            6 => self.step(core::Exchange::broken),
+            7 => self.step(core::Exchange::failed),
+            8 => self.step(|m| m.handle_timeout(t)),
+            9 => {
+                let left = left(arg)?;
+                self.step(|m| m.renewed(t, left))
+            }
+            10 => self.step(|m| m.renew_refused(gone)),
+            11 => self.step(|m| m.settle_refused(gone)),
+            12 => self.step(|m| m.interrupted_refused(gone)),
             other => {
                 return Err(ArgError::range(
                     "invalid_argument",
-                    format!("`answer` must be settled, empty, json or stream, got {other:?}"),
+                    format!("`event` must be a code from 0 to 12, got {other}"),
                 )
-                .with_field("answer"));
+                .with_field("event"));
             }
-        };
-        let (now, left) = (at(now)?, left(lease_left_ms)?);
-        if matches!(answer, core::Answer::Json | core::Answer::Stream) && !self.machine.is_ended() {
-            self.reader = Some(UsageReader::new(
-                self.format,
-                answer == core::Answer::Stream,
-            ));
-        }
-        Ok(self.step(|m| m.answered(now, answer, left)))
-    }
-
-    /// The caller waits for the next piece from `now`.
-    pub fn reading(&mut self, now: f64) -> Result<u32, ArgError> {
-        let now = at(now)?;
-        Ok(self.step(|m| m.reading(now)))
+        })
     }
 
     /// A piece of the body came at `now`.
@@ -193,57 +233,7 @@ impl Exchange {
         Ok(self.step(|m| m.piece(now, chunk.len() as u64)))
     }
 
-    /// The body ended cleanly at `now`.
-    pub fn end(&mut self, now: f64) -> Result<u32, ArgError> {
-        let now = at(now)?;
-        let usage = match self.reader.as_mut() {
-            Some(r) if !self.machine.is_ended() => {
-                r.end();
-                r.usage().map(core_usage)
-            }
-            _ => None,
-        };
-        Ok(self.step(|m| m.end(now, usage)))
-    }
-
-    /// The body broke or was cancelled.
-    pub fn broken(&mut self) -> u32 {
-        self.step(core::Exchange::broken)
-    }
-
-    /// No answer came, or the core could not take it in.
-    pub fn failed(&mut self) -> u32 {
-        self.step(core::Exchange::failed)
-    }
-
-    /// The host's timer fired at `now`.
-    pub fn timeout(&mut self, now: f64) -> Result<u32, ArgError> {
-        let now = at(now)?;
-        Ok(self.step(|m| m.handle_timeout(now)))
-    }
-
-    /// The renewal was answered at `now`; the lease has `lease_left_ms` to run.
-    pub fn renewed(&mut self, now: f64, lease_left_ms: f64) -> Result<u32, ArgError> {
-        let (now, left) = (at(now)?, left(lease_left_ms)?);
-        Ok(self.step(|m| m.renewed(now, left)))
-    }
-
-    /// The renewal was refused (`gone`: the lease is unknown).
-    pub fn renew_refused(&mut self, gone: bool) -> u32 {
-        self.step(|m| m.renew_refused(gone))
-    }
-
-    /// The settle was refused (`gone`: the lease had ended).
-    pub fn settle_refused(&mut self, gone: bool) -> u32 {
-        self.step(|m| m.settle_refused(gone))
-    }
-
-    /// The interrupted end was refused (`gone`: the lease had ended).
-    pub fn interrupted_refused(&mut self, gone: bool) -> u32 {
-        self.step(|m| m.interrupted_refused(gone))
-    }
-
-    /// When to call [`Exchange::timeout`] next, on the host's clock; -1 for never.
+    /// When to send the `timeout` event next, on the host's clock; -1 for never.
     #[must_use]
     pub fn deadline(&self) -> f64 {
         #[allow(clippy::cast_precision_loss)] // a clock reading in ms: below 2^53

@@ -75,6 +75,8 @@ export const WAIT_REASONS = {wait_reasons}
 export const GIVE_UP_REASONS = {give_up_reasons}
 /** The header report's axes in slot order; `exceeded`'s code is the index here. */
 export const RATE_AXES = {rate_axes}
+/** An exchange's event codes (`Exchange.event`): the index in this list. */
+export const EXCHANGE_EVENTS = {exchange_events}
 /**
  * The register file's named slots, `SLOT_<LAYOUT>_<NAME>`, from the crate's one table
  * (`io::SLOT_TABLE`; what each layout holds is documented there). After a register-file
@@ -105,6 +107,7 @@ export const ENGINE_ERROR_CODES = {errors}
         wait_reasons = tuple(&io::WAIT_REASONS),
         give_up_reasons = tuple(&io::GIVE_UP_REASONS),
         rate_axes = tuple(&io::RATE_AXES),
+        exchange_events = tuple(&crate::exchange::EVENTS),
         named_slots = slot_constants(),
     )
 }

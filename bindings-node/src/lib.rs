@@ -675,8 +675,9 @@ pub fn prompt_bytes(env: Env, provider: String, body: String) -> napi::Result<St
 }
 
 /// One send of a model call: the core's machine for renewal, timeouts, delivery and the
-/// lease's end, with the provider crate's reader of the answer's usage. Every event answers
-/// bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
+/// lease's end, with the provider crate's reader of the answer's usage. Events go in by code
+/// (`EXCHANGE_EVENTS` in the driver's generated `abi.ts`), body pieces by `push`; each
+/// answers bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
 #[napi]
 pub struct Exchange {
     inner: tokenwarden_js_abi::exchange::Exchange,
@@ -684,22 +685,10 @@ pub struct Exchange {
 
 #[napi]
 impl Exchange {
-    /// The head came at `now`: `answer` is `settled`, `empty`, `json` or `stream`.
+    /// Event `code` at `now`, with its `arg` (see `EXCHANGE_EVENTS`).
     #[napi]
-    pub fn answered(
-        &mut self,
-        env: Env,
-        now: f64,
-        answer: String,
-        lease_left_ms: f64,
-    ) -> napi::Result<u32> {
-        js(&env, || self.inner.answered(now, &answer, lease_left_ms))
-    }
-
-    /// The caller waits for the next piece from `now`.
-    #[napi]
-    pub fn reading(&mut self, env: Env, now: f64) -> napi::Result<u32> {
-        js(&env, || self.inner.reading(now))
+    pub fn event(&mut self, env: Env, code: u32, now: f64, arg: f64) -> napi::Result<u32> {
+        js(&env, || self.inner.event(code, now, arg))
     }
 
     /// A piece of the body came at `now`.
@@ -708,61 +697,13 @@ impl Exchange {
         js(&env, || self.inner.push(now, &chunk))
     }
 
-    /// The body ended cleanly at `now`.
-    #[napi]
-    pub fn end(&mut self, env: Env, now: f64) -> napi::Result<u32> {
-        js(&env, || self.inner.end(now))
-    }
-
-    /// The body broke or was cancelled.
-    #[napi]
-    pub fn broken(&mut self) -> u32 {
-        self.inner.broken()
-    }
-
-    /// No answer came, or the core could not take it in.
-    #[napi]
-    pub fn failed(&mut self) -> u32 {
-        self.inner.failed()
-    }
-
-    /// The timer fired at `now`.
-    #[napi]
-    pub fn timeout(&mut self, env: Env, now: f64) -> napi::Result<u32> {
-        js(&env, || self.inner.timeout(now))
-    }
-
-    /// The renewal was answered at `now`: the lease has `leaseLeftMs` to run.
-    #[napi]
-    pub fn renewed(&mut self, env: Env, now: f64, lease_left_ms: f64) -> napi::Result<u32> {
-        js(&env, || self.inner.renewed(now, lease_left_ms))
-    }
-
-    /// The renewal was refused (`gone`: the lease is unknown).
-    #[napi]
-    pub fn renew_refused(&mut self, gone: bool) -> u32 {
-        self.inner.renew_refused(gone)
-    }
-
-    /// The settle was refused (`gone`: the lease had ended).
-    #[napi]
-    pub fn settle_refused(&mut self, gone: bool) -> u32 {
-        self.inner.settle_refused(gone)
-    }
-
-    /// The interrupted end was refused (`gone`: the lease had ended).
-    #[napi]
-    pub fn interrupted_refused(&mut self, gone: bool) -> u32 {
-        self.inner.interrupted_refused(gone)
-    }
-
-    /// When to call `timeout` next, on the host's clock; -1 for never.
+    /// When to send the `timeout` event next, on the host's clock; -1 for never.
     #[napi]
     pub fn deadline(&self) -> f64 {
         self.inner.deadline()
     }
 
-    /// The actions waiting, as JSON text (an array; see the package's `ExchangeAction`).
+    /// The actions waiting, as JSON text (an array; see the driver's `ExchangeAction`).
     #[napi]
     pub fn actions(&mut self) -> String {
         self.inner.actions()

@@ -661,8 +661,9 @@ pub fn prompt_bytes(provider: &str, body: &str) -> Result<String, Thrown> {
 }
 
 /// One send of a model call: the core's machine for renewal, timeouts, delivery and the
-/// lease's end, with the provider crate's reader of the answer's usage. Every event answers
-/// bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
+/// lease's end, with the provider crate's reader of the answer's usage. Events go in by code
+/// (`EXCHANGE_EVENTS` in the driver's generated `abi.ts`), body pieces by `push`; each
+/// answers bits: 1, actions wait (`actions()`); 2, the deadline moved (`deadline()`).
 #[wasm_bindgen]
 pub struct Exchange {
     inner: tokenwarden_js_abi::exchange::Exchange,
@@ -670,16 +671,9 @@ pub struct Exchange {
 
 #[wasm_bindgen]
 impl Exchange {
-    /// The head came at `now`: `answer` is `settled`, `empty`, `json` or `stream`.
-    pub fn answered(&mut self, now: f64, answer: &str, lease_left_ms: f64) -> Result<u32, Thrown> {
-        self.inner
-            .answered(now, answer, lease_left_ms)
-            .map_err(Thrown::from)
-    }
-
-    /// The caller waits for the next piece from `now`.
-    pub fn reading(&mut self, now: f64) -> Result<u32, Thrown> {
-        self.inner.reading(now).map_err(Thrown::from)
+    /// Event `code` at `now`, with its `arg` (see `EXCHANGE_EVENTS`).
+    pub fn event(&mut self, code: u32, now: f64, arg: f64) -> Result<u32, Thrown> {
+        self.inner.event(code, now, arg).map_err(Thrown::from)
     }
 
     /// A piece of the body came at `now`.
@@ -687,55 +681,12 @@ impl Exchange {
         self.inner.push(now, chunk).map_err(Thrown::from)
     }
 
-    /// The body ended cleanly at `now`.
-    pub fn end(&mut self, now: f64) -> Result<u32, Thrown> {
-        self.inner.end(now).map_err(Thrown::from)
-    }
-
-    /// The body broke or was cancelled.
-    pub fn broken(&mut self) -> u32 {
-        self.inner.broken()
-    }
-
-    /// No answer came, or the core could not take it in.
-    pub fn failed(&mut self) -> u32 {
-        self.inner.failed()
-    }
-
-    /// The timer fired at `now`.
-    pub fn timeout(&mut self, now: f64) -> Result<u32, Thrown> {
-        self.inner.timeout(now).map_err(Thrown::from)
-    }
-
-    /// The renewal was answered at `now`: the lease has `leaseLeftMs` to run.
-    pub fn renewed(&mut self, now: f64, lease_left_ms: f64) -> Result<u32, Thrown> {
-        self.inner.renewed(now, lease_left_ms).map_err(Thrown::from)
-    }
-
-    /// The renewal was refused (`gone`: the lease is unknown).
-    #[wasm_bindgen(js_name = renewRefused)]
-    pub fn renew_refused(&mut self, gone: bool) -> u32 {
-        self.inner.renew_refused(gone)
-    }
-
-    /// The settle was refused (`gone`: the lease had ended).
-    #[wasm_bindgen(js_name = settleRefused)]
-    pub fn settle_refused(&mut self, gone: bool) -> u32 {
-        self.inner.settle_refused(gone)
-    }
-
-    /// The interrupted end was refused (`gone`: the lease had ended).
-    #[wasm_bindgen(js_name = interruptedRefused)]
-    pub fn interrupted_refused(&mut self, gone: bool) -> u32 {
-        self.inner.interrupted_refused(gone)
-    }
-
-    /// When to call `timeout` next, on the host's clock; -1 for never.
+    /// When to send the `timeout` event next, on the host's clock; -1 for never.
     pub fn deadline(&self) -> f64 {
         self.inner.deadline()
     }
 
-    /// The actions waiting, as JSON text (an array; see the package's `ExchangeAction`).
+    /// The actions waiting, as JSON text (an array; see the driver's `ExchangeAction`).
     pub fn actions(&mut self) -> String {
         self.inner.actions()
     }

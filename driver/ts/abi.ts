@@ -35,6 +35,8 @@ export const WAIT_REASONS = ['queued', 'refused', 'rate_limited', 'overloaded'] 
 export const GIVE_UP_REASONS = ['never_fits', 'refusals', 'attempts'] as const
 /** The header report's axes in slot order; `exceeded`'s code is the index here. */
 export const RATE_AXES = ['requests', 'tokens', 'input_tokens', 'output_tokens', 'concurrent'] as const
+/** An exchange's event codes (`Exchange.event`): the index in this list. */
+export const EXCHANGE_EVENTS = ['settled', 'empty', 'json', 'stream', 'reading', 'end', 'broken', 'failed', 'timeout', 'renewed', 'renew_refused', 'settle_refused', 'interrupted_refused'] as const
 /**
  * The register file's named slots, `SLOT_<LAYOUT>_<NAME>`, from the crate's one table
  * (`io::SLOT_TABLE`; what each layout holds is documented there). After a register-file

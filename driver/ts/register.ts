@@ -14,6 +14,7 @@ import {
   DECISION_NEVER,
   DECISION_QUEUED,
   EVENTS,
+  EXCHANGE_EVENTS,
   GIVE_UP_REASONS,
   IO_SLOTS,
   LEASE_REQUEST_FIELDS,
@@ -105,8 +106,16 @@ import type {
   Usage,
 } from './types.js'
 
-/** A binding's exchange: the {@link Exchange}, its actions as JSON text. */
-type BindingExchange = Omit<Exchange, 'actions'> & { actions(): string }
+/** A binding's exchange: events by code (`EXCHANGE_EVENTS`), its actions as JSON text. */
+interface BindingExchange {
+  event(code: number, now: number, arg: number): number
+  push(now: number, chunk: Uint8Array): number
+  deadline(): number
+  actions(): string
+}
+
+/** An exchange event's code. */
+const EVENT = Object.fromEntries(EXCHANGE_EVENTS.map((name, i) => [name, i])) as Record<(typeof EXCHANGE_EVENTS)[number], number>
 
 /** What a binding's coordinator class offers (the addon's and the wasm build's). */
 export interface RegisterBinding {
@@ -365,9 +374,25 @@ export class RegisterEngine implements Engine {
     } catch (e) {
       throw normalizeEngineError(e, 'exchange')
     }
-    // The object itself, with its actions parsed: every other call goes straight through.
-    const actions = x.actions.bind(x)
-    return Object.assign(x, { actions: () => JSON.parse(actions()) as ExchangeAction[] }) as unknown as Exchange
+    return {
+      answered: (now, answer, leaseLeftMs) => {
+        const code = EVENT[answer]
+        if (code === undefined || code > EVENT.stream) throw invalidArgument(`answered needs \`answer\` as settled, empty, json or stream, got ${String(answer)}`, 'answer')
+        return x.event(code, now, leaseLeftMs)
+      },
+      reading: (now) => x.event(EVENT.reading, now, 0),
+      push: (now, chunk) => x.push(now, chunk),
+      end: (now) => x.event(EVENT.end, now, 0),
+      broken: () => x.event(EVENT.broken, 0, 0),
+      failed: () => x.event(EVENT.failed, 0, 0),
+      timeout: (now) => x.event(EVENT.timeout, now, 0),
+      renewed: (now, leaseLeftMs) => x.event(EVENT.renewed, now, leaseLeftMs),
+      renewRefused: (gone) => x.event(EVENT.renew_refused, 0, gone ? 1 : 0),
+      settleRefused: (gone) => x.event(EVENT.settle_refused, 0, gone ? 1 : 0),
+      interruptedRefused: (gone) => x.event(EVENT.interrupted_refused, 0, gone ? 1 : 0),
+      deadline: () => x.deadline(),
+      actions: () => JSON.parse(x.actions()) as ExchangeAction[],
+    }
   }
 
   exchangeTimeouts(firstByteMs: number | undefined, idleMs: number | undefined): [number, number] {
