@@ -1,6 +1,6 @@
-//! One send of a model call for a JavaScript host: the core's [`Exchange`](core::Exchange)
-//! (renewal, timeouts, delivery, the lease's end) with the provider crate's usage reader
-//! for the answer's body, so the host passes bytes and the time and does what it is told.
+//! One send of a model call for a JavaScript host: the provider crate's
+//! [`Send`](tokenwarden_provider::send::Send) (the core's exchange with the usage reader),
+//! so the host passes bytes and the time and does what it is told.
 //!
 //! The events cross the boundary as one call with a code ([`EVENTS`]: the index of the
 //! event's name; the TypeScript mirror is generated from it), bytes as another
@@ -9,7 +9,8 @@
 //! ([`Exchange::deadline`]).
 
 use tokenwarden_core as core;
-use tokenwarden_provider::{Api, Format, UsageReader};
+use tokenwarden_provider::Api;
+use tokenwarden_provider::send::{Send, SendAction};
 
 use crate::{ArgError, u64_from_f64};
 
@@ -41,9 +42,7 @@ pub const EVENTS: [&str; 13] = [
 /// A send's machine and its answer's reader (see the module doc).
 #[derive(Debug)]
 pub struct Exchange {
-    machine: core::Exchange,
-    format: Format,
-    reader: Option<UsageReader>,
+    machine: Send,
 }
 
 /// The API named as [`crate::model_call`] names it.
@@ -142,7 +141,8 @@ impl Exchange {
         let t = timeouts(Some(first_byte_ms), Some(idle_ms))?;
         let ms = |f: f64| (f != f64::INFINITY).then(|| u64_from_f64(f, "timeout").unwrap_or(0));
         Ok(Exchange {
-            machine: core::Exchange::sent(
+            machine: Send::sent(
+                api(api_name)?,
                 at(now)?,
                 left(lease_left_ms)?,
                 core::Timeouts {
@@ -150,12 +150,10 @@ impl Exchange {
                     idle_ms: ms(t[1]),
                 },
             ),
-            format: Format::from(api(api_name)?),
-            reader: None,
         })
     }
 
-    fn step(&mut self, f: impl FnOnce(&mut core::Exchange)) -> u32 {
+    fn step(&mut self, f: impl FnOnce(&mut Send)) -> u32 {
         let before = self.machine.poll_timeout();
         f(&mut self.machine);
         let mut bits = 0;
@@ -181,29 +179,12 @@ impl Exchange {
                     core::Answer::Stream,
                 ][code as usize];
                 let left = left(arg)?;
-                if matches!(answer, core::Answer::Json | core::Answer::Stream)
-                    && !self.machine.is_ended()
-                {
-                    self.reader = Some(UsageReader::new(
-                        self.format,
-                        answer == core::Answer::Stream,
-                    ));
-                }
                 self.step(|m| m.answered(t, answer, left))
             }
             4 => self.step(|m| m.reading(t)),
-            5 => {
-                let usage = match self.reader.as_mut() {
-                    Some(r) if !self.machine.is_ended() => {
-                        r.end();
-                        r.usage().map(core_usage)
-                    }
-                    _ => None,
-                };
-                self.step(|m| m.end(t, usage))
-            }
-            6 => self.step(core::Exchange::broken),
-            7 => self.step(core::Exchange::failed),
+            5 => self.step(|m| m.end(t)),
+            6 => self.step(Send::broken),
+            7 => self.step(Send::failed),
             8 => self.step(|m| m.handle_timeout(t)),
             9 => {
                 let left = left(arg)?;
@@ -225,12 +206,7 @@ impl Exchange {
     /// A piece of the body came at `now`.
     pub fn push(&mut self, now: f64, chunk: &[u8]) -> Result<u32, ArgError> {
         let now = at(now)?;
-        if !self.machine.is_ended() {
-            if let Some(r) = self.reader.as_mut() {
-                r.push(chunk);
-            }
-        }
-        Ok(self.step(|m| m.piece(now, chunk.len() as u64)))
+        Ok(self.step(|m| m.push(now, chunk)))
     }
 
     /// When to send the `timeout` event next, on the host's clock; -1 for never.
@@ -252,26 +228,17 @@ impl Exchange {
                 out.push(',');
             }
             match a {
-                core::Action::Renew => out.push_str(r#"{"do":"renew"}"#),
-                core::Action::Deliver => out.push_str(r#"{"do":"deliver"}"#),
-                core::Action::Settle { usage, learn } => {
-                    out.push_str(&format!(
-                        r#"{{"do":"settle","usage":{},"learn":{learn}}}"#,
-                        crate::usage_json(Some(provider_usage(usage)))
-                    ));
-                }
-                core::Action::Interrupted { seen } => {
-                    let seen = if seen {
-                        self.reader.as_ref().and_then(UsageReader::seen)
-                    } else {
-                        None
-                    };
-                    out.push_str(&format!(
-                        r#"{{"do":"interrupted","seen":{}}}"#,
-                        crate::usage_json(seen)
-                    ));
-                }
-                core::Action::TimedOut { timeout, ms } => {
+                SendAction::Renew => out.push_str(r#"{"do":"renew"}"#),
+                SendAction::Deliver => out.push_str(r#"{"do":"deliver"}"#),
+                SendAction::Settle { usage, learn } => out.push_str(&format!(
+                    r#"{{"do":"settle","usage":{},"learn":{learn}}}"#,
+                    crate::usage_json(Some(usage))
+                )),
+                SendAction::Interrupted { seen } => out.push_str(&format!(
+                    r#"{{"do":"interrupted","seen":{}}}"#,
+                    crate::usage_json(seen)
+                )),
+                SendAction::TimedOut { timeout, ms } => {
                     let which = match timeout {
                         core::Timeout::FirstByte => "first_byte",
                         core::Timeout::Idle => "idle",
@@ -284,23 +251,5 @@ impl Exchange {
         }
         out.push(']');
         out
-    }
-}
-
-fn core_usage(u: tokenwarden_provider::Usage) -> core::Usage {
-    core::Usage {
-        input_tokens: u.input_tokens,
-        cache_creation_input_tokens: u.cache_creation_input_tokens,
-        cache_read_input_tokens: u.cache_read_input_tokens,
-        output_tokens: u.output_tokens,
-    }
-}
-
-fn provider_usage(u: core::Usage) -> tokenwarden_provider::Usage {
-    tokenwarden_provider::Usage {
-        input_tokens: u.input_tokens,
-        cache_creation_input_tokens: u.cache_creation_input_tokens,
-        cache_read_input_tokens: u.cache_read_input_tokens,
-        output_tokens: u.output_tokens,
     }
 }

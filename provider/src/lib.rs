@@ -2,8 +2,10 @@
 //! which requests are model calls, how a provider's answer reports what a call used
 //! ([`usage`]), who a call is by its client's session headers ([`mod@identity`]), and how
 //! many tokens a text is in OpenAI's byte-pair encodings ([`bpe`]); what a request costs
-//! ([`estimate`]), and how Anthropic's `count_tokens` is asked ([`count_tokens`]); and how an
-//! error is answered in each provider's format ([`errors`]).
+//! ([`estimate`]), and how Anthropic's `count_tokens` is asked ([`count_tokens`]); how an
+//! error is answered in each provider's format ([`errors`]); and one send from the request
+//! to the lease's end for a host that passes the answer's bytes ([`send`]: the core's
+//! exchange with the usage reader).
 //!
 //! A model call is leased before it is sent; any other request (token counting, model
 //! lists, a batch, a stored response) passes through. The decision is made on the path as
@@ -31,6 +33,7 @@ pub mod count_tokens;
 pub mod errors;
 pub mod estimate;
 pub mod identity;
+pub mod send;
 pub mod usage;
 pub use identity::{Identity, identity};
 pub use usage::{Format, Usage, UsageReader};
