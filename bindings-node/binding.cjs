@@ -845,3 +845,4 @@ module.exports.countTokensPause = nativeBinding.countTokensPause
 module.exports.errorAnswer = nativeBinding.errorAnswer
 module.exports.planFleet = nativeBinding.planFleet
 module.exports.promptBytes = nativeBinding.promptBytes
+module.exports.stopAnswer = nativeBinding.stopAnswer

@@ -227,3 +227,10 @@ export declare function planFleet(json: string): string
  * `{"prefix","rest"}` as JSON text.
  */
 export declare function promptBytes(provider: string, body: string): string
+
+/**
+ * How tokenwarden answers a call it stops (`refused`, `gave_up`, `unknown_pool`, `closed`,
+ * `restarting`, `unreachable`, `timed_out`): `[status, retry-after s or -1,
+ * x-should-retry 1 / 0 or -1]`.
+ */
+export declare function stopAnswer(stop: string, retryAfterMs?: number | undefined | null): Array<number>

@@ -1723,6 +1723,28 @@ pub fn error_answer(
     })
 }
 
+/// `stopAnswer(stop, retryAfterMs)`: how tokenwarden answers a call it stops
+/// ([`tokenwarden_provider::errors::Stop`], by name): `[status, retry-after seconds or -1,
+/// x-should-retry 1 / 0, or -1 to leave it out]`.
+pub fn stop_answer(stop: &str, retry_after_ms: Option<f64>) -> Result<[f64; 3], ArgError> {
+    let ms = retry_after_ms
+        .map(|v| u64_of(v, "retryAfterMs"))
+        .transpose()?;
+    let s = tokenwarden_provider::errors::Stop::named(stop, ms).ok_or_else(|| {
+        ArgError::range(
+            "invalid_argument",
+            format!("`stop` must be refused, gave_up, unknown_pool, closed, restarting, unreachable or timed_out, got {stop:?}"),
+        )
+        .with_field("stop")
+    })?;
+    #[allow(clippy::cast_precision_loss)] // seconds of at most 2^64 ms: shown, not counted
+    Ok([
+        f64::from(s.status()),
+        s.retry_after_s().map_or(-1.0, |v| v as f64),
+        s.should_retry().map_or(-1.0, |r| f64::from(u8::from(r))),
+    ])
+}
+
 /// `countTokensBody(body)`: the `count_tokens` request for a Messages body's JSON text (its
 /// counted fields, [`tokenwarden_provider::count_tokens::body`]), as JSON text.
 pub fn count_tokens_body(body: &str) -> Result<String, ArgError> {

@@ -642,6 +642,16 @@ pub fn error_answer(
     })
 }
 
+/// How tokenwarden answers a call it stops (`refused`, `gave_up`, `unknown_pool`, `closed`,
+/// `restarting`, `unreachable`, `timed_out`): `[status, retry-after s or -1,
+/// x-should-retry 1 / 0 or -1]`.
+#[napi(js_name = "stopAnswer")]
+pub fn stop_answer(env: Env, stop: String, retry_after_ms: Option<f64>) -> napi::Result<Vec<f64>> {
+    js(&env, || {
+        tokenwarden_js_abi::stop_answer(&stop, retry_after_ms).map(Vec::from)
+    })
+}
+
 /// The `count_tokens` request for a Messages body's JSON text: its counted fields.
 #[napi(js_name = "countTokensBody")]
 pub fn count_tokens_body(env: Env, body: String) -> napi::Result<String> {

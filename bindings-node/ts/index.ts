@@ -67,6 +67,7 @@ useProviderRules({
   callShape: (provider, body) => rules().callShape(provider, body),
   promptBytes: (provider, body) => rules().promptBytes(provider, body),
   errorAnswer: (provider, status, type, message, tokenwarden, stream) => rules().errorAnswer(provider, status, type, message, tokenwarden, stream),
+  stopAnswer: (stop, retryAfterMs) => rules().stopAnswer(stop, retryAfterMs),
   countTokensBody: (body) => rules().countTokensBody(body),
   countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => rules().countTokensPause(status, retryAfter, unixNowMs, pauseMs),
 })

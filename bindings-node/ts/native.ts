@@ -74,6 +74,13 @@ export const nativeProviderRules: ProviderRules = {
       throw normalizeEngineError(e, 'errorAnswer')
     }
   },
+  stopAnswer(stop, retryAfterMs) {
+    try {
+      return addon().stopAnswer(stop, retryAfterMs ?? undefined)
+    } catch (e) {
+      throw normalizeEngineError(e, 'stopAnswer')
+    }
+  },
   countTokensBody(body) {
     try {
       return addon().countTokensBody(body)

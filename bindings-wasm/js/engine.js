@@ -142,6 +142,7 @@ export function providerRulesFor(wasm, ranks) {
     callShape: (provider, body) => call('callShape', () => wasm.callShape(provider, body)),
     promptBytes: (provider, body) => call('promptBytes', () => wasm.promptBytes(provider, body)),
     errorAnswer: (provider, status, type, message, tokenwarden, stream) => call('errorAnswer', () => wasm.errorAnswer(provider, status, type ?? undefined, message, tokenwarden, stream)),
+    stopAnswer: (stop, retryAfterMs) => call('stopAnswer', () => Array.from(wasm.stopAnswer(stop, retryAfterMs ?? undefined))),
     countTokensBody: (body) => call('countTokensBody', () => wasm.countTokensBody(body)),
     countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => call('countTokensPause', () => wasm.countTokensPause(status ?? undefined, retryAfter ?? undefined, unixNowMs, pauseMs)),
   }

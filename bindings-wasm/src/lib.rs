@@ -631,6 +631,14 @@ pub fn error_answer(
     )?)
 }
 
+/// How tokenwarden answers a call it stops (`refused`, `gave_up`, `unknown_pool`, `closed`,
+/// `restarting`, `unreachable`, `timed_out`): `[status, retry-after s or -1,
+/// x-should-retry 1 / 0 or -1]`.
+#[wasm_bindgen(js_name = stopAnswer)]
+pub fn stop_answer(stop: &str, retry_after_ms: Option<f64>) -> Result<Vec<f64>, Thrown> {
+    Ok(tokenwarden_js_abi::stop_answer(stop, retry_after_ms).map(Vec::from)?)
+}
+
 /// The `count_tokens` request for a Messages body's JSON text: its counted fields.
 #[wasm_bindgen(js_name = countTokensBody)]
 pub fn count_tokens_body(body: &str) -> Result<String, Thrown> {

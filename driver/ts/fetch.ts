@@ -18,7 +18,7 @@ import { sleep } from './clock.js'
 import type { Driver, Lease } from './driver.js'
 import { LeaseRejectedError, TokenwardenError } from './errors.js'
 import { BytesPerTokenEstimator, type Estimate, type EstimateInput, type Estimator } from './estimator.js'
-import { type Provider, callShape, promptTokens, providerErrorBody } from './providers.js'
+import { type Provider, callShape, promptTokens, stopAnswer } from './providers.js'
 import { type CallStep, type Exchange, type ExchangeAction, type ModelApi, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
@@ -400,27 +400,18 @@ function upstreamTimeout(what: string, ms: number): TokenwardenError {
  * network error, an upstream timeout, an error of the caller's own hook).
  */
 function refusalResponse(e: unknown, provider: Provider): Response | null {
-  let status: number
-  const headers: Record<string, string> = { 'content-type': 'application/json', 'x-tokenwarden-refusal': '1' }
-  let fields: { error: string } & Record<string, unknown>
+  let answer: ReturnType<typeof stopAnswer>
   if (e instanceof LeaseRejectedError) {
-    fields = { error: 'rejected', reason: e.reason, retryAt: e.retryAt === null ? null : Number(e.retryAt), retryAfterMs: e.retryAfterMs, gaveUp: e.gaveUp, message: e.message }
-    if (e.retryable && e.retryAfterMs !== null) {
-      status = 429
-      headers['retry-after'] = String(Math.max(1, Math.ceil(e.retryAfterMs / 1000)))
-    } else {
-      status = 400
-    }
+    const fields = { error: 'rejected', reason: e.reason, retryAt: e.retryAt === null ? null : Number(e.retryAt), retryAfterMs: e.retryAfterMs, gaveUp: e.gaveUp, message: e.message }
+    answer = stopAnswer(provider, 'refused', e.retryable ? e.retryAfterMs : null, `tokenwarden: ${e.message}`, fields)
   } else if (e instanceof TokenwardenError && ['rejected', 'closed', 'unknown_pool'].includes(e.code)) {
-    status = e.code === 'closed' ? 503 : e.code === 'unknown_pool' ? 400 : 429
-    fields = { error: e.code, message: e.message }
+    const stop = e.code === 'rejected' ? 'gave_up' : (e.code as 'closed' | 'unknown_pool')
+    answer = stopAnswer(provider, stop, null, `tokenwarden: ${e.message}`, { error: e.code, message: e.message })
   } else {
     return null
   }
-  // A retry helps only where a retry time was given: a closed driver stays closed, so the
-  // SDK is told not to retry its 503 (it would retry it by status otherwise).
-  headers['x-should-retry'] = headers['retry-after'] !== undefined ? 'true' : 'false'
-  return new Response(JSON.stringify(providerErrorBody(provider, status, `tokenwarden: ${fields.message as string}`, fields)), { status, headers })
+  const headers = { 'content-type': 'application/json', 'x-tokenwarden-refusal': '1', ...answer.headers }
+  return new Response(JSON.stringify(answer.body), { status: answer.status, headers })
 }
 
 /** Says the call is waiting (a visible "waiting on rate limit, retrying in N s"), then waits. */

@@ -28,8 +28,8 @@ export type {
   OpenAIEncoding,
 } from './estimator.js'
 export type { CountTokensFailure, CountTokensOptions } from './counttokens.js'
-export { callShape, errorTypeFor, providerErrorBody, providerErrorEvent } from './providers.js'
-export type { CallShape, Provider } from './providers.js'
+export { callShape, errorTypeFor, providerErrorBody, providerErrorEvent, stopAnswer, stopStatus } from './providers.js'
+export type { CallShape, Provider, Stop } from './providers.js'
 export { ManualClock, sleep, systemClock } from './clock.js'
 export type { Clock } from './clock.js'
 export { AbortedError, LeaseRejectedError, TokenwardenError, invalidArgument, normalizeEngineError } from './errors.js'

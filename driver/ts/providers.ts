@@ -31,6 +31,35 @@ export function callShape(provider: Provider, body: Record<string, unknown> | st
   return JSON.parse(providerRules().callShape(provider, typeof body === 'string' ? body : JSON.stringify(body))) as CallShape
 }
 
+/** Why tokenwarden answers a model call itself (the provider crate's `Stop`). */
+export type Stop = 'refused' | 'gave_up' | 'unknown_pool' | 'closed' | 'restarting' | 'unreachable' | 'timed_out'
+
+/**
+ * How tokenwarden answers a model call it stops, in `provider`'s format (the provider
+ * crate's rule): the status, `retry-after` for a refusal that waiting cures, the
+ * `x-should-retry` the official SDKs obey (left out for the provider's own failures), and
+ * the error body with tokenwarden's `fields` under `tokenwarden`.
+ */
+export function stopAnswer(
+  provider: Provider,
+  stop: Stop,
+  retryAfterMs: number | null,
+  message: string,
+  fields: { error: string } & Record<string, unknown>,
+): { status: number; headers: Record<string, string>; body: Record<string, unknown> } {
+  const { status, headers } = stopStatus(stop, retryAfterMs)
+  return { status, headers, body: providerErrorBody(provider, status, message, fields) }
+}
+
+/** {@link stopAnswer}'s status and headers alone (`retry-after`, `x-should-retry`). */
+export function stopStatus(stop: Stop, retryAfterMs: number | null): { status: number; headers: Record<string, string> } {
+  const [status, retryAfter, shouldRetry] = providerRules().stopAnswer(stop, retryAfterMs) as [number, number, number]
+  const headers: Record<string, string> = {}
+  if (retryAfter >= 0) headers['retry-after'] = String(retryAfter)
+  if (shouldRetry >= 0) headers['x-should-retry'] = shouldRetry === 1 ? 'true' : 'false'
+  return { status, headers }
+}
+
 /** Every prompt token a usage counts (uncached, cache writes and cache reads). */
 export function promptTokens(u: Usage): number {
   return Number(u.inputTokens ?? 0) + Number(u.cacheCreationInputTokens ?? 0) + Number(u.cacheReadInputTokens ?? 0)

@@ -38,6 +38,12 @@ export interface ProviderRules {
    * its stream format; `type` null: the status's.
    */
   errorAnswer(provider: string, status: number, type: string | null | undefined, message: string, tokenwarden: string, stream: boolean): string
+  /**
+   * How tokenwarden answers a call it stops (`refused`, `gave_up`, `unknown_pool`,
+   * `closed`, `restarting`, `unreachable`, `timed_out`; `retryAfterMs` a refusal's):
+   * `[status, retry-after seconds or -1, x-should-retry 1 / 0 or -1 to leave it out]`.
+   */
+  stopAnswer(stop: string, retryAfterMs: number | null): number[]
   /** The `count_tokens` request for a Messages body's JSON text: the fields it counts. */
   countTokensBody(body: string): string
   /**
@@ -59,7 +65,7 @@ let source: ProviderRules | null = null
  */
 export function useProviderRules(s: ProviderRules, replace = true): void {
   if (s === null || typeof s !== 'object' || typeof s.create !== 'function')
-    throw new TypeError('useProviderRules needs { create, callShape, promptBytes, errorAnswer, countTokensBody, countTokensPause } from an engine package')
+    throw new TypeError('useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause } from an engine package')
   if (!replace && source !== null) return
   source = s
 }

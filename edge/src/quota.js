@@ -21,6 +21,7 @@ import {
   providerErrorBody,
   providerErrorEvent,
   stepOf,
+  stopStatus,
   taskIdFor,
   wasmEngines,
 } from 'tokenwarden-wasm'
@@ -1148,9 +1149,11 @@ function sseError(provider, status, type, message, code) {
  * errorResponse makes of it.
  */
 function failureOf(err) {
-  if (err?.upstream === true) return { status: 502, type: 'api_error', message: `tokenwarden: ${err.message}` }
-  if (err?.code === 'upstream_timeout') return { status: 504, type: 'timeout_error', message: `tokenwarden: ${err.message}` }
-  const { status, body } = errorParts(err)
+  if (err?.upstream === true || err?.code === 'upstream_timeout') {
+    const { status } = stopStatus(err?.upstream === true ? 'unreachable' : 'timed_out', null)
+    return { status, type: errorTypeFor(status), message: `tokenwarden: ${err.message}` }
+  }
+  const { status, body } = statusOf(err)
   return { status, type: errorTypeFor(status), message: `tokenwarden: ${body.message}` }
 }
 
@@ -1284,10 +1287,8 @@ const STATUS = {
   not_granted: 409,
   too_large: 400,
   invalid_argument: 400,
-  closed: 503,
   unknown_task: 404,
   too_many_tasks: 409,
-  upstream_timeout: 504,
   aborted: 499,
 }
 
@@ -1303,31 +1304,27 @@ const STATUS = {
  * @param {import('tokenwarden-wasm').Provider | null} provider
  */
 export function errorResponse(e, provider = null) {
-  const { status, body, headers, retry } = errorParts(e)
-  if (provider === null) return json(status, body, headers)
+  const { status, body, headers } = statusOf(e)
+  const { 'x-should-retry': retry, ...rest } = /** @type {Record<string, string>} */ (headers)
+  if (provider === null) return json(status, body, rest)
   const wrapped = providerErrorBody(provider, status, `tokenwarden: ${body.message}`, body)
-  return json(status, wrapped, { ...headers, 'x-should-retry': retry ? 'true' : 'false' })
+  return json(status, wrapped, { ...rest, 'x-should-retry': retry ?? 'false' })
 }
 
 /**
- * An error's status, tokenwarden body and headers, and whether a retry can cure it (a
- * refusal the core said to retry, or a limiter that is shutting down).
+ * An error's status, tokenwarden body and headers. A refusal, a limiter that is shutting
+ * down (a new one takes its place) and an upstream timeout are answered by the provider
+ * crate's rule for a stopped call (status, `retry-after`, `x-should-retry`).
  */
-function errorParts(e) {
-  const parts = statusOf(e)
-  return { ...parts, retry: e instanceof LeaseRejectedError ? e.retryable : parts.status === 503 }
-}
-
 function statusOf(e) {
   if (e instanceof HttpError) return { status: e.status, body: { error: e.code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) }, headers: {} }
   if (e instanceof LeaseRejectedError) {
-    // A refusal in proxy mode: 429 with when to come back, or 400 for a call that can
-    // never be served as asked (more than the pool allows in a window).
     const body = { error: 'rejected', reason: e.reason, retryAt: e.retryAt, retryAfterMs: e.retryAfterMs, message: e.message }
-    if (!e.retryable || e.retryAfterMs === null) return { status: 400, body, headers: {} }
-    return { status: 429, body, headers: { 'retry-after': String(Math.max(1, Math.ceil(e.retryAfterMs / 1000))) } }
+    return { body, ...stopStatus('refused', e.retryable ? e.retryAfterMs : null) }
   }
   const code = e?.code
+  if (code === 'closed') return { body: { error: code, message: e.message }, ...stopStatus('restarting', null) }
+  if (code === 'upstream_timeout') return { body: { error: code, message: e.message }, ...stopStatus('timed_out', null) }
   if (typeof code === 'string' && Object.hasOwn(STATUS, code)) {
     return { status: STATUS[code], body: { error: code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) }, headers: {} }
   }
