@@ -1,5 +1,5 @@
 //! One send of a model call for a JavaScript host: the provider crate's
-//! [`Send`](tokenwarden_provider::send::Send) (the core's exchange with the usage reader),
+//! [`Send`] (the core's exchange with the usage reader),
 //! so the host passes bytes and the time and does what it is told.
 //!
 //! The events cross the boundary as one call with a code ([`EVENTS`]: the index of the
