@@ -58,16 +58,27 @@ impl Pool {
     /// than it reserved, a level lowered to the provider's figure): it delays every grant
     /// by at most the time the most delayed axis takes to refill it.
     pub(crate) fn revise_for_debt(&mut self, excess: &Demand, window: u64) {
+        // No line, no promise a debt could move.
+        if self.queue.is_empty() {
+            return;
+        }
         let mut ms = 0u64;
         for a in Axis::ALL {
             let b = self.bucket(a);
             let d = excess.get(a);
             if d > 0 && b.gates() && b.cap > 0 {
-                let t = (u128::from(d) * u128::from(window)).div_ceil(u128::from(b.cap));
-                ms = ms.max(u64::try_from(t).unwrap_or(u64::MAX));
+                // In 64 bits when the product fits (the same result).
+                let t = match d.checked_mul(window) {
+                    Some(p) => p.div_ceil(b.cap),
+                    None => u64::try_from(
+                        (u128::from(d) * u128::from(window)).div_ceil(u128::from(b.cap)),
+                    )
+                    .unwrap_or(u64::MAX),
+                };
+                ms = ms.max(t);
             }
         }
-        if ms > 0 && !self.queue.is_empty() {
+        if ms > 0 {
             self.revise(Revise::By(ms));
         }
     }
