@@ -2,7 +2,7 @@
 // leases, when it retries, how it settles, and its parsers.
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { BytesPerTokenEstimator, promptBytes } from 'tokenwarden-driver'
+import { BytesPerTokenEstimator, promptBytes, stopAnswer, stopStatus } from 'tokenwarden-driver'
 import { pieces, readAnswer } from '../support/answer.mjs'
 import { createTokenwarden, engines } from '../support/engine.mjs'
 
@@ -298,6 +298,24 @@ describe('parsers and the estimator', () => {
     const { seen } = readAnswer(engine, 'anthropic_messages', true, chunks, { end: false })
     assert.ok(seen.outputTokens >= (3 * 1024 * 1024) / 2, `counted as text: ${seen.outputTokens} tokens`)
     assert.equal(seen.inputTokens, 12, 'the next event is read')
+  })
+
+  test("a stopped call's status and retry advice are the provider crate's (stopAnswer)", () => {
+    assert.deepEqual(stopStatus('refused', 2_001), { status: 429, headers: { 'retry-after': '3', 'x-should-retry': 'true' } })
+    assert.equal(stopStatus('refused', 0).headers['retry-after'], '1', 'at least a second')
+    assert.deepEqual(stopStatus('refused', null), { status: 400, headers: { 'x-should-retry': 'false' } })
+    assert.deepEqual(stopStatus('gave_up', null), { status: 429, headers: { 'x-should-retry': 'false' } })
+    assert.deepEqual(stopStatus('unknown_pool', null), { status: 400, headers: { 'x-should-retry': 'false' } })
+    assert.deepEqual(stopStatus('closed', null), { status: 503, headers: { 'x-should-retry': 'false' } })
+    assert.deepEqual(stopStatus('restarting', null), { status: 503, headers: { 'x-should-retry': 'true' } })
+    // The provider's own failures: no advice, the SDK's rule by status.
+    assert.deepEqual(stopStatus('unreachable', null), { status: 502, headers: {} })
+    assert.deepEqual(stopStatus('timed_out', null), { status: 504, headers: {} })
+    const a = stopAnswer('openai', 'refused', 1_500, 'tokenwarden: come back later', { error: 'rejected', message: 'come back later' })
+    assert.equal(a.status, 429)
+    assert.equal(a.body.error.type, 'rate_limit_error')
+    assert.equal(a.body.error.code, 'rejected')
+    assert.throws(() => stopStatus('later', null), (e) => e.code === 'invalid_argument' && e.field === 'stop')
   })
 
   test('the cached prefix ends at the last cache_control block (Anthropic only)', () => {
