@@ -61,50 +61,45 @@ pub fn api(name: &str) -> Result<Api, ArgError> {
     }
 }
 
-/// A timeout option as the host gives it: `undefined` for the default, `Infinity` for
-/// none, else whole milliseconds. `field`: its name for the error.
-fn timeout(ms: Option<f64>, default: Option<u64>, field: &str) -> Result<Option<u64>, ArgError> {
-    match ms {
-        None => Ok(default),
-        Some(f) if f == f64::INFINITY => Ok(None),
-        Some(f) => u64_from_f64(f, field).ok().filter(|&v| v >= 1).map(Some).ok_or_else(|| {
-            ArgError::range(
-                "invalid_argument",
-                format!(
-                    "`{field}` must be an integer number of milliseconds from 1 to {}, or Infinity for none; got {}",
-                    core::MAX_DURATION_MS,
-                    crate::shown(f)
-                ),
-            )
-            .with_field(field)
-        }),
-    }
-}
-
-/// The upstream timeouts from the host's options (`timeouts.firstByteMs`,
-/// `timeouts.idleMs`; see [`core::Timeouts`]), as `[firstByteMs, idleMs]` with `Infinity`
-/// for none: the form [`Exchange::sent`] takes.
-pub fn timeouts(first_byte_ms: Option<f64>, idle_ms: Option<f64>) -> Result<[f64; 2], ArgError> {
-    let d = core::Timeouts::default();
-    let t = core::Timeouts {
-        first_byte_ms: timeout(first_byte_ms, d.first_byte_ms, "timeouts.firstByteMs")?,
-        idle_ms: timeout(idle_ms, d.idle_ms, "timeouts.idleMs")?,
-    };
-    if let Err(field) = t.check() {
-        let name = if field == "idle_ms" {
-            "timeouts.idleMs"
-        } else {
-            "timeouts.firstByteMs"
-        };
-        return Err(ArgError::range(
+/// The upstream timeouts from the host's options, checked: each `undefined` for the default,
+/// `Infinity` for none, else whole milliseconds in the core's range
+/// ([`core::Timeouts::check`]); an error names the option (`timeouts.firstByteMs`,
+/// `timeouts.idleMs`).
+fn options(first_byte_ms: Option<f64>, idle_ms: Option<f64>) -> Result<core::Timeouts, ArgError> {
+    const FIELDS: [&str; 2] = ["timeouts.firstByteMs", "timeouts.idleMs"];
+    let given = [first_byte_ms, idle_ms];
+    let refused = |i: usize| {
+        ArgError::range(
             "invalid_argument",
             format!(
-                "`{name}` must be from 1 to {} milliseconds",
-                core::MAX_DURATION_MS
+                "`{}` must be an integer number of milliseconds from 1 to {}, or Infinity for none; got {}",
+                FIELDS[i],
+                core::MAX_DURATION_MS,
+                given[i].map_or_else(|| "undefined".into(), crate::shown)
             ),
         )
-        .with_field(name));
-    }
+        .with_field(FIELDS[i])
+    };
+    let d = core::Timeouts::default();
+    let ms = |i: usize, default: Option<u64>| match given[i] {
+        None => Ok(default),
+        Some(f) if f == f64::INFINITY => Ok(None),
+        Some(f) => u64_from_f64(f, FIELDS[i]).map(Some).map_err(|_| refused(i)),
+    };
+    let t = core::Timeouts {
+        first_byte_ms: ms(0, d.first_byte_ms)?,
+        idle_ms: ms(1, d.idle_ms)?,
+    };
+    t.check()
+        .map_err(|field| refused(usize::from(field == "idle_ms")))?;
+    Ok(t)
+}
+
+/// The upstream timeouts from the host's options, checked (`undefined`: the default,
+/// `Infinity`: none, else whole milliseconds in the core's range), as
+/// `[firstByteMs, idleMs]` with `Infinity` for none: the form [`Exchange::sent`] takes.
+pub fn timeouts(first_byte_ms: Option<f64>, idle_ms: Option<f64>) -> Result<[f64; 2], ArgError> {
+    let t = options(first_byte_ms, idle_ms)?;
     #[allow(clippy::cast_precision_loss)] // at most 30 days of ms: exact
     let f = |t: Option<u64>| t.map_or(f64::INFINITY, |ms| ms as f64);
     Ok([f(t.first_byte_ms), f(t.idle_ms)])
@@ -138,17 +133,12 @@ impl Exchange {
         first_byte_ms: f64,
         idle_ms: f64,
     ) -> Result<Exchange, ArgError> {
-        let t = timeouts(Some(first_byte_ms), Some(idle_ms))?;
-        let ms = |f: f64| (f != f64::INFINITY).then(|| u64_from_f64(f, "timeout").unwrap_or(0));
         Ok(Exchange {
             machine: Send::sent(
                 api(api_name)?,
                 at(now)?,
                 left(lease_left_ms)?,
-                core::Timeouts {
-                    first_byte_ms: ms(t[0]),
-                    idle_ms: ms(t[1]),
-                },
+                options(Some(first_byte_ms), Some(idle_ms))?,
             ),
         })
     }
