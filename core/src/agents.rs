@@ -317,15 +317,15 @@ impl Agent {
         // missing does.
         let window = usize::try_from(alert.samples).unwrap_or(1);
         self.errors.push(u64::from(in_err), window);
-        let median = match self.errors.median() {
-            Some(m) if self.errors.len() >= window => u32::try_from(m).unwrap_or(u32::MAX),
-            _ => return None,
-        };
-        if median > alert.threshold_permille {
+        if self.errors.len() < window {
+            return None;
+        }
+        if self.errors.median_above(u64::from(alert.threshold_permille)) {
             self.misses = self.misses.saturating_add(1);
             if self.misses >= alert.consecutive && !self.alerting {
                 self.alerting = true;
-                return Some(median);
+                let median = self.errors.median().unwrap_or(u64::MAX);
+                return Some(u32::try_from(median).unwrap_or(u32::MAX));
             }
         } else {
             self.misses = 0;
