@@ -16,7 +16,6 @@ export declare class WasmEngine implements Engine {
   requestLease: Engine['requestLease']
   settle: Engine['settle']
   cancel: Engine['cancel']
-  renew: Engine['renew']
   handleResponse: Engine['handleResponse']
   handleTimeout: Engine['handleTimeout']
   pollTimeout: Engine['pollTimeout']
@@ -24,10 +23,6 @@ export declare class WasmEngine implements Engine {
   handle: Engine['handle']
   callLease: Engine['callLease']
   callResponse: Engine['callResponse']
-  callInterrupted: Engine['callInterrupted']
-  openTask: Engine['openTask']
-  taskFailed: Engine['taskFailed']
-  endTask: Engine['endTask']
   metrics: Engine['metrics']
   snapshot: Engine['snapshot']
   /** Internal consistency check; throws naming the broken invariant. */

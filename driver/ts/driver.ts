@@ -502,7 +502,7 @@ export class Driver extends Emitter<DriverEvents> {
 
   /** @internal See {@link Lease.interrupted}. */
   callInterrupted(lease: number, seen: Usage | null, agent: U64 | null, pool: number | null): Settlement | Promise<Settlement> {
-    const s = this.engine.callInterrupted(this.clock.now(), lease, seen)
+    const s = this.#ask({ op: 'call_interrupted', lease, seen }, 'settled').settlement
     if (this.listening('settled')) this.emit('settled', { lease, agent, pool, settlement: s })
     this.#afterCall()
     return s
@@ -566,6 +566,16 @@ export class Driver extends Emitter<DriverEvents> {
     return s
   }
 
+  /**
+   * The engine's output to `input` at the driver's clock, which must be `want`: the typed
+   * methods below that have no fast path of their own are this over `Engine.handle`.
+   */
+  #ask<K extends Output['output']>(input: Input, want: K): Extract<Output, { output: K }> {
+    const out = this.engine.handle(this.clock.now(), input)
+    if (out.output !== want) throw new Error(`internal: the engine answered ${input.op} with ${out.output}, not ${want}`)
+    return out as Extract<Output, { output: K }>
+  }
+
   /** Renews a granted lease by id (see {@link Lease.renew}); returns its new expiry. */
   renew(lease: number): U64 {
     return this.renewLease(lease)
@@ -573,7 +583,7 @@ export class Driver extends Emitter<DriverEvents> {
 
   /** @internal */
   renewLease(lease: number): U64 {
-    const at = this.engine.renew(this.clock.now(), lease)
+    const at = this.#ask({ op: 'renew', lease }, 'renewed').expiresAt
     this.#afterCall()
     return at
   }
@@ -603,7 +613,7 @@ export class Driver extends Emitter<DriverEvents> {
    * naming an unknown task opens it); throws `too_many_tasks` when the table is full.
    */
   openTask(spec: TaskSpec): void | Promise<void> {
-    this.engine.openTask(this.clock.now(), spec)
+    this.#ask({ op: 'open_task', task: spec }, 'task_opened')
   }
 
   /**
@@ -612,12 +622,12 @@ export class Driver extends Emitter<DriverEvents> {
    * row. Throws `unknown_task` for a task that is not open.
    */
   taskFailed(task: U64, signature: U64): number | Promise<number> {
-    return this.engine.taskFailed(this.clock.now(), task, signature)
+    return this.#ask({ op: 'task_failed', task, signature }, 'task_failed').inARow
   }
 
   /** Ends an open task; returns its figures. Throws `unknown_task` if it is not open. */
   endTask(task: U64, outcome: TaskOutcome): TaskSummary | Promise<TaskSummary> {
-    return this.engine.endTask(this.clock.now(), task, outcome)
+    return this.#ask({ op: 'end_task', task, outcome }, 'task_ended').summary
   }
 
   /**

@@ -99,9 +99,6 @@ import type {
   ModelApi,
   RejectReason,
   Settlement,
-  TaskOutcome,
-  TaskSpec,
-  TaskSummary,
   U64,
   Usage,
 } from './types.js'
@@ -165,7 +162,6 @@ function field(v: U64 | undefined | null): number {
 const NUMERIC_REQUEST_FIELDS = LEASE_REQUEST_FIELDS.filter((f) => f !== 'role' && f !== 'cachedPrefixConfirmed')
 const REQUEST_KEYS: ReadonlySet<string> = new Set(LEASE_REQUEST_FIELDS)
 const USAGE_KEYS: ReadonlySet<string> = new Set(USAGE_FIELDS)
-const TASK_KEYS: ReadonlySet<string> = new Set(['task', 'role', 'unblocks'])
 
 /**
  * Refuses a key the engine does not read: ignored, the provider's own snake_case usage
@@ -280,7 +276,7 @@ function decisionOf(out: Output): Decision {
   }
 }
 
-/** A settlement from an output of `settle` or `call_interrupted`. */
+/** The settlement in a settle's output. */
 function settledOf(out: Output): Settlement {
   return (out as { settlement: Settlement }).settlement
 }
@@ -610,11 +606,6 @@ export class RegisterEngine implements Engine {
     }
   }
 
-  /** Not a hot call (once every few seconds of a long call): the host protocol. */
-  renew(now: U64, lease: number): U64 {
-    return (this.#handle(now, { op: 'renew', lease }, 'renew') as { expiresAt: U64 }).expiresAt
-  }
-
   handleResponse(now: U64, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null, reported = false): HeaderReport {
     // A reported response takes the protocol (the register file carries no `reported`).
     const text = reported === true ? null : headerText(headers)
@@ -736,30 +727,6 @@ export class RegisterEngine implements Engine {
     const { call: next, step } = this.#stepOut(code)
     const settled: Settlement | null = io[SLOT_CALL_SETTLED] === 1 ? { reserved: fourFrom(io, SLOT_CALL_RESERVED), used: fourFrom(io, SLOT_CALL_USED) } : null
     return { call: next, step, settled, report: this.#reportOut() }
-  }
-
-  callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement {
-    if (seen !== null && typeof seen === 'object') checkKeys(seen, USAGE_KEYS, 'usage')
-    return settledOf(this.#handle(now, { op: 'call_interrupted', lease, seen }, 'callInterrupted'))
-  }
-
-  openTask(now: U64, spec: TaskSpec): void {
-    if (spec === null || typeof spec !== 'object') throw invalidArgument(`openTask needs a task object, got ${spec === null ? 'null' : typeof spec}`, 'spec')
-    checkKeys(spec, TASK_KEYS, 'task')
-    checkNumeric(spec, ['task', 'unblocks'])
-    // The same error either engine's request path gives (napi's own says only "no variant").
-    if (spec.role !== undefined && spec.role !== null && ROLE_CODES[spec.role] === undefined) {
-      throw invalidArgument('`role` must be planner, reviewer, worker or auto', 'role')
-    }
-    this.#handle(now, { op: 'open_task', task: spec }, 'openTask')
-  }
-
-  taskFailed(now: U64, task: U64, signature: U64): number {
-    return (this.#handle(now, { op: 'task_failed', task, signature }, 'taskFailed') as { inARow: number }).inARow
-  }
-
-  endTask(now: U64, task: U64, outcome: TaskOutcome): TaskSummary {
-    return (this.#handle(now, { op: 'end_task', task, outcome }, 'endTask') as { summary: TaskSummary }).summary
   }
 
   metrics(now: U64): Metrics {

@@ -564,12 +564,6 @@ export interface Engine {
   settle(now: U64, lease: number, usage: Usage): Settlement
   cancel(now: U64, lease: number): void
   /**
-   * Keeps a granted lease alive while its call still works (a stream whose bytes flow):
-   * its expiry moves to `now + lease_ttl_ms` (never earlier). Returns the new expiry.
-   * Throws `unknown_lease` for an ended or expired lease, `not_granted` for a queued ticket.
-   */
-  renew(now: U64, lease: number): U64
-  /**
    * Parses the headers (name/value pairs), resyncs the pool, pauses it on a 429. `reported`:
    * the response was seen by another process that reported it (a member of a shared
    * limiter), so a 429 pauses for at most `feedback.max_reported_pause_ms`.
@@ -580,7 +574,9 @@ export interface Engine {
   pollEvent(): EngineEvent | null
   /**
    * The host protocol: applies one input at `now` and answers its output. Every input the
-   * core takes crosses here, the typed methods' and any newer one.
+   * core takes crosses here; the typed methods beside it are the register file's fast
+   * paths for the inputs of every call (a lease, a settle, a response), and the driver
+   * sends the rest (a renewal, an interrupted end, tasks) here.
    */
   handle(now: U64, input: Input): Output
   /** The call lifecycle: asks for capacity for `call` and says what to do next. */
@@ -590,17 +586,6 @@ export interface Engine {
    * with it. A response that is not a success is settled here as nothing used.
    */
   callResponse(now: U64, call: CallState, pool: number, lease: number | null, status: number, headers: Array<[string, string]>, unixNowMs: U64 | null, reported?: boolean): CallResponseResult
-  /**
-   * Settles conservatively a lease whose call ended without a usage report (network
-   * error, abort, broken stream); `seen` is the usage seen before the end, or `null`.
-   */
-  callInterrupted(now: U64, lease: number, seen: Usage | null): Settlement
-  /** Opens a task (or updates an open one's role and unblocks). */
-  openTask(now: U64, spec: TaskSpec): void
-  /** A failure of an open task, by signature; returns the identical failures in a row. */
-  taskFailed(now: U64, task: U64, signature: U64): number
-  /** Ends an open task and returns its figures. */
-  endTask(now: U64, task: U64, outcome: TaskOutcome): TaskSummary
   metrics(now: U64): Metrics
   /** The whole state as JSON, for `EngineFactory.restore`. */
   snapshot(): string

@@ -36,7 +36,7 @@ function scenario() {
   const other = engine.requestLease(100, { agent: 4, pool: 1, inputTokens: 3000, maxTokens: 500, task: 7 })
   assert.equal(other.kind, 'grant')
   engine.settle(200, other.lease, { inputTokens: 2800, outputTokens: 240 })
-  engine.endTask(300, 7, 'merged')
+  engine.handle(300, { op: 'end_task', task: 7, outcome: 'merged' })
   engine.handleResponse(61_000, 0, second.lease, 429, [['retry-after', '30']], null)
   const third = engine.requestLease(61_500, { agent: 3, pool: 0, inputTokens: 1000, maxTokens: 10 })
   assert.equal(third.kind, 'queued')

@@ -197,9 +197,6 @@ export function replay(trace, factory, { protocol = false } = {}) {
       case 'cancel':
         r = result(() => (engine.cancel(at, input.lease), null))
         break
-      case 'renew':
-        r = result(() => engine.renew(at, input.lease))
-        break
       case 'response':
         r = result(() => ({
           report: recase(
@@ -227,18 +224,6 @@ export function replay(trace, factory, { protocol = false } = {}) {
         )
         if (r?.call !== undefined) calls.set(input.call, r.call)
         break
-      case 'call_interrupted':
-        r = result(() => recase(engine.callInterrupted(at, input.lease, input.seen == null ? null : recase(input.seen, camel)), snake))
-        break
-      case 'open_task':
-        r = result(() => (engine.openTask(at, recase(input.task, camel)), null))
-        break
-      case 'task_failed':
-        r = result(() => engine.taskFailed(at, input.task, input.signature))
-        break
-      case 'end_task':
-        r = result(() => recase(engine.endTask(at, input.task, input.outcome), snake))
-        break
       case 'metrics':
         r = metricsRecord(input, recase(engine.metrics(at), snake))
         break
@@ -247,8 +232,9 @@ export function replay(trace, factory, { protocol = false } = {}) {
         r = null
         break
       default:
-        // An input the typed methods do not cover: the host protocol, its output as it is.
-        r = result(() => recase(engine.handle(at, protocolInput(input, callState)), snake))
+        // An input the engine has no typed method for: the host protocol, its output as
+        // the typed result (`resultOf`: the output as it is for inputs that never had one).
+        r = result(() => resultOf(input.op, recase(engine.handle(at, protocolInput(input, callState)), snake)))
     }
     out.push({ at, op: input.op, result: r, next_timeout: engine.pollTimeout() })
     out.push(...drain(at))

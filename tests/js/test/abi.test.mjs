@@ -263,14 +263,14 @@ test(`an unknown key in a usage or a lease request is refused naming it (${engin
     (e) => e.code === 'invalid_argument' && e.field === 'input_tokens' && /did you mean `inputTokens`/.test(e.message),
   )
   assert.throws(() => engine.settle(1, d.lease, { inputTokens: 900, outputTokenz: 4 }), (e) => e.code === 'invalid_argument' && e.field === 'outputTokenz')
-  assert.throws(() => engine.callInterrupted(1, d.lease, { output_tokens: 4 }), (e) => e.field === 'output_tokens')
+  assert.throws(() => engine.handle(1, { op: 'call_interrupted', lease: d.lease, seen: { output_tokens: 4 } }), (e) => e.field === 'output_tokens')
   // …and `acquire({ input_tokens })` reserved 0.
   assert.throws(
     () => engine.requestLease(1, { agent: 2, pool: 0, input_tokens: 5_000_000 }),
     (e) => e.code === 'invalid_argument' && e.field === 'input_tokens' && /did you mean `inputTokens`/.test(e.message),
   )
   assert.throws(() => engine.callLease(1, { failed: 0, refusals: 0, lastRetryAfterMs: null }, { agent: 2, pool: 0, max_tokens: 9 }), (e) => e.field === 'max_tokens')
-  assert.throws(() => engine.openTask(1, { task: 1, un_blocks: 2 }), (e) => e.field === 'un_blocks')
+  assert.throws(() => engine.handle(1, { op: 'open_task', task: { task: 1, un_blocks: 2 } }), (e) => e.field === 'un_blocks')
   assert.equal(engine.snapshot(), before, 'nothing changed')
   assert.deepEqual(engine.settle(1, d.lease, { inputTokens: 900, outputTokens: 40 }).used, [900, 40, 940, 1])
 })
@@ -304,17 +304,12 @@ test(`every call on a freed wasm engine throws \`closed\` (${engineName})`, { sk
     requestLease: () => gone.requestLease(1, { agent: 1, pool: 0, inputTokens: 10, maxTokens: 10 }),
     settle: () => gone.settle(1, d.lease, { inputTokens: 1 }),
     cancel: () => gone.cancel(1, d.lease),
-    renew: () => gone.renew(1, d.lease),
     handleResponse: () => gone.handleResponse(1, 0, null, 200, [], null),
     handleTimeout: () => gone.handleTimeout(1),
     pollTimeout: () => gone.pollTimeout(),
     pollEvent: () => gone.pollEvent(),
     handle: () => gone.handle(1, { op: 'timeout' }),
     callLease: () => gone.callLease(1, { failed: 0, refusals: 0, lastRetryAfterMs: null }, { agent: 1, pool: 0 }),
-    callInterrupted: () => gone.callInterrupted(1, d.lease, null),
-    openTask: () => gone.openTask(1, { task: 1 }),
-    taskFailed: () => gone.taskFailed(1, 1, 1),
-    endTask: () => gone.endTask(1, 1, 'merged'),
     metrics: () => gone.metrics(1),
     snapshot: () => gone.snapshot(),
     check: () => gone.check(),

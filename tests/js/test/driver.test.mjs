@@ -170,8 +170,8 @@ describe('acquire', () => {
     await clock.advance(3000)
     assert.ok(events.some((e) => e.name === 'expired' && e.lease === second.id))
     assert.throws(() => second.renew(), { code: 'unknown_lease' })
-    assert.throws(() => engine.renew(clock.now(), 12345), { code: 'unknown_lease' })
-    assert.throws(() => engine.renew(clock.now(), -1), { code: 'invalid_argument' })
+    assert.throws(() => engine.handle(clock.now(), { op: 'renew', lease: 12345 }), { code: 'unknown_lease' })
+    assert.throws(() => engine.handle(clock.now(), { op: 'renew', lease: -1 }), { code: 'invalid_argument' })
   })
 
   test('renewing a queued ticket is not_granted', () => {
@@ -179,7 +179,7 @@ describe('acquire', () => {
     engine.requestLease(0, req(1, 10))
     const d = engine.requestLease(0, req(2, 10))
     assert.equal(d.kind, 'queued')
-    assert.throws(() => engine.renew(1, d.lease), { code: 'not_granted' })
+    assert.throws(() => engine.handle(1, { op: 'renew', lease: d.lease }), { code: 'not_granted' })
   })
 
   test('close rejects waiters with `closed` and later acquires too', async () => {
