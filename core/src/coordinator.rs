@@ -269,6 +269,8 @@ impl Coordinator {
                     vstart,
                     enqueued_at,
                     in_line_ms,
+                    promised,
+                    revising,
                     ..
                 },
             ..
@@ -276,6 +278,9 @@ impl Coordinator {
         else {
             return;
         };
+        if revising {
+            self.close_revision(id, promised);
+        }
         let Some(pool) = self.pools.get_mut(p as usize) else {
             return;
         };

@@ -340,6 +340,23 @@ impl Coordinator {
         }
     }
 
+    /// Queued ticket `id`, whose [`Event::Revised`] is still waiting to be polled, leaves
+    /// the line (granted or withdrawn) holding promise `promised`: the waiting event takes
+    /// that promise, the one in force at the end, which `poll_event` can no longer read
+    /// from the ticket. (Only a host that has not drained the events since the revision
+    /// gets here; the walk is over what it has not polled.)
+    pub(super) fn close_revision(&mut self, id: LeaseId, promised: Millis) {
+        let waiting = self
+            .events
+            .iter_mut()
+            .rev()
+            .find(|e| matches!(e, Event::Revised { lease, .. } if *lease == id));
+        debug_assert!(waiting.is_some(), "a revising ticket has its event waiting");
+        if let Some(Event::Revised { eta, .. }) = waiting {
+            *eta = promised;
+        }
+    }
+
     /// While every concurrency slot of pool `p` is held, the earliest promise of its queued
     /// tickets: when one may have to be replaced (see [`Coordinator::keep_promises`]).
     pub(super) fn next_lapse(&self, p: u32) -> Option<Millis> {

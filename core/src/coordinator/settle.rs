@@ -156,6 +156,14 @@ impl Coordinator {
         }
         let now = self.advance(now);
         let entry = self.take_lease(lease)?;
+        if let Phase::Queued {
+            promised,
+            revising: true,
+            ..
+        } = entry.phase
+        {
+            self.close_revision(lease, promised);
+        }
         let p = entry.pool;
         let window = self.config.window_ms;
         let Some(pool) = self.pools.get_mut(p as usize) else {
