@@ -3,7 +3,7 @@
 //! 1. `cargo build --release --target wasm32-unknown-unknown` on `guest/` (its own
 //!    workspace), into `<target dir>/tokenwarden-guest` so every profile shares one build;
 //! 2. `wit-component` wraps the core module into a component of the `plugin` world
-//!    (`wit/v3`), written to `$OUT_DIR/tokenwarden-quota-v3.wasm` and copied next to the
+//!    (`wit/v4`), written to `$OUT_DIR/tokenwarden-quota-v4.wasm` and copied next to the
 //!    guest build as the distributable artifact.
 //!
 //! `TOKENWARDEN_GUEST_WASM=/path/to/file.wasm` skips step 1 and uses that core module (or
@@ -11,7 +11,7 @@
 //!
 //! Outside this repository (the crate as published: `guest/` needs the core's sources next
 //! to it, which a packaged crate does not have) the component the release packed into
-//! `component/tokenwarden-quota-v3.wasm` is used as it is; see RELEASING.md.
+//! `component/tokenwarden-quota-v4.wasm` is used as it is; see RELEASING.md.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,7 +40,7 @@ fn main() {
         .nth(4)
         .map_or_else(|| out_dir.join("guest"), |t| t.join("tokenwarden-guest"));
 
-    let bundled = manifest_dir.join("component/tokenwarden-quota-v3.wasm");
+    let bundled = manifest_dir.join("component/tokenwarden-quota-v4.wasm");
     let in_workspace = manifest_dir.join("../core/Cargo.toml").exists();
     let module = match std::env::var_os("TOKENWARDEN_GUEST_WASM") {
         Some(path) => read(Path::new(&path)),
@@ -76,11 +76,11 @@ fn main() {
             .and_then(|mut e| e.encode())
             .unwrap_or_else(|e| panic!("wrapping the guest module into a component: {e:#}"))
     };
-    let out = out_dir.join("tokenwarden-quota-v3.wasm");
+    let out = out_dir.join("tokenwarden-quota-v4.wasm");
     write(&out, &component);
     if std::fs::create_dir_all(&guest_target).is_ok() {
         // Best effort: the artifact a non-Rust wasmtime host would load.
-        let _ = std::fs::write(guest_target.join("tokenwarden-quota-v3.wasm"), &component);
+        let _ = std::fs::write(guest_target.join("tokenwarden-quota-v4.wasm"), &component);
     }
     println!("cargo:rustc-env=TOKENWARDEN_COMPONENT={}", out.display());
 }

@@ -19,11 +19,11 @@ guest="$target/tokenwarden-guest"
 (unset RUSTFLAGS CARGO_ENCODED_RUSTFLAGS CARGO_TARGET_DIR
  cargo build --quiet --release --target wasm32-unknown-unknown \
    --manifest-path host-wasmtime/guest/Cargo.toml --target-dir "$guest")
-if [ ! "$guest/tokenwarden-quota-v3.wasm" -nt "$guest/wasm32-unknown-unknown/release/tokenwarden_guest.wasm" ]; then
+if [ ! "$guest/tokenwarden-quota-v4.wasm" -nt "$guest/wasm32-unknown-unknown/release/tokenwarden_guest.wasm" ]; then
   cargo build --quiet -p tokenwarden-wasmtime
 fi
 mkdir -p host-wasmtime/component
-cp "$guest/tokenwarden-quota-v3.wasm" host-wasmtime/component/
+cp "$guest/tokenwarden-quota-v4.wasm" host-wasmtime/component/
 # Verification resolves each workspace dependency from a temporary local registry. Cargo
 # takes registry crates as immutable: it extracts one under CARGO_HOME (keyed by the
 # registry's path) only if it is not there yet, and reuses a build of it by name and

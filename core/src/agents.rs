@@ -320,7 +320,10 @@ impl Agent {
         if self.errors.len() < window {
             return None;
         }
-        if self.errors.median_above(u64::from(alert.threshold_permille)) {
+        if self
+            .errors
+            .median_above(u64::from(alert.threshold_permille))
+        {
             self.misses = self.misses.saturating_add(1);
             if self.misses >= alert.consecutive && !self.alerting {
                 self.alerting = true;

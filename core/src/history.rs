@@ -165,7 +165,9 @@ mod tests {
                 assert_eq!(h.median_above(t), h.median().unwrap() > t, "{t} {sorted:?}");
             }
             for permille in (0..=1000).step_by(25).chain([999, 1001, u32::MAX]) {
-                let rank = (permille.min(1000) as usize * len).div_ceil(1000).clamp(1, len);
+                let rank = (permille.min(1000) as usize * len)
+                    .div_ceil(1000)
+                    .clamp(1, len);
                 assert_eq!(
                     h.percentile(permille),
                     Some(u64::from(sorted[rank - 1])),

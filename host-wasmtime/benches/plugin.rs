@@ -1,8 +1,10 @@
 //! The cost of running the coordinator as a wasmtime component instead of natively.
 //!
 //! * `call/request_lease+settle`: one grant and one settle, native vs plugin, same
-//!   configuration and inputs, in the same run (the difference over two calls is the
-//!   per-call overhead of the component boundary, fuel metering included);
+//!   configuration and inputs, in the same run: natively by the typed methods and through
+//!   `handle` (the protocol, as values), and in the plugin through `handle` (the protocol,
+//!   as the core's JSON across the component boundary); the difference over two calls is
+//!   the per-call overhead of the boundary and its encoding, fuel metering included;
 //! * `instantiate`: a fresh instance from the shared `InstancePre` (store, limiter, fuel),
 //!   then also creating a coordinator in it (which parses the JSON config in the guest).
 //!
@@ -13,7 +15,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_main};
 use tokenwarden_core::{
-    AgentId, Config, Coordinator, Decision, LeaseId, LeaseRequest, Millis, PoolId, Usage,
+    AgentId, Config, Coordinator, Decision, Input, LeaseId, LeaseRequest, Millis, Output, PoolId,
+    Usage,
 };
 use tokenwarden_wasmtime::{COMPONENT, Limits, Plugin};
 
@@ -46,6 +49,26 @@ fn granted(d: Decision) -> LeaseId {
     }
 }
 
+fn granted_out(o: Output) -> LeaseId {
+    match o {
+        Output::Granted { lease, .. } => lease,
+        other => panic!("bench expected a grant, got {other:?}"),
+    }
+}
+
+fn ask(i: u64) -> Input {
+    Input::RequestLease {
+        request: request(i),
+    }
+}
+
+fn settle(lease: LeaseId, i: u64) -> Input {
+    Input::Settle {
+        lease,
+        usage: usage(i),
+    }
+}
+
 fn plugin() -> Plugin {
     let engine = Plugin::default_engine().expect("engine");
     Plugin::new(&engine, COMPONENT).expect("component loads")
@@ -62,6 +85,16 @@ fn calls(c: &mut Criterion) {
             let now = Millis(i);
             let lease = granted(native.request_lease(now, black_box(&request(i))).unwrap());
             black_box(native.settle(now, lease, &usage(i)).unwrap());
+        });
+    });
+    let mut native = Coordinator::new(Config::from_json(CONFIG).unwrap(), 42, Millis(0)).unwrap();
+    let mut i = 0u64;
+    g.bench_function("request_lease+settle/native_handle", |b| {
+        b.iter(|| {
+            i += 1;
+            let now = Millis(i);
+            let lease = granted_out(native.handle(now, black_box(&ask(i))).unwrap());
+            let _ = black_box(native.handle(now, &settle(lease, i)).unwrap());
         });
     });
     let p = plugin();
@@ -85,8 +118,8 @@ fn calls(c: &mut Criterion) {
             b.iter(|| {
                 i += 1;
                 let now = Millis(i);
-                let lease = granted(wasm.request_lease(now, black_box(&request(i))).unwrap());
-                black_box(wasm.settle(now, lease, &usage(i)).unwrap());
+                let lease = granted_out(wasm.handle(now, black_box(&ask(i))).unwrap());
+                let _ = black_box(wasm.handle(now, &settle(lease, i)).unwrap());
             });
         });
     }
@@ -99,8 +132,8 @@ fn calls(c: &mut Criterion) {
         b.iter(|| {
             i += 1;
             let now = Millis(i);
-            let lease = granted(wasm.request_lease(now, black_box(&request(i))).unwrap());
-            black_box(wasm.settle(now, lease, &usage(i)).unwrap());
+            let lease = granted_out(wasm.handle(now, black_box(&ask(i))).unwrap());
+            let _ = black_box(wasm.handle(now, &settle(lease, i)).unwrap());
         });
     });
     g.finish();

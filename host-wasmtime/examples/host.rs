@@ -1,13 +1,14 @@
 //! A host that runs the coordinator as a wasmtime plugin: a small fleet shares one pool,
-//! the host drives time with poll_timeout/handle_timeout, and halfway through it hot-swaps
+//! the host speaks the core's protocol (`handle` with an `Input`, its `Output` back), drives
+//! time with `poll_timeout` and the `timeout` input, and halfway through it hot-swaps
 //! the component (here: the same build, or the file given as the first argument) without
 //! losing a lease.
 //!
 //! ```text
-//! cargo run -p tokenwarden-wasmtime --example host [path/to/tokenwarden-quota-v3.wasm]
+//! cargo run -p tokenwarden-wasmtime --example host [path/to/tokenwarden-quota-v4.wasm]
 //! ```
 
-use tokenwarden_core::{AgentId, Decision, Event, LeaseId, LeaseRequest, Millis, Usage};
+use tokenwarden_core::{AgentId, Event, Input, LeaseId, LeaseRequest, Millis, Output, Usage};
 use tokenwarden_wasmtime::{COMPONENT, Error, Plugin};
 
 const CONFIG: &str = r#"{
@@ -31,40 +32,50 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut now = Millis(0);
     let mut running: Vec<LeaseId> = Vec::new();
     for agent in 1..=6 {
-        let req = LeaseRequest {
+        let request = LeaseRequest {
             agent: AgentId(agent),
             pool,
             input_tokens: 15_000,
             max_tokens: 800,
             ..Default::default()
         };
-        match coord.request_lease(now, &req)? {
-            Decision::Grant { lease, .. } => {
+        match coord.handle(now, &Input::RequestLease { request })? {
+            Output::Granted { lease, .. } => {
                 println!("agent {agent}: granted {lease}");
                 running.push(lease);
             }
-            Decision::Queued { lease, eta } => println!("agent {agent}: {lease} queued, eta {eta}"),
-            Decision::Reject { reason, retry_at } => {
-                println!("agent {agent}: rejected ({reason:?}), retry at {retry_at:?}");
+            Output::Queued { lease, eta } => println!("agent {agent}: {lease} queued, eta {eta}"),
+            Output::Refused { reason, retry_at } => {
+                println!("agent {agent}: refused ({reason:?}), retry at {retry_at:?}");
             }
-            Decision::NeverFits { reason } => {
+            Output::NeverFits { reason } => {
                 println!("agent {agent}: never fits ({reason:?})");
             }
+            other => println!("agent {agent}: {other:?}"),
         }
     }
 
     // A provider answer with rate-limit headers: parsed inside the plugin.
-    let report = coord.handle_response(
-        now,
+    let answer = Input::Response {
         pool,
-        running.first().copied(),
-        200,
-        [
-            ("anthropic-ratelimit-input-tokens-limit", "40000"),
-            ("anthropic-ratelimit-input-tokens-remaining", "9000"),
+        lease: running.first().copied(),
+        status: 200,
+        headers: vec![
+            (
+                "anthropic-ratelimit-input-tokens-limit".into(),
+                "40000".into(),
+            ),
+            (
+                "anthropic-ratelimit-input-tokens-remaining".into(),
+                "9000".into(),
+            ),
         ],
-        None,
-    )?;
+        unix_now_ms: None,
+        reported: false,
+    };
+    let Output::Reported { report } = coord.handle(now, &answer)? else {
+        return Err("a response is answered with its report".into());
+    };
     println!(
         "headers: {} recognised, {} malformed",
         report.recognised, report.malformed
@@ -95,35 +106,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             output_tokens: 400,
             ..Default::default()
         };
-        let s = coord.settle(now, lease, &usage)?;
-        println!(
-            "{lease} settled at {now}: used {:?} of {:?}",
-            s.used.0, s.reserved.0
-        );
+        if let Output::Settled { settlement } =
+            coord.handle(now, &Input::Settle { lease, usage })?
+        {
+            println!(
+                "{lease} settled at {now}: used {:?} of {:?}",
+                settlement.used.0, settlement.reserved.0
+            );
+        }
     }
     let mut granted = 0;
     while let Some(t) = coord.poll_timeout()? {
         now = t;
-        coord.handle_timeout(now)?;
+        let _timed_out = coord.handle(now, &Input::Timeout {})?;
         while let Some(event) = coord.poll_event()? {
-            if let Event::Granted {
-                lease,
-                agent,
-                waited_ms,
-                ..
-            } = event
-            {
-                println!(
-                    "{now}: {lease} granted to agent {} after {waited_ms} ms",
-                    agent.0
-                );
-                granted += 1;
-                let usage = Usage {
-                    input_tokens: 15_000,
-                    output_tokens: 500,
-                    ..Default::default()
-                };
-                coord.settle(now, lease, &usage)?;
+            match event {
+                Event::Granted {
+                    lease,
+                    agent,
+                    waited_ms,
+                    ..
+                } => {
+                    println!(
+                        "{now}: {lease} granted to agent {} after {waited_ms} ms",
+                        agent.0
+                    );
+                    granted += 1;
+                    let usage = Usage {
+                        input_tokens: 15_000,
+                        output_tokens: 500,
+                        ..Default::default()
+                    };
+                    let _settled = coord.handle(now, &Input::Settle { lease, usage })?;
+                }
+                // The provider's headers said less was left than the core counted: the
+                // promises behind it moved, each re-issued before its old one passed.
+                Event::Revised { lease, eta, .. } => println!("{now}: {lease} now due by {eta}"),
+                _ => {}
             }
         }
         if granted == 2 {
@@ -132,7 +151,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Misuse is the core's error; a plugin failure would be Error::Plugin.
-    match coord.cancel(now, LeaseId(999_999)) {
+    let forged = Input::Cancel {
+        lease: LeaseId(999_999),
+    };
+    match coord.handle(now, &forged) {
         Err(Error::Lease(e)) => println!("cancel of a forged id: {}", e.code()),
         other => println!("unexpected: {other:?}"),
     }

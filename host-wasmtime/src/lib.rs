@@ -1,19 +1,22 @@
 //! # tokenwarden-wasmtime
 //!
 //! [`tokenwarden-core`](tokenwarden_core) compiled to a WebAssembly component (WIT world
-//! `tokenwarden:quota/plugin@3.0.0`, in `wit/v3/`) and a host that runs it under wasmtime
+//! `tokenwarden:quota/plugin@4.0.0`, in `wit/v4/`) and a host that runs it under wasmtime
 //! as a sandboxed plugin.
 //!
-//! The API mirrors the native [`Coordinator`](tokenwarden_core::Coordinator) method for
-//! method and takes and returns the core's own types ([`LeaseRequest`], [`Decision`],
-//! [`Event`], [`Metrics`], ...), so a host swaps one for the other without changing its
-//! calls. The differences:
+//! The plugin speaks the core's host protocol: [`PluginCoordinator::handle`] takes an
+//! [`Input`] and answers an [`Output`], [`PluginCoordinator::poll_event`] gives [`Event`]s
+//! and [`PluginCoordinator::poll_timeout`] when to send [`Input::Timeout`], exactly as
+//! [`Coordinator::handle`](tokenwarden_core::Coordinator::handle) and its polls do, so a
+//! host written against the protocol runs on either. They cross the component boundary as
+//! the JSON the core defines (the one encoding every host uses), so an input the core
+//! gains needs no change to the interface or this host. The differences from the native
+//! coordinator:
 //!
 //! * every call returns `Result<_, Error>`: [`Error::Lease`] carries the core's
 //!   [`LeaseError`] (same codes), and [`Error::Plugin`] reports what only a plugin can do
 //!   wrong (trap, fuel exhausted, memory limit, incompatible component);
-//! * [`PluginCoordinator::handle_response`] takes the raw `(name, value)` headers:
-//!   `parse_headers` runs inside the component, and the parsed [`HeaderReport`] comes back.
+//! * the core's typed methods (`request_lease`, `settle`, …) are inputs to `handle`.
 //!
 //! Each coordinator lives in its own [`Store`] with a fuel budget per call and a cap on
 //! linear memory, so a misbehaving plugin ends in an error value: it cannot hang or crash
@@ -24,7 +27,7 @@
 //! whole state (leases, queued tickets, debt, pauses, PRNG) across with snapshot/restore.
 //!
 //! ```
-//! use tokenwarden_core::{AgentId, Decision, LeaseRequest, Millis, PoolId};
+//! use tokenwarden_core::{AgentId, Input, LeaseRequest, Millis, Output, PoolId, Usage};
 //! use tokenwarden_wasmtime::{COMPONENT, Plugin};
 //!
 //! let plugin = Plugin::new(&Plugin::default_engine()?, COMPONENT)?;
@@ -33,20 +36,18 @@
 //!     42,
 //!     Millis(0),
 //! )?;
-//! let ask = LeaseRequest { agent: AgentId(1), pool: PoolId(0), input_tokens: 1_000, ..Default::default() };
-//! assert!(matches!(coord.request_lease(Millis(0), &ask)?, Decision::Grant { .. }));
+//! let request = LeaseRequest { agent: AgentId(1), pool: PoolId(0), input_tokens: 1_000, ..Default::default() };
+//! let Output::Granted { lease, .. } = coord.handle(Millis(0), &Input::RequestLease { request })? else {
+//!     panic!("it fits")
+//! };
+//! let usage = Usage { input_tokens: 900, output_tokens: 120, ..Default::default() };
+//! assert!(matches!(coord.handle(Millis(800), &Input::Settle { lease, usage })?, Output::Settled { .. }));
 //! # Ok::<(), tokenwarden_wasmtime::Error>(())
 //! ```
 
 use core::fmt;
 
-use tokenwarden_core::{
-    AgentId, Axis, Call, CallResponse, CallStep, Decision, Demand, Event, GiveUp, GiveUpReason,
-    HeaderReport, Input, LeaseError, LeaseId, LeaseRequest, LeaseStep, MarginReason, Metrics,
-    Millis, Output, PoolId, RejectReason, ResponseStep, Role, Settlement, Snapshot, TaskId,
-    TaskOutcome, TaskSpec, TaskSummary, Usage, Wait, WaitReason,
-    headers::{AxisReport, RateAxis},
-};
+use tokenwarden_core::{Event, Input, LeaseError, Metrics, Millis, Output, PoolId, Snapshot};
 pub use wasmtime;
 use wasmtime::component::{Component, InstancePre, Linker, ResourceAny};
 use wasmtime::{Engine, Store};
@@ -54,7 +55,7 @@ use wasmtime::{Engine, Store};
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "wit/v3",
+        path: "wit/v4",
         world: "plugin",
     });
 }
@@ -66,10 +67,10 @@ use bindings::exports::tokenwarden::quota::coordinator as w;
 pub const COMPONENT: &[u8] = include_bytes!(env!("TOKENWARDEN_COMPONENT"));
 
 /// The WIT package this host speaks.
-pub const WIT_PACKAGE: &str = "tokenwarden:quota@3.0.0";
+pub const WIT_PACKAGE: &str = "tokenwarden:quota@4.0.0";
 
 /// The exported interface the host looks up in a component.
-pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@3.0.0";
+pub const WIT_INTERFACE: &str = "tokenwarden:quota/coordinator@4.0.0";
 
 /// Resource limits applied to every coordinator of a [`Plugin`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -536,97 +537,11 @@ macro_rules! guest {
 }
 
 impl PluginCoordinator {
-    /// See [`Coordinator::request_lease`](tokenwarden_core::Coordinator::request_lease).
-    pub fn request_lease(&mut self, now: Millis, req: &LeaseRequest) -> Result<Decision, Error> {
-        let req = lease_request(req)?;
-        let r = guest!(self, |c, s, h| c.call_request_lease(s, h, now.0, req))?;
-        r.map(decision).map_err(lease_error)
-    }
-
-    /// See [`Coordinator::settle`](tokenwarden_core::Coordinator::settle).
-    pub fn settle(
-        &mut self,
-        now: Millis,
-        lease: LeaseId,
-        usage: &Usage,
-    ) -> Result<Settlement, Error> {
-        let usage = w::Usage {
-            input_tokens: usage.input_tokens,
-            cache_creation_input_tokens: usage.cache_creation_input_tokens,
-            cache_read_input_tokens: usage.cache_read_input_tokens,
-            output_tokens: usage.output_tokens,
-        };
-        let r = guest!(self, |c, s, h| c.call_settle(s, h, now.0, lease.0, usage))?;
-        r.map(|s| Settlement {
-            reserved: demand(s.reserved),
-            used: demand(s.used),
-        })
-        .map_err(lease_error)
-    }
-
-    /// See [`Coordinator::cancel`](tokenwarden_core::Coordinator::cancel).
-    pub fn cancel(&mut self, now: Millis, lease: LeaseId) -> Result<(), Error> {
-        guest!(self, |c, s, h| c.call_cancel(s, h, now.0, lease.0))?.map_err(lease_error)
-    }
-
-    /// See [`Coordinator::renew`](tokenwarden_core::Coordinator::renew): the new expiry.
-    pub fn renew(&mut self, now: Millis, lease: LeaseId) -> Result<Millis, Error> {
-        guest!(self, |c, s, h| c.call_renew(s, h, now.0, lease.0))?
-            .map(Millis)
-            .map_err(lease_error)
-    }
-
-    /// `handle_response(now, pool, lease, status, &parse_headers(headers, unix_now_ms))`
-    /// with the parsing done inside the plugin; returns the parsed report. See
-    /// [`Coordinator::handle_response`](tokenwarden_core::Coordinator::handle_response).
-    pub fn handle_response<'a, I>(
-        &mut self,
-        now: Millis,
-        pool: PoolId,
-        lease: Option<LeaseId>,
-        status: u16,
-        headers: I,
-        unix_now_ms: Option<u64>,
-    ) -> Result<HeaderReport, Error>
-    where
-        I: IntoIterator<Item = (&'a str, &'a str)>,
-    {
-        let headers: Vec<(String, String)> = headers
-            .into_iter()
-            .map(|(n, v)| (n.to_owned(), v.to_owned()))
-            .collect();
-        let lease = lease.map(|l| l.0);
-        let r = guest!(self, |c, s, h| c.call_handle_response(
-            s,
-            h,
-            now.0,
-            pool.0,
-            lease,
-            status,
-            &headers,
-            unix_now_ms
-        ))?;
-        r.map(|r| header_report(&r)).map_err(lease_error)
-    }
-
-    /// See [`Coordinator::handle_timeout`](tokenwarden_core::Coordinator::handle_timeout).
-    pub fn handle_timeout(&mut self, now: Millis) -> Result<(), Error> {
-        guest!(self, |c, s, h| c.call_handle_timeout(s, h, now.0))
-    }
-
-    /// See [`Coordinator::poll_timeout`](tokenwarden_core::Coordinator::poll_timeout).
-    pub fn poll_timeout(&mut self) -> Result<Option<Millis>, Error> {
-        Ok(guest!(self, |c, s, h| c.call_poll_timeout(s, h))?.map(Millis))
-    }
-
-    /// See [`Coordinator::poll_event`](tokenwarden_core::Coordinator::poll_event).
-    pub fn poll_event(&mut self) -> Result<Option<Event>, Error> {
-        Ok(guest!(self, |c, s, h| c.call_poll_event(s, h))?.map(event))
-    }
-
     /// The host protocol, [`Coordinator::handle`](tokenwarden_core::Coordinator::handle):
     /// the input crosses as JSON and the output comes back as JSON, so every input the core
-    /// takes reaches the plugin without a change to this host or the interface.
+    /// takes reaches the plugin without a change to this host or the interface. Drain
+    /// [`Self::poll_event`] after it; wake at [`Self::poll_timeout`] with
+    /// [`Input::Timeout`].
     pub fn handle(&mut self, now: Millis, input: &Input) -> Result<Output, Error> {
         let text = serde_json::to_string(input).map_err(incompatible)?;
         match guest!(self, |c, s, h| c.call_handle(s, h, now.0, &text))? {
@@ -639,116 +554,19 @@ impl PluginCoordinator {
         }
     }
 
-    /// See [`Coordinator::call_lease`](tokenwarden_core::Coordinator::call_lease).
-    pub fn call_lease(
-        &mut self,
-        now: Millis,
-        call: &mut Call,
-        req: &LeaseRequest,
-    ) -> Result<LeaseStep, Error> {
-        let (st, req) = (call_state(call), lease_request(req)?);
-        let (st, step) = guest!(self, |c, s, h| c.call_call_lease(s, h, now.0, st, req))?
-            .map_err(lease_error)?;
-        *call = call_back(st);
-        lease_step(call_step(step)?)
+    /// See [`Coordinator::poll_timeout`](tokenwarden_core::Coordinator::poll_timeout).
+    pub fn poll_timeout(&mut self) -> Result<Option<Millis>, Error> {
+        Ok(guest!(self, |c, s, h| c.call_poll_timeout(s, h))?.map(Millis))
     }
 
-    /// See [`Coordinator::call_response`](tokenwarden_core::Coordinator::call_response);
-    /// the headers are parsed inside the plugin, as for [`Self::handle_response`], and
-    /// the report comes back with the answer.
-    #[allow(clippy::too_many_arguments)] // the core call's arguments, plus the raw headers
-    pub fn call_response<'a, I>(
-        &mut self,
-        now: Millis,
-        call: &mut Call,
-        pool: PoolId,
-        lease: Option<LeaseId>,
-        status: u16,
-        headers: I,
-        unix_now_ms: Option<u64>,
-    ) -> Result<(CallResponse, HeaderReport), Error>
-    where
-        I: IntoIterator<Item = (&'a str, &'a str)>,
-    {
-        let headers: Vec<(String, String)> = headers
-            .into_iter()
-            .map(|(n, v)| (n.to_owned(), v.to_owned()))
-            .collect();
-        let st = call_state(call);
-        let answer = guest!(self, |c, s, h| c.call_call_response(
-            s,
-            h,
-            now.0,
-            st,
-            pool.0,
-            lease.map(|l| l.0),
-            status,
-            &headers,
-            unix_now_ms
-        ))?
-        .map_err(lease_error)?;
-        *call = call_back(answer.call);
-        let settled = answer.settled.map(|s| Settlement {
-            reserved: demand(s.reserved),
-            used: demand(s.used),
-        });
-        let response = CallResponse {
-            step: response_step(call_step(answer.step)?)?,
-            settled,
-        };
-        Ok((response, header_report(&answer.report)))
-    }
-
-    /// See [`Coordinator::call_interrupted`](tokenwarden_core::Coordinator::call_interrupted).
-    pub fn call_interrupted(
-        &mut self,
-        now: Millis,
-        lease: LeaseId,
-        seen: Option<&Usage>,
-    ) -> Result<Settlement, Error> {
-        let seen = seen.map(usage_out);
-        let r = guest!(self, |c, s, h| c
-            .call_call_interrupted(s, h, now.0, lease.0, seen))?;
-        r.map(|s| Settlement {
-            reserved: demand(s.reserved),
-            used: demand(s.used),
-        })
-        .map_err(lease_error)
-    }
-
-    /// See [`Coordinator::open_task`](tokenwarden_core::Coordinator::open_task).
-    pub fn open_task(&mut self, now: Millis, spec: &TaskSpec) -> Result<(), Error> {
-        let spec = w::TaskSpec {
-            task: spec.task.0,
-            role: role_out(spec.role)?,
-            unblocks: spec.unblocks,
-        };
-        guest!(self, |c, s, h| c.call_open_task(s, h, now.0, spec))?.map_err(lease_error)
-    }
-
-    /// See [`Coordinator::task_failed`](tokenwarden_core::Coordinator::task_failed).
-    pub fn task_failed(&mut self, now: Millis, task: TaskId, signature: u64) -> Result<u32, Error> {
-        guest!(self, |c, s, h| c
-            .call_task_failed(s, h, now.0, task.0, signature))?
-        .map_err(lease_error)
-    }
-
-    /// See [`Coordinator::end_task`](tokenwarden_core::Coordinator::end_task).
-    pub fn end_task(
-        &mut self,
-        now: Millis,
-        task: TaskId,
-        outcome: TaskOutcome,
-    ) -> Result<TaskSummary, Error> {
-        let outcome = match outcome {
-            TaskOutcome::Merged => w::TaskOutcome::Merged,
-            TaskOutcome::Abandoned => w::TaskOutcome::Abandoned,
-            TaskOutcome::Failed => w::TaskOutcome::Failed,
-        };
-        let json = guest!(self, |c, s, h| c
-            .call_end_task(s, h, now.0, task.0, outcome))?
-        .map_err(lease_error)?;
-        serde_json::from_str(&json).map_err(incompatible)
+    /// See [`Coordinator::poll_event`](tokenwarden_core::Coordinator::poll_event).
+    pub fn poll_event(&mut self) -> Result<Option<Event>, Error> {
+        match guest!(self, |c, s, h| c.call_poll_event(s, h))? {
+            None => Ok(None),
+            Some(json) => serde_json::from_str(&json)
+                .map(Some)
+                .map_err(|e| incompatible(format!("the plugin answered an unknown event: {e}"))),
+        }
     }
 
     /// See [`Coordinator::metrics`](tokenwarden_core::Coordinator::metrics).
@@ -810,50 +628,6 @@ impl PluginCoordinator {
     }
 }
 
-fn lease_request(r: &LeaseRequest) -> Result<w::LeaseRequest, Error> {
-    // Destructured: a field the core adds fails to compile here until the WIT carries it.
-    let LeaseRequest {
-        agent,
-        pool,
-        input_tokens,
-        cached_prefix_tokens,
-        cached_prefix_confirmed,
-        max_tokens,
-        role,
-        unblocks,
-        failure_signature,
-        task,
-        family,
-    } = *r;
-    Ok(w::LeaseRequest {
-        agent: agent.0,
-        pool: pool.0,
-        input_tokens,
-        cached_prefix_tokens,
-        cached_prefix_confirmed,
-        max_tokens,
-        role: role_out(role)?,
-        unblocks,
-        failure_signature,
-        task: task.map(|t| t.0),
-        family: family.map(|a| a.0),
-    })
-}
-
-/// A role as WIT 3's typed records carry it. `auto` (the core's choice by the agent's
-/// family) has no case there: it crosses the plugin through `handle`, as every input the
-/// typed functions do not carry.
-fn role_out(r: Role) -> Result<w::Role, Error> {
-    match r {
-        Role::Planner => Ok(w::Role::Planner),
-        Role::Reviewer => Ok(w::Role::Reviewer),
-        Role::Worker => Ok(w::Role::Worker),
-        Role::Auto => Err(incompatible(
-            "role `auto` crosses the plugin only through `handle` (wit v3's typed records have no such role)",
-        )),
-    }
-}
-
 /// The fields `LeaseError::TooLarge` can name (the core hands out `&'static str`).
 const TOO_LARGE_FIELDS: [&str; 6] = [
     "input_tokens",
@@ -876,209 +650,4 @@ fn lease_error(e: w::LeaseError) -> Error {
             None => return incompatible(format!("too_large names unknown field `{field}`")),
         },
     })
-}
-
-fn axis(a: w::Axis) -> Axis {
-    match a {
-        w::Axis::InputTokens => Axis::InputTokens,
-        w::Axis::OutputTokens => Axis::OutputTokens,
-        w::Axis::Tokens => Axis::Tokens,
-        w::Axis::Requests => Axis::Requests,
-    }
-}
-
-fn demand(d: w::Demand) -> Demand {
-    Demand([d.input_tokens, d.output_tokens, d.tokens, d.requests])
-}
-
-fn usage_out(u: &Usage) -> w::Usage {
-    w::Usage {
-        input_tokens: u.input_tokens,
-        cache_creation_input_tokens: u.cache_creation_input_tokens,
-        cache_read_input_tokens: u.cache_read_input_tokens,
-        output_tokens: u.output_tokens,
-    }
-}
-
-fn call_state(c: &Call) -> w::CallState {
-    w::CallState {
-        failed: c.failed,
-        refusals: c.refusals,
-        last_retry_after_ms: c.last_retry_after_ms,
-    }
-}
-
-fn call_back(c: w::CallState) -> Call {
-    Call {
-        failed: c.failed,
-        refusals: c.refusals,
-        last_retry_after_ms: c.last_retry_after_ms,
-    }
-}
-
-fn reject_reason(r: w::RejectReason) -> RejectReason {
-    match r {
-        w::RejectReason::ExceedsCapacity(a) => RejectReason::ExceedsCapacity { axis: axis(a) },
-        w::RejectReason::WaitTooLong => RejectReason::WaitTooLong,
-        w::RejectReason::QueueFull => RejectReason::QueueFull,
-        w::RejectReason::TooManyLeases => RejectReason::TooManyLeases,
-        w::RejectReason::TooManyAgents => RejectReason::TooManyAgents,
-    }
-}
-
-/// A lease's step: a plugin that answers "deliver" to a request is broken, not the core.
-fn lease_step(s: CallStep) -> Result<LeaseStep, Error> {
-    Ok(match s {
-        CallStep::Send { lease, expires_at } => LeaseStep::Send { lease, expires_at },
-        CallStep::Wait(w) => LeaseStep::Wait(w),
-        CallStep::GiveUp(g) => LeaseStep::GiveUp(g),
-        CallStep::Deliver => {
-            return Err(incompatible("the plugin answered a request with deliver"));
-        }
-    })
-}
-
-/// A response's step: a plugin that answers "send" to a response is broken, not the core.
-fn response_step(s: CallStep) -> Result<ResponseStep, Error> {
-    Ok(match s {
-        CallStep::Deliver => ResponseStep::Deliver,
-        CallStep::Wait(w) => ResponseStep::Wait(w),
-        CallStep::GiveUp(g) => ResponseStep::GiveUp(g),
-        CallStep::Send { .. } => {
-            return Err(incompatible("the plugin answered a response with send"));
-        }
-    })
-}
-
-fn call_step(s: w::CallStep) -> Result<CallStep, Error> {
-    Ok(match s {
-        w::CallStep::Send(g) => CallStep::Send {
-            lease: LeaseId(g.lease),
-            expires_at: Millis(g.expires_at),
-        },
-        w::CallStep::Wait(wt) => CallStep::Wait(Wait {
-            until: Millis(wt.until),
-            expected: Millis(wt.expected),
-            reason: match wt.reason {
-                w::WaitReason::Queued => WaitReason::Queued,
-                w::WaitReason::Refused => WaitReason::Refused,
-                w::WaitReason::RateLimited => WaitReason::RateLimited,
-                w::WaitReason::Overloaded => WaitReason::Overloaded,
-            },
-            ticket: wt.ticket.map(LeaseId),
-            refusal: wt.refusal.map(reject_reason),
-            attempt: wt.attempt,
-            checkpoint: wt.checkpoint,
-        }),
-        w::CallStep::Deliver => CallStep::Deliver,
-        w::CallStep::GiveUp(g) => CallStep::GiveUp(GiveUp {
-            reason: match g.reason {
-                w::GiveUpReason::NeverFits => GiveUpReason::NeverFits,
-                w::GiveUpReason::Refusals => GiveUpReason::Refusals,
-                w::GiveUpReason::Attempts => GiveUpReason::Attempts,
-            },
-            refusal: g.refusal.map(reject_reason),
-            attempts: g.attempts,
-            last_retry_after_ms: g.last_retry_after_ms,
-        }),
-    })
-}
-
-fn decision(d: w::Decision) -> Decision {
-    match d {
-        w::Decision::Grant(g) => Decision::Grant {
-            lease: LeaseId(g.lease),
-            expires_at: Millis(g.expires_at),
-        },
-        w::Decision::Queued(q) => Decision::Queued {
-            lease: LeaseId(q.lease),
-            eta: Millis(q.eta),
-        },
-        w::Decision::Reject(r) => Decision::Reject {
-            retry_at: Millis(r.retry_at),
-            reason: reject_reason(r.reason),
-        },
-        w::Decision::NeverFits(r) => Decision::NeverFits {
-            reason: reject_reason(r),
-        },
-    }
-}
-
-fn event(e: w::Event) -> Event {
-    match e {
-        w::Event::Granted(g) => Event::Granted {
-            lease: LeaseId(g.lease),
-            agent: AgentId(g.agent),
-            pool: PoolId(g.pool),
-            expires_at: Millis(g.expires_at),
-            waited_ms: g.waited_ms,
-        },
-        w::Event::Revised(r) => Event::Revised {
-            lease: LeaseId(r.lease),
-            agent: AgentId(r.agent),
-            pool: PoolId(r.pool),
-            eta: Millis(r.eta),
-        },
-        w::Event::Expired(x) => Event::Expired {
-            lease: LeaseId(x.lease),
-            agent: AgentId(x.agent),
-            pool: PoolId(x.pool),
-        },
-        w::Event::MarginChanged(m) => Event::MarginChanged {
-            pool: PoolId(m.pool),
-            from_permille: m.from_permille,
-            to_permille: m.to_permille,
-            reason: match m.reason {
-                w::MarginReason::RateLimited => MarginReason::RateLimited,
-                w::MarginReason::Recovered => MarginReason::Recovered,
-                w::MarginReason::Confirmed => MarginReason::Confirmed,
-                w::MarginReason::HeadersDisagreed => MarginReason::HeadersDisagreed,
-            },
-        },
-        w::Event::Paused(p) => Event::Paused {
-            pool: PoolId(p.pool),
-            until: Millis(p.until),
-        },
-        w::Event::EstimateAlert(a) => Event::EstimateAlert {
-            agent: AgentId(a.agent),
-            error_permille: a.error_permille,
-        },
-        w::Event::MarginAtFloor(m) => Event::MarginAtFloor {
-            pool: PoolId(m.pool),
-            axis: m.axis.map(axis),
-            margin_permille: m.margin_permille,
-            since: Millis(m.since),
-        },
-    }
-}
-
-fn axis_report(a: &w::AxisReport) -> AxisReport {
-    AxisReport {
-        limit: a.limit,
-        remaining: a.remaining,
-        reset_after_ms: a.reset_after_ms,
-        granularity: a.granularity,
-    }
-}
-
-fn header_report(r: &w::HeaderReport) -> HeaderReport {
-    HeaderReport {
-        requests: axis_report(&r.requests),
-        tokens: axis_report(&r.tokens),
-        input_tokens: axis_report(&r.input_tokens),
-        output_tokens: axis_report(&r.output_tokens),
-        concurrent: axis_report(&r.concurrent),
-        retry_after_ms: r.retry_after_ms,
-        should_retry: r.should_retry,
-        exceeded: r.exceeded.map(|a| match a {
-            w::RateAxis::Requests => RateAxis::Requests,
-            w::RateAxis::Tokens => RateAxis::Tokens,
-            w::RateAxis::InputTokens => RateAxis::InputTokens,
-            w::RateAxis::OutputTokens => RateAxis::OutputTokens,
-            w::RateAxis::Concurrent => RateAxis::Concurrent,
-        }),
-        reset_at_ms: r.reset_at_ms,
-        recognised: r.recognised,
-        malformed: r.malformed,
-    }
 }

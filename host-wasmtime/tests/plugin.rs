@@ -5,14 +5,24 @@ mod common;
 
 use common::plugin;
 use tokenwarden_core::{
-    AgentId, Call, Config, Coordinator, Decision, Event, LeaseError, LeaseId, LeaseRequest,
-    LeaseStep, Millis, PoolId, Usage, Wait,
+    AgentId, Call, Config, Coordinator, Event, Input, LeaseError, LeaseId, LeaseRequest, Millis,
+    Output, PoolId, Role, Usage, Wait,
 };
 use tokenwarden_wasmtime::{COMPONENT, Error, Limits, Plugin, PluginError, WIT_INTERFACE};
 use wasmtime::component::Component;
 
 const CONFIG: &str = r#"{ "pools": [{ "name": "sonnet", "input_tokens_per_minute": 40000,
     "output_tokens_per_minute": 8000, "requests_per_minute": 50, "max_concurrent": 20 }] }"#;
+
+/// The core's `request_lease` input.
+fn lease(request: LeaseRequest) -> Input {
+    Input::RequestLease { request }
+}
+
+/// The core's `settle` input.
+fn settle(lease: LeaseId, usage: Usage) -> Input {
+    Input::Settle { lease, usage }
+}
 
 fn ask(agent: u64, input_tokens: u64) -> LeaseRequest {
     LeaseRequest {
@@ -55,12 +65,10 @@ fn errors_are_the_cores() {
     let mut bad_pool = ask(1, 10);
     bad_pool.pool = PoolId(7);
     assert_eq!(
-        c.request_lease(Millis(0), &bad_pool),
+        c.handle(Millis(0), &lease(bad_pool)),
         Err(Error::Lease(LeaseError::UnknownPool))
     );
-    let mut huge = ask(1, 1 << 53);
-    huge.input_tokens = 1 << 53;
-    let e = c.request_lease(Millis(0), &huge).unwrap_err();
+    let e = c.handle(Millis(0), &lease(ask(1, 1 << 53))).unwrap_err();
     assert_eq!(
         e.lease_error(),
         Some(LeaseError::TooLarge {
@@ -69,7 +77,16 @@ fn errors_are_the_cores() {
     );
     assert_eq!(e.code(), "too_large");
     assert_eq!(
-        c.settle(Millis(0), LeaseId(12345), &Usage::default()),
+        c.handle(Millis(0), &settle(LeaseId(12345), Usage::default())),
+        Err(Error::Lease(LeaseError::UnknownLease))
+    );
+    assert_eq!(
+        c.handle(
+            Millis(0),
+            &Input::Renew {
+                lease: LeaseId(12345)
+            }
+        ),
         Err(Error::Lease(LeaseError::UnknownLease))
     );
     assert_eq!(c.pool_id("sonnet").unwrap(), Some(PoolId(0)));
@@ -110,9 +127,10 @@ fn same_answers_as_native_metrics_and_snapshot_included() {
     let mut wasm = plugin().coordinator(CONFIG, 9, Millis(0)).unwrap();
     for i in 0..5u64 {
         let now = Millis(i * 100);
+        let input = lease(ask(i, 15_000));
         assert_eq!(
-            Ok(native.request_lease(now, &ask(i, 15_000)).unwrap()),
-            wasm.request_lease(now, &ask(i, 15_000))
+            Ok(native.handle(now, &input).unwrap()),
+            wasm.handle(now, &input)
         );
     }
     assert_eq!(native.poll_timeout(), wasm.poll_timeout().unwrap());
@@ -127,7 +145,8 @@ fn same_answers_as_native_metrics_and_snapshot_included() {
 #[test]
 fn fuel_exhaustion_is_an_error_and_the_host_recovers() {
     let mut c = plugin().coordinator(CONFIG, 1, Millis(0)).unwrap();
-    let Decision::Grant { lease, .. } = c.request_lease(Millis(0), &ask(1, 10_000)).unwrap() else {
+    let Output::Granted { lease: held, .. } = c.handle(Millis(0), &lease(ask(1, 10_000))).unwrap()
+    else {
         panic!("fits")
     };
     let checkpoint = c.snapshot_json().unwrap();
@@ -160,9 +179,10 @@ fn fuel_exhaustion_is_an_error_and_the_host_recovers() {
 
     // Recovery: the last checkpoint in a fresh instance; the lease is still there.
     let mut revived = plugin().restore_json(&checkpoint).unwrap();
-    revived
-        .settle(Millis(10), lease, &Usage::default())
+    let out = revived
+        .handle(Millis(10), &settle(held, Usage::default()))
         .expect("the lease survived in the checkpoint");
+    assert!(matches!(out, Output::Settled { .. }), "{out:?}");
 }
 
 #[test]
@@ -174,15 +194,19 @@ fn memory_limit_is_an_error_not_a_crash() {
     let mut c = capped.coordinator(CONFIG, 1, Millis(0)).unwrap();
     // 8 MiB of headers must be copied into the plugin's memory: more than the cap.
     let big = "x".repeat(8 << 20);
+    let response = |status: u16, headers: &[(&str, &str)]| Input::Response {
+        pool: PoolId(0),
+        lease: None,
+        status,
+        headers: headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect(),
+        unix_now_ms: None,
+        reported: false,
+    };
     let e = c
-        .handle_response(
-            Millis(0),
-            PoolId(0),
-            None,
-            200,
-            [("x-big", big.as_str())],
-            None,
-        )
+        .handle(Millis(0), &response(200, &[("x-big", big.as_str())]))
         .unwrap_err();
     assert!(
         matches!(e, Error::Plugin(PluginError::MemoryLimit { limit_bytes }) if limit_bytes == 4 << 20),
@@ -191,16 +215,15 @@ fn memory_limit_is_an_error_not_a_crash() {
     assert!(c.is_poisoned());
     // Below the cap all is well.
     let mut ok = capped.coordinator(CONFIG, 1, Millis(0)).unwrap();
-    let report = ok
-        .handle_response(
+    let out = ok
+        .handle(
             Millis(0),
-            PoolId(0),
-            None,
-            429,
-            [("retry-after", "3"), ("x-big", &big[..1 << 20])],
-            None,
+            &response(429, &[("retry-after", "3"), ("x-big", &big[..1 << 20])]),
         )
         .unwrap();
+    let Output::Reported { report } = out else {
+        panic!("{out:?}")
+    };
     assert_eq!(report.retry_after_ms, Some(3_000));
 }
 
@@ -212,12 +235,13 @@ fn hot_reload_keeps_leases_tickets_debt_and_events() {
     let other = Plugin::new(plugin().engine(), COMPONENT).unwrap();
     let mut leases = Vec::new();
     for i in 0..4u64 {
-        let d = native.request_lease(Millis(i), &ask(i, 12_000)).unwrap();
-        assert_eq!(Ok(d), wasm.request_lease(Millis(i), &ask(i, 12_000)));
+        let input = lease(ask(i, 12_000));
+        let d = native.handle(Millis(i), &input).unwrap();
+        assert_eq!(Ok(d.clone()), wasm.handle(Millis(i), &input));
         leases.push(d);
     }
     // Under-estimate one lease: debt.
-    let Decision::Grant { lease, .. } = leases[0] else {
+    let Output::Granted { lease: first, .. } = leases[0] else {
         panic!("first fits")
     };
     let usage = Usage {
@@ -225,9 +249,10 @@ fn hot_reload_keeps_leases_tickets_debt_and_events() {
         output_tokens: 10,
         ..Default::default()
     };
+    let input = settle(first, usage);
     assert_eq!(
-        Ok(native.settle(Millis(10), lease, &usage).unwrap()),
-        wasm.settle(Millis(10), lease, &usage)
+        Ok(native.handle(Millis(10), &input).unwrap()),
+        wasm.handle(Millis(10), &input)
     );
     wasm.reload(&other).unwrap();
     assert_eq!(native.snapshot_json(), wasm.snapshot_json().unwrap());
@@ -236,7 +261,10 @@ fn hot_reload_keeps_leases_tickets_debt_and_events() {
     while let Some(t) = native.poll_timeout() {
         assert_eq!(Some(t), wasm.poll_timeout().unwrap());
         native.handle_timeout(t);
-        wasm.handle_timeout(t).unwrap();
+        assert_eq!(
+            wasm.handle(t, &Input::Timeout {}).unwrap(),
+            Output::TimedOut
+        );
         wasm.reload(&other).unwrap();
         loop {
             let e = native.poll_event();
@@ -256,12 +284,14 @@ fn hot_reload_keeps_leases_tickets_debt_and_events() {
 }
 
 #[test]
-fn typed_calls_carry_every_field_of_the_cores_types() {
-    // Agent 3 is agent 2's subagent, asking with a prefix the host saw cached.
+fn every_field_of_the_cores_types_crosses() {
+    // Agent 3 is agent 2's subagent, asking with a prefix the host saw cached, in the
+    // `auto` role (the core's newest fields and variants).
     let family = |agent: u64, input_tokens: u64| LeaseRequest {
         family: Some(AgentId(2)),
         cached_prefix_tokens: 5_000,
         cached_prefix_confirmed: true,
+        role: Role::Auto,
         ..ask(agent, input_tokens)
     };
     let config = r#"{ "pools": [{ "name": "sonnet", "input_tokens_per_minute": 100000,
@@ -269,37 +299,39 @@ fn typed_calls_carry_every_field_of_the_cores_types() {
         "max_concurrent": 4 }] }"#;
     let mut native = Coordinator::new(Config::from_json(config).unwrap(), 1, Millis(0)).unwrap();
     let mut wasm = plugin().coordinator(config, 1, Millis(0)).unwrap();
-    let big = ask(1, 80_000);
-    let Decision::Grant { lease, .. } = native.request_lease(Millis(0), &big).unwrap() else {
+    let big = lease(ask(1, 80_000));
+    let Output::Granted { lease: held, .. } = native.handle(Millis(0), &big).unwrap() else {
         panic!("the first call fits")
     };
     assert_eq!(
-        wasm.request_lease(Millis(0), &big),
-        Ok(Decision::Grant {
-            lease,
+        wasm.handle(Millis(0), &big),
+        Ok(Output::Granted {
+            lease: held,
             expires_at: Millis(120_000)
         })
     );
     // Queued calls through the call lifecycle: the wait's `expected` crosses too.
     let mut waits = Vec::new();
     for (agent, input_tokens) in [(2, 10_000), (3, 8_000)] {
-        let (mut n, mut p) = (Call::default(), Call::default());
-        let req = family(agent, input_tokens);
-        let step = native.call_lease(Millis(0), &mut n, &req).unwrap();
-        assert_eq!(wasm.call_lease(Millis(0), &mut p, &req), Ok(step));
-        assert_eq!(n, p);
-        let LeaseStep::Wait(
-            wait @ Wait {
+        let input = Input::CallLease {
+            call: Call::default(),
+            request: family(agent, input_tokens),
+        };
+        let step = native.handle(Millis(0), &input).unwrap();
+        assert_eq!(wasm.handle(Millis(0), &input), Ok(step.clone()));
+        let Output::Wait {
+            wait: wait @ Wait {
                 ticket: Some(_), ..
             },
-        ) = step
+            ..
+        } = step
         else {
             panic!("queued behind the big call: {step:?}")
         };
         assert!(wait.expected <= wait.until, "{wait:?}");
         waits.push(wait);
     }
-    // The family and the confirmed prefix reached the core: same state as native.
+    // The family, the role and the confirmed prefix reached the core: same state as native.
     assert_eq!(native.snapshot_json(), wasm.snapshot_json().unwrap());
     assert_eq!(
         native.metrics(Millis(50)),
@@ -311,9 +343,10 @@ fn typed_calls_carry_every_field_of_the_cores_types() {
         output_tokens: 10,
         ..Default::default()
     };
+    let input = settle(held, usage);
     assert_eq!(
-        Ok(native.settle(Millis(100), lease, &usage).unwrap()),
-        wasm.settle(Millis(100), lease, &usage)
+        Ok(native.handle(Millis(100), &input).unwrap()),
+        wasm.handle(Millis(100), &input)
     );
     let mut revised = Vec::new();
     loop {
@@ -339,25 +372,22 @@ fn typed_calls_carry_every_field_of_the_cores_types() {
 }
 
 #[test]
-fn the_core_s_role_crosses_through_handle_and_the_typed_call_says_so() {
+fn a_refused_input_changes_nothing_and_leaves_the_plugin_usable() {
     let mut c = plugin().coordinator(CONFIG, 1, Millis(0)).unwrap();
-    let auto = LeaseRequest {
-        role: tokenwarden_core::Role::Auto,
-        ..ask(1, 10)
-    };
-    // WIT 3's typed records have no `auto`: the typed call refuses it by name.
-    let e = c.request_lease(Millis(0), &auto).unwrap_err();
-    assert_eq!(e.code(), "plugin_incompatible");
-    assert!(e.to_string().contains("role `auto`"), "{e}");
-    // Through `handle` (the core's Input as JSON) the plugin takes it.
-    let out = c
+    let before = c.snapshot_json().unwrap();
+    let e = c
         .handle(
             Millis(0),
-            &tokenwarden_core::Input::RequestLease { request: auto },
+            &Input::Renew {
+                lease: LeaseId(1 << 60),
+            },
         )
-        .unwrap();
-    assert!(
-        matches!(out, tokenwarden_core::Output::Granted { .. }),
-        "{out:?}"
-    );
+        .unwrap_err();
+    assert!(matches!(e, Error::Lease(_)), "{e:?}");
+    assert_eq!(c.snapshot_json().unwrap(), before);
+    assert!(!c.is_poisoned());
+    assert!(matches!(
+        c.handle(Millis(1), &lease(ask(1, 10))),
+        Ok(Output::Granted { .. })
+    ));
 }
