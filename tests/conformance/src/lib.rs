@@ -7,8 +7,8 @@
 //!
 //! A runner is "decode, handle, encode": each input record is the core's host-protocol
 //! `Input` (its `op` and fields, with `at` and `check` beside them), handed to the engine's
-//! `handle`; the `Output` it answers is encoded as the record's `result` ([`result_of`]).
-//! An input the runner has never heard of needs nothing here: its `result` is its `Output`.
+//! `handle`; the `Output` it answers is the record's `result`, as the core encodes it. An
+//! input the runner has never heard of needs nothing here.
 
 use serde_json::{Map, Value, json};
 use tokenwarden_core::{Config, Coordinator, Input, Millis};
@@ -134,61 +134,6 @@ fn input_of(
     Ok(Value::Object(input))
 }
 
-/// An `Output` (JSON) as the `result` of a record of `op`, in the shapes of the typed API
-/// the traces were first written against (`SCHEMA.md`): a decision, a settlement, `{call,
-/// step}`, … An error record, and the output of an op not listed here, are kept as they are.
-#[must_use]
-pub fn result_of(op: &str, out: Value) -> Value {
-    if out.get("error").is_some() {
-        return out;
-    }
-    let get = |k: &str| out.get(k).cloned().unwrap_or(Value::Null);
-    let step = || {
-        let mut step = match out.get("output").and_then(Value::as_str) {
-            Some("send") => {
-                json!({ "kind": "send", "lease": get("lease"), "expires_at": get("expires_at") })
-            }
-            Some("wait") => get("wait"),
-            Some("give_up") => get("give_up"),
-            _ => json!({}),
-        };
-        let kind = match out.get("output").and_then(Value::as_str) {
-            Some("deliver") => "deliver",
-            Some("wait") => "wait",
-            Some("give_up") => "give_up",
-            _ => "send",
-        };
-        if let Value::Object(m) = &mut step {
-            m.insert("kind".into(), json!(kind));
-        }
-        step
-    };
-    match op {
-        "request_lease" => match out.get("output").and_then(Value::as_str) {
-            Some("granted") => {
-                json!({ "kind": "grant", "lease": get("lease"), "expires_at": get("expires_at") })
-            }
-            Some("queued") => json!({ "kind": "queued", "lease": get("lease"), "eta": get("eta") }),
-            Some("refused") => {
-                json!({ "kind": "reject", "retry_at": get("retry_at"), "reason": get("reason") })
-            }
-            Some("never_fits") => json!({ "kind": "never_fits", "reason": get("reason") }),
-            _ => out,
-        },
-        "settle" | "call_interrupted" => get("settlement"),
-        "cancel" | "timeout" | "open_task" => Value::Null,
-        "renew" => get("expires_at"),
-        "response" => json!({ "report": get("report") }),
-        "call_lease" => json!({ "call": get("call"), "step": step() }),
-        "call_response" => json!({
-            "call": get("call"), "step": step(), "settled": get("settled"), "report": get("report"),
-        }),
-        "task_failed" => get("in_a_row"),
-        "end_task" => get("summary"),
-        _ => out,
-    }
-}
-
 fn timeout_value<E: Engine>(c: &mut E) -> Result<Value, String> {
     Ok(c.poll_timeout()?.map_or(Value::Null, |t| json!(t)))
 }
@@ -253,8 +198,7 @@ pub fn run_with<E: Engine>(trace: &Value) -> Result<Vec<Value>, String> {
                 Value::Null
             }
             _ => {
-                let out = c.handle(at, &input_of(input, &calls)?)?;
-                let result = result_of(op, out);
+                let result = c.handle(at, &input_of(input, &calls)?)?;
                 // A call step's state is kept under its name (an error leaves it as it was).
                 if let (Some(name), Some(state)) = (
                     input.get("call").and_then(Value::as_u64),

@@ -97,48 +97,50 @@ function protocolInput(input, callState) {
   return camelled
 }
 
-/** An `Output` (snake_case) as the typed method's result for `op` (the Rust runner's `result_of`). */
-export function resultOf(op, out) {
-  if (out === null || typeof out !== 'object' || 'error' in out) return out
-  const step = () => {
-    switch (out.output) {
+/**
+ * A typed method's result (snake_case) as the `Output` the core's `handle` answers for the
+ * same input (`core/src/protocol.rs`): the register file's fast paths are checked against
+ * the traces' records, which are outputs.
+ */
+const TYPED = new Set(['request_lease', 'settle', 'cancel', 'response', 'timeout', 'call_lease', 'call_response'])
+
+function outputOf(op, r) {
+  if (r !== null && typeof r === 'object' && 'error' in r) return r
+  const step = ({ kind, ...rest }) => {
+    switch (kind) {
       case 'send':
-        return { kind: 'send', lease: out.lease, expires_at: out.expires_at }
+        return { output: 'send', lease: rest.lease, expires_at: rest.expires_at }
       case 'wait':
-        return { kind: 'wait', ...out.wait }
+        return { output: 'wait', wait: rest }
       case 'give_up':
-        return { kind: 'give_up', ...out.give_up }
+        return { output: 'give_up', give_up: rest }
       default:
-        return { kind: 'deliver' }
+        return { output: 'deliver' }
     }
   }
   switch (op) {
-    case 'request_lease':
-      if (out.output === 'granted') return { kind: 'grant', lease: out.lease, expires_at: out.expires_at }
-      if (out.output === 'queued') return { kind: 'queued', lease: out.lease, eta: out.eta }
-      if (out.output === 'refused') return { kind: 'reject', retry_at: out.retry_at, reason: out.reason }
-      return { kind: 'never_fits', reason: out.reason }
+    case 'request_lease': {
+      const { kind, ...rest } = r
+      const output = { grant: 'granted', queued: 'queued', reject: 'refused', never_fits: 'never_fits' }[kind]
+      return { output, ...rest }
+    }
     case 'settle':
-    case 'call_interrupted':
-      return out.settlement
+      return { output: 'settled', settlement: r }
     case 'cancel':
+      return { output: 'cancelled' }
     case 'timeout':
-    case 'open_task':
-      return null
-    case 'renew':
-      return out.expires_at
+      return { output: 'timed_out' }
     case 'response':
-      return { report: out.report }
+      return { output: 'reported', report: r.report }
     case 'call_lease':
-      return { call: out.call, step: step() }
-    case 'call_response':
-      return { call: out.call, step: step(), settled: out.settled ?? null, report: out.report }
-    case 'task_failed':
-      return out.in_a_row
-    case 'end_task':
-      return out.summary
-    default:
+      return { call: r.call, ...step(r.step) }
+    case 'call_response': {
+      const out = { call: r.call, ...step(r.step), report: r.report }
+      if (r.settled !== null) out.settled = r.settled
       return out
+    }
+    default:
+      throw new Error(`no typed method for ${op}`)
   }
 }
 
@@ -178,8 +180,8 @@ export function replay(trace, factory, { protocol = false } = {}) {
     }
     let r
     if (protocol && input.op !== 'metrics' && input.op !== 'snapshot_restore') {
-      // Every input through `handle`, its output encoded as the typed method's result.
-      r = result(() => resultOf(input.op, recase(engine.handle(at, protocolInput(input, callState)), snake)))
+      // Every input through `handle`, its output as the record's result.
+      r = result(() => recase(engine.handle(at, protocolInput(input, callState)), snake))
       if (input.op.startsWith('call_') && r?.call !== undefined) calls.set(input.call, r.call)
       out.push({ at, op: input.op, result: r, next_timeout: engine.pollTimeout() })
       out.push(...drain(at))
@@ -232,10 +234,10 @@ export function replay(trace, factory, { protocol = false } = {}) {
         r = null
         break
       default:
-        // An input the engine has no typed method for: the host protocol, its output as
-        // the typed result (`resultOf`: the output as it is for inputs that never had one).
-        r = result(() => resultOf(input.op, recase(engine.handle(at, protocolInput(input, callState)), snake)))
+        // An input the engine has no typed method for: the host protocol.
+        r = result(() => recase(engine.handle(at, protocolInput(input, callState)), snake))
     }
+    if (TYPED.has(input.op)) r = outputOf(input.op, r)
     out.push({ at, op: input.op, result: r, next_timeout: engine.pollTimeout() })
     out.push(...drain(at))
   }
