@@ -1316,6 +1316,104 @@ pub mod io {
         RATE_AXIS_ORDER.iter().position(|x| *x == a).unwrap_or(0)
     }
 
+    /// The register file's calls, each as both bindings run it: read the arguments from
+    /// `io`, apply them to `c`, write the results and the state after ([`io_after`]) into
+    /// `io`, and answer the code (a result that needs `bigint`s held in `wide`). A binding
+    /// only finds its register file and turns an error into its own exception.
+    pub mod run {
+        use super::{
+            ArgError, ResponseIo, WIDE, WideResult, core, io_after, io_call_lease, io_call_step,
+            io_decision, io_event, io_lease, io_lease_request, io_now, io_report, io_response_call,
+            io_settle, io_settled, io_settlement, narrow,
+        };
+
+        /// A binding's coordinator, register file and held-back result.
+        pub type Parts<'a> = (
+            &'a mut core::Coordinator,
+            &'a mut [f64],
+            &'a mut Option<WideResult>,
+        );
+
+        /// `requestLeaseIo`: `DECISION_*`, or `WIDE`.
+        pub fn request_lease((c, io, wide): Parts<'_>) -> Result<i32, ArgError> {
+            let (now, req) = (io_now(io)?, io_lease_request(io)?);
+            let d = c.request_lease(now, &req)?;
+            io_after(io, c);
+            Ok(narrow(wide, io_decision(io, &d), WideResult::Decision(d)))
+        }
+
+        /// `settleIo`: 0, or `WIDE`.
+        pub fn settle((c, io, wide): Parts<'_>) -> Result<i32, ArgError> {
+            let now = io_now(io)?;
+            let (lease, usage) = io_settle(io)?;
+            let s = c.settle(now, lease, &usage)?;
+            io_after(io, c);
+            Ok(narrow(
+                wide,
+                io_settlement(io, &s),
+                WideResult::Settlement(s),
+            ))
+        }
+
+        /// `cancelIo` (now, lease).
+        pub fn cancel((c, io, _): Parts<'_>) -> Result<(), ArgError> {
+            c.cancel(io_now(io)?, io_lease(io)?)?;
+            io_after(io, c);
+            Ok(())
+        }
+
+        /// `handleTimeoutIo` (now).
+        pub fn handle_timeout((c, io, _): Parts<'_>) -> Result<(), ArgError> {
+            c.handle_timeout(io_now(io)?);
+            io_after(io, c);
+            Ok(())
+        }
+
+        /// `pollEventIo`: the event's code, −1 for none, or `WIDE`.
+        pub fn poll_event((c, io, wide): Parts<'_>) -> i32 {
+            let code = match c.poll_event() {
+                None => -1,
+                Some(e) => narrow(wide, io_event(io, &e), WideResult::Event(e)),
+            };
+            io_after(io, c);
+            code
+        }
+
+        /// `callLeaseIo`: a `STEP_*` code, or `WIDE`.
+        pub fn call_lease((c, io, wide): Parts<'_>) -> Result<i32, ArgError> {
+            let (now, req, mut call) = io_call_lease(io)?;
+            let step: core::CallStep = c.call_lease(now, &mut call, &req)?.into();
+            io_after(io, c);
+            let code = io_call_step(io, &call, &step);
+            Ok(narrow(wide, code, WideResult::CallLease(call, step)))
+        }
+
+        /// `callResponseIo`, the response's slots and headers read into `r`: a `STEP_*`
+        /// code, or `WIDE`.
+        pub fn call_response((c, io, wide): Parts<'_>, r: ResponseIo) -> Result<i32, ArgError> {
+            let mut call = io_response_call(io)?;
+            let a = c.call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)?;
+            let mut code = io_call_step(io, &call, &a.step.into());
+            if !io_settled(io, a.settled.as_ref()) || !io_report(io, &r.report) {
+                code = WIDE;
+            }
+            io_after(io, c);
+            Ok(narrow(
+                wide,
+                code,
+                WideResult::CallResponse(call, a, r.report),
+            ))
+        }
+
+        /// `handleResponseIo`, the response read into `r`: 0, or `WIDE`.
+        pub fn handle_response((c, io, wide): Parts<'_>, r: ResponseIo) -> Result<i32, ArgError> {
+            c.handle_response(r.now, r.pool, r.lease, r.status, &r.report)?;
+            let code = if io_report(io, &r.report) { 0 } else { WIDE };
+            io_after(io, c);
+            Ok(narrow(wide, code, WideResult::Report(r.report)))
+        }
+    }
+
     /// A result held back from the fast path because it needs `bigint`s.
     #[derive(Debug, Clone, Copy)]
     pub enum WideResult {

@@ -243,16 +243,7 @@ impl Coordinator {
     pub fn request_lease_io(&mut self, env: Env) -> napi::Result<i32> {
         let Coordinator { inner, io, wide } = self;
         js(&env, || {
-            let io = registers(io)?;
-            let now = io::io_now(io)?;
-            let req = io::io_lease_request(io)?;
-            let d = inner.request_lease(now, &req).map_err(Thrown::from)?;
-            io::io_after(io, inner);
-            Ok(io::narrow(
-                wide,
-                io::io_decision(io, &d),
-                WideResult::Decision(d),
-            ))
+            io::run::request_lease((inner, registers(io)?, wide))
         })
     }
 
@@ -260,42 +251,22 @@ impl Coordinator {
     #[napi]
     pub fn settle_io(&mut self, env: Env) -> napi::Result<i32> {
         let Coordinator { inner, io, wide } = self;
-        js(&env, || {
-            let io = registers(io)?;
-            let now = io::io_now(io)?;
-            let (lease, usage) = io::io_settle(io)?;
-            let s = inner.settle(now, lease, &usage).map_err(Thrown::from)?;
-            io::io_after(io, inner);
-            Ok(io::narrow(
-                wide,
-                io::io_settlement(io, &s),
-                WideResult::Settlement(s),
-            ))
-        })
+        js(&env, || io::run::settle((inner, registers(io)?, wide)))
     }
 
     /// `cancel` on the register file (now, lease).
     #[napi]
     pub fn cancel_io(&mut self, env: Env) -> napi::Result<()> {
-        let Coordinator { inner, io, .. } = self;
-        js(&env, || {
-            let io = registers(io)?;
-            let now = io::io_now(io)?;
-            inner.cancel(now, io::io_lease(io)?).map_err(Thrown::from)?;
-            io::io_after(io, inner);
-            Ok(())
-        })
+        let Coordinator { inner, io, wide } = self;
+        js(&env, || io::run::cancel((inner, registers(io)?, wide)))
     }
 
     /// `handleTimeout` on the register file (now).
     #[napi]
     pub fn handle_timeout_io(&mut self, env: Env) -> napi::Result<()> {
-        let Coordinator { inner, io, .. } = self;
+        let Coordinator { inner, io, wide } = self;
         js(&env, || {
-            let io = registers(io)?;
-            inner.handle_timeout(io::io_now(io)?);
-            io::io_after(io, inner);
-            Ok(())
+            io::run::handle_timeout((inner, registers(io)?, wide))
         })
     }
 
@@ -304,13 +275,7 @@ impl Coordinator {
     pub fn poll_event_io(&mut self, env: Env) -> napi::Result<i32> {
         let Coordinator { inner, io, wide } = self;
         js(&env, || {
-            let io = registers(io)?;
-            let code = match inner.poll_event() {
-                None => -1,
-                Some(e) => io::narrow(wide, io::io_event(io, &e), WideResult::Event(e)),
-            };
-            io::io_after(io, inner);
-            Ok(code)
+            Ok(io::run::poll_event((inner, registers(io)?, wide)))
         })
     }
 
@@ -319,20 +284,7 @@ impl Coordinator {
     #[napi]
     pub fn call_lease_io(&mut self, env: Env) -> napi::Result<i32> {
         let Coordinator { inner, io, wide } = self;
-        js(&env, || {
-            let io = registers(io)?;
-            let (now, req, mut call) = io::io_call_lease(io)?;
-            let step: core::CallStep = inner
-                .call_lease(now, &mut call, &req)
-                .map_err(Thrown::from)?
-                .into();
-            io::io_after(io, inner);
-            Ok(io::narrow(
-                wide,
-                io::io_call_step(io, &call, &step),
-                WideResult::CallLease(call, step),
-            ))
-        })
+        js(&env, || io::run::call_lease((inner, registers(io)?, wide)))
     }
 
     /// `callResponse` on the register file, the headers as one string (`name\nvalue\n…`;
@@ -349,20 +301,7 @@ impl Coordinator {
         js(&env, || {
             let io = registers(io)?;
             let r = io::io_response(io, &headers)?;
-            let mut call = io::io_response_call(io)?;
-            let a = inner
-                .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
-                .map_err(Thrown::from)?;
-            let mut code = io::io_call_step(io, &call, &a.step.into());
-            if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
-                code = io::WIDE;
-            }
-            io::io_after(io, inner);
-            Ok(io::narrow(
-                wide,
-                code,
-                WideResult::CallResponse(call, a, r.report),
-            ))
+            io::run::call_response((inner, io, wide), r)
         })
     }
 
@@ -379,16 +318,7 @@ impl Coordinator {
         js(&env, || {
             let io = registers(io)?;
             let r = io::io_response(io, &headers)?;
-            inner
-                .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
-                .map_err(Thrown::from)?;
-            let code = if io::io_report(io, &r.report) {
-                0
-            } else {
-                io::WIDE
-            };
-            io::io_after(io, inner);
-            Ok(io::narrow(wide, code, WideResult::Report(r.report)))
+            io::run::handle_response((inner, io, wide), r)
         })
     }
 

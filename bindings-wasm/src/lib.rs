@@ -284,16 +284,7 @@ impl Coordinator {
         let Coordinator {
             inner, wide, regs, ..
         } = self;
-        let io = &mut regs[..];
-        let now = io::io_now(io)?;
-        let req = io::io_lease_request(io)?;
-        let d = inner.request_lease(now, &req).map_err(ArgError::from)?;
-        io::io_after(io, inner);
-        Ok(io::narrow(
-            wide,
-            io::io_decision(io, &d),
-            WideResult::Decision(d),
-        ))
+        Ok(io::run::request_lease((inner, &mut regs[..], wide))?)
     }
 
     /// `settle` on the register file: returns 0, or 9 wide.
@@ -302,39 +293,25 @@ impl Coordinator {
         let Coordinator {
             inner, wide, regs, ..
         } = self;
-        let io = &mut regs[..];
-        let now = io::io_now(io)?;
-        let (lease, u) = io::io_settle(io)?;
-        let s = inner.settle(now, lease, &u).map_err(ArgError::from)?;
-        io::io_after(io, inner);
-        Ok(io::narrow(
-            wide,
-            io::io_settlement(io, &s),
-            WideResult::Settlement(s),
-        ))
+        Ok(io::run::settle((inner, &mut regs[..], wide))?)
     }
 
     /// `cancel` on the register file (now, lease).
     #[wasm_bindgen(js_name = cancelIo)]
     pub fn cancel_io(&mut self) -> Result<(), Thrown> {
-        let Coordinator { inner, regs, .. } = self;
-        let io = &mut regs[..];
-        let now = io::io_now(io)?;
-        inner
-            .cancel(now, io::io_lease(io)?)
-            .map_err(ArgError::from)?;
-        io::io_after(io, inner);
-        Ok(())
+        let Coordinator {
+            inner, wide, regs, ..
+        } = self;
+        Ok(io::run::cancel((inner, &mut regs[..], wide))?)
     }
 
     /// `handleTimeout` on the register file (now).
     #[wasm_bindgen(js_name = handleTimeoutIo)]
     pub fn handle_timeout_io(&mut self) -> Result<(), Thrown> {
-        let Coordinator { inner, regs, .. } = self;
-        let io = &mut regs[..];
-        inner.handle_timeout(io::io_now(io)?);
-        io::io_after(io, inner);
-        Ok(())
+        let Coordinator {
+            inner, wide, regs, ..
+        } = self;
+        Ok(io::run::handle_timeout((inner, &mut regs[..], wide))?)
     }
 
     /// `pollEvent` on the register file: the event's code, −1 for none, 9 wide.
@@ -343,13 +320,7 @@ impl Coordinator {
         let Coordinator {
             inner, wide, regs, ..
         } = self;
-        let io = &mut regs[..];
-        let code = match inner.poll_event() {
-            None => -1,
-            Some(e) => io::narrow(wide, io::io_event(io, &e), WideResult::Event(e)),
-        };
-        io::io_after(io, inner);
-        Ok(code)
+        Ok(io::run::poll_event((inner, &mut regs[..], wide)))
     }
 
     /// `callLease` on the register file (the request in slots 0 to 9, the call in 10 to
@@ -359,18 +330,7 @@ impl Coordinator {
         let Coordinator {
             inner, wide, regs, ..
         } = self;
-        let io = &mut regs[..];
-        let (now, req, mut call) = io::io_call_lease(io)?;
-        let step: core::CallStep = inner
-            .call_lease(now, &mut call, &req)
-            .map_err(ArgError::from)?
-            .into();
-        io::io_after(io, inner);
-        Ok(io::narrow(
-            wide,
-            io::io_call_step(io, &call, &step),
-            WideResult::CallLease(call, step),
-        ))
+        Ok(io::run::call_lease((inner, &mut regs[..], wide))?)
     }
 
     /// `callResponse` on the register file, the headers the first `headers_len` bytes of
@@ -379,20 +339,7 @@ impl Coordinator {
     #[wasm_bindgen(js_name = callResponseIo)]
     pub fn call_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
         let ResponseParts { inner, wide, io, r } = self.response_parts(headers_len)?;
-        let mut call = io::io_response_call(io)?;
-        let a = inner
-            .call_response(r.now, &mut call, r.pool, r.lease, r.status, &r.report)
-            .map_err(ArgError::from)?;
-        let mut code = io::io_call_step(io, &call, &a.step.into());
-        if !io::io_settled(io, a.settled.as_ref()) || !io::io_report(io, &r.report) {
-            code = io::WIDE;
-        }
-        io::io_after(io, inner);
-        Ok(io::narrow(
-            wide,
-            code,
-            WideResult::CallResponse(call, a, r.report),
-        ))
+        Ok(io::run::call_response((inner, io, wide), r)?)
     }
 
     /// `handleResponse` on the register file, the headers the first `headers_len` bytes of
@@ -400,16 +347,7 @@ impl Coordinator {
     #[wasm_bindgen(js_name = handleResponseIo)]
     pub fn handle_response_io(&mut self, headers_len: usize) -> Result<i32, Thrown> {
         let ResponseParts { inner, wide, io, r } = self.response_parts(headers_len)?;
-        inner
-            .handle_response(r.now, r.pool, r.lease, r.status, &r.report)
-            .map_err(ArgError::from)?;
-        let code = if io::io_report(io, &r.report) {
-            0
-        } else {
-            io::WIDE
-        };
-        io::io_after(io, inner);
-        Ok(io::narrow(wide, code, WideResult::Report(r.report)))
+        Ok(io::run::handle_response((inner, io, wide), r)?)
     }
 
     /// The register-file result held back because it needs `bigint`s (code 9), as an
