@@ -839,6 +839,7 @@ module.exports.Coordinator = nativeBinding.Coordinator
 module.exports.Estimator = nativeBinding.Estimator
 module.exports.Exchange = nativeBinding.Exchange
 module.exports.callShape = nativeBinding.callShape
+module.exports.checkFleets = nativeBinding.checkFleets
 module.exports.countTokens = nativeBinding.countTokens
 module.exports.countTokensBody = nativeBinding.countTokensBody
 module.exports.countTokensPause = nativeBinding.countTokensPause

@@ -194,6 +194,13 @@ export declare class Exchange {
 export declare function callShape(provider: string, body: string): string
 
 /**
+ * The fleets configuration checked (the Worker's `TOKENWARDEN_FLEETS`, or with
+ * `serveFile` `tokenwarden serve --config`'s file): the fleets as JSON text, or
+ * `invalid_config` naming the place.
+ */
+export declare function checkFleets(text: string, serveFile: boolean): string
+
+/**
  * How many tokens `text` is in OpenAI's `encoding` (`o200k_base` or `cl100k_base`), by the
  * provider crate's byte-pair tokenizer (special-token strings count as ordinary text, as
  * the API takes them in a prompt). The ranks are in the addon; an encoding's table is

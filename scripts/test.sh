@@ -38,9 +38,9 @@ step "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 MSRV=$(awk -F'"' '/^rust-version/ { print $2; exit }' Cargo.toml)
-step "minimum Rust version: cargo +$MSRV check of the crates that declare it (the core with and without std, the provider crate, the JS ABI, the addon, the conformance runner, the simulator)"
+step "minimum Rust version: cargo +$MSRV check of the crates that declare it (the core with and without std, the provider and gateway crates, the JS ABI, the addon, the conformance runner, the simulator)"
 rustup toolchain list | grep -q "^$MSRV" || rustup toolchain install "$MSRV" --profile minimal
-cargo "+$MSRV" check --quiet --target-dir target/msrv -p tokenwarden-core -p tokenwarden-provider -p tokenwarden-js-abi -p tokenwarden-node -p tokenwarden-conformance -p tokenwarden-examples
+cargo "+$MSRV" check --quiet --target-dir target/msrv -p tokenwarden-core -p tokenwarden-provider -p tokenwarden-gateway -p tokenwarden-js-abi -p tokenwarden-node -p tokenwarden-conformance -p tokenwarden-examples
 cargo "+$MSRV" check --quiet --target-dir target/msrv -p tokenwarden-core --no-default-features
 echo "Rust $MSRV builds them (tokenwarden-wasmtime declares 1.95, wasmtime's own minimum)"
 

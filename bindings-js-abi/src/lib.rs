@@ -1843,6 +1843,31 @@ pub fn stop_answer(stop: &str, retry_after_ms: Option<f64>) -> Result<[f64; 3], 
     ])
 }
 
+/// `checkFleets(text, serveFile)`: the fleets configuration checked by the gateway crate
+/// ([`tokenwarden_gateway::config::Fleets`]): the Worker's `TOKENWARDEN_FLEETS` text, or with
+/// `serve_file` `tokenwarden serve --config`'s file (`{ "fleets": … }`). Answers the fleets
+/// object as JSON text; refuses with `invalid_config` naming the place as `field`.
+pub fn check_fleets(text: &str, serve_file: bool) -> Result<String, ArgError> {
+    use tokenwarden_gateway::config::Fleets;
+    let checked = if serve_file {
+        Fleets::from_serve_file(text)
+    } else {
+        Fleets::from_json(text)
+    };
+    match checked {
+        // Serializing a `Value` cannot fail.
+        Ok(fleets) => Ok(serde_json::to_string(&fleets.json).unwrap_or_default()),
+        Err(e) => {
+            let err = ArgError::range("invalid_config", e.to_string());
+            Err(if e.path.is_empty() {
+                err
+            } else {
+                err.with_field(e.path)
+            })
+        }
+    }
+}
+
 /// `countTokensBody(body)`: the `count_tokens` request for a Messages body's JSON text (its
 /// counted fields, [`tokenwarden_provider::count_tokens::body`]), as JSON text.
 pub fn count_tokens_body(body: &str) -> Result<String, ArgError> {

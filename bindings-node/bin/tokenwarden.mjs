@@ -92,23 +92,13 @@ function parseArgs(argv) {
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost'])
 
-/** Reads --config: `{ fleets, source }`, `source` naming the file in error messages. */
+/** Reads --config: `{ text, source }`, `source` naming the file in error messages. */
 function readConfig(file) {
-  let text
   try {
-    text = readFileSync(file, 'utf8')
+    return { text: readFileSync(file, 'utf8'), source: `--config ${file}` }
   } catch (e) {
     fail(`cannot read --config ${file}: ${e.message}`)
   }
-  let parsed
-  try {
-    parsed = JSON.parse(text)
-  } catch (e) {
-    fail(`--config ${file} is not JSON: ${e.message}`)
-  }
-  const fleets = parsed?.fleets
-  if (fleets === null || typeof fleets !== 'object' || Array.isArray(fleets)) fail(`--config ${file} must be { "fleets": { "<fleet>": { "secret", "quotas": { … } } } }`)
-  return { fleets, source: `--config ${file}` }
 }
 
 /**
@@ -143,92 +133,49 @@ function defaultFleets(data) {
   } catch (e) {
     fail(`cannot read ${file}: ${e.message}`, 1)
   }
-  return {
-    source: `the default fleet (its secret from ${file})`,
-    builtIn: true,
-    fleets: {
-      local: {
-        secret,
-        proxy_open: true,
-        quotas: {
-          anthropic: { upstream: 'https://api.anthropic.com', config: { pools: [{ name: 'default' }] } },
-          openai: { upstream: 'https://api.openai.com', config: { pools: [{ name: 'default', counting: 'openai' }] } },
-        },
+  const fleets = {
+    local: {
+      secret,
+      proxy_open: true,
+      quotas: {
+        anthropic: { upstream: 'https://api.anthropic.com', config: { pools: [{ name: 'default' }] } },
+        openai: { upstream: 'https://api.openai.com', config: { pools: [{ name: 'default', counting: 'openai' }] } },
       },
     },
   }
+  return { text: JSON.stringify({ fleets }), source: `the default fleet (its secret from ${file})`, builtIn: true }
 }
 
 const octal = (mode) => `0${mode.toString(8).padStart(3, '0')}`
 
 /**
- * Checks the whole configuration before anything starts, as the limiter will read it: the
- * fleets' structure by the edge limiter's own `parseFleets` (bundled into serve/ with the
- * Worker), each quota's core `config` by creating a coordinator from it on this package's
- * engine (the core's error names the field), and each upstream's host resolving (not for
- * the built-in default, whose hosts are the providers': offline, the lease API still
- * serves). Exits 2 with the fleet, quota and field named.
+ * Checks the whole configuration before anything starts, as the limiter will read it, by
+ * the gateway crate's rule on the file's own text (`checkFleets`: every key known, secrets,
+ * upstreams, timeouts, each quota's core `config` as a coordinator would be created from
+ * it), then each upstream's host resolving (not for the built-in default, whose hosts are
+ * the providers': offline, the lease API still serves). Answers the fleets; exits 2 naming
+ * the place.
  */
-async function validate({ fleets, source, builtIn = false }) {
-  const checker = join(here, '..', 'serve', 'parse-fleets.js')
-  if (!existsSync(checker)) fail(`the Worker bundle is missing (${checker}): this package was not built (npm run build:serve)`, 1)
-  const { parseFleets } = await import(pathToFileURL(checker).href)
+async function validate({ text, source, builtIn = false }) {
+  let checkFleets
   try {
-    parseFleets(JSON.stringify(fleets))
-  } catch (e) {
-    fail(`${source}: ${e.message}`)
-  }
-  let engines
-  try {
-    engines = (await import('../dist/index.js')).wasmEngines()
+    ;({ checkFleets } = await import('../dist/index.js'))
   } catch (e) {
     fail(`cannot load the engine to check the config (${e.message}): this package was not built (npm run build)`, 1)
   }
-  const quotas = Object.entries(fleets).flatMap(([fleet, f]) => Object.entries(f.quotas).map(([quota, q]) => ({ at: `fleets.${fleet}.quotas.${quota}`, q })))
-  for (const { at, q } of quotas) {
-    const json = JSON.stringify(q.config)
-    let engine
-    try {
-      engine = engines.create(json, 1, Date.now())
-    } catch (e) {
-      // A value of the wrong type or range is the JSON parser's error, placed by its column
-      // in `json`: named here by its path instead.
-      const m = / at line 1 column (\d+)$/.exec(e.message)
-      if (m === null) fail(`${source}: ${at}.config: ${e.message}`)
-      fail(`${source}: ${at}.config${pathAt(q.config, Number(m[1]) - 1)}: ${e.message.slice(0, m.index)}`)
-    }
-    engine.free?.()
+  let fleets
+  try {
+    fleets = checkFleets(text, { serveFile: true })
+  } catch (e) {
+    fail(`${source}: ${e.message}`)
   }
-  if (builtIn) return
+  if (builtIn) return fleets
+  const quotas = Object.entries(fleets).flatMap(([fleet, f]) => Object.entries(f.quotas).map(([quota, q]) => ({ at: `fleets.${fleet}.quotas.${quota}`, q })))
   const looked = await Promise.all(quotas.filter(({ q }) => q.upstream !== undefined).map(async ({ at, q }) => ({ at, q, error: await resolves(new URL(q.upstream).hostname) })))
   for (const { at, q, error } of looked) {
     if (error !== null) fail(`${source}: ${at}.upstream: ${new URL(q.upstream).hostname} (in ${q.upstream}) does not resolve (${error})`)
   }
-}
-
-/**
- * The path (`.pools[0].name`; '' for the whole) of the innermost value of `value` whose text
- * in `JSON.stringify(value)` spans character `offset`.
- */
-function pathAt(value, offset) {
-  let pos = 0
-  let best = ''
-  const walk = (v, path) => {
-    const start = pos
-    if (v !== null && typeof v === 'object') {
-      pos += 1
-      const entries = Array.isArray(v) ? v.map((x, i) => [i, x]) : Object.entries(v)
-      entries.forEach(([k, x], i) => {
-        if (i > 0) pos += 1
-        if (!Array.isArray(v)) pos += JSON.stringify(k).length + 1
-        walk(x, Array.isArray(v) ? `${path}[${k}]` : `${path}.${k}`)
-      })
-      pos += 1
-    } else pos += JSON.stringify(v).length
-    if (start <= offset && offset <= pos && path.length > best.length) best = path
-  }
-  walk(value, '')
-  return best
+  return fleets
 }
 
 /** null when `host` resolves (an IP address and loopback always do), else why not. */
@@ -323,7 +270,7 @@ function writeConfig({ data, fleets, host, port }) {
   rmSync(workerDir, { recursive: true, force: true })
   privateDir(workerDir)
   const modules = []
-  // The Worker, its wasm and the tokenizer's ranks (not parse-fleets.js, which only this CLI runs).
+  // The Worker, its wasm and the tokenizer's ranks.
   for (const f of readdirSync(bundle)) {
     if (f === 'worker.js') modules.unshift(`(name = "worker.js", esModule = embed "worker/worker.js")`)
     else if (f.endsWith('.wasm')) modules.push(`(name = ${capnpString(f)}, wasm = embed ${capnpString(`worker/${f}`)})`)
@@ -407,8 +354,7 @@ async function serve(opts) {
     privateDir(data)
     loaded = defaultFleets(data)
   }
-  const { fleets } = loaded
-  await validate(loaded)
+  const fleets = await validate(loaded)
   if (!LOOPBACK.has(opts.host)) {
     const open = Object.entries(fleets).filter(([, f]) => f?.proxy_open === true).map(([n]) => n)
     if (open.length > 0) fail(`fleet ${open.join(', ')} takes proxied calls with no secret (proxy_open): serve it on loopback only, not on ${opts.host}`)

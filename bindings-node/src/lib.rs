@@ -582,6 +582,14 @@ pub fn stop_answer(env: Env, stop: String, retry_after_ms: Option<f64>) -> napi:
     })
 }
 
+/// The fleets configuration checked (the Worker's `TOKENWARDEN_FLEETS`, or with
+/// `serveFile` `tokenwarden serve --config`'s file): the fleets as JSON text, or
+/// `invalid_config` naming the place.
+#[napi(js_name = "checkFleets")]
+pub fn check_fleets(env: Env, text: String, serve_file: bool) -> napi::Result<String> {
+    js(&env, || tokenwarden_js_abi::check_fleets(&text, serve_file))
+}
+
 /// The `count_tokens` request for a Messages body's JSON text: its counted fields.
 #[napi(js_name = "countTokensBody")]
 pub fn count_tokens_body(env: Env, body: String) -> napi::Result<String> {

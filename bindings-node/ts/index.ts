@@ -70,6 +70,7 @@ useProviderRules({
   stopAnswer: (stop, retryAfterMs) => rules().stopAnswer(stop, retryAfterMs),
   countTokensBody: (body) => rules().countTokensBody(body),
   countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => rules().countTokensPause(status, retryAfter, unixNowMs, pauseMs),
+  checkFleets: (text, serveFile) => rules().checkFleets(text, serveFile),
 })
 
 /** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */

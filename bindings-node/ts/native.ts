@@ -95,6 +95,13 @@ export const nativeProviderRules: ProviderRules = {
       throw normalizeEngineError(e, 'countTokensPause')
     }
   },
+  checkFleets(text, serveFile) {
+    try {
+      return addon().checkFleets(text, serveFile)
+    } catch (e) {
+      throw normalizeEngineError(e, 'checkFleets')
+    }
+  },
 }
 
 /** The addon's coordinator as an {@link Engine}. */

@@ -145,6 +145,7 @@ export function providerRulesFor(wasm, ranks) {
     stopAnswer: (stop, retryAfterMs) => call('stopAnswer', () => Array.from(wasm.stopAnswer(stop, retryAfterMs ?? undefined))),
     countTokensBody: (body) => call('countTokensBody', () => wasm.countTokensBody(body)),
     countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => call('countTokensPause', () => wasm.countTokensPause(status ?? undefined, retryAfter ?? undefined, unixNowMs, pauseMs)),
+    checkFleets: (text, serveFile) => call('checkFleets', () => wasm.checkFleets(text, serveFile)),
   }
   return { tokenizer, counter, rules }
 }

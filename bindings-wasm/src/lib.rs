@@ -577,6 +577,14 @@ pub fn stop_answer(stop: &str, retry_after_ms: Option<f64>) -> Result<Vec<f64>, 
     Ok(tokenwarden_js_abi::stop_answer(stop, retry_after_ms).map(Vec::from)?)
 }
 
+/// The fleets configuration checked (the Worker's `TOKENWARDEN_FLEETS`, or with
+/// `serve_file` `tokenwarden serve --config`'s file): the fleets as JSON text, or
+/// `invalid_config` naming the place.
+#[wasm_bindgen(js_name = checkFleets)]
+pub fn check_fleets(text: &str, serve_file: bool) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::check_fleets(text, serve_file)?)
+}
+
 /// The `count_tokens` request for a Messages body's JSON text: its counted fields.
 #[wasm_bindgen(js_name = countTokensBody)]
 pub fn count_tokens_body(body: &str) -> Result<String, Thrown> {

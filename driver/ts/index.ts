@@ -29,6 +29,8 @@ export type {
 } from './estimator.js'
 export type { CountTokensFailure, CountTokensOptions } from './counttokens.js'
 export { callShape, errorTypeFor, providerErrorBody, providerErrorEvent, stopAnswer, stopStatus } from './providers.js'
+export { checkFleets } from './gateway.js'
+export type { FleetConfig, QuotaConfig } from './gateway.js'
 export type { CallShape, Provider, Stop } from './providers.js'
 export { ManualClock, sleep, systemClock } from './clock.js'
 export type { Clock } from './clock.js'

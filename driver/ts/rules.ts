@@ -51,6 +51,12 @@ export interface ProviderRules {
    * `Retry-After`, else 30 s; any other failure `pauseMs`; at most 10 min.
    */
   countTokensPause(status: number | null, retryAfter: string | null, unixNowMs: number, pauseMs: number): number
+  /**
+   * The fleets configuration checked (the gateway crate's rule): the Worker's
+   * `TOKENWARDEN_FLEETS` text, or with `serveFile` `tokenwarden serve --config`'s file.
+   * Answers the fleets as JSON text; throws `invalid_config` naming the place as `field`.
+   */
+  checkFleets(text: string, serveFile: boolean): string
 }
 
 let source: ProviderRules | null = null
@@ -65,7 +71,7 @@ let source: ProviderRules | null = null
  */
 export function useProviderRules(s: ProviderRules, replace = true): void {
   if (s === null || typeof s !== 'object' || typeof s.create !== 'function')
-    throw new TypeError('useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause } from an engine package')
+    throw new TypeError('useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause, checkFleets } from an engine package')
   if (!replace && source !== null) return
   source = s
 }

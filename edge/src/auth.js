@@ -10,6 +10,8 @@
 // API keys are not part of it: in proxy mode the agent's own key passes through to the
 // upstream and is never stored or logged.
 
+import { checkFleets } from 'tokenwarden-wasm'
+
 const NAME = /^[A-Za-z0-9_-]{1,64}$/
 const encoder = new TextEncoder()
 
@@ -37,66 +39,33 @@ export class HttpError extends Error {
   }
 }
 
+/** @type {{ text: string | undefined | null, fleets: Record<string, import('tokenwarden-wasm').FleetConfig> | null }} */
 let cached = { text: null, fleets: null }
 
-/** Parses and checks the fleets configuration (once per distinct text); throws naming what is wrong. */
+/**
+ * Parses and checks the fleets configuration (once per distinct text); throws naming what is wrong.
+ * @param {string | undefined} text
+ * @returns {Record<string, import('tokenwarden-wasm').FleetConfig>}
+ */
 export function parseFleets(text) {
-  if (text === cached.text) return cached.fleets
+  if (text === cached.text && cached.fleets !== null) return cached.fleets
   const fleets = parseFleetsUncached(text)
   cached = { text, fleets }
   return fleets
 }
 
+/**
+ * The gateway crate's strict reading (`checkFleets`, in the wasm build): an unknown key, a
+ * secret short or only spaces, an upstream not https (or http to a loopback host), a
+ * timeout out of range, a core configuration the core refuses: an error naming the place.
+ */
 function parseFleetsUncached(text) {
   if (typeof text !== 'string' || text.length === 0) throw new Error('TOKENWARDEN_FLEETS is not set')
-  let fleets
   try {
-    fleets = JSON.parse(text)
+    return checkFleets(text)
   } catch (e) {
-    throw new Error(`TOKENWARDEN_FLEETS is not JSON: ${e.message}`)
+    throw new Error(`TOKENWARDEN_FLEETS: ${e instanceof Error ? e.message : String(e)}`)
   }
-  if (fleets === null || typeof fleets !== 'object' || Array.isArray(fleets)) throw new Error('TOKENWARDEN_FLEETS must be an object of fleets')
-  for (const [name, fleet] of Object.entries(fleets)) {
-    if (!NAME.test(name)) throw new Error(`fleet name ${JSON.stringify(name)} must match ${NAME}`)
-    if (fleet === null || typeof fleet !== 'object' || Array.isArray(fleet)) throw new Error(`fleets.${name} must be an object`)
-    if (typeof fleet.secret !== 'string' || fleet.secret.length < 16 || fleet.secret.length > MAX_SECRET_CHARS) {
-      throw new Error(`fleets.${name}.secret must be a string of 16 to ${MAX_SECRET_CHARS} characters`)
-    }
-    if (
-      fleet.admin_secret !== undefined &&
-      (typeof fleet.admin_secret !== 'string' || fleet.admin_secret.length < 16 || fleet.admin_secret.length > MAX_SECRET_CHARS || fleet.admin_secret === fleet.secret)
-    ) {
-      throw new Error(`fleets.${name}.admin_secret must be a string of 16 to ${MAX_SECRET_CHARS} characters, other than the fleet's secret`)
-    }
-    if (fleet.proxy_open !== undefined && fleet.proxy_open !== true && fleet.proxy_open !== false && fleet.proxy_open !== 'credential') {
-      throw new Error(`fleets.${name}.proxy_open must be true, false or "credential", got ${JSON.stringify(fleet.proxy_open)}`)
-    }
-    if (fleet.quotas === null || typeof fleet.quotas !== 'object' || Array.isArray(fleet.quotas)) throw new Error(`fleets.${name}.quotas must be an object`)
-    for (const [q, quota] of Object.entries(fleet.quotas)) {
-      if (!NAME.test(q)) throw new Error(`quota name ${JSON.stringify(q)} in fleet ${name} must match ${NAME}`)
-      if (quota?.config === null || typeof quota?.config !== 'object' || Array.isArray(quota.config)) throw new Error(`fleets.${name}.quotas.${q}.config must be the core configuration object`)
-      if (quota.timeouts !== undefined) {
-        const t = quota.timeouts
-        if (t === null || typeof t !== 'object' || Array.isArray(t)) throw new Error(`fleets.${name}.quotas.${q}.timeouts must be an object: { "firstByteMs"?, "idleMs"? }`)
-        for (const [k, v] of Object.entries(t)) {
-          if (k !== 'firstByteMs' && k !== 'idleMs') throw new Error(`fleets.${name}.quotas.${q}.timeouts.${k} is not a timeout: use firstByteMs or idleMs`)
-          if (!Number.isSafeInteger(v) || v < 1 || v > 2 ** 31 - 1) throw new Error(`fleets.${name}.quotas.${q}.timeouts.${k} must be milliseconds from 1 to 2147483647`)
-        }
-      }
-      if (quota.upstream !== undefined) {
-        let u
-        try {
-          u = new URL(quota.upstream)
-        } catch {
-          throw new Error(`fleets.${name}.quotas.${q}.upstream is not a URL`)
-        }
-        if (u.protocol !== 'https:' && u.hostname !== '127.0.0.1' && u.hostname !== 'localhost') {
-          throw new Error(`fleets.${name}.quotas.${q}.upstream must be https (or loopback for tests)`)
-        }
-      }
-    }
-  }
-  return fleets
 }
 
 /**

@@ -22,7 +22,7 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
 
 const { values: args } = parseArgs({ options: { prebuilt: { type: 'string' } } })
 if (args.prebuilt === undefined) await buildWorker(outdir, { entry })
-else cpSync(args.prebuilt, outdir, { recursive: true, filter: (f) => !f.endsWith('parse-fleets.js') })
+else cpSync(args.prebuilt, outdir, { recursive: true })
 let raw = 0
 let gz = 0
 for (const f of readdirSync(outdir)) {

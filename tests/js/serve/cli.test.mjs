@@ -121,10 +121,11 @@ describe('tokenwarden serve: command line, config checks, files', { skip, timeou
 
   /** A config file with one fleet `ci` whose fleet fields and quota `q` are overridden. */
   let n = 0
-  function configFile({ fleet = {}, quota = {} } = {}) {
+  /** A config file: one fleet `ci` with one quota `q`, overridden; `edit` rewrites its text. */
+  function configFile({ fleet = {}, quota = {}, top = {}, edit = (t) => t } = {}) {
     const file = join(dir, `config-${++n}.json`)
     const q = { config: { pools: [{ name: 'm', input_tokens_per_minute: 60_000 }] }, ...quota }
-    writeFileSync(file, JSON.stringify({ fleets: { ci: { secret: SECRET, quotas: { q }, ...fleet } } }))
+    writeFileSync(file, edit(JSON.stringify({ ...top, fleets: { ci: { secret: SECRET, quotas: { q }, ...fleet } } })))
     return file
   }
 
@@ -167,8 +168,15 @@ describe('tokenwarden serve: command line, config checks, files', { skip, timeou
   })
 
   const bad = [
-    ['a secret under 16 characters', { fleet: { secret: 'short' } }, /fleets\.ci\.secret must be a string of .*16/],
-    ['proxy_open given as a string', { fleet: { proxy_open: 'true' } }, /fleets\.ci\.proxy_open must be /],
+    ['a secret under 16 characters', { fleet: { secret: 'short' } }, /fleets\.ci\.secret: must be a string of .*16/],
+    ['a secret of 20 spaces', { fleet: { secret: ' '.repeat(20) } }, /fleets\.ci\.secret: .*only spaces/],
+    ['proxy_open given as a string', { fleet: { proxy_open: 'true' } }, /fleets\.ci\.proxy_open: must be /],
+    ['a misspelled fleet field', { fleet: { proxy_opne: true } }, /fleets\.ci\.proxy_opne: unknown field/],
+    ['a misspelled quota field', { quota: { upstrem: 'https://api.anthropic.com' } }, /fleets\.ci\.quotas\.q\.upstrem: unknown field/],
+    ['a field the file does not have', { top: { port: 8080 } }, /--config \S+: port: unknown field/],
+    ['no fleet', { edit: () => '{ "fleets": {} }' }, /fleets: holds no fleet/],
+    ['a limit past every number', { edit: (t) => t.replace('60000', '1e400') }, /out of range/],
+    ['an ftp upstream', { quota: { upstream: 'ftp://api.anthropic.com' } }, /fleets\.ci\.quotas\.q\.upstream: must be https/],
     ['a negative limit', { quota: { config: { pools: [{ name: 'm', input_tokens_per_minute: -5 }] } } }, /fleets\.ci\.quotas\.q\.config\.pools\[0\]\.input_tokens_per_minute: .*-5/],
     ['an empty core config', { quota: { config: {} } }, /fleets\.ci\.quotas\.q\.config: .*missing field `pools`/],
     ['an upstream that does not resolve', { quota: { upstream: 'https://no-such-host.invalid' } }, /fleets\.ci\.quotas\.q\.upstream: .*no-such-host\.invalid.* does not resolve/],

@@ -41,8 +41,8 @@ test('tokenwarden-driver ships its compiled layer and types only', () => {
 
 test('tokenwarden ships the addon, its generated loader and types, the engine glue, and serve (the CLI and the edge limiter bundled)', () => {
   check('bindings-node', {
-    allowed: [...common, /^binding\.(cjs|d\.ts)$/, /^tokenwarden\.[a-z0-9-]+\.node$/, /^dist\/(index|native|driver|checkpoint)\.(js|d\.ts)$/, /^bin\/tokenwarden\.mjs$/, /^serve\/(worker|parse-fleets)\.js$/, /^serve\/tokenwarden_wasm_bg-[A-Z0-9]+\.wasm$/, /^serve\/(o200k|cl100k)_base-[A-Z0-9]+\.bpe$/],
-    required: ['package.json', 'README.md', 'binding.cjs', 'binding.d.ts', 'dist/index.js', 'dist/index.d.ts', 'dist/native.js', 'dist/driver.js', 'dist/checkpoint.js', 'bin/tokenwarden.mjs', 'serve/worker.js', 'serve/parse-fleets.js'],
+    allowed: [...common, /^binding\.(cjs|d\.ts)$/, /^tokenwarden\.[a-z0-9-]+\.node$/, /^dist\/(index|native|driver|checkpoint)\.(js|d\.ts)$/, /^bin\/tokenwarden\.mjs$/, /^serve\/worker\.js$/, /^serve\/tokenwarden_wasm_bg-[A-Z0-9]+\.wasm$/, /^serve\/(o200k|cl100k)_base-[A-Z0-9]+\.bpe$/],
+    required: ['package.json', 'README.md', 'binding.cjs', 'binding.d.ts', 'dist/index.js', 'dist/index.d.ts', 'dist/native.js', 'dist/driver.js', 'dist/checkpoint.js', 'bin/tokenwarden.mjs', 'serve/worker.js'],
   })
   // serve's Worker imports the tokenizer's ranks as data modules (names hashed by the bundler).
   const files = packed('bindings-node')
