@@ -21,7 +21,7 @@ before(async () => {
   rmSync(outdir, { recursive: true, force: true })
   await buildWorker(outdir, { entry: workerEntry })
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-handle-'))
-  const quotas = Object.fromEntries(['q', 'queue', 'limited', 'tasks', 'agents', 'bad', 'held'].map((q) => [q, { config: { pools: [POOL] } }]))
+  const quotas = Object.fromEntries(['q', 'queue', 'limited', 'tasks', 'agents', 'bad', 'held', 'paused'].map((q) => [q, { config: { pools: [POOL] } }]))
   worker = await startWorker({ outdir, persist, fleets: { f: { secret: SECRET, admin_secret: ADMIN, quotas } } })
 })
 
@@ -197,4 +197,20 @@ test("the operator's hold: no grants from the pool until it ends, queued calls k
   assert.equal((await handle('held', { op: 'settle', lease: before.body.lease, usage: { inputTokens: 90 } })).body.output, 'settled')
   const metrics = await (await fetch(`${worker.base}/v1/fleets/f/quotas/held/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()
   assert.equal(Number(metrics.pools[0].pausedUntil), held.until, 'the pool is paused until the hold ends')
+})
+
+test('a member cannot keep the pool paused with its own lease: a lease pauses once (issue 43, N1)', async () => {
+  const lease = await handle('paused', { op: 'request_lease', request: ask('mallory', 1_000) })
+  assert.equal(lease.body.output, 'granted', JSON.stringify(lease.body))
+  const tooMany = { op: 'response', pool: 'sonnet', lease: lease.body.lease, status: 429, headers: [['retry-after', '60']] }
+  const pausedUntil = async () => Number((await (await fetch(`${worker.base}/v1/fleets/f/quotas/paused/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()).pools[0].pausedUntil)
+  assert.equal((await handle('paused', tooMany)).status, 200)
+  const first = await pausedUntil()
+  assert.ok(first > Date.now() + 50_000, `paused for the retry-after: ${first}`)
+  for (let i = 0; i < 5; i++) {
+    await new Promise((r) => setTimeout(r, 20))
+    const again = await handle('paused', tooMany)
+    assert.equal(again.status, 200, JSON.stringify(again.body))
+    assert.equal(await pausedUntil(), first, 'the same lease moves the pause no further')
+  }
 })

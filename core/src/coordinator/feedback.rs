@@ -91,6 +91,10 @@ impl Coordinator {
             let blind_on_concurrency =
                 report.exceeded == Some(RateAxis::Concurrent) && !concurrency_known;
             let mut cut = false;
+            // One lease pauses the pool at most once, as it cuts the margin at most once: a
+            // call gets one answer, so a second 429 on the same lease is a repeat (a host
+            // reporting twice, or a member keeping the pool paused with its own lease).
+            let mut first = true;
             if let Some(Entry {
                 phase:
                     Phase::Active {
@@ -101,7 +105,8 @@ impl Coordinator {
                 ..
             }) = lease.and_then(|id| self.leases.get_mut(id))
             {
-                if !*rate_limited {
+                first = !*rate_limited;
+                if first {
                     *rate_limited = true;
                     cut = *gated & known == known && !blind_on_concurrency;
                 }
@@ -116,7 +121,7 @@ impl Coordinator {
             };
             pl.rate_limited(
                 (now, pool),
-                lease.is_some(),
+                (lease.is_some(), first),
                 cut,
                 report,
                 &self.config,
@@ -323,13 +328,14 @@ impl Pool {
 
     /// A 429: counted; the pool paused until its retry time — the earlier of `retry-after`
     /// and the gateway's `reset_at` when both are given — except for a parallel-request 429,
-    /// which pauses nothing and teaches an unknown concurrency limit instead; the margin cut
-    /// when `cut`. The pause is at most `max_pause` ms.
+    /// which pauses nothing and teaches an unknown concurrency limit instead, and a repeat
+    /// on a lease that already had one (`first` false), which pauses nothing more; the
+    /// margin cut when `cut`. The pause is at most `max_pause` ms.
     /// Returns the events that follow (at most a pause and a margin change).
     fn rate_limited(
         &mut self,
         (now, pool): (Millis, PoolId),
-        on_lease: bool,
+        (on_lease, first): (bool, bool),
         cut: bool,
         report: &HeaderReport,
         config: &Config,
@@ -340,7 +346,7 @@ impl Pool {
             m.rate_limited = m.rate_limited.saturating_add(1);
         }
         let mut paused = None;
-        if report.exceeded != Some(RateAxis::Concurrent) {
+        if first && report.exceeded != Some(RateAxis::Concurrent) {
             let exceeded_reset = match report.exceeded {
                 Some(RateAxis::Requests) => report.requests.reset_after_ms,
                 Some(RateAxis::Tokens) => report.tokens.reset_after_ms,
