@@ -985,8 +985,9 @@ export class QuotaObject {
       throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
     const upstream = new URL(q.upstream)
     upstream.pathname = upstream.pathname.replace(/\/$/, '') + path
-    // The client's query string passes through (Claude Code sends `?beta=true`).
-    upstream.search = url.search
+    // The client's query string passes through (Claude Code sends `?beta=true`), but for a
+    // parameter that holds a secret (the fleet's, a credential, a handle): never forwarded.
+    upstream.search = forwardedQuery(url.search, [fleet.secret, fleet.admin_secret])
     let sent = false
     const gone = new AbortController()
     const f = tw.fetch({
@@ -1020,7 +1021,7 @@ export class QuotaObject {
     // streamed call whose client stopped reading the keep-alive (below).
     const signal = AbortSignal.any([request.signal, gone.signal])
     const method = request.method
-    const answer = f(upstream.href, { method, headers, ...(method === 'GET' || method === 'HEAD' ? {} : { body: text }), signal })
+    const answer = f(upstream.href, { method, headers, ...(method === 'GET' || method === 'HEAD' ? {} : { body: text }), signal }).then((res) => noRedirect(res, provider))
     if (!wantsStream(text)) return answer.catch((e) => upstreamFailure(e, provider))
     // A streamed call that has no answer within KEEPALIVE_AFTER_MS (waiting in line, or for a
     // 429 to clear) gets its response head now and SSE comments until the provider's stream
@@ -1161,6 +1162,26 @@ function failureOf(err) {
  * A proxied call that failed without an answer from the provider: 502 (not reached) or 504
  * (timed out) in the provider's JSON error format; anything else goes to errorResponse.
  */
+/**
+ * A provider's redirect is not handed on (issue 43, N4): a client that follows it sends
+ * what it sent here (its API key, and `x-tokenwarden-token` with the fleet's secret) to
+ * wherever it points. The client gets a 502 in the provider's format naming where it
+ * pointed, and no `Location`. (The wrapper did not follow it, and settled the lease as
+ * nothing used.)
+ * @param {Response} res
+ * @param {import('tokenwarden-wasm').Provider} provider
+ */
+function noRedirect(res, provider) {
+  if (res.status < 300 || res.status > 399 || res.status === 304) return res
+  res.body?.cancel().catch(() => {})
+  let where = 'elsewhere'
+  try {
+    where = new URL(res.headers.get('location') ?? '').origin
+  } catch {}
+  const message = `the provider answered ${res.status}, a redirect to ${where}: tokenwarden does not hand it on (a client following it would send its key there)`
+  return json(502, providerErrorBody(provider, 502, message, { error: 'upstream_redirect', message }))
+}
+
 function upstreamFailure(err, provider) {
   if (err?.upstream !== true && err?.code !== 'upstream_timeout') throw err
   const { status, message } = failureOf(err)
@@ -1250,6 +1271,22 @@ export function forwardedHeaders(incoming, secrets) {
     out.set(name, value)
   }
   return out
+}
+
+/**
+ * A query string (`?a=1&b=2`, or '') without the parameters that hold one of `secrets`, a
+ * credential or a handle, in any encoding `holdsSecret` reads: a client that put the fleet
+ * secret in the URL (`?key=…`) does not have it sent to the provider.
+ * @param {string} search
+ * @param {Array<string | undefined>} secrets
+ */
+export function forwardedQuery(search, secrets) {
+  const lowered = secrets.flatMap((x) => (typeof x === 'string' && x.length > 0 ? [x.toLowerCase()] : []))
+  const kept = search
+    .replace(/^\?/, '')
+    .split('&')
+    .filter((pair) => pair !== '' && !holdsSecret(pair, lowered))
+  return kept.length === 0 ? '' : `?${kept.join('&')}`
 }
 
 /** Whether a header value holds one of `secrets` (lower-cased) or a credential or handle. */

@@ -535,6 +535,27 @@ describe("the provider's other routes and what agents send", () => {
     assert.equal(sent.headers['x-tokenwarden-token'], undefined)
   })
 
+  test('a secret in the query string is not forwarded: the parameter is dropped, the rest passes (issue 43, N5)', async () => {
+    for (const [query, want] of [
+      [`?beta=true&key=${SECRET}`, '?beta=true'],
+      [`?key=${encodeURIComponent(SECRET)}&beta=true`, '?beta=true'],
+      [`?key=${encodeURIComponent(encodeURIComponent(SECRET))}`, ''],
+      [`?${SECRET.toUpperCase()}`, ''],
+      ['?beta=true', '?beta=true'],
+    ]) {
+      echoed.length = 0
+      const r = await fetch(`${base}/v1/fleets/f/quotas/echo/proxy/v1/messages${query}`, {
+        method: 'POST',
+        headers: { ...anthropicHeaders, 'x-tokenwarden-token': SECRET },
+        body: messages(),
+      })
+      assert.equal(r.status, 200, query)
+      await r.arrayBuffer()
+      assert.equal(echoed.at(-1).url, `/v1/messages${want}`, query)
+      assert.ok(!echoed.at(-1).url.toLowerCase().includes(SECRET.toLowerCase().slice(0, 12)), 'no part of the secret upstream')
+    }
+  })
+
   test("a streamed call already with the provider gets the provider's own status and headers, even when they take over a second", async () => {
     const r = await fetch(`${base}/v1/fleets/f/quotas/echo/proxy/v1/messages?slow-overload=1`, {
       method: 'POST',

@@ -164,20 +164,29 @@ describe('streams cut short and malformed usage through the proxy (issue 25, ite
   })
 })
 
-describe('redirects through the proxy (issue 25, item 11)', () => {
-  // The wrapper forwards with `redirect: 'manual'` and hands the 307 back; the Worker's own
-  // fetch of the Durable Object (edge/src/worker.js, toObject) must not follow it either
-  // (today it tries, and fails on the streamed request body: 500).
-  test('a 307 to another origin is handed to the client as it is; the API key goes nowhere else; nothing is charged', async () => {
+describe('redirects through the proxy (issue 25, item 11; issue 43, N4)', () => {
+  // The wrapper forwards with `redirect: 'manual'`; the proxy does not hand the redirect on
+  // either: a client that followed it would send its key and the fleet secret there.
+  test('a 307 to another origin is answered 502 without its Location; the API key goes nowhere else; nothing is charged', async () => {
     elsewhere.handler = (_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"usage":{"input_tokens":1,"output_tokens":1}}')
-    const body = '{"type":"error","error":{"type":"moved","message":"see elsewhere"}}'
-    answer(body, { status: 307, extra: { location: `${elsewhere.url}/steal` } })
+    answer('{"type":"error","error":{"type":"moved","message":"see elsewhere"}}', { status: 307, extra: { location: `${elsewhere.url}/steal` } })
     const r = await proxy('redirect', '/v1/messages', ask())
-    assert.equal(r.status, 307)
-    assert.equal(r.headers.get('location'), `${elsewhere.url}/steal`)
-    assert.equal(await r.text(), body)
+    assert.equal(r.status, 502)
+    assert.equal(r.headers.get('location'), null, 'no Location to follow')
+    const body = await r.json()
+    assert.equal(body.type, 'error', 'in the provider format')
+    assert.equal(body.tokenwarden.error, 'upstream_redirect')
+    assert.match(body.error.message, new RegExp(`a redirect to ${elsewhere.url.replace(/[.]/g, '\\.')}`))
     assert.equal(elsewhere.requests.length, 0, 'the other origin got no request (and no x-api-key)')
     assert.deepEqual((await settled('redirect')).slice(0, 2), [0, 0])
+  })
+
+  test('a client that follows redirects sends nothing to the other origin either', async () => {
+    answer('{}', { status: 307, extra: { location: `${elsewhere.url}/steal` } })
+    const r = await fetch(`${base}/v1/fleets/up/quotas/redirect/proxy/v1/messages`, { method: 'POST', headers, body: ask() })
+    assert.equal(r.status, 502)
+    await r.arrayBuffer()
+    assert.equal(elsewhere.requests.length, 0, 'no x-tokenwarden-token, no x-api-key at the other origin')
   })
 })
 
