@@ -85,3 +85,27 @@ export async function drain(request, max = DRAIN_BYTES) {
 function tooLarge(max) {
   return new HttpError(413, 'body_too_large', `the request body is larger than ${max} bytes`)
 }
+
+/**
+ * A JSON object request body. A number past what a double holds (`1e400`) is refused naming
+ * its field, as the core's decoder refuses it: `JSON.parse` would read it as `Infinity`,
+ * which the protocol's JSON text then carries as `null` (no limit, no value).
+ * @param {string} raw
+ * @returns {Record<string, any>}
+ */
+export function jsonObject(raw) {
+  let body
+  try {
+    body = JSON.parse(raw, (key, value) => {
+      if (typeof value === 'number' && !Number.isFinite(value)) {
+        throw Object.assign(new HttpError(400, 'invalid_argument', `\`${key}\` is a number out of range`), { field: key })
+      }
+      return value
+    })
+  } catch (e) {
+    if (e instanceof HttpError) throw e
+    throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
+  }
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
+  return body
+}

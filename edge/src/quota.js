@@ -26,7 +26,7 @@ import {
   wasmEngines,
 } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
-import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
+import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, jsonObject, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
 import { Timeline } from './timeline.js'
 import { WaitLog } from './waitlog.js'
@@ -1308,14 +1308,7 @@ function holdsSecret(value, secrets) {
 }
 
 async function body(request) {
-  let b
-  try {
-    b = await request.json()
-  } catch {
-    throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
-  }
-  if (b === null || typeof b !== 'object' || Array.isArray(b)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
-  return b
+  return jsonObject(await request.text())
 }
 
 const STATUS = {

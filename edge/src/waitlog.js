@@ -56,7 +56,9 @@ export class WaitLog {
    */
   constructor(tw, nameOf, print = (line) => console.log(line), now = Date.now) {
     this.#tw = tw
-    this.#nameOf = nameOf
+    // A name is the caller's (a header, a path segment): shown with its control characters
+    // escaped, so no name can end a line and forge another (issue 43, N9).
+    this.#nameOf = (agent) => printable(nameOf(agent))
     this.#print = print
     this.#now = now
     this.#minute.start = now()
@@ -159,4 +161,13 @@ export class WaitLog {
     )
     this.#minute = { start: now, waits: 0, longest: 0, granted: 0, rateLimited: 0, refused: 0 }
   }
+}
+
+/**
+ * `text` with every control character (C0, DEL, C1, the Unicode line and paragraph
+ * separators) as a `\uXXXX` escape: one line, and no terminal escape sequence.
+ * @param {string} text
+ */
+export function printable(text) {
+  return String(text).replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`)
 }

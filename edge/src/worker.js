@@ -2,7 +2,7 @@
 // and routes each request to the Durable Object that owns the quota — one object per
 // (fleet, quota), never one global object. See ../API.md for the HTTP API.
 import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName, isCredential, openHandle, parseFleets, signHandle } from './auth.js'
-import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, drain, limitFrom, readText } from './body.js'
+import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, drain, jsonObject, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
 import { QuotaObject, errorResponse, json, providerOf, proxyPath, taskId } from './quota.js'
@@ -49,18 +49,6 @@ async function withHandle(res, secret, fleet, quota) {
   }
   delete body.epoch
   return json(res.status, body)
-}
-
-/** A JSON object request body, bounded; 400 for anything else. */
-function jsonObject(raw) {
-  let body
-  try {
-    body = JSON.parse(raw)
-  } catch {
-    throw new HttpError(400, 'invalid_json', 'the request body is not JSON')
-  }
-  if (body === null || typeof body !== 'object' || Array.isArray(body)) throw new HttpError(400, 'invalid_argument', 'the request body must be a JSON object')
-  return body
 }
 
 /** A path segment, percent-decoded; a malformed escape is a 404, like any unknown name. */

@@ -214,3 +214,16 @@ test('a member cannot keep the pool paused with its own lease: a lease pauses on
     assert.equal(await pausedUntil(), first, 'the same lease moves the pause no further')
   }
 })
+
+test('a number past what JSON holds exactly is refused naming its field, not read as null (issue 43, N7)', async () => {
+  const lease = await handle('q', { op: 'request_lease', request: ask('numbers', 1_000) })
+  assert.equal(lease.body.output, 'granted', JSON.stringify(lease.body))
+  const text = `{"op":"settle","lease":${JSON.stringify(lease.body.lease)},"usage":{"inputTokens":1e400,"outputTokens":5}}`
+  const r = await handle('q', text)
+  assert.equal(r.status, 400, JSON.stringify(r.body))
+  assert.equal(r.body.error, 'invalid_argument')
+  assert.equal(r.body.field, 'inputTokens')
+  // Nothing happened: the lease is still there to settle.
+  const settled = await handle('q', { op: 'settle', lease: lease.body.lease, usage: { inputTokens: 900, outputTokens: 5 } })
+  assert.equal(settled.body.output, 'settled', JSON.stringify(settled.body))
+})

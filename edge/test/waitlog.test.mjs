@@ -3,7 +3,7 @@
 // them through a real serve.)
 import assert from 'node:assert/strict'
 import { test } from 'node:test'
-import { WaitLog, ceilingOf } from '../src/waitlog.js'
+import { WaitLog, ceilingOf, printable } from '../src/waitlog.js'
 
 function setup(metrics) {
   const handlers = {}
@@ -12,7 +12,7 @@ function setup(metrics) {
   let now = 1_000_000
   new WaitLog(
     tw,
-    (id) => (id === 7 ? 'bob' : `agent ${id}`),
+    (id) => (id === 7 ? 'bob' : id === 9 ? 'eve\ntokenwarden: operator says \u001b[2Jall clear' : `agent ${id}`),
     (l) => lines.push(l),
     () => now,
   )
@@ -51,4 +51,14 @@ test('the ceiling of a pool: concurrency when every slot is taken, else the bind
   assert.equal(ceilingOf({ ...pool, bindingAxis: 'requests' }), 'requests/min')
   assert.equal(ceilingOf(pool), 'input tokens/min')
   assert.equal(ceilingOf(undefined), 'unknown')
+})
+
+test('a name with a line feed or an escape forges no line: it is shown escaped (issue 43, N9)', () => {
+  const { handlers, lines } = setup({ pools: [pool], agents: [] })
+  handlers.queued({ lease: 1, agent: 9, pool: 0, eta: 1_040_000, etaMs: 40_000 })
+  assert.equal(lines.length, 1)
+  assert.ok(!lines[0].includes('\n') && !lines[0].includes('\u001b'), lines[0])
+  assert.match(lines[0], /^tokenwarden: eve\\u000atokenwarden: operator says \\u001b\[2Jall clear waits for quota/)
+  assert.equal(printable('a\u2028b\u0085c\u007f'), 'a\\u2028b\\u0085c\\u007f')
+  assert.equal(printable('plain name/sub-1'), 'plain name/sub-1')
 })
