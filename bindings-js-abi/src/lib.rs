@@ -30,7 +30,7 @@ pub const MAX_SAFE: u64 = (1 << 53) - 1;
 /// restore errors, plus `invalid_argument` for mistyped or out-of-range arguments and
 /// `internal` for a result that could not be built, and `corrupt` from the consistency
 /// check.
-pub const ERROR_CODES: [&str; 15] = [
+pub const ERROR_CODES: [&str; 16] = [
     "unknown_pool",
     "unknown_lease",
     "not_granted",
@@ -44,6 +44,7 @@ pub const ERROR_CODES: [&str; 15] = [
     "snapshot_corrupt",
     "unknown_task",
     "too_many_tasks",
+    "forbidden",
     "internal",
     "corrupt",
 ];

@@ -348,6 +348,7 @@ fn error_codes_are_listed_once_each() {
         core::LeaseError::TooLarge { field: "x" }.code(),
         core::LeaseError::UnknownTask.code(),
         core::LeaseError::TooManyTasks.code(),
+        core::LeaseError::Forbidden.code(),
         core::RestoreError::UnsupportedVersion(9).code(),
         core::RestoreError::Corrupt("x").code(),
         ArgError::type_error(String::new()).code,

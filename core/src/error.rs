@@ -76,6 +76,9 @@ pub enum LeaseError {
     UnknownTask,
     /// `max_tasks` tasks are open; end some first.
     TooManyTasks,
+    /// A member of a shared limiter acted on a task another agent (or the operator) opened:
+    /// a member changes, fails and ends only its own agent's tasks.
+    Forbidden,
 }
 
 impl LeaseError {
@@ -89,6 +92,7 @@ impl LeaseError {
             LeaseError::TooLarge { .. } => "too_large",
             LeaseError::UnknownTask => "unknown_task",
             LeaseError::TooManyTasks => "too_many_tasks",
+            LeaseError::Forbidden => "forbidden",
         }
     }
 }
@@ -108,6 +112,9 @@ impl fmt::Display for LeaseError {
             LeaseError::TooManyTasks => {
                 f.write_str("too many open tasks: max_tasks are open (three quarters of it for an agent's own open or a request naming a new task; the rest is the operator's): end some before opening more")
             }
+            LeaseError::Forbidden => f.write_str(
+                "forbidden: this task was opened by another agent or the operator; an agent acts only on the tasks its own calls or opens started",
+            ),
         }
     }
 }

@@ -16,6 +16,7 @@ use alloc::vec::Vec;
 
 use serde::{Deserialize, Serialize};
 
+use crate::AgentId;
 use crate::call::{Call, GiveUp, LeaseStep, ResponseStep, Wait};
 use crate::coordinator::Coordinator;
 use crate::coordinator::feedback::Source;
@@ -128,10 +129,11 @@ pub enum Input {
         /// The task.
         task: TaskSpec,
         /// Opened by a member of a shared limiter (an agent's own credential), not the
-        /// operator: a new task only while fewer than three quarters of `max_tasks` are
-        /// open, as a request naming one.
-        #[serde(default, skip_serializing_if = "is_false")]
-        member: bool,
+        /// operator: the member's agent. A new task only while fewer than three quarters of
+        /// `max_tasks` are open, as a request naming one, and it is that agent's; an open
+        /// task of another agent's (or the operator's) is `forbidden`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        member: Option<AgentId>,
     },
     /// A failure of an open task: [`Coordinator::task_failed`].
     TaskFailed {
@@ -139,6 +141,10 @@ pub enum Input {
         task: TaskId,
         /// The failure's signature (a hash the host computes).
         signature: u64,
+        /// Reported by a member of a shared limiter: its agent, which may fail only its
+        /// own tasks (`forbidden`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        member: Option<AgentId>,
     },
     /// Ends an open task: [`Coordinator::end_task`].
     EndTask {
@@ -146,6 +152,10 @@ pub enum Input {
         task: TaskId,
         /// How it ended.
         outcome: TaskOutcome,
+        /// Ended by a member of a shared limiter: its agent, which may end only its own
+        /// tasks (`forbidden`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        member: Option<AgentId>,
     },
     /// The host restarted: end every live lease and ticket not in `keep`, as calls that
     /// died with it: [`Coordinator::restarted`].
@@ -431,19 +441,26 @@ impl Coordinator {
                 settlement: self.call_interrupted(now, *lease, seen.as_ref())?,
             },
             Input::OpenTask { task, member } => {
-                let by = if *member {
-                    crate::tasks::Opener::Member
-                } else {
-                    crate::tasks::Opener::Operator
+                let by = match member {
+                    Some(m) => crate::tasks::Opener::Member(*m),
+                    None => crate::tasks::Opener::Operator,
                 };
                 self.open_task_by(now, task, by)?;
                 Output::TaskOpened
             }
-            Input::TaskFailed { task, signature } => Output::TaskFailed {
-                in_a_row: self.task_failed(now, *task, *signature)?,
+            Input::TaskFailed {
+                task,
+                signature,
+                member,
+            } => Output::TaskFailed {
+                in_a_row: self.task_failed_by(now, *task, *signature, *member)?,
             },
-            Input::EndTask { task, outcome } => Output::TaskEnded {
-                summary: self.end_task(now, *task, *outcome)?,
+            Input::EndTask {
+                task,
+                outcome,
+                member,
+            } => Output::TaskEnded {
+                summary: self.end_task_by(now, *task, *outcome, *member)?,
             },
             Input::Restarted { keep } => {
                 let (interrupted, withdrawn) = self.restarted(now, keep);

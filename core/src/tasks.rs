@@ -26,7 +26,8 @@ use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
-use crate::ids::TaskId;
+use crate::error::LeaseError;
+use crate::ids::{AgentId, TaskId};
 use crate::metrics::{MINUTE_MS, TaskFigures, TaskTimeHistogram};
 use crate::request::Role;
 use crate::time::Millis;
@@ -120,6 +121,11 @@ pub(crate) struct Task {
     /// before it count from `opened_at` (see [`Task::active_at`]).
     #[serde(default)]
     pub(crate) last_active: Millis,
+    /// The agent whose task it is: the member that opened it, or the agent of the request
+    /// that named it first; `None` for the operator's open (and snapshots from before).
+    /// A member acts (updates, fails, ends) only on its own agent's tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) owner: Option<AgentId>,
 }
 
 /// Sums over the tasks that ended in a span.
@@ -248,19 +254,26 @@ impl Tasks {
     /// naming an unknown task open only below [`Tasks::implicit_cap`], so the operator
     /// always has a quarter of the table. An open (not a request) updates an open task's
     /// role and unblocks. When the table (or the share) is full, the least recently active
-    /// task idle for at least `idle_ms` is ended as abandoned to make room; `None` when
-    /// there is none to end (nothing changes then).
+    /// task idle for at least `idle_ms` is ended as abandoned to make room: `TooManyTasks`
+    /// when there is none to end. A new task is its opener's (a member's, or the agent of
+    /// the request naming it; the operator's open owns nothing); a member's open of a task
+    /// that is not its own is `Forbidden`. Nothing changes on an error.
     pub(crate) fn open(
         &mut self,
         spec: &TaskSpec,
         now: Millis,
         (max, idle_ms): (u32, u64),
         by: Opener,
-    ) -> Option<&mut Task> {
+    ) -> Result<&mut Task, LeaseError> {
         match self.find(spec.task) {
             Ok(i) => {
-                let t = self.open.get_mut(i)?;
-                if by != Opener::Request {
+                let t = self.open.get_mut(i).ok_or(LeaseError::UnknownTask)?;
+                if let Opener::Member(m) = by {
+                    if t.owner != Some(m) {
+                        return Err(LeaseError::Forbidden);
+                    }
+                }
+                if !matches!(by, Opener::Request(_)) {
                     t.role = spec.role;
                     // An open span of critical-path wait is counted up to now at the old
                     // number of tasks waiting on it.
@@ -268,18 +281,19 @@ impl Tasks {
                     t.unblocks = spec.unblocks;
                 }
                 t.last_active = t.last_active.max(now);
-                Some(t)
+                Ok(t)
             }
             Err(mut i) => {
-                let cap = if by == Opener::Operator {
-                    max as usize
-                } else {
-                    Tasks::implicit_cap(max)
+                let (cap, owner) = match by {
+                    Opener::Operator => (max as usize, None),
+                    Opener::Member(a) | Opener::Request(a) => (Tasks::implicit_cap(max), Some(a)),
                 };
                 if self.open.len() >= cap {
-                    let idle = self.least_recently_active(now, idle_ms)?;
+                    let idle = self
+                        .least_recently_active(now, idle_ms)
+                        .ok_or(LeaseError::TooManyTasks)?;
                     self.end(idle, TaskOutcome::Abandoned, now);
-                    i = self.find(spec.task).err()?;
+                    i = self.find(spec.task).err().ok_or(LeaseError::TooManyTasks)?;
                 }
                 self.open.insert(
                     i,
@@ -299,14 +313,15 @@ impl Tasks {
                         waiting_since: None,
                         busy_since: None,
                         last_active: now,
+                        owner,
                     },
                 );
                 // Calls still out under its id (a task that ended and is opened again)
                 // hold up what it unblocks from now on.
                 let live = self.live.contains_key(&spec.task);
-                let t = self.open.get_mut(i)?;
+                let t = self.open.get_mut(i).ok_or(LeaseError::UnknownTask)?;
                 t.sync_busy(now, live);
-                Some(t)
+                Ok(t)
             }
         }
     }
@@ -513,10 +528,12 @@ impl Task {
 /// Who opens a task (see [`Tasks::open`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Opener {
-    /// The operator: the whole table.
+    /// The operator: the whole table; the task is nobody's.
     Operator,
-    /// A member of a shared limiter, for its own agent: three quarters of it.
-    Member,
-    /// A request naming a task nobody opened: three quarters of it, and no update.
-    Request,
+    /// A member of a shared limiter, for its own agent: three quarters of it; the task is
+    /// that agent's, and an open task of another's is refused.
+    Member(AgentId),
+    /// A request naming a task nobody opened: three quarters of it, no update; the task is
+    /// the request's agent's.
+    Request(AgentId),
 }

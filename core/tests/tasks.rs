@@ -633,7 +633,7 @@ fn a_member_opens_new_tasks_only_below_three_quarters_the_operator_the_rest() {
     let open = |c: &mut Coordinator, task: u64, member: bool, role: &str| {
         let input: Input = serde_json::from_str(&format!(
             r#"{{"op":"open_task","task":{{"task":{task},"role":"{role}"}}{}}}"#,
-            if member { r#","member":true"# } else { "" }
+            if member { r#","member":1"# } else { "" }
         ))
         .unwrap();
         c.handle(Millis(1), &input)
@@ -660,14 +660,134 @@ fn a_member_opens_new_tasks_only_below_three_quarters_the_operator_the_rest() {
         open(&mut c, 8, false, "worker"),
         Err(LeaseError::TooManyTasks)
     );
-    // In JSON the flag is left out when false.
+    // In JSON the member is left out for the operator.
     let input = Input::OpenTask {
         task: TaskSpec {
             task: TaskId(3),
             ..TaskSpec::default()
         },
-        member: false,
+        member: None,
     };
     let json = serde_json::to_string(&input).unwrap();
     assert!(!json.contains("member"), "{json}");
+}
+
+#[test]
+fn a_member_acts_only_on_its_own_agents_tasks() {
+    // Issue 43, N2: the task's owner is kept with the task in the core's bounded table, so
+    // no member acts for another, whatever fills a table.
+    let mut c = coord(r#""input_tokens_per_minute":1000000"#, r#","max_tasks":8"#);
+    let input = |text: &str| serde_json::from_str::<Input>(text).unwrap();
+    // Agent 1 opens task 10 with its credential; agent 2's lease names task 20 first.
+    assert_eq!(
+        c.handle(
+            Millis(1),
+            &input(r#"{"op":"open_task","task":{"task":10},"member":1}"#)
+        ),
+        Ok(Output::TaskOpened)
+    );
+    let lease = |c: &mut Coordinator, agent: u64, task: u64| {
+        let text = format!(
+            r#"{{"op":"request_lease","request":{{"agent":{agent},"pool":0,"input_tokens":10,"max_tokens":10,"task":{task}}}}}"#
+        );
+        c.handle(Millis(2), &input(&text)).unwrap()
+    };
+    assert!(matches!(lease(&mut c, 2, 20), Output::Granted { .. }));
+    // Any caller may lease for any task (the calls are charged to it) ...
+    assert!(matches!(lease(&mut c, 2, 10), Output::Granted { .. }));
+    // ... but only its agent (or the operator) changes, fails or ends it.
+    let before = c.snapshot_json();
+    for (text, what) in [
+        (
+            r#"{"op":"open_task","task":{"task":10,"role":"planner"},"member":2}"#,
+            "update",
+        ),
+        (
+            r#"{"op":"task_failed","task":10,"signature":7,"member":2}"#,
+            "fail",
+        ),
+        (
+            r#"{"op":"end_task","task":10,"outcome":"merged","member":2}"#,
+            "end",
+        ),
+        (
+            r#"{"op":"task_failed","task":20,"signature":7,"member":1}"#,
+            "fail the other's",
+        ),
+    ] {
+        assert_eq!(
+            c.handle(Millis(3), &input(text)),
+            Err(LeaseError::Forbidden),
+            "{what}"
+        );
+    }
+    assert_eq!(c.snapshot_json(), before, "a refusal changes nothing");
+    assert_eq!(LeaseError::Forbidden.code(), "forbidden");
+    // Its own agent may; a task the request of agent 2 opened is agent 2's.
+    assert!(
+        c.handle(
+            Millis(4),
+            &input(r#"{"op":"task_failed","task":10,"signature":7,"member":1}"#)
+        )
+        .is_ok()
+    );
+    assert!(
+        c.handle(
+            Millis(4),
+            &input(r#"{"op":"end_task","task":20,"outcome":"merged","member":2}"#)
+        )
+        .is_ok()
+    );
+    // The operator acts on any; a task the operator opened is no member's.
+    assert!(
+        c.handle(
+            Millis(5),
+            &input(r#"{"op":"open_task","task":{"task":30}}"#)
+        )
+        .is_ok()
+    );
+    assert_eq!(
+        c.handle(
+            Millis(5),
+            &input(r#"{"op":"end_task","task":30,"outcome":"failed","member":1}"#)
+        ),
+        Err(LeaseError::Forbidden)
+    );
+    assert!(
+        c.handle(
+            Millis(6),
+            &input(r#"{"op":"end_task","task":10,"outcome":"merged"}"#)
+        )
+        .is_ok()
+    );
+    // A member cannot take a task over by filling the table: a full table refuses or runs
+    // requests untracked, and evicts only a task idle for task_idle_ms (ended as abandoned,
+    // so its id names a new task, no longer the old owner's work).
+    assert!(
+        c.handle(
+            Millis(7),
+            &input(r#"{"op":"open_task","task":{"task":40},"member":1}"#)
+        )
+        .is_ok()
+    );
+    for junk in 1_000..1_100 {
+        let _ = lease(&mut c, 2, junk);
+    }
+    assert_eq!(
+        c.handle(
+            Millis(8),
+            &input(r#"{"op":"end_task","task":40,"outcome":"merged","member":2}"#)
+        ),
+        Err(LeaseError::Forbidden),
+        "task 40 is still agent 1's"
+    );
+    // Ownership survives a snapshot.
+    let mut back = Coordinator::restore_json(&c.snapshot_json()).unwrap();
+    assert_eq!(
+        back.handle(
+            Millis(9),
+            &input(r#"{"op":"task_failed","task":40,"signature":1,"member":2}"#)
+        ),
+        Err(LeaseError::Forbidden)
+    );
 }

@@ -90,4 +90,4 @@ export const SLOT_RATE_AXIS_WIDTH = 4
 export const SLOT_AFTER_EVENTS = 48
 export const SLOT_AFTER_TIMEOUT = 49
 /** Every stable code an engine's errors carry. */
-export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'unknown_task', 'too_many_tasks', 'internal', 'corrupt'] as const
+export const ENGINE_ERROR_CODES = ['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'invalid_argument', 'config_parse', 'invalid_config', 'snapshot_version', 'snapshot_parse', 'snapshot_config', 'snapshot_corrupt', 'unknown_task', 'too_many_tasks', 'forbidden', 'internal', 'corrupt'] as const

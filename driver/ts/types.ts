@@ -304,10 +304,16 @@ export type Input =
       reported?: boolean
     }
   | { op: 'call_interrupted'; lease: number; seen?: Usage | null }
-  /** `member`: opened by an agent's own credential at a shared limiter, not the operator (a new task only below three quarters of `max_tasks`). */
-  | { op: 'open_task'; task: TaskSpec; member?: boolean }
-  | { op: 'task_failed'; task: U64; signature: U64 }
-  | { op: 'end_task'; task: U64; outcome: TaskOutcome }
+  /**
+   * `member`: the agent of an agent's own credential at a shared limiter, not the operator:
+   * a new task only below three quarters of `max_tasks`, and it is that agent's; an open
+   * task of another agent's is `forbidden`.
+   */
+  | { op: 'open_task'; task: TaskSpec; member?: U64 }
+  /** `member`: as for `open_task`; a member fails only its own agent's tasks. */
+  | { op: 'task_failed'; task: U64; signature: U64; member?: U64 }
+  /** `member`: as for `open_task`; a member ends only its own agent's tasks. */
+  | { op: 'end_task'; task: U64; outcome: TaskOutcome; member?: U64 }
   | { op: 'restarted'; keep?: number[] }
   | { op: 'hold'; pool: number; until: U64 }
 

@@ -98,9 +98,6 @@ function newEpoch() {
   return `${Date.now().toString(36)}${crypto.getRandomValues(new Uint32Array(1))[0].toString(36)}`
 }
 
-/** Task owners remembered per object. */
-const MAX_TASK_OWNERS = 8192
-
 /** Agent ids remembered per object (names are bounded: 1 to 128 characters). */
 const MAX_AGENT_IDS = 4096
 /** Storage keys of the remembered names: `agent-name:<id>` → name (at most MAX_AGENT_IDS). */
@@ -309,8 +306,6 @@ export class QuotaObject {
     this.epoch = null
     /** @type {AgentIds | null} */
     this.agentIds = null
-    /** Task id → the agent credential's name that opened it (at most MAX_TASK_OWNERS). */
-    this.taskOwners = new Map()
     /** Recent call events and the ceilings hit, in memory only (timeline.js). */
     this.timeline = new Timeline()
     /** The object's time and timers (see ObjectClock). */
@@ -324,7 +319,6 @@ export class QuotaObject {
       this.written = saved.written
       const { snapshot, leases } = saved.value
       this.epoch = typeof saved.value.epoch === 'string' ? saved.value.epoch : '0'
-      this.taskOwners = new Map(Array.isArray(saved.value.taskOwners) ? saved.value.taskOwners : [])
       const tw = this.#start(wasmEngines.restore(typeof snapshot === 'string' ? snapshot : JSON.stringify(snapshot)), leases)
       // Proxied calls in flight when the object stopped died with it: nobody will settle
       // their leases or take their tickets. End them now (a granted one charged as the core
@@ -451,7 +445,7 @@ export class QuotaObject {
     // A small snapshot is stored as its text in the head; a large one is taken apart so
     // that its tables are chunked (parsing costs about 15 % of the throughput of small ones).
     const text = this.tw.engine.snapshot()
-    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases], epoch: this.epoch, taskOwners: [...this.taskOwners] }
+    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases], epoch: this.epoch }
     const w = writeChanged(this.ctx.storage, this.written, state)
     this.lastWrite = { put: w.put, deleted: w.deleted, bytes: w.bytes, pieces: this.written.size }
     const writes = [w.done]
@@ -543,7 +537,6 @@ export class QuotaObject {
           break
         }
         case 'POST task-failed': {
-          this.#mayAct(Number(id), who)
           const b = await body(request)
           for (const k of Object.keys(b))
             if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
@@ -552,7 +545,6 @@ export class QuotaObject {
           break
         }
         case 'POST task-done': {
-          this.#mayAct(Number(id), who)
           const b = only(await body(request), ['outcome', 'merged'], 'the body')
           if (b.merged !== undefined && typeof b.merged !== 'boolean') throw Object.assign(new HttpError(400, 'invalid_argument', '`merged` must be true or false'), { field: 'merged' })
           const out = await this.#apply(scope, { op: 'end_task', task: Number(id), outcome: b.outcome ?? (b.merged === false ? 'abandoned' : 'merged') })
@@ -705,7 +697,7 @@ export class QuotaObject {
    * One input of the core's host protocol from a member of the fleet (`POST …/handle`
    * sends it as it is; every other mutating route decodes its own shape into one): checked
    * against what the caller may do, applied through the driver, and the object's records
-   * (the lease table, the long polls, task owners) brought up to date from the answer.
+   * (the lease table, the long polls) brought up to date from the answer.
    * Leases are the object's ids here (the Worker opens and signs the handles); an agent
    * may be a name and a pool a name. The operator's inputs (`hold`, `restarted`,
    * `timeout`) are not a member's; `unixNowMs` and `reported` are the object's to set.
@@ -747,7 +739,6 @@ export class QuotaObject {
         if (given.task === undefined || given.task === null) delete request.task
         else request.task = taskId(given.task)
         const out = tw.handle(op === 'call_lease' ? { op, call: input.call === undefined ? newCall() : callState(input.call), request } : { op, request })
-        if (request.task !== undefined) this.#own(request.task, who)
         const named = agent.name === null ? {} : { name: agent.name }
         if (out.output === 'send' || out.output === 'granted') {
           this.leases.set(out.lease, { state: 'granted', agent: agent.id, ...named, pool, expiresAt: out.expiresAt, waitedMs: 0 })
@@ -819,55 +810,28 @@ export class QuotaObject {
           throw Object.assign(new HttpError(400, 'invalid_argument', '`task` must be a task object: { task, role?, unblocks? }'), { field: 'task' })
         only(b, ['task', 'role', 'unblocks'], 'the task')
         const spec = { task: taskId(b.task), role: roleOf(b.role), unblocks: b.unblocks === undefined ? 0 : unblocksOf(b.unblocks) }
-        if (who !== null && this.taskOwners.has(spec.task)) this.#mayAct(spec.task, who)
         // An agent credential is a member: the core opens a new task for it only while
-        // fewer than three quarters of `max_tasks` are open (the rest is the operator's).
-        const out = tw.handle({ op, task: spec, ...(who === null ? {} : { member: true }) })
-        this.#own(spec.task, who)
-        return out
+        // fewer than three quarters of `max_tasks` are open (the rest is the operator's),
+        // and keeps whose task it is: a member acts only on its own agent's (403).
+        return tw.handle({ op, task: spec, ...memberOf(who) })
       }
       case 'task_failed': {
         const task = taskId(input.task)
-        this.#mayAct(task, who)
         checkFields()
         // A hash the client computed (failureSignature); never the test or diff itself.
         if (!Number.isSafeInteger(input.signature) || input.signature < 0)
           throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
-        return tw.handle({ op, task, signature: input.signature })
+        return tw.handle({ op, task, signature: input.signature, ...memberOf(who) })
       }
       case 'end_task': {
         const task = taskId(input.task)
-        this.#mayAct(task, who)
         checkFields()
         if (!['merged', 'abandoned', 'failed'].includes(input.outcome))
           throw Object.assign(new HttpError(400, 'invalid_argument', '`outcome` must be merged, abandoned or failed'), { field: 'outcome' })
-        const out = tw.handle({ op, task, outcome: input.outcome })
-        this.taskOwners.delete(task)
-        return out
+        return tw.handle({ op, task, outcome: input.outcome, ...memberOf(who) })
       }
     }
     throw new Error(`internal: no case for the input ${op}`)
-  }
-
-  /**
-   * Who may change, fail or end a task: the fleet secret any; an agent credential the tasks
-   * its agent opened (through `POST /tasks`, or a lease or proxied call naming a new task),
-   * never another agent's or the operator's (403). Any caller may lease for any task.
-   */
-  #mayAct(task, who) {
-    if (who === null) return
-    const owner = this.taskOwners.get(task)
-    if (owner !== who.name) throw new HttpError(403, 'forbidden', `task ${task} is not ${who.name}'s: an agent credential acts only on the tasks its agent opened`)
-  }
-
-  /**
-   * Remembers who first named `task`: an agent credential's name, or `''` for the fleet
-   * secret or a secretless proxied call (no credential may act on those).
-   */
-  #own(task, who) {
-    if (this.taskOwners.has(task)) return
-    if (this.taskOwners.size >= MAX_TASK_OWNERS) this.taskOwners.delete(this.taskOwners.keys().next().value)
-    this.taskOwners.set(task, who?.name ?? '')
   }
 
   /**
@@ -880,7 +844,6 @@ export class QuotaObject {
     this.tw?.close()
     this.tw = null
     this.leases = new Map()
-    this.taskOwners = new Map()
     this.timeline.clear()
     for (const wakes of this.waiters.values()) for (const wake of wakes) wake()
     this.waiters.clear()
@@ -976,9 +939,6 @@ export class QuotaObject {
     // them, else a worker), as every host leaves it.
     const role = roleOf(pick('role') ?? 'auto', 'x-tokenwarden-role')
     const task = pick('task')
-    if (task !== null) {
-      this.#own(taskId(task, 'x-tokenwarden-task'), who)
-    }
     const unblocks = pick('unblocks')
     const signature = request.headers.get('x-tokenwarden-failure-signature')
     if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature))))
@@ -1311,6 +1271,15 @@ async function body(request) {
   return jsonObject(await request.text())
 }
 
+/**
+ * The `member` of a task input: an agent credential's agent (the core lets a member act only
+ * on its own agent's tasks), nothing for the fleet secret (the operator acts on any).
+ * @param {{ id: number } | null} who
+ */
+function memberOf(who) {
+  return who === null ? {} : { member: who.id }
+}
+
 const STATUS = {
   unknown_lease: 404,
   unknown_pool: 400,
@@ -1319,6 +1288,7 @@ const STATUS = {
   invalid_argument: 400,
   unknown_task: 404,
   too_many_tasks: 409,
+  forbidden: 403,
   aborted: 499,
 }
 

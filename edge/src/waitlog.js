@@ -169,5 +169,11 @@ export class WaitLog {
  * @param {string} text
  */
 export function printable(text) {
-  return String(text).replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`)
+  let out = ''
+  for (const c of String(text)) {
+    const n = c.codePointAt(0) ?? 0
+    const control = n < 0x20 || (n >= 0x7f && n <= 0x9f) || n === 0x2028 || n === 0x2029
+    out += control ? `\\u${n.toString(16).padStart(4, '0')}` : c
+  }
+  return out
 }

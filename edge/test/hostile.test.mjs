@@ -253,6 +253,25 @@ describe('tasks and agent credentials', () => {
     assert.equal(l.kind, 'grant')
     assert.equal((await post(`/leases/${l.lease}/settle`, { inputTokens: 10 }, { quota, secret: mallory })).status, 200)
     assert.equal((await post('/tasks/alice-1/failed', { signature: 1 }, { quota, secret: alice })).status, 200)
+    // Issue 43, N2: whose task it is lives with the task in the core's bounded table, so no
+    // flood of leases naming junk tasks frees alice's for mallory to claim.
+    for (let i = 0; i < 40; i++) {
+      const junk = await lease({ agent: 'mallory', task: `junk-${i}` }, { quota, secret: mallory })
+      const j = await junk.json()
+      if (j.kind === 'grant') await (await post(`/leases/${j.lease}/settle`, { inputTokens: 10 }, { quota, secret: mallory })).arrayBuffer()
+    }
+    const claimed = await lease({ agent: 'mallory', task: 'alice-1' }, { quota, secret: mallory })
+    const c = await claimed.json()
+    if (c.kind === 'grant') await (await post(`/leases/${c.lease}/settle`, { inputTokens: 10 }, { quota, secret: mallory })).arrayBuffer()
+    for (const path of ['/tasks/alice-1/failed', '/tasks/alice-1/done']) {
+      const r = await post(path, path.endsWith('failed') ? { signature: 2 } : {}, { quota, secret: mallory })
+      assert.equal(r.status, 403, `${path} by mallory after the flood`)
+      await r.arrayBuffer()
+    }
+    // The junk is mallory's own (a request's task is its agent's): she ends what was opened.
+    const ended = []
+    for (let i = 0; i < 40; i++) ended.push((await post(`/tasks/junk-${i}/done`, {}, { quota, secret: mallory })).status)
+    assert.ok(ended.includes(200) && ended.every((s) => s === 200 || s === 404), `${ended}`)
     assert.equal((await post('/tasks/alice-1/done', {}, { quota, secret: alice })).status, 200)
     // max_tasks 8: a credential opens up to 6 (three quarters), the operator the rest.
     const opened = []

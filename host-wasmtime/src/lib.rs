@@ -645,6 +645,7 @@ fn lease_error(e: w::LeaseError) -> Error {
         w::LeaseError::NotGranted => LeaseError::NotGranted,
         w::LeaseError::UnknownTask => LeaseError::UnknownTask,
         w::LeaseError::TooManyTasks => LeaseError::TooManyTasks,
+        w::LeaseError::Forbidden => LeaseError::Forbidden,
         w::LeaseError::TooLarge(field) => match TOO_LARGE_FIELDS.iter().find(|f| **f == field) {
             Some(field) => LeaseError::TooLarge { field },
             None => return incompatible(format!("too_large names unknown field `{field}`")),

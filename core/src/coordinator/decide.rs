@@ -205,8 +205,8 @@ impl Coordinator {
         let bounds = (self.config.max_tasks, self.config.task_idle_ms);
         if self
             .tasks
-            .open(&spec, now, bounds, Opener::Request)
-            .is_some()
+            .open(&spec, now, bounds, Opener::Request(req.agent))
+            .is_ok()
         {
             Some(task)
         } else {

@@ -2,8 +2,8 @@
 
 use crate::decision::Event;
 use crate::error::LeaseError;
-use crate::ids::PoolId;
 use crate::ids::TaskId;
+use crate::ids::{AgentId, PoolId};
 use crate::metrics::MINUTE_MS;
 use crate::metrics::{TaskFigures, TaskMetrics};
 use crate::tasks::{Ended, Opener, TaskOutcome, TaskSpec, TaskSummary};
@@ -31,7 +31,8 @@ impl Coordinator {
 
     /// [`Coordinator::open_task`] by `by`: a member of a shared limiter (an agent's own
     /// credential) opens a new task only while fewer than three quarters of `max_tasks`
-    /// are open, as a request naming one does (the last quarter is the operator's).
+    /// are open, as a request naming one does (the last quarter is the operator's), and
+    /// updates only its own agent's (`Forbidden` otherwise).
     pub(crate) fn open_task_by(
         &mut self,
         now: Millis,
@@ -41,9 +42,7 @@ impl Coordinator {
         // The clock moves only if the open succeeds: a refusal changes nothing.
         let now = self.now.max(now);
         let bounds = (self.config.max_tasks, self.config.task_idle_ms);
-        self.tasks
-            .open(spec, now, bounds, by)
-            .ok_or(LeaseError::TooManyTasks)?;
+        self.tasks.open(spec, now, bounds, by)?;
         self.clamp(now);
         Ok(())
     }
@@ -59,9 +58,32 @@ impl Coordinator {
         task: TaskId,
         signature: u64,
     ) -> Result<u32, LeaseError> {
+        self.task_failed_by(now, task, signature, None)
+    }
+
+    /// [`Coordinator::task_failed`] by `member` (an agent's own credential at a shared
+    /// limiter, `None` for the operator): a member fails only its own agent's tasks.
+    pub(crate) fn task_failed_by(
+        &mut self,
+        now: Millis,
+        task: TaskId,
+        signature: u64,
+        member: Option<AgentId>,
+    ) -> Result<u32, LeaseError> {
+        self.may_act(task, member)?;
         let now = self.clamp(now);
         let t = self.tasks.get_mut(task).ok_or(LeaseError::UnknownTask)?;
         Ok(t.failed(signature, now))
+    }
+
+    /// Whether `member` may act on open task `task`: the operator (`None`) on any, a member
+    /// on its own agent's. `UnknownTask` when it is not open.
+    fn may_act(&self, task: TaskId, member: Option<AgentId>) -> Result<(), LeaseError> {
+        let t = self.tasks.get(task).ok_or(LeaseError::UnknownTask)?;
+        match member {
+            Some(m) if t.owner != Some(m) => Err(LeaseError::Forbidden),
+            _ => Ok(()),
+        }
     }
 
     /// Ends an open task: its figures are returned and folded into
@@ -73,9 +95,19 @@ impl Coordinator {
         task: TaskId,
         outcome: TaskOutcome,
     ) -> Result<TaskSummary, LeaseError> {
-        if self.tasks.get(task).is_none() {
-            return Err(LeaseError::UnknownTask);
-        }
+        self.end_task_by(now, task, outcome, None)
+    }
+
+    /// [`Coordinator::end_task`] by `member` (`None`: the operator): a member ends only its
+    /// own agent's tasks.
+    pub(crate) fn end_task_by(
+        &mut self,
+        now: Millis,
+        task: TaskId,
+        outcome: TaskOutcome,
+        member: Option<AgentId>,
+    ) -> Result<TaskSummary, LeaseError> {
+        self.may_act(task, member)?;
         let now = self.clamp(now);
         self.tasks
             .end(task, outcome, now)

@@ -942,6 +942,7 @@ impl<'a> Sim<'a> {
             self.tell(Input::TaskFailed {
                 task,
                 signature: 0xF00D ^ i as u64,
+                member: None,
             });
         }
         self.r.turn_starts.push((self.now, i));
@@ -1027,14 +1028,18 @@ impl<'a> Sim<'a> {
         };
         self.tell(Input::OpenTask {
             task: spec,
-            member: false,
+            member: None,
         });
     }
 
     /// Ends agent `i`'s current task in the coordinator.
     fn task_end(&mut self, i: usize, outcome: TaskOutcome) {
         let task = self.task_id(i);
-        self.tell(Input::EndTask { task, outcome });
+        self.tell(Input::EndTask {
+            task,
+            outcome,
+            member: None,
+        });
     }
 
     /// The lease request of an ask of the agent's call: the product's estimate of its body

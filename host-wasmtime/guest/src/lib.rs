@@ -35,6 +35,7 @@ fn lease_error(e: tw::LeaseError) -> w::LeaseError {
         tw::LeaseError::TooLarge { field } => w::LeaseError::TooLarge(field.into()),
         tw::LeaseError::UnknownTask => w::LeaseError::UnknownTask,
         tw::LeaseError::TooManyTasks => w::LeaseError::TooManyTasks,
+        tw::LeaseError::Forbidden => w::LeaseError::Forbidden,
         // The core may grow variants; the host maps an unknown code to an error too.
         _ => w::LeaseError::TooLarge(String::from("unknown")),
     }

@@ -30,7 +30,7 @@ function errorRecord(e, { config = false } = {}) {
   if (config && (code === 'config_parse' || code === 'invalid_config')) {
     return code === 'invalid_config' ? { error: code, field: e.field } : { error: code }
   }
-  if (['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'unknown_task', 'too_many_tasks'].includes(code)) {
+  if (['unknown_pool', 'unknown_lease', 'not_granted', 'too_large', 'unknown_task', 'too_many_tasks', 'forbidden'].includes(code)) {
     return code === 'too_large' ? { error: code, field: snake(e.field) } : { error: code }
   }
   throw e
