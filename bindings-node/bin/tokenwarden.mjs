@@ -219,11 +219,22 @@ async function reservePort(host, port) {
 /** A directory only its owner can enter (0700), whatever the umask and whatever it was before. */
 function privateDir(dir) {
   try {
-    mkdirSync(dir, { recursive: true, mode: 0o700 })
+    makeDirs(resolve(dir))
     chmodSync(dir, 0o700)
   } catch (e) {
     fail(`cannot make ${dir} a private directory (mkdir, chmod 700): ${e.message}`, 1)
   }
+}
+
+/**
+ * `mkdir -p` one level at a time (owner-only): Node's recursive `mkdirSync` never returns
+ * for a path under /proc (it retries the parent it cannot create), where this fails at once.
+ */
+function makeDirs(dir) {
+  const parent = dirname(dir)
+  if (existsSync(dir)) return
+  if (parent !== dir) makeDirs(parent)
+  mkdirSync(dir, { mode: 0o700 })
 }
 
 /**

@@ -194,6 +194,15 @@ describe('tokenwarden serve: command line, config checks, files', { skip, timeou
     })
   }
 
+  test('a --data that cannot be made (under /proc) is one line, at once: it hung in mkdir', async () => {
+    const started = Date.now()
+    const r = await run(['serve', '--config', configFile(), '--port', '0', '--data', '/proc/tokenwarden-x'])
+    assert.equal(r.started, false, `it started: ${r.stdout}`)
+    assert.equal(r.code, 1, r.stderr)
+    assert.match(r.stderr, /^tokenwarden: cannot make \/proc\/tokenwarden-x a private directory/)
+    assert.ok(Date.now() - started < 10_000, 'no hang')
+  })
+
   test('a port in use: one line naming it, exit 1, no banner', async () => {
     // Something else on the port that even answers /healthz.
     const other = createServer((req, res) => res.end('{"ok":true}'))
