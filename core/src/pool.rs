@@ -69,7 +69,15 @@ pub(crate) struct Pool {
     /// Last 429 or last margin step: the next step is one clean interval later.
     pub(crate) margin_clock: Millis,
     pub(crate) ramp_step: u64,
+    /// Grants resume then: the later of the provider's pause and the operator's hold.
     pub(crate) paused_until: Millis,
+    /// The provider's part of the pause (its 429s' retry times).
+    #[serde(default)]
+    pub(crate) limited_until: Millis,
+    /// The operator's hold in force ([`crate::Coordinator::hold`]), which a later hold may
+    /// shorten or lift; `Millis(0)`: none.
+    #[serde(default)]
+    pub(crate) held_until: Millis,
     /// Buckets are refilled up to this instant.
     pub(crate) updated: Millis,
     pub(crate) queue: Queue,
@@ -222,6 +230,8 @@ impl Pool {
                 RAMP_STEPS
             },
             paused_until: now,
+            limited_until: now,
+            held_until: Millis(0),
             updated: now,
             queue: Queue::new(),
             vtime: 0,

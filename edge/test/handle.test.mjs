@@ -197,6 +197,14 @@ test("the operator's hold: no grants from the pool until it ends, queued calls k
   assert.equal((await handle('held', { op: 'settle', lease: before.body.lease, usage: { inputTokens: 90 } })).body.output, 'settled')
   const metrics = await (await fetch(`${worker.base}/v1/fleets/f/quotas/held/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()
   assert.equal(Number(metrics.pools[0].pausedUntil), held.until, 'the pool is paused until the hold ends')
+  // Issue 43, N8: the next hold replaces it; forMs 0 lifts it, and the call in line is served.
+  const shorter = await (await hold({ pool: 'sonnet', forMs: 5_000 })).json()
+  assert.ok(shorter.until < held.until - 50_000, `shortened: ${shorter.until} against ${held.until}`)
+  const lifted = await (await hold({ pool: 'sonnet', forMs: 0 })).json()
+  assert.ok(lifted.until <= Date.now() + 1_000, `lifted: ${lifted.until}`)
+  const after = await (await fetch(`${worker.base}/v1/fleets/f/quotas/held/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })).json()
+  assert.ok(Number(after.pools[0].pausedUntil) <= Date.now() + 1_000, 'no longer paused')
+  assert.equal(after.pools[0].queueDepth, 0, 'the call in line was granted when the hold was lifted')
 })
 
 test('a member cannot keep the pool paused with its own lease: a lease pauses once (issue 43, N1)', async () => {

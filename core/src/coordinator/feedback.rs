@@ -364,6 +364,7 @@ impl Pool {
             .unwrap_or(config.backoff.base_ms)
             .min(max_pause);
             let until = now.plus(wait);
+            self.limited_until = self.limited_until.max(until);
             if until > self.paused_until {
                 self.pause_until(now, until);
                 paused = Some(Event::Paused { pool, until });

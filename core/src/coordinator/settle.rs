@@ -279,10 +279,12 @@ impl Coordinator {
     /// The operator holds a pool: nothing is granted from it until `until` (a key being
     /// rotated, a provider incident announced, a spend alarm). Leases already granted run
     /// on; queued tickets keep their places and are granted after the hold, like after a
-    /// 429's pause (an ETA given before the hold does not count it). A hold only ever
-    /// lengthens the pause in force and is bounded, like a provider's, by
-    /// `feedback.max_pause_ms` from now: asking again extends it. Returns when grants
-    /// resume; an [`Event::Paused`] is raised when the pause grew.
+    /// 429's pause (an ETA given before the hold does not count it). The hold is bounded,
+    /// like a provider's pause, by `feedback.max_pause_ms` from now. Asking again replaces
+    /// the operator's hold: a later `until` extends it, an earlier one shortens it, and one
+    /// at or before `now` lifts it — never below what the provider's 429s asked for, which
+    /// the hold does not touch. Returns when grants resume; an [`Event::Paused`] is raised
+    /// when that moved.
     ///
     /// `UnknownPool` for a pool that does not exist (nothing changes).
     pub fn hold(&mut self, now: Millis, pool: PoolId, until: Millis) -> Result<Millis, LeaseError> {
@@ -292,13 +294,27 @@ impl Coordinator {
         let Some(pl) = self.pools.get_mut(p as usize) else {
             return Err(LeaseError::UnknownPool);
         };
-        if until > pl.paused_until {
-            pl.pause_until(now, until);
-            self.events.push_back(Event::Paused { pool, until });
+        pl.held_until = until;
+        let resume = pl.limited_until.max(until).max(now);
+        let before = pl.paused_until.max(now);
+        if resume > before {
+            pl.pause_until(now, resume);
+            self.events.push_back(Event::Paused {
+                pool,
+                until: resume,
+            });
+        } else if resume < before {
+            // Shortened or lifted: every promise stands (a grant can only come sooner), and
+            // what fits is granted now.
+            pl.paused_until = resume;
+            self.events.push_back(Event::Paused {
+                pool,
+                until: resume,
+            });
+            self.drain(p, now);
         }
-        let resumes = pl.paused_until.max(now);
         self.keep_promises(p, now);
-        Ok(resumes)
+        Ok(resume)
     }
 
     /// Keeps a granted lease alive: its expiry moves to `now + lease_ttl_ms` (never

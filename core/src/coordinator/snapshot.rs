@@ -113,6 +113,12 @@ impl Coordinator {
     }
 
     fn validated(mut self) -> Result<Coordinator, RestoreError> {
+        // A snapshot from before the pause had parts: all of it is the provider's.
+        for pool in &mut self.pools {
+            if pool.limited_until == Millis(0) && pool.held_until == Millis(0) {
+                pool.limited_until = pool.paused_until;
+            }
+        }
         // Not stored: derived from the lease table.
         let pools = self.pools.len();
         self.leases.rebuild_index(pools);
