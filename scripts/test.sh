@@ -140,6 +140,10 @@ step "examples/node-fleet: 20 agents on the official Anthropic SDK against the m
 step "examples/node-fleet/resume.mjs: an agent killed during a long wait resumes from its checkpoint without a re-plan (Node 24)"
 (cd examples/node-fleet && "$NODE24" resume.mjs)
 
+step "Rust agents on reqwest-middleware and on tower (host-tokio's fleet example) against the mock provider: through tokenwarden and direct"
+cargo build --quiet -p tokenwarden-tokio --example fleet
+host-tokio/scripts/fleet-vs-direct.sh target/debug/examples/fleet
+
 step "wasm in headless Chromium (Debian's chromium) and in workerd (miniflare)"
 if ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null

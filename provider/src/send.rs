@@ -105,7 +105,7 @@ impl Send {
         let usage = match self.reader.as_mut() {
             Some(r) if !self.machine.is_ended() => {
                 r.end();
-                r.usage().map(core_usage)
+                r.usage().map(Into::into)
             }
             _ => None,
         };
@@ -153,7 +153,7 @@ impl Send {
             Action::Renew => SendAction::Renew,
             Action::Deliver => SendAction::Deliver,
             Action::Settle { usage, learn } => SendAction::Settle {
-                usage: provider_usage(usage),
+                usage: usage.into(),
                 learn,
             },
             Action::Interrupted { seen } => SendAction::Interrupted {
@@ -183,23 +183,5 @@ impl Send {
     #[must_use]
     pub fn is_ended(&self) -> bool {
         self.machine.is_ended()
-    }
-}
-
-fn core_usage(u: Usage) -> tokenwarden_core::Usage {
-    tokenwarden_core::Usage {
-        input_tokens: u.input_tokens,
-        cache_creation_input_tokens: u.cache_creation_input_tokens,
-        cache_read_input_tokens: u.cache_read_input_tokens,
-        output_tokens: u.output_tokens,
-    }
-}
-
-fn provider_usage(u: tokenwarden_core::Usage) -> Usage {
-    Usage {
-        input_tokens: u.input_tokens,
-        cache_creation_input_tokens: u.cache_creation_input_tokens,
-        cache_read_input_tokens: u.cache_read_input_tokens,
-        output_tokens: u.output_tokens,
     }
 }

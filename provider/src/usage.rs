@@ -28,6 +28,28 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
+impl From<Usage> for tokenwarden_core::Usage {
+    fn from(u: Usage) -> tokenwarden_core::Usage {
+        tokenwarden_core::Usage {
+            input_tokens: u.input_tokens,
+            cache_creation_input_tokens: u.cache_creation_input_tokens,
+            cache_read_input_tokens: u.cache_read_input_tokens,
+            output_tokens: u.output_tokens,
+        }
+    }
+}
+
+impl From<tokenwarden_core::Usage> for Usage {
+    fn from(u: tokenwarden_core::Usage) -> Usage {
+        Usage {
+            input_tokens: u.input_tokens,
+            cache_creation_input_tokens: u.cache_creation_input_tokens,
+            cache_read_input_tokens: u.cache_read_input_tokens,
+            output_tokens: u.output_tokens,
+        }
+    }
+}
+
 /// The largest count a usage figure is taken as: 2^53 − 1, the engines' limit (an absurd
 /// figure is still a call that ran; the core clamps a settle to a window of the limit).
 pub const MAX_COUNT: u64 = (1 << 53) - 1;

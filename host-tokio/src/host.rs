@@ -1,0 +1,376 @@
+//! The coordinator in this process: its clock task, grants handed to the tasks that wait on
+//! them, and the estimator beside it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokenwarden_core::{
+    Config, ConfigError, Coordinator, Event, Input, LeaseError, LeaseId, Millis, Output, Timeout,
+    Timeouts,
+};
+use tokenwarden_provider::bpe::{self, Bpe, Encoding};
+use tokenwarden_provider::estimate::{Estimator, Options, OptionsError, Provider};
+use tokio::sync::{Notify, broadcast, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// What went wrong in this crate (a refusal the core decided is not an error: it is answered
+/// as the provider would, see [`crate::Refusal`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The core config is not valid (the field named).
+    Config(ConfigError),
+    /// An estimator option is out of its range (the option named).
+    Estimator(OptionsError),
+    /// An upstream timeout out of its range (`first_byte_ms` or `idle_ms`: 1 ms to the
+    /// core's `MAX_DURATION_MS`).
+    Timeouts {
+        /// The field.
+        field: &'static str,
+    },
+    /// [`Builder::build`] was called outside a tokio runtime: the clock task needs one.
+    NoRuntime,
+    /// The core refused an input this host made (a bug to report, or a pool the config does
+    /// not have).
+    Core(LeaseError),
+    /// The provider sent nothing within an upstream timeout; the request was aborted and
+    /// the lease ended as an interrupted call (`upstream_timeout`).
+    UpstreamTimeout {
+        /// Which timeout.
+        timeout: Timeout,
+        /// Its length, ms.
+        ms: u64,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Config(e) => write!(f, "tokenwarden: the core config is not valid: {e}"),
+            Error::Estimator(e) => write!(f, "tokenwarden: estimator option {e}"),
+            Error::Timeouts { field } => write!(
+                f,
+                "tokenwarden: timeouts.{field} must be from 1 ms to {} ms",
+                tokenwarden_core::MAX_DURATION_MS
+            ),
+            Error::NoRuntime => f.write_str(
+                "tokenwarden: Builder::build() must run inside a tokio runtime (it starts the clock task)",
+            ),
+            Error::Core(e) => write!(f, "tokenwarden: the core refused the host's input: {e}"),
+            Error::UpstreamTimeout { timeout, ms } => {
+                let what = match timeout {
+                    Timeout::FirstByte => "no response headers",
+                    Timeout::Idle => "no more of the body",
+                };
+                write!(
+                    f,
+                    "tokenwarden: upstream_timeout: the provider sent {what} in {ms} ms; the request was aborted"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// How a [`Tokenwarden`] is made: the core config, and what the host adds to it.
+#[derive(Clone, Debug)]
+pub struct Builder {
+    config: Config,
+    seed: Option<u64>,
+    estimator: Options,
+    timeouts: Timeouts,
+}
+
+impl Builder {
+    /// A coordinator for `config` (its pools, limits and policy).
+    #[must_use]
+    pub fn new(config: Config) -> Builder {
+        Builder {
+            config,
+            seed: None,
+            estimator: Options::default(),
+            timeouts: Timeouts::default(),
+        }
+    }
+
+    /// The core's seed (default: from the wall clock). The same seed and inputs at the same
+    /// times give the same decisions.
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Builder {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The estimator's options (default: the provider crate's, with the tokenizers).
+    #[must_use]
+    pub fn estimator(mut self, options: Options) -> Builder {
+        self.estimator = options;
+        self
+    }
+
+    /// The upstream timeouts of every send (default: the core's, 10 minutes to the first
+    /// byte, 5 minutes between two pieces of the body).
+    #[must_use]
+    pub fn timeouts(mut self, timeouts: Timeouts) -> Builder {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// The coordinator, its clock task started on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`], [`Error::Estimator`] naming what is wrong; [`Error::NoRuntime`]
+    /// outside a runtime.
+    pub fn build(self) -> Result<Tokenwarden, Error> {
+        if let Err(field) = self.timeouts.check() {
+            return Err(Error::Timeouts { field });
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let estimator = Estimator::new(self.estimator).map_err(Error::Estimator)?;
+        let seed = self.seed.unwrap_or_else(|| {
+            let t = wall_clock().unwrap_or_default();
+            t.as_secs() ^ u64::from(t.subsec_nanos()).rotate_left(32)
+        });
+        let coord = Coordinator::new(self.config, seed, Millis(0)).map_err(Error::Config)?;
+        let (events, _) = broadcast::channel(1024);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                coord,
+                waiters: BTreeMap::new(),
+            }),
+            estimator: Mutex::new(estimator),
+            wake: Notify::new(),
+            epoch: Instant::now(),
+            events,
+            timeouts: self.timeouts,
+        });
+        let clock = runtime.spawn(clock(Arc::clone(&shared)));
+        Ok(Tokenwarden {
+            inner: Arc::new(Inner { shared, clock }),
+        })
+    }
+}
+
+/// One coordinator for a key the agents of this process share. Cheap to clone: every clone
+/// is the same coordinator. Its clock task stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct Tokenwarden {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for Tokenwarden {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tokenwarden")
+            .field("now_ms", &self.now().0)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    clock: JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.clock.abort();
+    }
+}
+
+impl Tokenwarden {
+    /// [`Builder::new`] with a config given as the core's JSON, then built.
+    ///
+    /// # Errors
+    ///
+    /// The config is not valid ([`Error::Config`], the field named), or no runtime.
+    pub fn from_config_json(json: &str) -> Result<Tokenwarden, Error> {
+        Builder::new(Config::from_json(json).map_err(Error::Config)?).build()
+    }
+
+    /// The core's protocol: one input at this instant, its output. Every event it raises is
+    /// handled (a grant reaches the call that waits on it) and sent to [`Tokenwarden::events`].
+    ///
+    /// # Errors
+    ///
+    /// The core's refusal of the input (unknown lease, pool or task, a field too large, …);
+    /// the state is unchanged then.
+    pub fn handle(&self, input: &Input) -> Result<Output, LeaseError> {
+        self.inner.shared.handle(input)
+    }
+
+    /// Every event the core raises from now on (grants, revised promises, pauses, margin
+    /// changes, expired leases). A receiver that falls more than 1,024 events behind loses
+    /// the oldest (`RecvError::Lagged`).
+    #[must_use]
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.inner.shared.events.subscribe()
+    }
+
+    /// The core's clock: ms since this coordinator was built.
+    #[must_use]
+    pub fn now(&self) -> Millis {
+        self.inner.shared.now()
+    }
+
+    /// Reads the coordinator (its metrics, a snapshot, a pool's id) at this instant.
+    pub fn inspect<R>(&self, f: impl FnOnce(&Coordinator, Millis) -> R) -> R {
+        let shared = &self.inner.shared;
+        let now = shared.now();
+        f(&shared.lock().coord, now)
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    pub(crate) estimator: Mutex<Estimator>,
+    wake: Notify,
+    epoch: Instant,
+    events: broadcast::Sender<Event>,
+    pub(crate) timeouts: Timeouts,
+}
+
+pub(crate) struct State {
+    pub(crate) coord: Coordinator,
+    /// Queued tickets, to the call that waits for its grant.
+    waiters: BTreeMap<LeaseId, oneshot::Sender<Millis>>,
+}
+
+impl Shared {
+    pub(crate) fn now(&self) -> Millis {
+        let ms = self.epoch.elapsed().as_millis();
+        Millis(u64::try_from(ms).unwrap_or(u64::MAX))
+    }
+
+    pub(crate) fn instant(&self, at: Millis) -> Instant {
+        self.epoch + Duration::from_millis(at.0.min(1 << 40))
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn estimator(&self) -> MutexGuard<'_, Estimator> {
+        self.estimator
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn handle(&self, input: &Input) -> Result<Output, LeaseError> {
+        let mut st = self.lock();
+        self.handle_in(&mut st, input)
+    }
+
+    /// One input under the held lock; events handled, the clock task told.
+    pub(crate) fn handle_in(&self, st: &mut State, input: &Input) -> Result<Output, LeaseError> {
+        let out = st.coord.handle(self.now(), input);
+        self.drain(st);
+        out
+    }
+
+    /// A ticket's waiter: its grant's expiry comes on the receiver (dropped unanswered: the
+    /// ticket was withdrawn).
+    pub(crate) fn wait_for(&self, st: &mut State, ticket: LeaseId) -> oneshot::Receiver<Millis> {
+        let (tx, rx) = oneshot::channel();
+        st.waiters.insert(ticket, tx);
+        // A grant raised by the same input is in the queue still: hand it over now.
+        self.drain(st);
+        rx
+    }
+
+    /// The caller of a ticket left: the ticket is withdrawn, or its lease (granted, never
+    /// used) given back.
+    pub(crate) fn leave(&self, ticket: LeaseId) {
+        let mut st = self.lock();
+        st.waiters.remove(&ticket);
+        let _ = self.handle_in(&mut st, &Input::Cancel { lease: ticket });
+    }
+
+    fn drain(&self, st: &mut State) {
+        while let Some(event) = st.coord.poll_event() {
+            if let Event::Granted {
+                lease, expires_at, ..
+            } = event
+            {
+                if let Some(tx) = st.waiters.remove(&lease) {
+                    if tx.send(expires_at).is_err() {
+                        // Its caller left as it was granted: give the lease back unused.
+                        let _ = st.coord.handle(self.now(), &Input::Cancel { lease });
+                    }
+                }
+            }
+            let _ = self.events.send(event);
+        }
+        self.wake.notify_one();
+    }
+}
+
+/// The clock task: wakes at the core's next deadline (or when an input may have moved it),
+/// tells the core the time, and hands out what it granted.
+async fn clock(shared: Arc<Shared>) {
+    loop {
+        let next = shared.lock().coord.poll_timeout();
+        let woken = shared.wake.notified();
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(shared.instant(at)) => {
+                        let _ = shared.handle(&Input::Timeout {});
+                    }
+                    () = woken => {}
+                }
+            }
+            None => woken.await,
+        }
+    }
+}
+
+/// A tokenizer's ranks, parsed once for the process.
+pub(crate) fn tokenizer(encoding: Encoding) -> Option<Arc<Bpe>> {
+    static O200K: OnceLock<Option<Arc<Bpe>>> = OnceLock::new();
+    static CL100K: OnceLock<Option<Arc<Bpe>>> = OnceLock::new();
+    let (cell, ranks) = match encoding {
+        Encoding::O200kBase => (&O200K, bpe::O200K_BASE),
+        Encoding::Cl100kBase => (&CL100K, bpe::CL100K_BASE),
+    };
+    cell.get_or_init(|| Bpe::new(encoding, ranks).ok().map(Arc::new))
+        .clone()
+}
+
+/// The estimator ready for `provider`'s `model` (its tokenizer parsed outside the lock).
+pub(crate) fn ready_estimator<'a>(
+    shared: &'a Shared,
+    provider: Provider,
+    model: &str,
+) -> MutexGuard<'a, Estimator> {
+    let need = shared.estimator().needs_tokenizer(provider, model);
+    // Without the ranks (never, for the embedded ones) the estimate goes by the byte rule.
+    let bpe = need.and_then(tokenizer);
+    let mut est = shared.estimator();
+    if let Some(bpe) = bpe {
+        est.use_tokenizer(bpe);
+    }
+    est
+}
+
+/// The wall clock, Unix ms (for headers that carry dates).
+pub(crate) fn unix_now_ms() -> Option<u64> {
+    u64::try_from(wall_clock()?.as_millis()).ok()
+}
+
+/// Since the Unix epoch, by the machine's clock: a host's to read, never the core's.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the host owns the wall clock; the core is told it"
+)]
+fn wall_clock() -> Option<Duration> {
+    SystemTime::now().duration_since(UNIX_EPOCH).ok()
+}
