@@ -92,6 +92,10 @@ pub(crate) struct Bucket {
     /// [`Bucket::refund_room`].
     #[serde(default)]
     pub(crate) charged_on_arrival: bool,
+    /// Refill still withheld, ms from the pool's last refill: a take from a full bucket
+    /// starts the provider's refill only when the call reaches it (see [`Bucket::take`]).
+    #[serde(default)]
+    pub(crate) lag_ms: u64,
 }
 
 /// `a × b` in token-milliseconds: exact, since two `u64`s multiply within `u128` (one
@@ -110,6 +114,7 @@ impl Bucket {
             nominal: 0,
             level: 0,
             charged_on_arrival: false,
+            lag_ms: 0,
         }
     }
 
@@ -124,6 +129,13 @@ impl Bucket {
     /// Adds `elapsed` ms of refill at the capacity in force.
     pub(crate) fn refill(&mut self, elapsed: u64, window: u64) {
         if !self.gates() || elapsed == 0 {
+            return;
+        }
+        // The refill a take from full withheld comes first.
+        let withheld = self.lag_ms.min(elapsed);
+        self.lag_ms -= withheld;
+        let elapsed = elapsed - withheld;
+        if elapsed == 0 {
             return;
         }
         let full = self.full(window);
@@ -165,9 +177,21 @@ impl Bucket {
         self.level >= need || self.level >= self.full(window)
     }
 
-    /// Reserves `n` for a lease.
-    pub(crate) fn take(&mut self, n: u64, window: u64) {
-        if self.gates() {
+    /// Reserves `n` for a lease. A take from a full bucket may withhold the next `lag_ms` of
+    /// refill: the provider's bucket, full as well, starts refilling only when the call
+    /// reaches it, up to `lag_ms` after the grant (`feedback.arrival_ms`), so ours, refilled
+    /// from the grant, runs ahead of it by what the limit refills in the call's way there.
+    /// A margin's reserve (the limit above the capacity) absorbs that; where it is smaller
+    /// (an axis counted exactly, a margin risen near 100 %) the first call granted from the
+    /// refill would reach the provider a little early and meet a 429, so the refill is
+    /// withheld. What is spendable now is unchanged.
+    pub(crate) fn take(&mut self, n: u64, lag_ms: u64, window: u64) {
+        if let Some(limit) = self.limit {
+            let full = self.full(window);
+            let reserve = product(limit.saturating_sub(self.cap), window);
+            if n > 0 && self.level >= full && reserve < product(lag_ms, limit) {
+                self.lag_ms = lag_ms;
+            }
             let need = product(n, window);
             self.level = self.level.saturating_sub(need);
         }
@@ -233,7 +257,11 @@ impl Bucket {
         let deficit = need.saturating_sub(self.level);
         let cap = i128::from(self.cap);
         let ms = deficit.saturating_add(cap - 1) / cap;
-        Some(u64::try_from(ms).unwrap_or(u64::MAX))
+        Some(
+            u64::try_from(ms)
+                .unwrap_or(u64::MAX)
+                .saturating_add(self.lag_ms),
+        )
     }
 
     /// Brings the level to what the provider reports: `remaining` of the real `limit`
@@ -270,13 +298,17 @@ impl Bucket {
             }
         };
         let above = u64::try_from(above.max(0)).unwrap_or(u64::MAX);
+        // A level set from the provider's figure refills from now, behind the provider's
+        // (which refilled since it wrote the figure): no refill is withheld any more.
         if ours > theirs.saturating_add(g) {
             self.level = theirs.saturating_mul(i128::from(window));
+            self.lag_ms = 0;
             return Some((above, true));
         }
         let raised = (theirs - g).min(i128::from(limit));
         if raise && raised > ours {
             self.level = raised.saturating_mul(i128::from(window));
+            self.lag_ms = 0;
             return Some((0, true));
         }
         Some((0, false))
@@ -451,7 +483,7 @@ mod tests {
     #[test]
     fn refill_is_exact_for_rates_below_one_token_per_ms() {
         let mut b = bucket(7);
-        b.take(7, W);
+        b.take(7, 0, W);
         for _ in 0..60_000 {
             b.refill(1, W);
         }
@@ -460,6 +492,64 @@ mod tests {
             7,
             "7 tokens/min must refill exactly in 60000 1-ms steps"
         );
+    }
+
+    #[test]
+    fn a_take_from_a_full_exact_bucket_withholds_the_way_to_the_provider() {
+        // 60 a minute, capacity the whole limit: one refills every second.
+        let mut b = bucket(60);
+        b.take(60, 1_000, W);
+        // The first second's refill is withheld, and a forecast counts it.
+        assert_eq!(b.ms_until_fits(1, W), Some(2_000));
+        b.refill(1_500, W);
+        assert_eq!(b.available(W), 0);
+        b.refill(500, W);
+        assert_eq!(b.available(W), 1);
+        // Below full, a take withholds nothing more.
+        b.take(1, 1_000, W);
+        assert_eq!(b.ms_until_fits(1, W), Some(1_000));
+        // Nothing spendable now is withheld: the whole burst goes at once.
+        let mut b = bucket(60);
+        for _ in 0..60 {
+            assert!(b.fits(1, W));
+            b.take(1, 1_000, W);
+        }
+        assert!(!b.fits(1, W));
+    }
+
+    #[test]
+    fn a_margin_s_reserve_covers_the_way_to_the_provider() {
+        // Capacity 85 of a limit of 100: the reserve (15 tokens) exceeds what the limit
+        // refills in a second (1.67): the refill starts at the grant.
+        let mut b = Bucket::new(Some(100));
+        b.set_cap(85, W, true);
+        b.take(85, 1_000, W);
+        assert_eq!(b.lag_ms, 0);
+        // At 99 of 100 the reserve (1) is less: withheld.
+        let mut b = Bucket::new(Some(100));
+        b.set_cap(99, W, true);
+        b.take(1, 1_000, W);
+        assert_eq!(b.lag_ms, 1_000);
+    }
+
+    #[test]
+    fn a_level_set_from_the_provider_s_figure_withholds_nothing() {
+        let mut b = bucket(60);
+        b.take(60, 1_000, W);
+        assert_eq!(b.lag_ms, 1_000);
+        let set = b.resync((0, 1), Resync::Lower, W);
+        assert_eq!(set, Some((0, false)), "agreed: nothing set");
+        assert_eq!(b.lag_ms, 1_000);
+        b.resync(
+            (10, 1),
+            Resync::Follow {
+                uncounted: 0,
+                margin: 1000,
+            },
+            W,
+        );
+        assert_eq!(b.lag_ms, 0);
+        assert_eq!(b.available(W), 9);
     }
 
     #[test]
@@ -472,7 +562,7 @@ mod tests {
     #[test]
     fn debt_is_allowed_and_repaid_by_refill() {
         let mut b = bucket(600);
-        b.take(600, W);
+        b.take(600, 0, W);
         b.release(600, 900, i128::MAX, W);
         assert_eq!(b.available(W), -300);
         assert_eq!(b.ms_until_fits(1, W), Some(30_100));
@@ -482,7 +572,7 @@ mod tests {
     fn refund_before_the_bucket_tops_out_is_returned_in_full() {
         let mut b = bucket(85_000);
         b.charged_on_arrival = true;
-        b.take(80_000, W);
+        b.take(80_000, 0, W);
         let at_grant = b.level;
         b.refill(10_000, W); // +14_166
         let room = b.refund_room(at_grant, 10_000, W);
@@ -497,11 +587,11 @@ mod tests {
         // full bucket and then refunding must not create 40k the provider does not have.
         let mut b = bucket(85_000);
         b.charged_on_arrival = true;
-        b.take(80_000, W);
+        b.take(80_000, 0, W);
         let at_grant = b.level;
         b.refill(56_471, W);
         assert_eq!(b.available(W), 85_000);
-        b.take(85_000, W);
+        b.take(85_000, 0, W);
         let room = b.refund_room(at_grant, 56_471, W);
         b.release(80_000, 40_000, room, W);
         assert_eq!(b.available(W), 0);
@@ -510,10 +600,10 @@ mod tests {
     #[test]
     fn axes_the_provider_reserves_refund_in_full() {
         let mut b = bucket(1_000);
-        b.take(900, W);
+        b.take(900, 0, W);
         b.refill(60_000, W);
         assert_eq!(b.refund_room(0, 60_000, W), i128::MAX);
-        b.take(1_000, W);
+        b.take(1_000, 0, W);
         b.release(900, 100, i128::MAX, W);
         assert_eq!(b.available(W), 800);
     }
@@ -523,7 +613,7 @@ mod tests {
         let mut b = bucket(1000);
         b.set_cap(600, W, false);
         assert!(b.fits(900, W));
-        b.take(900, W);
+        b.take(900, 0, W);
         assert!(!b.fits(1, W));
     }
 
@@ -531,7 +621,7 @@ mod tests {
     fn unknown_limit_never_gates() {
         let mut b = Bucket::new(None);
         assert!(b.fits(u64::MAX, W));
-        b.take(u64::MAX, W);
+        b.take(u64::MAX, 0, W);
         assert_eq!(b.ms_until_fits(u64::MAX, W), Some(0));
     }
 
@@ -553,7 +643,7 @@ mod tests {
         // Refill stops above the capacity; a refund keeps the level, never raises it past.
         b.refill(5_000, W);
         assert_eq!(b.available(W), 900);
-        b.take(200, W);
+        b.take(200, 0, W);
         b.release(200, 50, i128::MAX, W);
         assert_eq!(b.available(W), 850, "150 refunded up to the capacity");
         // Within the provider's rounding nothing moves.

@@ -380,7 +380,10 @@ pub struct FeedbackConfig {
     /// answer's remaining figures hold, on the axes the provider charges when a call
     /// arrives (input, requests; OpenAI's combined tokens), the calls granted at least this
     /// long before the answer was read; the reservations of those granted since are taken
-    /// out of the figure before the level follows it (see [`MarginConfig`]).
+    /// out of the figure before the level follows it (see [`MarginConfig`]). And a grant
+    /// that takes from a full bucket whose capacity is (nearly) the whole limit — the
+    /// requests axis, counted exactly — withholds this long of its refill, as the provider's
+    /// bucket starts refilling only when the call arrives.
     pub arrival_ms: u64,
 }
 

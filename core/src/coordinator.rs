@@ -281,6 +281,7 @@ impl Coordinator {
         if revising {
             self.close_revision(id, promised);
         }
+        let lag = self.config.feedback.arrival_ms;
         let Some(pool) = self.pools.get_mut(p as usize) else {
             return;
         };
@@ -292,7 +293,7 @@ impl Coordinator {
         let (queued, in_flight) = (pool.queue.len(), pool.in_flight);
         pool.queue.pop_head();
         pool.vtime = pool.vtime.max(vstart);
-        let phase = pool.admit(demand, now, ttl, window);
+        let phase = pool.admit(demand, (now, ttl, lag), window);
         debug_assert_eq!(pool.queue.len() + 1, queued, "the head left the line");
         debug_assert_eq!(pool.in_flight, in_flight + 1, "and holds a slot");
         let waited_ms = now.since(enqueued_at);

@@ -546,8 +546,14 @@ impl Pool {
 
     /// Grants `demand` now: takes the reservation and a concurrency slot, counts the grant,
     /// and returns the lease's active phase.
-    pub(crate) fn admit(&mut self, demand: Demand, now: Millis, ttl: u64, window: u64) -> Phase {
-        let gated = self.take(&demand, window);
+    /// `lag_ms`: how long the call may take to reach the provider (see [`Bucket::take`]).
+    pub(crate) fn admit(
+        &mut self,
+        demand: Demand,
+        (now, ttl, lag_ms): (Millis, u64, u64),
+        window: u64,
+    ) -> Phase {
+        let gated = self.take(&demand, lag_ms, window);
         self.in_flight = self.in_flight.saturating_add(1);
         if let Some(m) = self.minute(now) {
             m.granted = m.granted.saturating_add(1);
@@ -563,12 +569,12 @@ impl Pool {
     }
 
     /// Takes `d` from every gating axis; returns the mask of axes it was taken from.
-    pub(crate) fn take(&mut self, d: &Demand, window: u64) -> u8 {
+    pub(crate) fn take(&mut self, d: &Demand, lag_ms: u64, window: u64) -> u8 {
         let mut gated = 0u8;
         for a in Axis::ALL {
             let b = self.bucket_mut(a);
             if b.gates() {
-                b.take(d.get(a), window);
+                b.take(d.get(a), lag_ms, window);
                 gated |= 1 << a.index();
             }
         }
@@ -720,7 +726,7 @@ impl Pool {
                     Ok(d) if b.cap > 0 => u128::from(d.div_ceil(b.cap)),
                     _ => ceil_div(deficit, u128::from(b.cap)),
                 };
-                worst = worst.max(ms);
+                worst = worst.max(ms.saturating_add(u128::from(b.lag_ms)));
             }
         }
         u64::try_from(worst).unwrap_or(u64::MAX)

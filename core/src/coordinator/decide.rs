@@ -397,9 +397,10 @@ impl Coordinator {
         if !(admit_now && (first_in_line || backfill)) {
             return None;
         }
+        let lag = self.config.feedback.arrival_ms;
         let pool = &mut self.pools[p as usize];
         let in_flight = pool.in_flight;
-        let phase = pool.admit(placed.demand, now, ttl, window);
+        let phase = pool.admit(placed.demand, (now, ttl, lag), window);
         debug_assert_eq!(pool.in_flight, in_flight + 1, "a grant holds one more slot");
         // With nobody waiting, virtual time moves to this grant's finish, so an agent gains
         // no credit from earlier uncontended use and owes none to late comers; a backfill

@@ -395,7 +395,8 @@ impl Coordinator {
             if !b.gates() {
                 continue;
             }
-            let by_then = product(b.cap, promised.since(pool.updated)).saturating_add(b.level);
+            let refilling = promised.since(pool.updated).saturating_sub(b.lag_ms);
+            let by_then = product(b.cap, refilling).saturating_add(b.level);
             out[a.index()] =
                 by_then.div_euclid(i128::from(window.max(1))) - i128::from(need.get(a));
         }
