@@ -21,7 +21,8 @@
 //   .axis             id pool-<index>-<axis>, data-pool, data-axis, data-limit, data-capacity,
 //                     data-available, data-used (last complete minute), data-used-permille,
 //                     data-used-current-minute
-//     svg.chart       rect.bar (data-minute, data-used), line.limit (data-limit),
+//     svg.chart       rect.bar (data-minute, data-used; up to the limit), rect.burst (data-minute,
+//                     data-above: the part of a minute above the limit), line.limit (data-limit),
 //                     line.capacity, .rl-marker (data-minute, data-rate-limited)
 //   tr.counter        data-counter (camelCase key), data-value
 //   .fleet-advice     data-axis, data-per-agent-per-minute, data-agents-measured,
@@ -95,6 +96,7 @@ svg.chart { display: block; width: 100%; height: auto; margin-top: 4px; }
 svg.chart .bar { fill: var(--bar); }
 svg.chart .bar.current { fill: var(--bar-now); }
 svg.chart .bar.rl { fill: var(--bad); }
+svg.chart .burst { fill: var(--bar); fill-opacity: .35; stroke: var(--bar); stroke-dasharray: 2 2; }
 svg.chart .rl-marker { fill: var(--bad); }
 svg.chart .limit { stroke: var(--limit); stroke-width: 1.5; }
 svg.chart .capacity { stroke: var(--cap); stroke-width: 1; stroke-dasharray: 4 3; }
@@ -540,10 +542,13 @@ const SCRIPT = `
       'data-used-permille': gated ? n(a.lastMinutePermille) : null,
       'data-used-current-minute': usedNow,
     })
+    // The running minute and the last complete one, each named: a bar drawn for this minute
+    // is never read against the last one's figure.
+    const burst = gated && Number(a.lastMinutePermille) > 1000 ? ' — above the limit: a burst from a full bucket, which the provider allows' : ''
     box.append(el('h3', {}, a.axis, ' ',
-      el('small', {}, gated
-        ? 'last minute ' + int(a.lastMinute) + ' / ' + int(limit) + ' (' + pct(a.lastMinutePermille) + ') · capacity ' + int(a.capacity) + ' · available ' + int(a.available)
-        : 'limit unknown · last minute ' + int(a.lastMinute))))
+      el('small', { class: 'minutes' }, gated
+        ? 'this minute so far ' + int(usedNow) + ' · last complete minute ' + int(a.lastMinute) + ' / ' + int(limit) + ' (' + pct(a.lastMinutePermille) + ')' + burst + ' · capacity ' + int(a.capacity) + ' · available ' + int(a.available)
+        : 'limit unknown · this minute so far ' + int(usedNow) + ' · last complete minute ' + int(a.lastMinute))))
     box.append(chart(minutes, axisIndex, limit, gated ? n(a.capacity) : null, current, p.name + ' ' + a.axis))
     return box
   }
@@ -573,12 +578,25 @@ const SCRIPT = `
       const rl = x ? Number(x.rateLimited) : 0
       const bx = left + (k - start) * slot
       const cls = 'bar' + (k === current ? ' current' : '') + (rl > 0 ? ' rl' : '')
-      const h = Math.max(used > 0 ? 1 : 0, top + plotH - y(used))
-      const bar = svg('rect', { class: cls, x: (bx + slot * 0.1).toFixed(2), width: (slot * 0.8).toFixed(2), y: (top + plotH - h).toFixed(2), height: h.toFixed(2), 'data-minute': k, 'data-used': used })
+      // Up to the limit a solid bar; above it, a pale segment: the provider's bucket starts
+      // full and refills a limit a minute, so a minute may use up to twice the limit with no
+      // 429 (a 429 is red, with its marker).
+      const below = limit ? Math.min(used, limit) : used
+      const above = limit ? Math.max(0, used - limit) : 0
+      const h = Math.max(below > 0 ? 1 : 0, top + plotH - y(below))
+      const bx0 = (bx + slot * 0.1).toFixed(2), bw = (slot * 0.8).toFixed(2)
+      const bar = svg('rect', { class: cls, x: bx0, width: bw, y: (top + plotH - h).toFixed(2), height: h.toFixed(2), 'data-minute': k, 'data-used': used })
       const tip = clock(k * MINUTE) + (k === current ? ' (this minute, so far)' : '') + ': ' + int(used) + (limit ? ' (' + pct(Math.round((used * 1000) / limit)) + ' of the limit)' : '') +
+        (above > 0 ? ', ' + int(above) + ' above it: a burst from a full bucket, which the provider allows' : '') +
         (x ? ' · ' + x.granted + ' granted, ' + x.queued + ' queued, ' + x.rejected + ' rejected' : '') + (rl > 0 ? ' · ' + rl + ' × 429' : '')
       bar.append(svg('title', {}, tip))
       root.append(bar)
+      if (above > 0) {
+        const ha = top + plotH - y(used) - h
+        const seg = svg('rect', { class: 'burst', x: bx0, width: bw, y: y(used).toFixed(2), height: Math.max(1, ha).toFixed(2), 'data-minute': k, 'data-above': above })
+        seg.append(svg('title', {}, tip))
+        root.append(seg)
+      }
       if (rl > 0) {
         const cx = bx + slot / 2
         const marker = svg('path', { class: 'rl-marker', d: 'M' + (cx - 4).toFixed(2) + ' ' + (top - 11) + 'h8l-4 8z', 'data-minute': k, 'data-rate-limited': rl })

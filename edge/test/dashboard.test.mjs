@@ -20,6 +20,8 @@ const SECRET = 'dashboard-secret-0123456789'
 const outdir = fileURLToPath(new URL('../.build/dashboard/', import.meta.url))
 const screenshot = fileURLToPath(new URL(process.env.UPDATE_SCREENSHOT ? '../../docs/edge-dashboard.png' : '../.build/edge-dashboard.png', import.meta.url))
 const POOL = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 1_000, max_concurrent: 3 }
+const ADMIN = 'dashboard-admin-0123456789'
+const BURST_POOL = { name: 'claude-haiku-4-5', input_tokens_per_minute: 10_000, requests_per_minute: 1_000 }
 
 let worker
 let persist
@@ -31,7 +33,13 @@ before(async () => {
   rmSync(outdir, { recursive: true, force: true })
   await buildWorker(outdir, { entry: workerEntry })
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-dash-'))
-  worker = await startWorker({ outdir, persist, fleets: { ops: { secret: SECRET, quotas: { anthropic: { config: { pools: [POOL] } } } } } })
+  worker = await startWorker({
+    outdir,
+    persist,
+    fleets: { ops: { secret: SECRET, admin_secret: ADMIN, quotas: { anthropic: { config: { pools: [POOL] } }, burst: { config: { pools: [BURST_POOL] } } } } },
+    // The second test moves the `burst` quota's clock by hand (POST …/admin/clock).
+    bindings: { TOKENWARDEN_TEST_CLOCK: '1' },
+  })
   profile = mkdtempSync(join(tmpdir(), 'tokenwarden-chromium-'))
   browser = await chromium.launchPersistentContext(profile, {
     executablePath: CHROMIUM,
@@ -122,5 +130,72 @@ test('the dashboard shows the live figures of the quota', { skip }, async () => 
   await other.click('#connect')
   await other.waitForSelector('#error[data-status="401"]', { timeout: 15_000 })
   await other.close()
+  await page.close()
+})
+
+test('the minute bars read true: the running minute is named as such, a minute above the limit shows its burst apart', { skip }, async () => {
+  const q = `${worker.base}/v1/fleets/ops/quotas/burst`
+  const call = (path, body, secret = SECRET) =>
+    fetch(`${q}${path}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+    })
+  const advance = async (ms) => {
+    const r = await call('/admin/clock', { advanceMs: ms }, ADMIN)
+    assert.equal(r.status, 200, await r.clone().text())
+    return (await r.json()).now
+  }
+  // One second into a minute (m0) of the quota's own clock, stopped from here on.
+  const now = await advance(0)
+  const m0 = Math.floor((await advance(60_000 - (now % 60_000) + 1_000)) / 60_000)
+  // 12,000 input tokens in m0 against a limit of 10,000: 8,000 at once, 4,000 more from the
+  // refill 30 s later (the bucket's burst and half a minute's refill).
+  for (const [agent, tokens] of [
+    ['big', 8_000],
+    ['later', 4_000],
+  ]) {
+    const a = await (await call('/leases', { agent, pool: 0, inputTokens: tokens, maxTokens: 10 })).json()
+    assert.equal(a.kind, 'grant', JSON.stringify(a))
+    assert.equal((await call(`/leases/${a.lease}/settle`, { inputTokens: tokens, outputTokens: 5 })).status, 200)
+    if (agent === 'big') await advance(30_000)
+  }
+  // The next minute (m1, running): 1,000 so far.
+  await advance(30_000)
+  const b = await (await call('/leases', { agent: 'small', pool: 0, inputTokens: 1_000, maxTokens: 10 })).json()
+  assert.equal((await call(`/leases/${b.lease}/settle`, { inputTokens: 1_000, outputTokens: 5 })).status, 200)
+
+  const page = await browser.newPage()
+  const errors = []
+  page.on('pageerror', (e) => errors.push(String(e)))
+  await page.goto(`${q}/dashboard`)
+  await page.fill('#secret', SECRET)
+  await page.click('#connect')
+  await page.waitForSelector('#app[data-state="live"]', { timeout: 15_000 })
+  await page.waitForSelector('.axis[data-axis="input_tokens"] svg.chart')
+  const axis = '.axis[data-axis="input_tokens"]'
+  const heading = await page.$eval(`${axis} small.minutes`, (el) => el.textContent)
+  assert.match(heading, /^this minute so far 1,000 · last complete minute 12,000 \/ 10,000 \(120\.0 %\) — above the limit: a burst from a full bucket/, heading)
+  const bars = await page.$$eval(`${axis} rect.bar`, (els) => els.map((e) => ({ minute: Number(e.dataset.minute), used: Number(e.dataset.used), current: e.classList.contains('current') })))
+  assert.deepEqual(
+    bars.filter((x) => x.used > 0),
+    [
+      { minute: m0, used: 12_000, current: false },
+      { minute: m0 + 1, used: 1_000, current: true },
+    ],
+  )
+  // The 2,000 above the limit are a segment of their own, said to be the burst in its title.
+  const burst = await page.$$eval(`${axis} rect.burst`, (els) => els.map((e) => ({ minute: Number(e.dataset.minute), above: Number(e.dataset.above), title: e.textContent })))
+  assert.equal(burst.length, 1)
+  assert.equal(burst[0].minute, m0)
+  assert.equal(burst[0].above, 2_000)
+  assert.match(burst[0].title, /2,000 above it: a burst from a full bucket/)
+  // The solid bar stops at the limit line.
+  const [barTop, limitY] = await page.$eval(axis, (el) => [
+    Number(el.querySelector('rect.bar:not(.current)[data-used="12000"]').getAttribute('y')),
+    Number(el.querySelector('line.limit').getAttribute('y1')),
+  ])
+  assert.ok(Math.abs(barTop - limitY) < 0.5, `bar top ${barTop}, limit at ${limitY}`)
+  assert.deepEqual(errors, [])
   await page.close()
 })
