@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tokenwarden_core::{
     AgentId, Answer, Call, Input, LeaseError, LeaseId, LeaseRequest, Millis, Output, PoolId, Role,
-    TaskId,
+    TaskId, Wait, WaitReason,
 };
 use tokenwarden_provider::estimate::{CallShape, Provider, call_shape, prompt_tokens};
 use tokenwarden_provider::send::{Send, SendAction};
@@ -15,9 +15,47 @@ use tokenwarden_provider::{Api, Usage, model_call};
 use crate::host::{Error, Shared, Tokenwarden, ready_estimator, unix_now_ms};
 use crate::refusal::Refusal;
 
+/// What the hook of [`Agent::on_long_wait`] is told of the wait ahead.
+#[derive(Clone, Debug)]
+pub struct LongWait {
+    /// The agent.
+    pub agent: AgentId,
+    /// The pool.
+    pub pool: PoolId,
+    /// Why: queued, refused for now, or waiting out a 429 or an overload.
+    pub reason: WaitReason,
+    /// The wait expected from now, ms (queued: the core's expected grant).
+    pub wait_ms: u64,
+    /// Until when at the latest, on the coordinator's clock ([`crate::Tokenwarden::now`]).
+    pub until: Millis,
+    /// Failed sends so far.
+    pub attempt: u32,
+    /// The call this wait holds, as it will be sent: keep its body as the next call, and
+    /// send it again on resume. Its headers are not in it (the API key stays with the client).
+    pub call: HeldCall,
+}
+
+/// A model call held in a wait (see [`LongWait::call`]).
+#[derive(Clone, Debug)]
+pub struct HeldCall {
+    /// `anthropic` or `openai`.
+    pub provider: &'static str,
+    /// The model named.
+    pub model: String,
+    /// The HTTP method.
+    pub method: String,
+    /// The URL it goes to, as the client built it.
+    pub url: String,
+    /// The request body, as sent.
+    pub body: Arc<str>,
+}
+
+/// The hook an agent runs before a long wait (see [`Agent::on_long_wait`]).
+pub type LongWaitHook = Arc<dyn Fn(&LongWait) -> Result<(), String> + std::marker::Send + Sync>;
+
 /// Who makes the calls of one client, and how the core weighs them: what the fetch
 /// wrapper's options say for a JavaScript agent.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Agent {
     pub(crate) id: AgentId,
     role: Role,
@@ -25,6 +63,21 @@ pub struct Agent {
     family: Option<AgentId>,
     unblocks: u32,
     pool: Option<String>,
+    long_wait: Option<LongWaitHook>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("id", &self.id)
+            .field("role", &self.role)
+            .field("task", &self.task)
+            .field("family", &self.family)
+            .field("unblocks", &self.unblocks)
+            .field("pool", &self.pool)
+            .field("on_long_wait", &self.long_wait.is_some())
+            .finish()
+    }
 }
 
 impl Agent {
@@ -51,6 +104,7 @@ impl Agent {
             family: None,
             unblocks: 0,
             pool: None,
+            long_wait: None,
         }
     }
 
@@ -95,6 +149,20 @@ impl Agent {
         self.pool = Some(name.into());
         self
     }
+
+    /// Runs `hook` before a long wait: the core marks a wait `checkpoint` when it is longer
+    /// than `call.checkpoint_after_ms` (default 30 s, or the prompt cache's lifetime). Write
+    /// the turn down there (the held call included), so that a process killed during the
+    /// wait resumes without a re-plan. An `Err` withdraws the call (its ticket cancelled):
+    /// it fails with [`crate::Error::Withdrawn`] carrying the message.
+    #[must_use]
+    pub fn on_long_wait(
+        mut self,
+        hook: impl Fn(&LongWait) -> Result<(), String> + std::marker::Send + Sync + 'static,
+    ) -> Agent {
+        self.long_wait = Some(Arc::new(hook));
+        self
+    }
 }
 
 /// What becomes of a request.
@@ -107,12 +175,11 @@ pub(crate) enum Prepared {
     Call(Box<Governed>),
 }
 
-/// What a request is to tokenwarden: `method`, `path` and its body, if any.
+/// What a request is to tokenwarden: `method`, `path` (of `url`) and its body, if any.
 pub(crate) fn prepare(
     tw: &Tokenwarden,
     agent: &Agent,
-    method: &str,
-    path: &str,
+    (method, path, url): (&str, &str, &str),
     body: Option<&[u8]>,
 ) -> Prepared {
     let Some(api) = model_call(method, path) else {
@@ -139,6 +206,9 @@ pub(crate) fn prepare(
         pool: None,
         state: Call::new(),
         wait_until: None,
+        checkpoint: None,
+        method: method.to_owned(),
+        url: url.to_owned(),
     }))
 }
 
@@ -154,6 +224,10 @@ pub(crate) struct Governed {
     state: Call,
     /// Ask again no earlier than this (the core said to wait).
     wait_until: Option<Millis>,
+    /// A long wait after an answer, for the agent's hook before it is waited.
+    checkpoint: Option<Wait>,
+    method: String,
+    url: String,
 }
 
 /// How a call stops before an answer is handed over.
@@ -213,6 +287,9 @@ impl Governed {
     pub(crate) async fn lease(&mut self) -> Result<Held, Stopped> {
         let pool = self.pool().map_err(Stopped::Refused)?;
         loop {
+            if let Some(wait) = self.checkpoint.take() {
+                self.long_wait(pool, &wait).map_err(Stopped::Failed)?;
+            }
             if let Some(until) = self.wait_until.take() {
                 tokio::time::sleep_until(self.shared.instant(until)).await;
             }
@@ -268,12 +345,17 @@ impl Governed {
                     self.state = call;
                     let Some((ticket, rx)) = granted else {
                         self.wait_until = Some(wait.until);
+                        self.checkpoint = wait.checkpoint.then_some(wait);
                         continue;
                     };
                     let mut leave = Leave {
                         shared: &self.shared,
                         ticket: Some(ticket),
                     };
+                    if wait.checkpoint {
+                        // Declined: the ticket is withdrawn as `leave` drops.
+                        self.long_wait(pool, &wait).map_err(Stopped::Failed)?;
+                    }
                     if let Ok(expires_at) = rx.await {
                         leave.ticket = None;
                         return Ok(Held {
@@ -293,6 +375,29 @@ impl Governed {
                 }
             }
         }
+    }
+
+    /// The agent's hook before a long wait, if it has one.
+    fn long_wait(&self, pool: PoolId, wait: &Wait) -> Result<(), Error> {
+        let Some(hook) = self.agent.long_wait.as_ref() else {
+            return Ok(());
+        };
+        let told = LongWait {
+            agent: self.agent.id,
+            pool,
+            reason: wait.reason,
+            wait_ms: wait.expected.since(self.shared.now()),
+            until: wait.until,
+            attempt: wait.attempt,
+            call: HeldCall {
+                provider: self.api.provider(),
+                model: self.shape.model.clone(),
+                method: self.method.clone(),
+                url: self.url.clone(),
+                body: Arc::clone(&self.text),
+            },
+        };
+        hook(&told).map_err(|message| Error::Withdrawn { message })
     }
 
     fn core_error(&self, e: LeaseError) -> Stopped {
@@ -354,6 +459,7 @@ impl Governed {
             Ok(Output::Wait { call, wait, .. }) => {
                 self.state = call;
                 self.wait_until = Some(wait.until);
+                self.checkpoint = wait.checkpoint.then_some(wait);
                 Next::Retry
             }
             Ok(Output::Deliver {

@@ -36,6 +36,12 @@ pub enum Error {
     /// The core refused an input this host made (a bug to report, or a pool the config does
     /// not have).
     Core(LeaseError),
+    /// The agent's long-wait hook declined to wait ([`crate::Agent::on_long_wait`]): the
+    /// call was withdrawn, its ticket cancelled.
+    Withdrawn {
+        /// The hook's message.
+        message: String,
+    },
     /// The provider sent nothing within an upstream timeout; the request was aborted and
     /// the lease ended as an interrupted call (`upstream_timeout`).
     UpstreamTimeout {
@@ -60,6 +66,10 @@ impl fmt::Display for Error {
                 "tokenwarden: Builder::build() must run inside a tokio runtime (it starts the clock task)",
             ),
             Error::Core(e) => write!(f, "tokenwarden: the core refused the host's input: {e}"),
+            Error::Withdrawn { message } => write!(
+                f,
+                "tokenwarden: the call was withdrawn before a long wait: {message}"
+            ),
             Error::UpstreamTimeout { timeout, ms } => {
                 let what = match timeout {
                     Timeout::FirstByte => "no response headers",

@@ -133,8 +133,9 @@ where
 {
     let (parts, body) = req.into_parts();
     let bytes = collect(body).await?;
-    let path = parts.uri.path().to_owned();
-    let prepared = prepare(&tw, &agent, parts.method.as_str(), &path, Some(&bytes));
+    let (path, url) = (parts.uri.path().to_owned(), parts.uri.to_string());
+    let target = (parts.method.as_str(), path.as_str(), url.as_str());
+    let prepared = prepare(&tw, &agent, target, Some(&bytes));
     let mut call = match prepared {
         Prepared::Pass | Prepared::Unleased => {
             let res = send(&mut inner, Request::from_parts(parts, B::from(bytes))).await?;

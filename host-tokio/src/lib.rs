@@ -55,7 +55,7 @@ pub mod middleware;
 mod refusal;
 
 pub use body::MeteredBody;
-pub use call::Agent;
+pub use call::{Agent, HeldCall, LongWait, LongWaitHook};
 pub use host::{Builder, Error, Tokenwarden};
 pub use refusal::Refusal;
 pub use tokenwarden_core as core;

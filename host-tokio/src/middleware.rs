@@ -69,13 +69,8 @@ impl Middleware for TokenwardenMiddleware {
         next: Next<'_>,
     ) -> Result<Response> {
         let body = req.body().and_then(reqwest::Body::as_bytes);
-        let prepared = prepare(
-            &self.tw,
-            &self.agent,
-            req.method().as_str(),
-            req.url().path(),
-            body,
-        );
+        let target = (req.method().as_str(), req.url().path(), req.url().as_str());
+        let prepared = prepare(&self.tw, &self.agent, target, body);
         let mut call = match prepared {
             Prepared::Pass | Prepared::Unleased => return next.run(req, extensions).await,
             Prepared::Call(call) => call,

@@ -455,3 +455,94 @@ async fn what_is_not_a_model_call_passes_through() {
     let m = tw.inspect(|c, now| c.metrics(now));
     assert_eq!(m.pools[0].counters.granted_now, 0);
 }
+
+/// Before a long wait the agent's hook is told of it, the held call included; a hook that
+/// declines withdraws the call (its ticket cancelled).
+#[tokio::test(start_paused = true)]
+async fn a_long_wait_is_told_to_the_agent_s_hook_first() {
+    use tokenwarden_tokio::core::WaitReason;
+    use tokenwarden_tokio::{Error, LongWait};
+
+    let provider = Provider::new(100, 10);
+    // Two requests a minute: two calls spend the burst, a third waits half a minute.
+    let json = r#"{"pools":[{"name":"default","requests_per_minute":2}],"call":{"checkpoint_after_ms":1000}}"#;
+    let tw = Builder::new(Config::from_json(json).unwrap())
+        .build()
+        .unwrap();
+    for a in ["a1", "a2"] {
+        let mut svc = TokenwardenLayer::new(tw.clone(), Agent::named(a)).layer(provider.clone());
+        assert_eq!(
+            drain(svc.call(call(false, 100)).await.unwrap()).await.0,
+            200
+        );
+    }
+
+    let declining = Agent::named("c").on_long_wait(|_| Err("saved the turn; exiting".into()));
+    let mut svc = TokenwardenLayer::new(tw.clone(), declining).layer(provider.clone());
+    let err = svc.call(call(false, 100)).await.unwrap_err();
+    let err = err.downcast::<Error>().unwrap();
+    assert!(
+        matches!(&*err, Error::Withdrawn { message } if message == "saved the turn; exiting"),
+        "{err}"
+    );
+    let m = tw.inspect(|c, now| c.metrics(now));
+    assert_eq!(m.pools[0].queue_depth, 0, "c left the line");
+    assert_eq!(m.pools[0].counters.cancelled, 1);
+
+    let told: Arc<Mutex<Vec<LongWait>>> = Arc::default();
+    let seen = Arc::clone(&told);
+    let patient = Agent::named("b").on_long_wait(move |w| {
+        seen.lock().unwrap().push(w.clone());
+        Ok(())
+    });
+    let mut svc = TokenwardenLayer::new(tw.clone(), patient).layer(provider.clone());
+    let start = Instant::now();
+    assert_eq!(
+        drain(svc.call(call(false, 100)).await.unwrap()).await.0,
+        200
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(29),
+        "{:?}",
+        start.elapsed()
+    );
+    let told = told.lock().unwrap();
+    assert_eq!(told.len(), 1, "{told:?}");
+    let w = &told[0];
+    assert_eq!(w.reason, WaitReason::Queued);
+    assert!(w.wait_ms >= 1_000, "{w:?}");
+    assert_eq!(w.agent, Agent::named("b").agent_id());
+    assert_eq!(w.call.method, "POST");
+    assert_eq!(w.call.url, "http://provider.test/v1/messages");
+    assert_eq!(w.call.provider, "anthropic");
+    assert_eq!(w.call.model, "claude-test");
+    assert!(w.call.body.contains("Say hi to the fleet"));
+    assert_eq!(provider.seen.lock().unwrap().calls, 3, "c was never sent");
+}
+
+/// A 429 whose wait is long is told to the hook too, before it is waited out.
+#[tokio::test(start_paused = true)]
+async fn a_long_wait_after_a_429_is_told_to_the_hook() {
+    use tokenwarden_tokio::core::WaitReason;
+
+    let provider = Provider::new(1, 10);
+    let json = r#"{"pools":[{"name":"default","requests_per_minute":60}],"call":{"checkpoint_after_ms":1000}}"#;
+    let tw = Builder::new(Config::from_json(json).unwrap())
+        .build()
+        .unwrap();
+    let reasons: Arc<Mutex<Vec<WaitReason>>> = Arc::default();
+    let seen = Arc::clone(&reasons);
+    let agent = Agent::named("r").on_long_wait(move |w| {
+        seen.lock().unwrap().push(w.reason);
+        Ok(())
+    });
+    let mut svc = TokenwardenLayer::new(tw, agent).layer(provider.clone());
+    for _ in 0..2 {
+        assert_eq!(
+            drain(svc.call(call(false, 100)).await.unwrap()).await.0,
+            200
+        );
+    }
+    assert_eq!(provider.seen.lock().unwrap().limited, 1);
+    assert_eq!(*reasons.lock().unwrap(), vec![WaitReason::RateLimited]);
+}
