@@ -11,7 +11,9 @@
 //! It prints what the agents saw, then one JSON line (`{"via":…,"direct":…,"calls":…,
 //! "ok":…,"provider_429s":…,"wall_ms":…}`). Options: `--agents N` (8), `--calls N` per
 //! agent (5), `--rpm N` / `--itpm N` / `--otpm N` (the key's limits, as the core's config;
-//! at least one), `--max-tokens N` (300), `--via reqwest|tower`, `--direct`.
+//! at least one), `--max-tokens N` (300), `--via reqwest|tower`, `--direct`, `--trace` (the
+//! core's view every half second on stderr: each axis's available level, the line, the
+//! calls in flight, the margin).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -39,6 +41,7 @@ struct Options {
     max_tokens: u64,
     via: String,
     direct: bool,
+    trace: bool,
 }
 
 fn parse() -> Result<Options, String> {
@@ -52,11 +55,13 @@ fn parse() -> Result<Options, String> {
         max_tokens: 300,
         via: "reqwest".into(),
         direct: false,
+        trace: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        if flag == "--direct" {
-            o.direct = true;
+        if flag == "--direct" || flag == "--trace" {
+            o.direct |= flag == "--direct";
+            o.trace |= flag == "--trace";
             continue;
         }
         let value = args.next().ok_or(format!("{flag}: a value is missing"))?;
@@ -256,6 +261,32 @@ async fn main() -> ExitCode {
         }
     };
     let started = tokio::time::Instant::now();
+    if let (Some(tw), true) = (tw.clone(), o.trace) {
+        tokio::spawn(async move {
+            loop {
+                let line = tw.inspect(|c, now| {
+                    let m = c.metrics(now);
+                    let p = &m.pools[0];
+                    let axes: Vec<String> = p
+                        .axes
+                        .iter()
+                        .filter(|a| a.limit.is_some())
+                        .map(|a| format!("{:?} {}", a.axis, a.available))
+                        .collect();
+                    format!(
+                        "{:>6} ms  available: {}  queued {}  in flight {}  margin {:.1} %",
+                        now.0,
+                        axes.join(", "),
+                        p.queue_depth,
+                        p.in_flight,
+                        f64::from(p.margin_permille) / 10.0
+                    )
+                });
+                eprintln!("{line}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
     let failed = Arc::new(AtomicU32::new(0));
     let mut agents = Vec::new();
     for a in 0..o.agents {
@@ -302,12 +333,14 @@ async fn main() -> ExitCode {
         let m = tw.inspect(|c, now| c.metrics(now));
         let p = &m.pools[0];
         println!(
-            "  core: {} granted at once, {} from the queue, {} settled, {} 429s taken in and sent again, {} live leases left",
+            "  core: {} granted at once, {} from the queue, {} settled, {} 429s taken in and sent again, {} live leases left; margin {:.1} %, {} resyncs to the provider's figures",
             p.counters.granted_now,
             p.counters.granted_from_queue,
             p.counters.settled,
             p.counters.rate_limited,
-            m.live_leases
+            m.live_leases,
+            f64::from(p.margin_permille) / 10.0,
+            p.counters.resyncs
         );
     }
     println!(
