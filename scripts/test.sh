@@ -11,6 +11,13 @@ started=$(date +%s)
 step() { printf '\n=== %s (%ss)\n' "$*" "$(( $(date +%s) - started ))"; steps=$((steps + 1)); }
 steps=0
 
+# CI runs this once on a clean clone, on a disk that may be small: no incremental caches
+# (nothing is rebuilt, and they were a third of target/), and debug info as line tables only
+# (backtraces keep file and line; full DWARF for wasmtime, reqwest and tokio was most of
+# the rest). Either can be overridden from the environment.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+export CARGO_PROFILE_DEV_DEBUG="${CARGO_PROFILE_DEV_DEBUG:-line-tables-only}"
+
 # A Node test run: a dot per test and every failure in full on stdout, then one line with
 # the counts (from a TAP copy of the same run).
 #   node_suite LABEL NODE_BINARY FILES...   (run in the suite's directory)
@@ -125,6 +132,9 @@ step "JS suites on Node $("$NODE24" --version): driver, fetch wrapper, traces, o
 
 step "crates as published: cargo package -p tokenwarden-core -p tokenwarden-wasmtime (each packaged crate built on its own)"
 ./scripts/package-crates.sh
+# Its verification builds wasmtime a second time in a target directory of its own; nothing
+# after this step reads it.
+rm -rf "$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/package-verify/debug"
 
 step "JS suites on the machine's Node $(node --version), native engine (the SDK suite needs Node >= 22 and is skipped here; the wasm engine is run on this Node as installed, in the tarball step)"
 (
