@@ -277,16 +277,23 @@ impl Bucket {
     ) -> Option<(u64, bool)> {
         let limit = self.limit?;
         let ours = self.available(window);
-        let g = i128::from(granularity);
+        // A figure rounded to `granularity` may be that much off; an exact one (1) is not,
+        // and on an axis of a few units (requests) one unit is a call.
+        let g = if granularity > 1 {
+            i128::from(granularity)
+        } else {
+            0
+        };
         let remaining = i128::from(remaining);
         let (theirs, above, raise) = match how {
             Resync::Follow { uncounted, margin } => {
-                let figure = remaining - i128::from(uncounted);
-                let theirs = if figure > 0 {
-                    figure * i128::from(margin) / 1000
-                } else {
-                    figure
-                };
+                // The figure is the provider's own count: what it has left is spendable,
+                // less the calls in flight it may not hold yet, each with the margin's
+                // allowance for its estimate's error (at 85 %, 17.6 % of it).
+                let uncounted = i128::from(uncounted);
+                let m = i128::from(margin.clamp(1, 1000));
+                let reserve = (uncounted * (1000 - m) + m - 1) / m;
+                let theirs = remaining - uncounted - reserve;
                 // The model disagrees only if it is above the figure even were every call
                 // not counted yet counted already (each may have arrived).
                 let above = ours - remaining;
@@ -319,11 +326,13 @@ impl Bucket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Resync {
     /// The figure holds every call that reached the provider (an axis it charges on
-    /// arrival): the level is set to `margin` (thousandths) of `remaining − uncounted`,
-    /// lowered or raised (less the rounding), up to the limit itself, so the provider's own
-    /// burst is spent and the margin keeps its share of what is left. `uncounted` is the
-    /// reservations the figure may not hold yet (the model disagrees with the figure only
-    /// by what it is above it were they all held already).
+    /// arrival, counted by the provider itself): the level is set to
+    /// `remaining − uncounted × 1000 / margin`, lowered or raised (less the rounding), up
+    /// to the limit itself, so the provider's own burst is spent. `uncounted` is the
+    /// reservations the figure may not hold yet, estimates whose error the margin
+    /// (thousandths) allows for; the figure itself is not an estimate and keeps no margin.
+    /// The model disagrees with the figure only by what it is above it were they all held
+    /// already.
     Follow { uncounted: u64, margin: u32 },
     /// The figure does not hold what calls in flight will still use (an axis charged as
     /// calls produce): `remaining` maps to `remaining − (limit − cap)` here, and the level is
@@ -549,7 +558,30 @@ mod tests {
             W,
         );
         assert_eq!(b.lag_ms, 0);
-        assert_eq!(b.available(W), 9);
+        assert_eq!(
+            b.available(W),
+            10,
+            "an exact figure is followed to the unit"
+        );
+    }
+
+    #[test]
+    fn an_exact_figure_is_followed_to_the_unit_a_rounded_one_less_its_rounding() {
+        // Two requests left of 30: both spendable (a unit is a whole call here).
+        let mut b = Bucket::new(Some(30));
+        b.set_cap(30, W, false);
+        assert_eq!(b.resync((2, 1), follow(0, 1000), W), Some((0, true)));
+        assert_eq!(b.available(W), 2);
+        // One request more than the figure is a disagreement: lowered to it.
+        b.level += i128::from(W);
+        assert_eq!(b.available(W), 3);
+        assert_eq!(b.resync((2, 1), follow(0, 1000), W), Some((1, true)));
+        assert_eq!(b.available(W), 2);
+        // A figure rounded to thousands raises the level only to a thousand below it.
+        let mut b = Bucket::new(Some(100_000));
+        b.set_cap(85_000, W, false);
+        assert_eq!(b.resync((40_000, 1000), follow(0, 850), W), Some((0, true)));
+        assert_eq!(b.available(W), 39_000);
     }
 
     #[test]
@@ -630,14 +662,15 @@ mod tests {
     }
 
     #[test]
-    fn resync_follows_the_margin_s_share_of_the_figure_both_ways_up_to_the_limit() {
+    fn resync_follows_the_figure_both_ways_up_to_the_limit_reserving_for_calls_in_flight() {
         let mut b = Bucket::new(Some(1000));
         b.set_cap(850, W, true);
         // The provider's bucket is full (it starts so), 100 of it claimed by calls in
-        // flight it has not counted: 85 % of the other 900 is what the core hands out.
+        // flight it has not counted: the rest is the core's to hand out, less the 85 %
+        // margin's allowance for those calls' estimates (100 × 150 / 850, rounded up: 18).
         assert_eq!(b.resync((1000, 0), follow(100, 850), W), Some((0, true)));
-        assert_eq!(b.available(W), 765);
-        // At a margin of 100 % the level rises past the capacity, up to the figure.
+        assert_eq!(b.available(W), 882);
+        // At a margin of 100 % nothing is reserved: the level rises to the figure.
         assert_eq!(b.resync((1000, 0), follow(100, 1000), W), Some((0, true)));
         assert_eq!(b.available(W), 900);
         // Refill stops above the capacity; a refund keeps the level, never raises it past.
@@ -656,14 +689,15 @@ mod tests {
         // if every call not counted yet had been) is reported.
         assert_eq!(b.resync((700, 0), follow(100, 1000), W), Some((150, true)));
         assert_eq!(b.available(W), 600);
+        // With nothing in flight the figure is the level, whatever the margin.
         assert_eq!(b.resync((500, 0), follow(0, 850), W), Some((100, true)));
-        assert_eq!(b.available(W), 425);
+        assert_eq!(b.available(W), 500);
         // Never above the limit, whatever the figure says; a figure claimed whole leaves
         // the level in debt.
         assert_eq!(b.resync((5_000, 0), follow(0, 1000), W), Some((0, true)));
         assert_eq!(b.available(W), 1000);
         assert_eq!(b.resync((100, 0), follow(300, 850), W), Some((900, true)));
-        assert_eq!(b.available(W), -200);
+        assert_eq!(b.available(W), 100 - 300 - 53);
         // A lower capacity (a margin cut) cuts a raised level to it.
         assert_eq!(b.resync((5_000, 0), follow(0, 1000), W), Some((0, true)));
         b.set_cap(800, W, false);

@@ -27,6 +27,10 @@ fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_zero_u8(n: &u8) -> bool {
+    *n == 0
+}
+
 // Externally tagged: serde's buffering of internally tagged enums cannot hold a u128.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -73,6 +77,12 @@ pub(crate) enum Phase {
         /// The input bucket's level (token-ms) right after this lease was taken from it,
         /// which bounds a late refund (see `Bucket::refund_room`).
         grant_level: i128,
+        /// Bit per axis (charged on arrival) whose level was set from a remaining figure
+        /// on this lease's own answer, which holds its real usage (and so does every
+        /// figure the level follows after it, see `Pool::figure_bound`): settled there with
+        /// no refund and no debt, and held in later figures.
+        #[serde(default, skip_serializing_if = "is_zero_u8")]
+        held: u8,
     },
 }
 

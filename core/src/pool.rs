@@ -43,6 +43,13 @@ pub(crate) struct Pool {
     /// real usage being in the figure already.
     #[serde(default, skip_serializing_if = "no_counted")]
     pub(crate) counted: [Option<Millis>; 4],
+    /// Per axis, the least the provider's remaining figures allow now: the lowest figure
+    /// read, grown since at the whole limit's refill (`figure`, read at `at`). Answers are
+    /// read in no fixed order, so a figure written before calls that have since reached
+    /// the provider may be read after a fresher, lower one; a level is never raised past
+    /// this bound (see [`Pool::figure_bound`]).
+    #[serde(default, skip_serializing_if = "no_figures")]
+    pub(crate) figures: [Option<(u64, Millis)>; 4],
     /// The last evidence that the model is above what the provider counts (a 429 that cut
     /// the margin, or remaining figures below the model by more than the tolerance): for a
     /// clean interval after it the level keeps the whole reserve below the figure and is
@@ -184,6 +191,10 @@ fn no_counted(c: &[Option<Millis>; 4]) -> bool {
     c.iter().all(Option::is_none)
 }
 
+fn no_figures(f: &[Option<(u64, Millis)>; 4]) -> bool {
+    f.iter().all(Option::is_none)
+}
+
 /// Whether the provider charges `axis` when a call arrives under `counting` (so its
 /// remaining figure holds every call that arrived before the answer it came with), rather
 /// than as the call produces (Anthropic's output, and its combined axis, which holds it).
@@ -219,6 +230,7 @@ impl Pool {
             exact_margin: 1000,
             exact_clock: now,
             counted: [None; 4],
+            figures: [None; 4],
             outside_at: None,
             wait_ratios: [History::default(), History::default()],
             revise: None,
@@ -565,6 +577,7 @@ impl Pool {
             gated,
             rate_limited: false,
             grant_level: self.bucket(Axis::InputTokens).level,
+            held: 0,
         }
     }
 
@@ -584,21 +597,23 @@ impl Pool {
     /// Settles a lease granted at `granted_at`: the difference is refunded or charged on
     /// axes it was taken from; an axis that became known after the grant is charged the
     /// actual usage. An axis whose level was last set from the provider's figure while the
-    /// figure already held this lease (see [`Pool::counted`]) is left as it is: the real
-    /// usage is in it.
+    /// figure already held this lease (see [`Pool::counted`]), or from a figure on its own
+    /// answer (`held`), is left as it is: the real usage is in it.
     ///
     /// Returns the usage beyond what the lease had taken from each axis: the debt no bound
     /// assumed.
     pub(crate) fn reconcile(
         &mut self,
-        (charged, gated, granted_at): (&Demand, u8, Millis),
+        (charged, gated, granted_at, held): (&Demand, u8, Millis, u8),
         (grant_level, elapsed): (i128, u64),
         actual: &Demand,
         window: u64,
     ) -> Demand {
         let mut excess = Demand::default();
         for axis in Axis::ALL {
-            if self.counted[axis.index()].is_some_and(|upto| granted_at <= upto) {
+            if self.counted[axis.index()].is_some_and(|upto| granted_at <= upto)
+                || held & (1 << axis.index()) != 0
+            {
                 continue;
             }
             let b = self.bucket_mut(axis);
@@ -613,6 +628,29 @@ impl Pool {
             }
         }
         excess
+    }
+
+    /// Takes in a remaining figure of `axis` read at `now` and returns what it allows: the
+    /// figure, or less if an earlier, lower figure grown at the limit's refill since it was
+    /// read is below it (this one was written first, before calls that since reached the
+    /// provider). A figure is true when it is written, before it is read, so the bound errs
+    /// low by the refill while an answer is on its way; it never errs high.
+    pub(crate) fn figure_bound(
+        &mut self,
+        axis: Axis,
+        figure: u64,
+        now: Millis,
+        window: u64,
+    ) -> u64 {
+        let limit = self.bucket(axis).limit.unwrap_or(MAX_TOKENS);
+        let slot = &mut self.figures[axis.index()];
+        let grown = slot.map_or(u64::MAX, |(f, at)| {
+            let refill = u128::from(now.since(at)) * u128::from(limit) / u128::from(window.max(1));
+            u64::try_from(u128::from(f).saturating_add(refill)).unwrap_or(u64::MAX)
+        });
+        let allowed = figure.min(grown).min(limit);
+        *slot = Some((allowed, now));
+        allowed
     }
 
     /// `usage` (as `request::used` computes it: tokens = input + output) with input and

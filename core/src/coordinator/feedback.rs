@@ -68,12 +68,12 @@ impl Coordinator {
             }
         }
         let now = self.advance(now);
-        let in_flight = self.uncounted(p, report);
+        let in_flight = self.uncounted(p, report, lease);
         let Some(pl) = self.pools.get_mut(p as usize) else {
             return Err(LeaseError::UnknownPool);
         };
         let concurrency_known = pl.max_concurrent.is_some();
-        let taken_back = pl.learn(
+        let (taken_back, set) = pl.learn(
             (now, pool),
             (report, in_flight, status == 429),
             counting,
@@ -81,6 +81,14 @@ impl Coordinator {
             &self.config.pools[p as usize],
         );
         self.events.extend(taken_back);
+        // The figures on this answer hold this lease's real usage where they set a level.
+        if let Some(Entry {
+            phase: Phase::Active { held, .. },
+            ..
+        }) = lease.and_then(|id| self.leases.get_mut(id))
+        {
+            *held |= set;
+        }
         if status == 429 {
             // The coordinator was wrong only if it granted the lease knowing every limit it
             // knows now; a lease granted blind (limits not yet learned) cuts nothing.
@@ -147,10 +155,12 @@ impl Coordinator {
     /// leases in flight, per axis, and the grant instant up to which they hold them. An axis
     /// the provider charges when a call arrives (input, requests; OpenAI's combined
     /// tokens) holds every call granted at least `feedback.arrival_ms` before the answer was
-    /// read, and maybe not those granted since; an axis charged as a call produces
+    /// read, and maybe not those granted since (except the lease `answered`, which reached
+    /// the provider before the figures on its answer were written, and a lease whose own
+    /// answer already set a level); an axis charged as a call produces
     /// (Anthropic's output) holds none of the reservations in flight. Walks the lease table
     /// only when the report has a remaining figure.
-    fn uncounted(&self, p: u32, report: &HeaderReport) -> InFlight {
+    fn uncounted(&self, p: u32, report: &HeaderReport, answered: Option<LeaseId>) -> InFlight {
         let any = [
             &report.requests,
             &report.input_tokens,
@@ -179,16 +189,19 @@ impl Coordinator {
                 granted_at,
                 charged,
                 gated,
+                held: own,
                 ..
             } = e.phase
             else {
                 continue;
             };
-            let held = arrived.is_some_and(|at| granted_at <= at);
+            // The answer's own lease reached the provider before its figures were written.
+            let held = arrived.is_some_and(|at| granted_at <= at) || answered == Some(e.id);
             // Only what was taken from a level is held out of it (an axis learned after the
             // grant is charged its usage when the lease settles).
             for axis in Axis::ALL {
                 let taken = gated & (1 << axis.index()) != 0;
+                let held = held || own & (1 << axis.index()) != 0;
                 if taken && !(held && counted_on_arrival(axis, counting)) {
                     let i = axis.index();
                     out.demand.0[i] = out.demand.0[i].saturating_add(charged.get(axis));
@@ -219,7 +232,7 @@ impl Pool {
         counting: Counting,
         config: &Config,
         pool: &PoolConfig,
-    ) -> Option<Event> {
+    ) -> (Option<Event>, u8) {
         self.counters.malformed_headers = self
             .counters
             .malformed_headers
@@ -228,6 +241,8 @@ impl Pool {
             Counting::Openai => Some(Axis::Tokens),
             Counting::Anthropic => self.bucket(Axis::Tokens).limit.map(|_| Axis::Tokens),
         };
+        // The axes charged on arrival whose level a figure set.
+        let mut set_mask = 0u8;
         // Whether every remaining figure compared agreed with the model (`None`: none given).
         let mut agrees: Option<bool> = None;
         let mapped = [
@@ -254,9 +269,10 @@ impl Pool {
                 }
             }
             if let Some(remaining) = r.remaining {
-                // On an axis charged on arrival the level is the margin's share of what the
-                // figure has left that no call of ours claims yet, lowered or raised; on one
-                // charged as calls produce the figure only lowers it.
+                // On an axis charged on arrival the level is what the figure has left that
+                // no call of ours claims yet (less the margin's allowance for those calls'
+                // estimates), lowered or raised; on one charged as calls produce the figure
+                // only lowers it.
                 let (margin, start) = if axis == Axis::Requests {
                     (self.exact_margin, 1000)
                 } else {
@@ -276,12 +292,15 @@ impl Pool {
                 } else {
                     Resync::Lower
                 };
+                // A figure above what a lower one read earlier allows was written before
+                // it: the level follows the lower one.
+                let mut figure = config.part(remaining.min(MAX_TOKENS));
+                if counted_on_arrival(axis, counting) {
+                    figure = self.figure_bound(axis, figure, now, config.window_ms);
+                }
                 let b = self.bucket_mut(axis);
                 let limit = b.limit.unwrap_or(0);
-                let figure = (
-                    config.part(remaining.min(MAX_TOKENS)),
-                    config.part(r.granularity),
-                );
+                let figure = (figure, config.part(r.granularity));
                 let before = b.available(config.window_ms);
                 let resynced = b.resync(figure, how, config.window_ms);
                 // A level lowered is debt the bounds did not assume.
@@ -298,6 +317,7 @@ impl Pool {
                     // The leases the figure holds are settled on this axis as they are.
                     if set && counted_on_arrival(axis, counting) {
                         self.counted[axis.index()] = in_flight.held_up_to;
+                        set_mask |= 1 << axis.index();
                     }
                     let tolerance = u128::from(limit)
                         * u128::from(config.margin.agree_tolerance_permille)
@@ -323,7 +343,10 @@ impl Pool {
             let configured = pool.max_concurrent.map(|v| config.part(v));
             self.max_concurrent = Some(config.feedback.bound_limit(config.part(limit), configured));
         }
-        agrees.and_then(|a| self.compared(now, a, config, id))
+        (
+            agrees.and_then(|a| self.compared(now, a, config, id)),
+            set_mask,
+        )
     }
 
     /// A 429: counted; the pool paused until its retry time — the earlier of `retry-after`

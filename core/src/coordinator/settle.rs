@@ -57,6 +57,7 @@ impl Coordinator {
             gated,
             grant_level,
             granted_at,
+            held,
             ..
         } = entry.phase
         else {
@@ -71,7 +72,7 @@ impl Coordinator {
         let actual = self.pools[p as usize].bounded_usage(used(counting, usage));
         if let Some(pool) = self.pools.get_mut(p as usize) {
             let excess = pool.reconcile(
-                (&charged, gated, granted_at),
+                (&charged, gated, granted_at, held),
                 (grant_level, now.since(granted_at)),
                 &actual,
                 window,
@@ -214,10 +215,11 @@ impl Coordinator {
                 gated,
                 grant_level,
                 granted_at,
+                held,
                 ..
             } => {
                 let since = (grant_level, now.since(granted_at));
-                let lease = (&charged, gated, granted_at);
+                let lease = (&charged, gated, granted_at, held);
                 pool.reconcile(lease, since, &Demand::default(), window);
                 debug_assert!(pool.in_flight > 0, "a granted lease holds a slot");
                 pool.in_flight = pool.in_flight.saturating_sub(1);

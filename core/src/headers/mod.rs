@@ -5,7 +5,8 @@
 //! a 429 was about. It understands
 //!
 //! * Anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`,
-//!   resets as RFC 3339 times; remaining tokens are rounded to thousands (granularity 1000);
+//!   resets as RFC 3339 times; remaining tokens are rounded to thousands (granularity 1000;
+//!   a figure that is not a multiple of 1000 was not rounded, and is exact);
 //! * OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go
 //!   durations (`6m0s`, `1.5s`, `20ms`);
 //! * Azure OpenAI: the same names (also spelled `x-rate-limit-*`) with resets in plain
@@ -71,7 +72,8 @@ pub struct AxisReport {
     pub remaining: Option<u64>,
     /// Time until the axis is fully replenished, relative ms, clamped to [`MAX_WAIT_MS`].
     pub reset_after_ms: Option<u64>,
-    /// Rounding quantum of `remaining`: 1 when exact, 1000 for Anthropic token axes.
+    /// Rounding quantum of `remaining`: 1 when exact, 1000 for Anthropic token axes (unless
+    /// the figure is not a multiple of 1000: not rounded, so exact).
     pub granularity: u64,
 }
 
@@ -500,7 +502,13 @@ fn finish_axis(acc: &AxisAcc, reference: Option<u64>) -> AxisReport {
         limit: acc.limit,
         remaining: acc.remaining,
         reset_after_ms,
-        granularity: if acc.coarse {
+        // A figure that is not a multiple of the quantum was not rounded (a gateway or a
+        // test server in front of the provider reports exact figures): it is exact.
+        granularity: if acc.coarse
+            && acc
+                .remaining
+                .is_none_or(|r| r % ANTHROPIC_TOKEN_GRANULARITY == 0)
+        {
             ANTHROPIC_TOKEN_GRANULARITY
         } else {
             1

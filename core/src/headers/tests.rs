@@ -35,6 +35,25 @@ fn empty_headers_give_an_empty_report() {
 }
 
 #[test]
+fn an_anthropic_token_figure_off_the_thousands_was_not_rounded() {
+    // Anthropic rounds remaining tokens to thousands; a figure between them comes from
+    // something that counts exactly (a gateway, a test server) and is taken as exact.
+    let rounded = parse(
+        &[("anthropic-ratelimit-input-tokens-remaining", "5000")],
+        None,
+    );
+    assert_eq!(rounded.input_tokens, axis(None, Some(5_000), None, 1000));
+    let exact = parse(
+        &[("anthropic-ratelimit-input-tokens-remaining", "4818")],
+        None,
+    );
+    assert_eq!(exact.input_tokens, axis(None, Some(4_818), None, 1));
+    // Requests are always exact; a limit alone keeps the quantum.
+    let limit = parse(&[("anthropic-ratelimit-output-tokens-limit", "8000")], None);
+    assert_eq!(limit.output_tokens, axis(Some(8_000), None, None, 1000));
+}
+
+#[test]
 fn ignores_unrelated_headers() {
     let r = parse(
         &[
