@@ -286,14 +286,15 @@ impl Bucket {
         };
         let remaining = i128::from(remaining);
         let (theirs, above, raise) = match how {
-            Resync::Follow { uncounted, margin } => {
-                // The figure is the provider's own count: what it has left is spendable,
-                // less the calls in flight it may not hold yet, each with the margin's
-                // allowance for its estimate's error (at 85 %, 17.6 % of it).
-                let uncounted = i128::from(uncounted);
-                let m = i128::from(margin.clamp(1, 1000));
-                let reserve = (uncounted * (1000 - m) + m - 1) / m;
-                let theirs = remaining - uncounted - reserve;
+            Resync::Follow { uncounted, spend } => {
+                // The figure is the provider's own count of what is left; the level is in
+                // estimates, which the calls spending it may exceed by `1000 / spend`: the
+                // share `spend` of the figure, less the calls it may not hold yet.
+                let theirs = if remaining > 0 {
+                    remaining * i128::from(spend.min(1000)) / 1000
+                } else {
+                    remaining
+                } - i128::from(uncounted);
                 // The model disagrees only if it is above the figure even were every call
                 // not counted yet counted already (each may have arrived).
                 let above = ours - remaining;
@@ -326,14 +327,15 @@ impl Bucket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Resync {
     /// The figure holds every call that reached the provider (an axis it charges on
-    /// arrival, counted by the provider itself): the level is set to
-    /// `remaining − uncounted × 1000 / margin`, lowered or raised (less the rounding), up
-    /// to the limit itself, so the provider's own burst is spent. `uncounted` is the
-    /// reservations the figure may not hold yet, estimates whose error the margin
-    /// (thousandths) allows for; the figure itself is not an estimate and keeps no margin.
-    /// The model disagrees with the figure only by what it is above it were they all held
-    /// already.
-    Follow { uncounted: u64, margin: u32 },
+    /// arrival): the level is set to `spend` (thousandths) of `remaining`, less
+    /// `uncounted`, lowered or raised (less the rounding), up to the limit itself, so the
+    /// provider's own burst is spent. The level is in estimates and the figure in what
+    /// calls really cost: `spend` is the share the calls granted from it may take, by how
+    /// far their estimates have lately fallen short (`Pool::spend_permille`: all of it when
+    /// they have not, the margin at least). `uncounted` is the reservations the figure
+    /// may not hold yet (the model disagrees with the figure only by what it is above it
+    /// were they all held already).
+    Follow { uncounted: u64, spend: u32 },
     /// The figure does not hold what calls in flight will still use (an axis charged as
     /// calls produce): `remaining` maps to `remaining − (limit − cap)` here, and the level is
     /// only ever lowered.
@@ -553,7 +555,7 @@ mod tests {
             (10, 1),
             Resync::Follow {
                 uncounted: 0,
-                margin: 1000,
+                spend: 1000,
             },
             W,
         );
@@ -580,7 +582,10 @@ mod tests {
         // A figure rounded to thousands raises the level only to a thousand below it.
         let mut b = Bucket::new(Some(100_000));
         b.set_cap(85_000, W, false);
-        assert_eq!(b.resync((40_000, 1000), follow(0, 850), W), Some((0, true)));
+        assert_eq!(
+            b.resync((40_000, 1000), follow(0, 1000), W),
+            Some((0, true))
+        );
         assert_eq!(b.available(W), 39_000);
     }
 
@@ -657,20 +662,21 @@ mod tests {
         assert_eq!(b.ms_until_fits(u64::MAX, W), Some(0));
     }
 
-    fn follow(uncounted: u64, margin: u32) -> Resync {
-        Resync::Follow { uncounted, margin }
+    fn follow(uncounted: u64, spend: u32) -> Resync {
+        Resync::Follow { uncounted, spend }
     }
 
     #[test]
-    fn resync_follows_the_figure_both_ways_up_to_the_limit_reserving_for_calls_in_flight() {
+    fn resync_follows_the_spendable_share_of_the_figure_both_ways_up_to_the_limit() {
         let mut b = Bucket::new(Some(1000));
         b.set_cap(850, W, true);
         // The provider's bucket is full (it starts so), 100 of it claimed by calls in
-        // flight it has not counted: the rest is the core's to hand out, less the 85 %
-        // margin's allowance for those calls' estimates (100 × 150 / 850, rounded up: 18).
+        // flight it has not counted. Estimates that may fall 15 % short spend 850 of its
+        // 1000: less the 100, 750.
         assert_eq!(b.resync((1000, 0), follow(100, 850), W), Some((0, true)));
-        assert_eq!(b.available(W), 882);
-        // At a margin of 100 % nothing is reserved: the level rises to the figure.
+        assert_eq!(b.available(W), 750);
+        // Estimates that do not fall short spend all of it: the level rises past the
+        // capacity to the figure less the calls in flight.
         assert_eq!(b.resync((1000, 0), follow(100, 1000), W), Some((0, true)));
         assert_eq!(b.available(W), 900);
         // Refill stops above the capacity; a refund keeps the level, never raises it past.
@@ -689,15 +695,15 @@ mod tests {
         // if every call not counted yet had been) is reported.
         assert_eq!(b.resync((700, 0), follow(100, 1000), W), Some((150, true)));
         assert_eq!(b.available(W), 600);
-        // With nothing in flight the figure is the level, whatever the margin.
+        // Spending 85 % of it: lowered to 425.
         assert_eq!(b.resync((500, 0), follow(0, 850), W), Some((100, true)));
-        assert_eq!(b.available(W), 500);
+        assert_eq!(b.available(W), 425);
         // Never above the limit, whatever the figure says; a figure claimed whole leaves
         // the level in debt.
         assert_eq!(b.resync((5_000, 0), follow(0, 1000), W), Some((0, true)));
         assert_eq!(b.available(W), 1000);
         assert_eq!(b.resync((100, 0), follow(300, 850), W), Some((900, true)));
-        assert_eq!(b.available(W), 100 - 300 - 53);
+        assert_eq!(b.available(W), 85 - 300);
         // A lower capacity (a margin cut) cuts a raised level to it.
         assert_eq!(b.resync((5_000, 0), follow(0, 1000), W), Some((0, true)));
         b.set_cap(800, W, false);

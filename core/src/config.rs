@@ -78,14 +78,15 @@ impl PoolConfig {
 /// to `floor_permille`); it recovers `increase_permille` a clean interval up to 1000.
 ///
 /// On the axes the provider charges when a call arrives (input, requests; OpenAI's combined
-/// tokens) its remaining figures set the level both ways: to what the figure has left that
-/// no call of the coordinator's claims yet (a reservation granted within
-/// `feedback.arrival_ms` of the answer, which may not have reached it), less the margin's
-/// allowance for those reservations' estimates (`uncounted × (1000 − margin) / margin`), up
-/// to the limit itself. The figure is the provider's own count, not an estimate, and keeps
-/// no margin: a provider's bucket starts full and refills at the whole limit, so its figure
-/// is often above the core's model, and that burst is spent, never more than the figure
-/// allows. On an axis charged as calls produce (Anthropic's output) the figure does
+/// tokens) its remaining figures set the level both ways: to the share of the figure the
+/// estimates of the calls that spend it may take (`1000 −` the largest underestimate among
+/// the pool's latest `confirm_samples` or more completed calls, at least the margin; the
+/// margin before that many have settled), less what no call of the coordinator's claims
+/// yet (a reservation granted within `feedback.arrival_ms` of the answer, which may not
+/// have reached it, except the call answered), up to the limit itself. A provider's bucket
+/// starts full and refills at the whole limit, so its figure is often above the core's
+/// model: that burst is spent, never more than the figure allows. A figure above the lowest
+/// one read, grown since at the limit's refill, was written before it and raises nothing. On an axis charged as calls produce (Anthropic's output) the figure does
 /// not hold what the calls in flight will produce: the model's reservations do, and the
 /// figure only lowers the level (to `remaining − (limit − capacity)`), as use by others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -403,6 +403,21 @@ impl Pool {
         self.confirmed_at(self.margin_clock.plus(m.clean_interval_ms), config)
     }
 
+    /// The share (thousandths) of a remaining figure on a token axis that may be handed
+    /// out in estimates: the calls it goes to are charged what they really use, up to
+    /// `1000 / share` times their estimates. Once `margin.confirm_samples` calls have
+    /// settled it is `1000 −` the largest underestimate among the pool's latest completed
+    /// calls (all of the figure when none was under), and never less than the margin; before
+    /// that, the margin.
+    pub(crate) fn spend_permille(&self, config: &Config) -> u32 {
+        if self.errors.len() < config.margin.confirm_samples as usize {
+            return self.margin;
+        }
+        let worst = self.errors.percentile(1000).unwrap_or(1000);
+        let learned = 1000u32.saturating_sub(u32::try_from(worst).unwrap_or(1000));
+        learned.max(self.margin)
+    }
+
     /// The first instant at or after `due` at which a rise above the start is confirmed,
     /// if the evidence as it stands holds then: the pool's latest completed calls
     /// (`margin.confirm_samples` of them at least) underestimated by at most

@@ -269,9 +269,9 @@ impl Pool {
                 }
             }
             if let Some(remaining) = r.remaining {
-                // On an axis charged on arrival the level is what the figure has left that
-                // no call of ours claims yet (less the margin's allowance for those calls'
-                // estimates), lowered or raised; on one charged as calls produce the figure
+                // On an axis charged on arrival the level is the share of the figure the
+                // estimates of the calls that spend it may take, less what no call of ours
+                // claims yet, lowered or raised; on one charged as calls produce the figure
                 // only lowers it.
                 let (margin, start) = if axis == Axis::Requests {
                     (self.exact_margin, 1000)
@@ -284,10 +284,16 @@ impl Pool {
                     || self
                         .outside_at
                         .is_some_and(|at| now < at.plus(config.margin.clean_interval_ms));
+                // The calls the level goes to are estimates (none on the requests axis).
+                let spend = if axis == Axis::Requests {
+                    margin
+                } else {
+                    self.spend_permille(config)
+                };
                 let how = if counted_on_arrival(axis, counting) && margin >= start && !evidence {
                     Resync::Follow {
                         uncounted: in_flight.demand.get(axis),
-                        margin,
+                        spend,
                     }
                 } else {
                     Resync::Lower
