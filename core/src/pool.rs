@@ -43,11 +43,12 @@ pub(crate) struct Pool {
     /// real usage being in the figure already.
     #[serde(default, skip_serializing_if = "no_counted")]
     pub(crate) counted: [Option<Millis>; 4],
-    /// Per axis, the least the provider's remaining figures allow now: the lowest figure
-    /// read, grown since at the whole limit's refill (`figure`, read at `at`). Answers are
-    /// read in no fixed order, so a figure written before calls that have since reached
-    /// the provider may be read after a fresher, lower one; a level is never raised past
-    /// this bound (see [`Pool::figure_bound`]).
+    /// Per axis, the least the provider's remaining figures allow at `at`: each figure
+    /// grown at the whole limit's refill since it may have been written, the least of them
+    /// (grown on from `at` at the same rate). Answers are read in no fixed order, so a
+    /// figure written before calls that have since reached the provider may be read after
+    /// a fresher, lower one; a level is never raised past this bound (see
+    /// [`Pool::figure_bound`]).
     #[serde(default, skip_serializing_if = "no_figures")]
     pub(crate) figures: [Option<(u64, Millis)>; 4],
     /// The last evidence that the model is above what the provider counts (a 429 that cut
@@ -645,26 +646,31 @@ impl Pool {
         excess
     }
 
-    /// Takes in a remaining figure of `axis` read at `now` and returns what it allows: the
-    /// figure, or less if an earlier, lower figure grown at the limit's refill since it was
-    /// read is below it (this one was written first, before calls that since reached the
-    /// provider). A figure is true when it is written, before it is read, so the bound errs
-    /// low by the refill while an answer is on its way; it never errs high.
+    /// Takes in a remaining figure of `axis` read at `now`, written at `written_after` or
+    /// later (the answered call's grant: it reached the provider first), and returns what
+    /// it allows: the figure, or less if the bound of the figures read before is below it
+    /// (this one was written first, before calls that since reached the provider). Each
+    /// figure bounds what the provider has now from above by itself grown at the limit's
+    /// refill since it may have been written (calls reaching the provider only take from
+    /// it); the least such bound is kept (`Pool::figures`).
     pub(crate) fn figure_bound(
         &mut self,
         axis: Axis,
         figure: u64,
-        now: Millis,
+        (now, written_after): (Millis, Millis),
         window: u64,
     ) -> u64 {
         let limit = self.bucket(axis).limit.unwrap_or(MAX_TOKENS);
-        let slot = &mut self.figures[axis.index()];
-        let grown = slot.map_or(u64::MAX, |(f, at)| {
-            let refill = u128::from(now.since(at)) * u128::from(limit) / u128::from(window.max(1));
+        let grown = |f: u64, since: Millis| {
+            let refill =
+                u128::from(now.since(since)) * u128::from(limit) / u128::from(window.max(1));
             u64::try_from(u128::from(f).saturating_add(refill)).unwrap_or(u64::MAX)
-        });
-        let allowed = figure.min(grown).min(limit);
-        *slot = Some((allowed, now));
+        };
+        let slot = &mut self.figures[axis.index()];
+        let before = slot.map_or(u64::MAX, |(f, at)| grown(f, at));
+        let allowed = figure.min(before).min(limit);
+        let bound = before.min(grown(figure, written_after)).min(limit);
+        *slot = Some((bound, now));
         allowed
     }
 

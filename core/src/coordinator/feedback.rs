@@ -179,6 +179,7 @@ impl Coordinator {
         let mut out = InFlight {
             demand: Demand::default(),
             held_up_to: arrived,
+            written_after: self.now,
         };
         if !any {
             return out;
@@ -189,19 +190,23 @@ impl Coordinator {
                 granted_at,
                 charged,
                 gated,
-                held: own,
+                held: held_bits,
                 ..
             } = e.phase
             else {
                 continue;
             };
             // The answer's own lease reached the provider before its figures were written.
-            let held = arrived.is_some_and(|at| granted_at <= at) || answered == Some(e.id);
+            let own = answered == Some(e.id);
+            if own {
+                out.written_after = granted_at;
+            }
+            let held = arrived.is_some_and(|at| granted_at <= at) || own;
             // Only what was taken from a level is held out of it (an axis learned after the
             // grant is charged its usage when the lease settles).
             for axis in Axis::ALL {
                 let taken = gated & (1 << axis.index()) != 0;
-                let held = held || own & (1 << axis.index()) != 0;
+                let held = held || held_bits & (1 << axis.index()) != 0;
                 if taken && !(held && counted_on_arrival(axis, counting)) {
                     let i = axis.index();
                     out.demand.0[i] = out.demand.0[i].saturating_add(charged.get(axis));
@@ -218,6 +223,9 @@ impl Coordinator {
 pub(crate) struct InFlight {
     demand: Demand,
     held_up_to: Option<Millis>,
+    /// The earliest the figures may have been written: the answered lease's grant (now
+    /// when the answer names none).
+    written_after: Millis,
 }
 
 impl Pool {
@@ -302,7 +310,12 @@ impl Pool {
                 // it: the level follows the lower one.
                 let mut figure = config.part(remaining.min(MAX_TOKENS));
                 if counted_on_arrival(axis, counting) {
-                    figure = self.figure_bound(axis, figure, now, config.window_ms);
+                    figure = self.figure_bound(
+                        axis,
+                        figure,
+                        (now, in_flight.written_after),
+                        config.window_ms,
+                    );
                 }
                 let b = self.bucket_mut(axis);
                 let limit = b.limit.unwrap_or(0);
