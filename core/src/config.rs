@@ -85,10 +85,12 @@ impl PoolConfig {
 /// yet (a reservation granted within `feedback.arrival_ms` of the answer, which may not
 /// have reached it, except the call answered), up to the limit itself. A provider's bucket
 /// starts full and refills at the whole limit, so its figure is often above the core's
-/// model: that burst is spent, never more than the figure allows. A figure above the lowest
-/// one read, grown since at the limit's refill, was written before it and raises nothing. On an axis charged as calls produce (Anthropic's output) the figure does
-/// not hold what the calls in flight will produce: the model's reservations do, and the
-/// figure only lowers the level (to `remaining − (limit − capacity)`), as use by others.
+/// model: that burst is spent, never more than the figure allows. Answers are read in no
+/// fixed order: each figure bounds the provider's remaining from above, grown at the
+/// limit's refill since its call was granted, and no level is raised past the least such
+/// bound. On an axis charged as calls produce (Anthropic's output) the figure does not hold
+/// what the calls in flight will produce: the model's reservations do, and the figure only
+/// lowers the level (to `remaining − (limit − capacity)`), as use by others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MarginConfig {
