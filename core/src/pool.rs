@@ -41,7 +41,7 @@ pub(crate) struct Pool {
     /// level as the provider's remaining figure had them (see [`Pool::resync`]): a lease
     /// granted then or earlier is settled on that axis with no refund and no debt, its
     /// real usage being in the figure already.
-    #[serde(default, skip_serializing_if = "no_counted")]
+    #[serde(default, skip_serializing_if = "all_none")]
     pub(crate) counted: [Option<Millis>; 4],
     /// Per axis, the least the provider's remaining figures allow at `at`: each figure
     /// grown at the whole limit's refill since it may have been written, the least of them
@@ -49,7 +49,7 @@ pub(crate) struct Pool {
     /// figure written before calls that have since reached the provider may be read after
     /// a fresher, lower one; a level is never raised past this bound (see
     /// [`Pool::figure_bound`]).
-    #[serde(default, skip_serializing_if = "no_figures")]
+    #[serde(default, skip_serializing_if = "all_none")]
     pub(crate) figures: [Option<(u64, Millis)>; 4],
     /// The last evidence that the model is above what the provider counts (a 429 that cut
     /// the margin, or remaining figures below the model by more than the tolerance): for a
@@ -188,12 +188,9 @@ fn no_ratios(r: &[History; 2]) -> bool {
     r.iter().all(History::is_empty)
 }
 
-fn no_counted(c: &[Option<Millis>; 4]) -> bool {
-    c.iter().all(Option::is_none)
-}
-
-fn no_figures(f: &[Option<(u64, Millis)>; 4]) -> bool {
-    f.iter().all(Option::is_none)
+/// Whether no axis has a value (what a per-axis field that is not written out skips).
+fn all_none<T>(a: &[Option<T>; 4]) -> bool {
+    a.iter().all(Option::is_none)
 }
 
 /// Whether the provider charges `axis` when a call arrives under `counting` (so its

@@ -229,6 +229,13 @@ fn tw(rpm: u32) -> Tokenwarden {
         .unwrap()
 }
 
+/// A host on the configuration `json`.
+fn configured(json: &str) -> Tokenwarden {
+    Builder::new(Config::from_json(json).unwrap())
+        .build()
+        .unwrap()
+}
+
 async fn drain<B: Body>(res: Response<B>) -> (u16, Bytes)
 where
     B::Error: std::fmt::Debug,
@@ -379,9 +386,7 @@ async fn a_call_that_never_fits_is_refused_in_the_providers_format() {
     let provider = Provider::new(100, 10);
     let json =
         r#"{"pools":[{"name":"default","requests_per_minute":100,"input_tokens_per_minute":10}]}"#;
-    let tw = Builder::new(Config::from_json(json).unwrap())
-        .build()
-        .unwrap();
+    let tw = configured(json);
     let mut svc = TokenwardenLayer::new(tw, Agent::named("big")).layer(provider.clone());
     let res = svc.call(call(false, 128_000)).await.unwrap();
     assert_eq!(res.status(), 400);
@@ -420,9 +425,7 @@ async fn no_head_within_the_first_byte_timeout_aborts_the_call() {
 async fn a_caller_that_leaves_the_line_withdraws_its_ticket() {
     let provider = Provider::new(100, 60_000);
     let json = r#"{"pools":[{"name":"default","requests_per_minute":100,"max_concurrent":1}]}"#;
-    let tw = Builder::new(Config::from_json(json).unwrap())
-        .build()
-        .unwrap();
+    let tw = configured(json);
     let first = {
         let mut svc = TokenwardenLayer::new(tw.clone(), Agent::named("a")).layer(provider.clone());
         tokio::spawn(async move { svc.call(call(false, 100)).await.map(|r| r.status()) })
@@ -466,9 +469,7 @@ async fn a_long_wait_is_told_to_the_agent_s_hook_first() {
     let provider = Provider::new(100, 10);
     // Two requests a minute: two calls spend the burst, a third waits half a minute.
     let json = r#"{"pools":[{"name":"default","requests_per_minute":2}],"call":{"checkpoint_after_ms":1000}}"#;
-    let tw = Builder::new(Config::from_json(json).unwrap())
-        .build()
-        .unwrap();
+    let tw = configured(json);
     for a in ["a1", "a2"] {
         let mut svc = TokenwardenLayer::new(tw.clone(), Agent::named(a)).layer(provider.clone());
         assert_eq!(
@@ -527,9 +528,7 @@ async fn a_long_wait_after_a_429_is_told_to_the_hook() {
 
     let provider = Provider::new(1, 10);
     let json = r#"{"pools":[{"name":"default","requests_per_minute":60}],"call":{"checkpoint_after_ms":1000}}"#;
-    let tw = Builder::new(Config::from_json(json).unwrap())
-        .build()
-        .unwrap();
+    let tw = configured(json);
     let reasons: Arc<Mutex<Vec<WaitReason>>> = Arc::default();
     let seen = Arc::clone(&reasons);
     let agent = Agent::named("r").on_long_wait(move |w| {
