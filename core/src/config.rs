@@ -463,6 +463,13 @@ pub struct Config {
     /// A granted lease not settled within this time is reaped, with no refund.
     #[serde(default = "defaults::lease_ttl_ms")]
     pub lease_ttl_ms: u64,
+    /// The longest a granted lease lives, renewals included: a renewal never moves its
+    /// expiry past its grant plus this, so no caller holds a reservation or a concurrency
+    /// slot longer by renewing (default 1 hour, from `lease_ttl_ms` to 30 days). An hour
+    /// is the longest call the Anthropic SDKs plan for (they expect a call of 128,000
+    /// output tokens to take up to an hour, and refuse to send one that long unstreamed).
+    #[serde(default = "defaults::max_lease_life_ms")]
+    pub max_lease_life_ms: u64,
     /// A request whose estimated wait exceeds this is rejected rather than queued.
     #[serde(default = "defaults::max_queue_wait_ms")]
     pub max_queue_wait_ms: u64,
@@ -537,6 +544,9 @@ mod defaults {
     pub(super) fn lease_ttl_ms() -> u64 {
         120_000
     }
+    pub(super) fn max_lease_life_ms() -> u64 {
+        3_600_000
+    }
     pub(super) fn max_queue_wait_ms() -> u64 {
         60_000
     }
@@ -582,6 +592,7 @@ impl Config {
             window_ms: defaults::window_ms(),
             margin: MarginConfig::default(),
             lease_ttl_ms: defaults::lease_ttl_ms(),
+            max_lease_life_ms: defaults::max_lease_life_ms(),
             max_queue_wait_ms: defaults::max_queue_wait_ms(),
             max_queue_depth: defaults::max_queue_depth(),
             max_leases: defaults::max_leases(),
@@ -657,6 +668,10 @@ impl Config {
     fn validate_timing(&self) -> Result<(), ConfigError> {
         duration("window_ms", self.window_ms, 1)?;
         duration("lease_ttl_ms", self.lease_ttl_ms, 1)?;
+        duration("max_lease_life_ms", self.max_lease_life_ms, 1)?;
+        if self.max_lease_life_ms < self.lease_ttl_ms {
+            return Err(top("max_lease_life_ms", "must be at least lease_ttl_ms"));
+        }
         duration("max_queue_wait_ms", self.max_queue_wait_ms, 0)?;
         duration("prompt_cache_ttl_ms", self.prompt_cache_ttl_ms, 0)?;
         duration("task_idle_ms", self.task_idle_ms, 1)?;

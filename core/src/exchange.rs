@@ -15,8 +15,9 @@
 //!   until it is ready) the lease is renewed on a keep-alive tick every quarter of its span,
 //!   and while the body flows on the pieces that arrive: at most once a third of the span
 //!   (the time left on the lease when the phase began, then what each renewal gives), never
-//!   while a renewal is on its way. A lease the core no longer knows stops it; another
-//!   failed renewal is tried again a third of the span later.
+//!   while a renewal is on its way. A lease the core no longer knows stops it, and so does
+//!   a renewal that left the expiry where it was (the lease is at the end of its life,
+//!   `max_lease_life_ms`); another failed renewal is tried again a third of the span later.
 //! - **Timeouts.** No head within `first_byte_ms` of the send, or no piece within `idle_ms`
 //!   while the caller waits for one: the request is aborted ([`Action::TimedOut`]) and the
 //!   lease ends as interrupted with what the body showed.
@@ -182,6 +183,8 @@ enum Phase {
 struct Renewal {
     from: Millis,
     span: u64,
+    /// The lease's expiry as last known (`from + span` when it was learned).
+    until: Millis,
     busy: bool,
     stopped: bool,
 }
@@ -191,6 +194,7 @@ impl Renewal {
         Renewal {
             from: now,
             span: left_ms,
+            until: now.plus(left_ms),
             busy: false,
             stopped: left_ms == 0,
         }
@@ -415,12 +419,19 @@ impl Exchange {
     }
 
     /// The renewal asked at the last [`Action::Renew`] was answered at `now`: the lease has
-    /// `lease_left_ms` to run.
+    /// `lease_left_ms` to run. One that did not move the expiry (the lease is at the end of
+    /// its life) ends the renewals.
     pub fn renewed(&mut self, now: Millis, lease_left_ms: u64) {
         self.renewal.busy = false;
         if lease_left_ms > 0 {
+            let until = now.plus(lease_left_ms);
+            if until <= self.renewal.until {
+                self.renewal.stopped = true;
+                return;
+            }
             self.renewal.from = now;
             self.renewal.span = lease_left_ms;
+            self.renewal.until = until;
         }
     }
 

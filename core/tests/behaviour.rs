@@ -1172,6 +1172,63 @@ fn a_renewed_lease_outlives_its_ttl_and_keeps_its_slot() {
 }
 
 #[test]
+fn renewals_end_at_the_lease_s_life_and_the_slot_is_freed_then() {
+    // One slot, a 3 s TTL, a life of 7 s (issue 43, N3: a caller renewing without end held
+    // every slot while another waited). Renewals move the expiry up to the grant + 7 s and
+    // no further; the lease is reaped then and the queued caller granted.
+    let json = r#"{"pools":[{"name":"p","requests_per_minute":1000,"max_concurrent":1}],
+        "lease_ttl_ms":3000,"max_lease_life_ms":7000}"#;
+    let mut c = Coordinator::new(Config::from_json(json).unwrap(), 7, Millis(0)).unwrap();
+    let a = grant(c.request_lease(Millis(0), &ask(1, 10, 10)).unwrap());
+    let (b, _) = queued(c.request_lease(Millis(1), &ask(2, 10, 10)).unwrap());
+    assert_eq!(c.renew(Millis(2_000), a), Ok(Millis(5_000)));
+    assert_eq!(c.renew(Millis(4_500), a), Ok(Millis(7_000)), "capped");
+    for t in [5_000, 6_000, 6_999] {
+        let _ = drive(&mut c, Millis(t));
+        assert_eq!(c.renew(Millis(t), a), Ok(Millis(7_000)), "at {t}");
+        c.check().unwrap();
+    }
+    let ev: Vec<(Millis, Event)> = drive(&mut c, Millis(7_000))
+        .into_iter()
+        .filter(|(_, e)| !matches!(e, Event::Revised { .. }))
+        .collect();
+    assert!(
+        matches!(ev.as_slice(), [(_, Event::Expired { lease, .. }), (_, Event::Granted { lease: g, .. })] if *lease == a && *g == b),
+        "{ev:?}"
+    );
+    assert_eq!(c.renew(Millis(7_000), a), Err(LeaseError::UnknownLease));
+    // The granted ticket's life counts from its own grant.
+    assert_eq!(c.renew(Millis(9_000), b), Ok(Millis(12_000)));
+    c.check().unwrap();
+}
+
+#[test]
+fn max_lease_life_ms_is_validated_and_older_snapshots_take_the_default() {
+    for (bad, why) in [
+        ("0", "between 1 ms and 30 days"),
+        ("2592000001", "between 1 ms and 30 days"),
+        ("119999", "at least lease_ttl_ms"),
+    ] {
+        let json = format!(r#"{{"pools":[{{"name":"p"}}],"max_lease_life_ms":{bad}}}"#);
+        let e = Config::from_json(&json).unwrap_err().to_string();
+        assert!(
+            e.contains("max_lease_life_ms") && e.contains(why),
+            "{bad}: {e}"
+        );
+    }
+    let c = coord("");
+    assert_eq!(c.config().max_lease_life_ms, 3_600_000);
+    let mut v: serde_json::Value = serde_json::from_str(&c.snapshot_json()).unwrap();
+    v["state"]["config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("max_lease_life_ms")
+        .unwrap();
+    let back = Coordinator::restore_json(&v.to_string()).unwrap();
+    assert_eq!(back.config().max_lease_life_ms, 3_600_000);
+}
+
+#[test]
 fn an_unrenewed_lease_is_reaped_and_renewing_it_then_is_an_error() {
     let json = r#"{"pools":[{"name":"p","requests_per_minute":1000,"max_concurrent":1}],
         "lease_ttl_ms":3000}"#;

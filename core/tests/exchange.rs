@@ -59,6 +59,40 @@ fn the_wait_for_the_head_renews_on_a_quarter_tick_once_a_third_has_passed() {
 }
 
 #[test]
+fn a_renewal_that_leaves_the_expiry_where_it_was_ends_the_renewals() {
+    // A stream under a lease whose life ends at 50 s (`max_lease_life_ms`): the first
+    // renewal gives 20 s more, the second only what is left of its life, the third none.
+    let mut x = Exchange::sent(Millis(0), 30_000, T);
+    x.answered(Millis(0), Answer::Stream, 30_000);
+    assert_eq!(actions(&mut x), [Action::Deliver]);
+    x.piece(Millis(10_000), 10);
+    assert_eq!(actions(&mut x), [Action::Renew]);
+    x.renewed(Millis(10_000), 30_000); // expires at 40 s
+    x.piece(Millis(20_000), 10);
+    assert_eq!(actions(&mut x), [Action::Renew]);
+    x.renewed(Millis(20_000), 30_000); // expires at 50 s: its life's end
+    x.piece(Millis(30_000), 10);
+    assert_eq!(actions(&mut x), [Action::Renew]);
+    x.renewed(Millis(30_000), 20_000); // still 50 s
+    for at in [40_000, 45_000, 49_000] {
+        x.piece(Millis(at), 10);
+        assert_eq!(
+            actions(&mut x),
+            [],
+            "no renewal at {at} ms: the expiry cannot move"
+        );
+    }
+    x.end(Millis(49_500), Some(usage(10, 20)));
+    assert_eq!(
+        actions(&mut x),
+        [Action::Settle {
+            usage: usage(10, 20),
+            learn: true
+        }]
+    );
+}
+
+#[test]
 fn a_lease_that_is_gone_stops_renewal_and_another_refusal_is_tried_again() {
     let mut x = Exchange::sent(Millis(0), 30_000, T);
     x.answered(Millis(0), Answer::Stream, 30_000);

@@ -22,6 +22,8 @@ before(async () => {
   await buildWorker(outdir, { entry: workerEntry })
   persist = mkdtempSync(join(tmpdir(), 'tokenwarden-handle-'))
   const quotas = Object.fromEntries(['q', 'queue', 'limited', 'tasks', 'agents', 'bad', 'held', 'paused'].map((q) => [q, { config: { pools: [POOL] } }]))
+  // One call at a time; leases reaped after 1 s unless renewed, and after 2 s however renewed.
+  quotas.renewing = { config: { pools: [{ ...POOL, max_concurrent: 1 }], lease_ttl_ms: 1_000, max_lease_life_ms: 2_000 } }
   worker = await startWorker({ outdir, persist, fleets: { f: { secret: SECRET, admin_secret: ADMIN, quotas } } })
 })
 
@@ -221,6 +223,39 @@ test('a member cannot keep the pool paused with its own lease: a lease pauses on
     assert.equal(again.status, 200, JSON.stringify(again.body))
     assert.equal(await pausedUntil(), first, 'the same lease moves the pause no further')
   }
+})
+
+test("renewing holds a slot no longer than the lease's life: the caller in line is granted then (issue 43, N3)", async () => {
+  const held = await handle('renewing', { op: 'request_lease', request: ask('mallory', 100, 100) })
+  assert.equal(held.body.output, 'granted', JSON.stringify(held.body))
+  const grantedAt = Number(held.body.expiresAt) - 1_000
+  const queued = await handle('renewing', { op: 'call_lease', request: ask('victim', 100, 100) })
+  assert.equal(queued.body.wait?.reason, 'queued', JSON.stringify(queued.body))
+  // Long-polled until granted (a poll also ends when the ticket's promise is revised).
+  const poll = (async () => {
+    for (;;) {
+      const r = await fetch(`${worker.base}/v1/fleets/f/quotas/renewing/leases/${queued.body.wait.ticket}?wait=20000`, { headers: { authorization: `Bearer ${SECRET}` } })
+      const answer = { status: r.status, body: await r.json(), at: Date.now() }
+      if (answer.status !== 202 || answer.at - grantedAt > 10_000) return answer
+    }
+  })()
+  // Renewed every 200 ms for 4 s: the expiry stops at the grant + 2 s, the lease then ends.
+  const expiries = []
+  let gone = null
+  for (let i = 0; i < 20 && gone === null; i++) {
+    await new Promise((r) => setTimeout(r, 200))
+    const r = await handle('renewing', { op: 'renew', lease: held.body.lease })
+    if (r.body.output === 'renewed') expiries.push(Number(r.body.expiresAt))
+    else gone = r.body
+  }
+  assert.ok(expiries.length >= 3, `renewed while it lived: ${expiries}`)
+  assert.ok(Math.max(...expiries) <= grantedAt + 2_000, `never past its life: ${expiries.map((e) => e - grantedAt)} ms after the grant`)
+  assert.equal(Math.max(...expiries), grantedAt + 2_000, 'renewed up to the end of its life')
+  assert.equal(gone?.error, 'unknown_lease', `the lease ends at its life's end: ${JSON.stringify(gone)}`)
+  const granted = await poll
+  assert.equal(granted.status, 200, JSON.stringify(granted.body))
+  assert.equal(granted.body.kind, 'grant')
+  assert.ok(granted.at - grantedAt < 3_500, `the caller in line was granted ${granted.at - grantedAt} ms after the first grant`)
 })
 
 test('a number past what JSON holds exactly is refused naming its field, not read as null (issue 43, N7)', async () => {

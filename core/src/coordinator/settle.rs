@@ -320,10 +320,13 @@ impl Coordinator {
     }
 
     /// Keeps a granted lease alive: its expiry moves to `now + lease_ttl_ms` (never
-    /// earlier than it was) and the new expiry is returned. A host renews a lease while
-    /// its call is still working (a streamed answer whose bytes still flow), so the
-    /// reservation and the concurrency slot stay held until the call settles instead of
-    /// being reaped at the first expiry. Time moves to `now` first, as for any input.
+    /// earlier than it was, never past its grant plus `max_lease_life_ms`) and the new
+    /// expiry is returned. A host renews a lease while its call is still working (a
+    /// streamed answer whose bytes still flow), so the reservation and the concurrency slot
+    /// stay held until the call settles instead of being reaped at the first expiry; at its
+    /// life's end a renewal answers the expiry it has, and the lease is reaped then, so no
+    /// caller holds a slot without end by renewing. Time moves to `now` first, as for any
+    /// input.
     ///
     /// `UnknownLease` for a lease that was never issued or has ended (settled, cancelled,
     /// or expired, including one whose expiry is due at `now`: renewing must come before
@@ -333,14 +336,20 @@ impl Coordinator {
         self.granted(lease, now)?;
         let now = self.advance(now);
         let ttl = self.config.lease_ttl_ms;
+        let life = self.config.max_lease_life_ms;
         let Some(Entry {
-            phase: Phase::Active { expires_at, .. },
+            phase:
+                Phase::Active {
+                    granted_at,
+                    expires_at,
+                    ..
+                },
             ..
         }) = self.leases.get_mut(lease)
         else {
             return Err(LeaseError::UnknownLease);
         };
-        let renewed = now.plus(ttl).max(*expires_at);
+        let renewed = now.plus(ttl).min(granted_at.plus(life)).max(*expires_at);
         if renewed == *expires_at {
             return Ok(renewed);
         }
