@@ -12,8 +12,16 @@
 // was not built is left out, and says so. Prints one line per tarball. Run the builds
 // first (`./scripts/test.sh` does, or: driver `npm run build`, bindings-node `npm run
 // build`, bindings-wasm `./build.sh`).
+//
+// Beside them, `tokenwarden-bundled-<version>.tgz`: the `tokenwarden` package with every
+// package of ours it needs inside it (npm's `bundleDependencies`: the driver, the wasm
+// engine and each platform package packed here), so that one file installs it where our
+// packages are on no registry (`npm i ./tokenwarden-bundled-0.1.0.tgz`). Every platform's
+// addon is in it (npm installs a bundle whole; the loader picks the machine's), so it is
+// about 23 MB where the package and one platform's are 8. The registry dependencies of
+// the user's project (workerd, for `tokenwarden serve`) still come from the registry.
 import { execFileSync } from 'node:child_process'
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -51,8 +59,49 @@ function published(manifest) {
   return m
 }
 
+/**
+ * Packs the staged package in `dir` into `out`, as `rename` if given (packed beside the
+ * stage first: its own name is another tarball's); prints its line.
+ */
+function pack(dir, rename = null) {
+  const into = rename === null ? out : dirname(dir)
+  const [{ filename, size }] = JSON.parse(
+    execFileSync('npm', ['pack', '--json', '--ignore-scripts', '--pack-destination', into], { cwd: dir, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }),
+  )
+  const file = join(out, rename ?? filename)
+  // Copied, not renamed: the staging folder and `out` may be on different file systems.
+  if (rename !== null) copyFileSync(join(into, filename), file)
+  console.log(`${file} (${Math.round(size / 1024)} KiB)`)
+}
+
+/**
+ * `tokenwarden` with the packages staged before it inside (see the header): each copied to
+ * its `node_modules`, named in `bundleDependencies`.
+ */
+function bundle() {
+  const main = join(staging, 'tokenwarden')
+  const dir = join(staging, 'bundle', 'tokenwarden')
+  cpSync(main, dir, { recursive: true })
+  const manifest = JSON.parse(readFileSync(join(main, 'package.json'), 'utf8'))
+  const ours = staged.filter((name) => name !== 'tokenwarden')
+  for (const name of ours) cpSync(join(staging, name), join(dir, 'node_modules', name), { recursive: true })
+  const wanted = [...Object.keys(manifest.dependencies ?? {}), ...Object.keys(manifest.optionalDependencies ?? {})]
+  manifest.bundleDependencies = ours.filter((name) => wanted.includes(name))
+  for (const name of Object.keys(manifest.dependencies ?? {})) {
+    if (name.startsWith('tokenwarden') && !manifest.bundleDependencies.includes(name)) throw new Error(`the bundle needs ${name}, which was not packed`)
+  }
+  // A platform package not built here is not in the bundle, and not on a registry either.
+  for (const name of Object.keys(manifest.optionalDependencies ?? {})) {
+    if (!manifest.bundleDependencies.includes(name)) delete manifest.optionalDependencies[name]
+  }
+  writeFileSync(join(dir, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`)
+  pack(dir, `tokenwarden-bundled-${version}.tgz`)
+}
+
 mkdirSync(out, { recursive: true })
 const staging = mkdtempSync(join(tmpdir(), 'tokenwarden-pack-'))
+/** The names of the packages staged so far. */
+const staged = []
 try {
   for (const rel of packages) {
     const dir = join(root, rel)
@@ -75,11 +124,10 @@ try {
       }
     }
     writeFileSync(join(stage, 'package.json'), `${JSON.stringify(published(manifest), null, 2)}\n`)
-    const [{ filename, size }] = JSON.parse(
-      execFileSync('npm', ['pack', '--json', '--ignore-scripts', '--pack-destination', out], { cwd: stage, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }),
-    )
-    console.log(`${join(out, filename)} (${Math.round(size / 1024)} KiB)`)
+    pack(stage)
+    staged.push(manifest.name)
   }
+  bundle()
 } finally {
   rmSync(staging, { recursive: true, force: true })
 }

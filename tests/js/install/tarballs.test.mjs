@@ -18,6 +18,7 @@ import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { chromium } from 'playwright-core'
 import { startMockProvider } from 'tokenwarden-testing/mock-provider'
+import { freePort, serve, stop } from '../serve/support.mjs'
 import { buildWorker, startWorker } from 'tokenwarden-testing/workerd'
 
 const root = fileURLToPath(new URL('../../../', import.meta.url))
@@ -65,15 +66,16 @@ tw.close()
 
 let mock
 let tarballs
+let bundled
 let project
 
 /**
  * Runs the program in the project on Node `major`; its one line of JSON. Asynchronously:
  * the mock provider answers from this process's event loop.
  */
-async function run(major) {
+async function run(major, cwd = project) {
   const { stdout } = await promisify(execFile)(NODES[major], ['program.mjs'], {
-    cwd: project,
+    cwd,
     encoding: 'utf8',
     timeout: 60_000,
     env: { ...process.env, MOCK_URL: mock.url, TOKENWARDEN_ENGINE: '' },
@@ -85,7 +87,8 @@ before(() => {
   tarballs = mkdtempSync(join(tmpdir(), 'tokenwarden-tarballs-'))
   execFileSync(process.execPath, [join(root, 'scripts/pack.mjs'), '--out', tarballs], { stdio: ['ignore', 'ignore', 'inherit'], timeout: 300_000 })
   const tgz = Object.fromEntries(readdirSync(tarballs).map((f) => [f.replace(/-\d+\.\d+\.\d+\.tgz$/, ''), join(tarballs, f)]))
-  for (const name of ['tokenwarden', 'tokenwarden-driver', 'tokenwarden-wasm', ...PLATFORMS]) assert.ok(tgz[name], `scripts/pack.mjs packed no ${name} (scripts/cross-build.sh builds the other platforms' addons)`)
+  for (const name of ['tokenwarden', 'tokenwarden-driver', 'tokenwarden-wasm', 'tokenwarden-bundled', ...PLATFORMS]) assert.ok(tgz[name], `scripts/pack.mjs packed no ${name} (scripts/cross-build.sh builds the other platforms' addons)`)
+  bundled = tgz['tokenwarden-bundled']
   project = mkdtempSync(join(tmpdir(), 'tokenwarden-user-'))
   const sdk = JSON.parse(readFileSync(join(here, 'package.json'), 'utf8')).devDependencies['@anthropic-ai/sdk']
   // The user's project: tokenwarden from its tarball, its own packages from theirs (so npm
@@ -254,6 +257,67 @@ describe('the packed tarballs in an empty project', () => {
     } finally {
       cpSync(saved, dir, { recursive: true })
       rmSync(saved, { recursive: true, force: true })
+    }
+  })
+})
+
+describe('one tarball alone: tokenwarden-bundled, nothing else of ours beside it, as the README installs it (issue 43, item 5)', () => {
+  let alone
+  before(async () => {
+    mock ??= await startMockProvider()
+    alone = mkdtempSync(join(tmpdir(), 'tokenwarden-alone-'))
+    // workerd (for `tokenwarden serve`) from the registry, as the README's line has it.
+    const workerd = JSON.parse(readFileSync(join(root, 'node_modules/workerd/package.json'), 'utf8')).version
+    const sdk = JSON.parse(readFileSync(join(here, 'package.json'), 'utf8')).devDependencies['@anthropic-ai/sdk']
+    writeFileSync(join(alone, 'package.json'), JSON.stringify({ name: 'one-tarball', private: true, type: 'module', dependencies: { tokenwarden: `file:${bundled}`, workerd, '@anthropic-ai/sdk': sdk } }))
+    writeFileSync(join(alone, 'program.mjs'), PROGRAM)
+    execFileSync('npm', ['install', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: alone, stdio: ['ignore', 'ignore', 'inherit'], timeout: 300_000 })
+  })
+
+  after(() => {
+    if (alone) rmSync(alone, { recursive: true, force: true })
+  })
+
+  test('installs tokenwarden with its driver, wasm engine and the addons inside it; the native engine runs', async () => {
+    const top = readdirSync(join(alone, 'node_modules')).filter((n) => n.startsWith('tokenwarden'))
+    assert.deepEqual(top, ['tokenwarden'], 'nothing of ours was fetched beside it')
+    // npm installs a bundle whole: every platform's addon is inside; the loader picks this one.
+    const inside = readdirSync(join(alone, 'node_modules/tokenwarden/node_modules')).filter((n) => n.startsWith('tokenwarden'))
+    assert.deepEqual(inside.sort(), ['tokenwarden-driver', 'tokenwarden-wasm', ...PLATFORMS].sort())
+    const r = await run(24, alone)
+    assert.equal(r.engine, 'native')
+    assert.equal(r.settled, 3, 'every call settled')
+    assert.equal(r.tokens, 14)
+  })
+
+  test('`npx tokenwarden serve` starts from it (workerd beside it) and governs a call to the provider', { timeout: 90_000 }, async () => {
+    const data = mkdtempSync(join(tmpdir(), 'tokenwarden-alone-serve-'))
+    const secret = 'one-tarball-secret-0123456789abcdef'
+    const config = join(data, 'tokenwarden.json')
+    const pool = { name: 'claude-sonnet-4-6', input_tokens_per_minute: 100_000, output_tokens_per_minute: 20_000, requests_per_minute: 100 }
+    writeFileSync(config, JSON.stringify({ fleets: { ci: { secret, proxy_open: true, quotas: { anthropic: { upstream: mock.url, config: { pools: [pool] } } } } } }))
+    const port = await freePort()
+    // What `npx tokenwarden` runs: the installed package's bin.
+    const server = await serve(['--config', config, '--port', String(port), '--data', join(data, 'state')], { bin: join(alone, 'node_modules/tokenwarden/bin/tokenwarden.mjs') })
+    try {
+      const quota = `http://127.0.0.1:${port}/v1/fleets/ci/quotas/anthropic`
+      const res = await fetch(`${quota}/agents/alone/worker/anthropic/v1/messages`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-api-key': 'sk-test', 'anthropic-version': '2023-06-01' },
+        body: JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 50, messages: [{ role: 'user', content: 'hello '.repeat(20) }] }),
+      })
+      assert.equal(res.status, 200, await res.clone().text())
+      assert.ok((await res.json()).usage.output_tokens > 0)
+      let settled = 0
+      for (let i = 0; i < 50 && settled === 0; i++) {
+        const m = await (await fetch(`${quota}/metrics`, { headers: { authorization: `Bearer ${secret}` } })).json()
+        settled = Number(m.pools[0].counters.settled)
+        if (settled === 0) await new Promise((r) => setTimeout(r, 50))
+      }
+      assert.equal(settled, 1, 'the call was leased and settled by serve')
+    } finally {
+      await stop(server.child)
+      rmSync(data, { recursive: true, force: true })
     }
   })
 })
