@@ -846,4 +846,6 @@ module.exports.countTokensPause = nativeBinding.countTokensPause
 module.exports.errorAnswer = nativeBinding.errorAnswer
 module.exports.planFleet = nativeBinding.planFleet
 module.exports.promptBytes = nativeBinding.promptBytes
+module.exports.proxiedCall = nativeBinding.proxiedCall
+module.exports.proxiedProvider = nativeBinding.proxiedProvider
 module.exports.stopAnswer = nativeBinding.stopAnswer

@@ -236,6 +236,18 @@ export declare function planFleet(json: string): string
 export declare function promptBytes(provider: string, body: string): string
 
 /**
+ * The proxy's first step for a proxied request (the gateway crate's rule): JSON text of
+ * `{ call }` or `{ refused }` (see `tokenwarden_js_abi::proxied_call`).
+ */
+export declare function proxiedCall(rest: string, search: string, headers: string, secrets: Array<string>, credential?: string | undefined | null): string
+
+/**
+ * The provider a proxied request speaks, for its errors; null when its path cannot be
+ * read.
+ */
+export declare function proxiedProvider(rest: string, anthropicVersion: boolean): string | null
+
+/**
  * How tokenwarden answers a call it stops (`refused`, `gave_up`, `unknown_pool`, `closed`,
  * `restarting`, `unreachable`, `timed_out`): `[status, retry-after s or -1,
  * x-should-retry 1 / 0 or -1]`.

@@ -1869,6 +1869,67 @@ pub fn check_fleets(text: &str, serve_file: bool) -> Result<String, ArgError> {
     }
 }
 
+/// `proxiedCall(rest, search, headers, secrets, credential)`: the proxy's first step
+/// ([`tokenwarden_gateway::proxy::proxied_call`]) for a proxied request: `rest` the path
+/// after `…/proxy`, `search` the query string, `headers` the request's headers as the JSON
+/// text of `[name, value]` pairs, `secrets` the fleet's, `credential` the agent of the
+/// caller's credential. Answers JSON text: `{"call":{provider, path, query, headers, agent,
+/// role, task, unblocks, failureSignature}}`, or `{"refused":{status, error, message,
+/// field?}}` for the host to answer.
+pub fn proxied_call(
+    rest: &str,
+    search: &str,
+    headers: &str,
+    secrets: &[String],
+    credential: Option<&str>,
+) -> Result<String, ArgError> {
+    use serde_json::{Value, json};
+    use tokenwarden_gateway::proxy::{Incoming, proxied_call};
+    let headers: Vec<(String, String)> = serde_json::from_str(headers).map_err(|e| {
+        ArgError::type_error(format!(
+            "`headers` must be the JSON text of [name, value] pairs: {e}"
+        ))
+        .with_field("headers")
+    })?;
+    let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
+    let out = match proxied_call(&Incoming {
+        rest,
+        search,
+        headers: &headers,
+        secrets: &secrets,
+        credential,
+    }) {
+        Ok(c) => json!({ "call": {
+            "provider": c.provider,
+            "path": c.path,
+            "query": c.query,
+            "headers": c.headers,
+            "agent": c.agent,
+            "role": c.role,
+            "task": c.task,
+            "unblocks": c.unblocks,
+            // At most 2^53 - 1: exact as a JavaScript number.
+            "failureSignature": c.failure_signature,
+        }}),
+        Err(r) => {
+            let mut refused = json!({ "status": r.status, "error": r.code, "message": r.message });
+            if let (Some(field), Value::Object(m)) = (r.field, &mut refused) {
+                m.insert("field".into(), Value::from(field));
+            }
+            json!({ "refused": refused })
+        }
+    };
+    Ok(out.to_string())
+}
+
+/// `proxiedProvider(rest, anthropicVersion)`: the provider a proxied request speaks, for its
+/// errors ([`tokenwarden_gateway::proxy::proxied_provider`]); `None` when its path cannot
+/// be read.
+#[must_use]
+pub fn proxied_provider(rest: &str, anthropic_version: bool) -> Option<String> {
+    tokenwarden_gateway::proxy::proxied_provider(rest, anthropic_version).map(Into::into)
+}
+
 /// `countTokensBody(body)`: the `count_tokens` request for a Messages body's JSON text (its
 /// counted fields, [`tokenwarden_provider::count_tokens::body`]), as JSON text.
 pub fn count_tokens_body(body: &str) -> Result<String, ArgError> {

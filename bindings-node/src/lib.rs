@@ -590,6 +590,30 @@ pub fn check_fleets(env: Env, text: String, serve_file: bool) -> napi::Result<St
     js(&env, || tokenwarden_js_abi::check_fleets(&text, serve_file))
 }
 
+/// The proxy's first step for a proxied request (the gateway crate's rule): JSON text of
+/// `{ call }` or `{ refused }` (see `tokenwarden_js_abi::proxied_call`).
+#[napi(js_name = "proxiedCall")]
+pub fn proxied_call(
+    env: Env,
+    rest: String,
+    search: String,
+    headers: String,
+    secrets: Vec<String>,
+    credential: Option<String>,
+) -> napi::Result<String> {
+    js(&env, || {
+        tokenwarden_js_abi::proxied_call(&rest, &search, &headers, &secrets, credential.as_deref())
+    })
+}
+
+/// The provider a proxied request speaks, for its errors; null when its path cannot be
+/// read.
+#[napi(js_name = "proxiedProvider")]
+#[must_use]
+pub fn proxied_provider(rest: String, anthropic_version: bool) -> Option<String> {
+    tokenwarden_js_abi::proxied_provider(&rest, anthropic_version)
+}
+
 /// The `count_tokens` request for a Messages body's JSON text: its counted fields.
 #[napi(js_name = "countTokensBody")]
 pub fn count_tokens_body(env: Env, body: String) -> napi::Result<String> {

@@ -71,6 +71,8 @@ useProviderRules({
   countTokensBody: (body) => rules().countTokensBody(body),
   countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => rules().countTokensPause(status, retryAfter, unixNowMs, pauseMs),
   checkFleets: (text, serveFile) => rules().checkFleets(text, serveFile),
+  proxiedCall: (rest, search, headers, secrets, credential) => rules().proxiedCall(rest, search, headers, secrets, credential),
+  proxiedProvider: (rest, anthropicVersion) => rules().proxiedProvider(rest, anthropicVersion),
 })
 
 /** The choice `'auto'` stands for: `TOKENWARDEN_ENGINE` if set, else `'auto'`. */

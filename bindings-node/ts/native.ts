@@ -102,6 +102,16 @@ export const nativeProviderRules: ProviderRules = {
       throw normalizeEngineError(e, 'checkFleets')
     }
   },
+  proxiedCall(rest, search, headers, secrets, credential) {
+    try {
+      return addon().proxiedCall(rest, search, headers, secrets, credential ?? undefined)
+    } catch (e) {
+      throw normalizeEngineError(e, 'proxiedCall')
+    }
+  },
+  proxiedProvider(rest, anthropicVersion) {
+    return addon().proxiedProvider(rest, anthropicVersion) ?? null
+  },
 }
 
 /** The addon's coordinator as an {@link Engine}. */

@@ -146,6 +146,8 @@ export function providerRulesFor(wasm, ranks) {
     countTokensBody: (body) => call('countTokensBody', () => wasm.countTokensBody(body)),
     countTokensPause: (status, retryAfter, unixNowMs, pauseMs) => call('countTokensPause', () => wasm.countTokensPause(status ?? undefined, retryAfter ?? undefined, unixNowMs, pauseMs)),
     checkFleets: (text, serveFile) => call('checkFleets', () => wasm.checkFleets(text, serveFile)),
+    proxiedCall: (rest, search, headers, secrets, credential) => call('proxiedCall', () => wasm.proxiedCall(rest, search, headers, secrets, credential ?? undefined)),
+    proxiedProvider: (rest, anthropicVersion) => wasm.proxiedProvider(rest, anthropicVersion) ?? null,
   }
   return { tokenizer, counter, rules }
 }

@@ -585,6 +585,33 @@ pub fn check_fleets(text: &str, serve_file: bool) -> Result<String, Thrown> {
     Ok(tokenwarden_js_abi::check_fleets(text, serve_file)?)
 }
 
+/// The proxy's first step for a proxied request (the gateway crate's rule): JSON text of
+/// `{ call }` or `{ refused }` (see `tokenwarden_js_abi::proxied_call`).
+#[wasm_bindgen(js_name = proxiedCall)]
+pub fn proxied_call(
+    rest: &str,
+    search: &str,
+    headers: &str,
+    secrets: Vec<String>,
+    credential: Option<String>,
+) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::proxied_call(
+        rest,
+        search,
+        headers,
+        &secrets,
+        credential.as_deref(),
+    )?)
+}
+
+/// The provider a proxied request speaks, for its errors; undefined when its path cannot
+/// be read.
+#[wasm_bindgen(js_name = proxiedProvider)]
+#[must_use]
+pub fn proxied_provider(rest: &str, anthropic_version: bool) -> Option<String> {
+    tokenwarden_js_abi::proxied_provider(rest, anthropic_version)
+}
+
 /// The `count_tokens` request for a Messages body's JSON text: its counted fields.
 #[wasm_bindgen(js_name = countTokensBody)]
 pub fn count_tokens_body(body: &str) -> Result<String, Thrown> {

@@ -35,3 +35,58 @@ export interface FleetConfig {
 export function checkFleets(text: string, options: { serveFile?: boolean } = {}): Record<string, FleetConfig> {
   return JSON.parse(providerRules().checkFleets(text, options.serveFile === true)) as Record<string, FleetConfig>
 }
+
+/** What a proxied request sends and what names its call (the gateway crate's rule). */
+export interface ProxiedCall {
+  /** The API it speaks, whose error format answers it. */
+  provider: 'anthropic' | 'openai'
+  /** The provider's path, `/v1/…`, as it came. */
+  path: string
+  /** The query string to send (`?…` or ''): a parameter holding a secret is left out. */
+  query: string
+  /** The headers to send: the provider's and the client's own, none holding a secret. */
+  headers: [string, string][]
+  /** The agent named (the credential's, or the path's or `x-tokenwarden-agent`). */
+  agent: string | null
+  /** The role named, `auto` when none is. */
+  role: 'planner' | 'reviewer' | 'worker' | 'auto'
+  /** The task named (an id or a name, as given). */
+  task: string | null
+  /** The downstream tasks it unblocks. */
+  unblocks: number | null
+  /** `x-tokenwarden-failure-signature`. */
+  failureSignature: number | null
+}
+
+/** Why a proxied request is refused: what the host answers. */
+export interface ProxyRefusal {
+  status: 400 | 403 | 404
+  error: 'invalid_argument' | 'forbidden' | 'not_found'
+  message: string
+  /** The header at fault, if one is. */
+  field?: string
+}
+
+/**
+ * The proxy's first step (the gateway crate's rule, which every host of the proxy runs):
+ * from a proxied request — `rest` the URL path after `…/proxy`, `search` its query string,
+ * `headers` its header pairs (names in lower case) — what is sent to the provider and what
+ * names the call, or why it is refused. `secrets` are the fleet's (never forwarded, in any
+ * letter case or percent-encoded, nor any credential or lease handle); `credential` the
+ * agent of the caller's agent credential, who may name only itself.
+ */
+export function proxiedCall(
+  rest: string,
+  search: string,
+  headers: Iterable<[string, string]>,
+  secrets: ReadonlyArray<string | undefined>,
+  credential: string | null = null,
+): { call: ProxiedCall } | { refused: ProxyRefusal } {
+  const given = secrets.filter((s): s is string => typeof s === 'string' && s.length > 0)
+  return JSON.parse(providerRules().proxiedCall(rest, search, JSON.stringify([...headers]), given, credential))
+}
+
+/** The provider a proxied request speaks, for answering its errors; null when its path cannot be read. */
+export function proxiedProvider(rest: string, anthropicVersion: boolean): 'anthropic' | 'openai' | null {
+  return providerRules().proxiedProvider(rest, anthropicVersion) as 'anthropic' | 'openai' | null
+}

@@ -57,6 +57,15 @@ export interface ProviderRules {
    * Answers the fleets as JSON text; throws `invalid_config` naming the place as `field`.
    */
   checkFleets(text: string, serveFile: boolean): string
+  /**
+   * The proxy's first step for a proxied request (the gateway crate's rule): `rest` the
+   * path after `…/proxy`, `search` its query, `headers` the JSON text of its `[name, value]`
+   * pairs, `secrets` the fleet's, `credential` the caller's credential's agent. Answers the
+   * JSON text of `{ call }` or `{ refused }` (see `proxiedCall` in `gateway.ts`).
+   */
+  proxiedCall(rest: string, search: string, headers: string, secrets: string[], credential: string | null): string
+  /** The provider a proxied request speaks, for its errors; null if its path cannot be read. */
+  proxiedProvider(rest: string, anthropicVersion: boolean): string | null
 }
 
 let source: ProviderRules | null = null
@@ -71,7 +80,9 @@ let source: ProviderRules | null = null
  */
 export function useProviderRules(s: ProviderRules, replace = true): void {
   if (s === null || typeof s !== 'object' || typeof s.create !== 'function')
-    throw new TypeError('useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause, checkFleets } from an engine package')
+    throw new TypeError(
+      'useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause, checkFleets, proxiedCall, proxiedProvider } from an engine package',
+    )
   if (!replace && source !== null) return
   source = s
 }

@@ -20,6 +20,8 @@ import {
   newCall,
   providerErrorBody,
   providerErrorEvent,
+  proxiedCall,
+  proxiedProvider,
   stepOf,
   stopStatus,
   taskIdFor,
@@ -578,7 +580,7 @@ export class QuotaObject {
             return await this.#proxy(tw, request, url, who)
           } catch (e) {
             await drain(request)
-            return errorResponse(e, providerOf(proxyPath(url.pathname.slice('/proxy'.length)).path, request.headers))
+            return errorResponse(e, proxiedProvider(url.pathname.slice('/proxy'.length), request.headers.has('anthropic-version')))
           }
         default:
           throw new HttpError(404, 'not_found', 'no such route')
@@ -913,21 +915,15 @@ export class QuotaObject {
     const fleet = fleets[request.headers.get('x-tw-fleet')]
     const q = fleet?.quotas?.[request.headers.get('x-tw-quota')]
     if (q?.upstream === undefined) throw new HttpError(404, 'not_found', 'this quota has no upstream configured for proxy mode')
-    const { path, given } = proxyPath(url.pathname.slice('/proxy'.length))
-    // Model calls are leased; any other route of the provider's API (token counting, model
-    // lists, embeddings) passes through unleased, with the agent's own key.
-    if (!path.startsWith('/v1/')) throw new HttpError(404, 'not_found', "proxy mode forwards the provider's /v1/… routes (after optional /agent/<a>, /role/<r>, /task/<t>, /unblocks/<n> segments)")
-    const provider = providerOf(path, request.headers)
-    const headers = forwardedHeaders(request.headers, [fleet.secret, fleet.admin_secret])
-    // Each of agent, role, task and unblocks from the path (for tools that can set only a
-    // base URL) or else from its header.
-    const pick = (key) => given[key] ?? request.headers.get(`x-tokenwarden-${key}`)
-    const named = pick('agent')
-    if (who !== null && named !== null && named !== who.name) {
-      throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: x-tokenwarden-agent may only name that agent`)
-    }
-    const base = who?.name ?? named
-    if (base !== null && base.length > 128) throw Object.assign(new HttpError(400, 'invalid_argument', 'the agent name must be 1 to 128 characters'), { field: 'x-tokenwarden-agent' })
+    // What is sent and what names the call, or why not: the gateway crate's rule (the path's
+    // /agent, /role, /task, /unblocks or their headers; the headers and query parameters
+    // forwarded, none holding a secret). Model calls are leased; any other route of the
+    // provider's API (token counting, model lists) passes through unleased, with the
+    // agent's own key.
+    const read = proxiedCall(url.pathname.slice('/proxy'.length), url.search, request.headers, [fleet.secret, fleet.admin_secret], who?.name ?? null)
+    if ('refused' in read) throw Object.assign(new HttpError(read.refused.status, read.refused.error, read.refused.message), read.refused.field === undefined ? {} : { field: read.refused.field })
+    const { provider, path, task, unblocks, failureSignature: signature, agent: base } = read.call
+    const headers = new Headers(read.call.headers)
     // The client's session headers: who the call is when nothing above names it, and under
     // a name, which of that agent's subagents (a child of it: `alice/<subagent id>`).
     const session = tw.engine.callerIdentity([...request.headers], base)
@@ -937,17 +933,10 @@ export class QuotaObject {
     const family = session?.root == null ? null : who !== null && session.root === who.name ? who.id : await this.#agentIds().id(session.root)
     // No role named: the core's (`auto`: a planner for its subagents at work, which unblocks
     // them, else a worker), as every host leaves it.
-    const role = roleOf(pick('role') ?? 'auto', 'x-tokenwarden-role')
-    const task = pick('task')
-    const unblocks = pick('unblocks')
-    const signature = request.headers.get('x-tokenwarden-failure-signature')
-    if (signature !== null && !(/^\d{1,16}$/.test(signature) && Number.isSafeInteger(Number(signature))))
-      throw Object.assign(new HttpError(400, 'invalid_argument', '`x-tokenwarden-failure-signature` must be a non-negative integer'), { field: 'x-tokenwarden-failure-signature' })
+    const role = read.call.role
     const upstream = new URL(q.upstream)
     upstream.pathname = upstream.pathname.replace(/\/$/, '') + path
-    // The client's query string passes through (Claude Code sends `?beta=true`), but for a
-    // parameter that holds a secret (the fleet's, a credential, a handle): never forwarded.
-    upstream.search = forwardedQuery(url.search, [fleet.secret, fleet.admin_secret])
+    upstream.search = read.call.query
     let sent = false
     const gone = new AbortController()
     const f = tw.fetch({
@@ -955,8 +944,8 @@ export class QuotaObject {
       ...(family === null ? {} : { family }),
       role,
       ...(task === null ? {} : { task: taskId(task, 'x-tokenwarden-task') }),
-      ...(unblocks === null ? {} : { unblocks: unblocksOf(unblocks, 'x-tokenwarden-unblocks') }),
-      ...(signature === null ? {} : { failureSignature: Number(signature) }),
+      ...(unblocks === null ? {} : { unblocks }),
+      ...(signature === null ? {} : { failureSignature: signature }),
       ...(q.timeouts === undefined ? {} : { timeouts: q.timeouts }),
       // Sent under a lease just granted: written within SEND_FLUSH_MS (not awaited: the
       // call does not wait for the disk), so a restart soon after still knows what the call
@@ -1149,33 +1138,6 @@ function upstreamFailure(err, provider) {
   return json(status, providerErrorBody(provider, status, message, { error: code, message: message.replace(/^tokenwarden: /, '') }))
 }
 
-/** The keys a proxy path may name before the provider's path. */
-const PROXY_KEYS = new Set(['agent', 'role', 'task', 'unblocks'])
-
-/**
- * `/agent/a1/role/worker/task/fix-parser/v1/messages` → the provider path and the named
- * fields (each at most once, values percent-decoded and at most 256 characters).
- */
-export function proxyPath(rest) {
-  const parts = rest.split('/')
-  const given = {}
-  let i = 1
-  while (i + 1 < parts.length && PROXY_KEYS.has(parts[i])) {
-    const key = parts[i]
-    if (Object.hasOwn(given, key)) throw new HttpError(400, 'invalid_argument', `the proxy path names \`${key}\` twice`)
-    let value
-    try {
-      value = decodeURIComponent(parts[i + 1])
-    } catch {
-      throw new HttpError(400, 'invalid_argument', `the proxy path's \`${key}\` is not valid percent-encoding`)
-    }
-    if (value.length === 0 || value.length > 256) throw new HttpError(400, 'invalid_argument', `the proxy path's \`${key}\` must be 1 to 256 characters`)
-    given[key] = value
-    i += 2
-  }
-  return { path: `/${parts.slice(i).join('/')}`, given }
-}
-
 /** A call's state as a client sent it back: `{ failed, refusals, lastRetryAfterMs }`, checked. */
 function callState(c) {
   const bad = (field, why) => Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` ${why}`), { field })
@@ -1205,65 +1167,6 @@ function checkHeaderPairs(headers) {
       throw bad(`headers[${i}]`, 'must be a [name, value] pair of strings')
     }
     if (pair[0].length > MAX_HEADER_BYTES || pair[1].length > MAX_HEADER_BYTES) throw bad(`headers[${i}]`, `must have a name and value of at most ${MAX_HEADER_BYTES} characters`)
-  })
-}
-
-/**
- * What proxy mode forwards to the provider: the provider's own headers (its key in
- * `x-api-key` or `Authorization`, `anthropic-*`, `openai-*`, organization and project), the
- * content headers, and what identifies the client to the provider — its user agent and the
- * SDKs' and agents' metadata (`x-stainless-*`, Claude Code's `x-app` and `x-claude-code-*`,
- * Codex's `originator`, `version`, `session-id` / `session_id`, `thread-id` / `thread_id`,
- * `x-client-request-id`, `x-openai-subagent` and `x-codex-*`) — nothing else (no cookies, no client
- * addresses, none of ours), and never a header that holds a tokenwarden secret: the fleet's
- * or admin secret in any letter case or percent-encoded, an agent credential (`twa1.…`) or a
- * lease handle (`tw1.…`, `tw2.…`).
- */
-const FORWARDED =
-  /^(?:content-type|accept|x-api-key|authorization|anthropic-[a-z0-9-]+|openai-[a-z0-9-]+|user-agent|x-stainless-[a-z0-9-]+|x-app|x-claude-code-[a-z0-9-]+|originator|version|session[-_]id|thread[-_]id|x-client-request-id|x-openai-subagent|x-codex-[a-z0-9-]+|chatgpt-account-id)$/
-const OURS = /(?:^|[^A-Za-z0-9])tw(?:a1|1|2)\.[A-Za-z0-9_-]+\./i
-export function forwardedHeaders(incoming, secrets) {
-  const lowered = (Array.isArray(secrets) ? secrets : [secrets]).filter((x) => typeof x === 'string' && x.length > 0).map((x) => x.toLowerCase())
-  const out = new Headers()
-  for (const [name, value] of incoming) {
-    if (!FORWARDED.test(name)) continue
-    if (holdsSecret(value, lowered)) continue
-    out.set(name, value)
-  }
-  return out
-}
-
-/**
- * A query string (`?a=1&b=2`, or '') without the parameters that hold one of `secrets`, a
- * credential or a handle, in any encoding `holdsSecret` reads: a client that put the fleet
- * secret in the URL (`?key=…`) does not have it sent to the provider.
- * @param {string} search
- * @param {Array<string | undefined>} secrets
- */
-export function forwardedQuery(search, secrets) {
-  const lowered = secrets.flatMap((x) => (typeof x === 'string' && x.length > 0 ? [x.toLowerCase()] : []))
-  const kept = search
-    .replace(/^\?/, '')
-    .split('&')
-    .filter((pair) => pair !== '' && !holdsSecret(pair, lowered))
-  return kept.length === 0 ? '' : `?${kept.join('&')}`
-}
-
-/** Whether a header value holds one of `secrets` (lower-cased) or a credential or handle. */
-function holdsSecret(value, secrets) {
-  const forms = [value]
-  // Every well-formed %XX decoded, leaving stray `%`s as they are (decodeURIComponent would
-  // give up on the whole value at the first one); twice, for a value encoded twice.
-  let v = value
-  for (let i = 0; i < 2; i++) {
-    const decoded = v.replace(/%([0-9A-Fa-f]{2})/g, (_m, h) => String.fromCharCode(Number.parseInt(h, 16)))
-    if (decoded === v) break
-    forms.push(decoded)
-    v = decoded
-  }
-  return forms.some((v) => {
-    const lower = v.toLowerCase()
-    return OURS.test(v) || secrets.some((x) => lower.includes(x))
   })
 }
 
@@ -1329,12 +1232,4 @@ function statusOf(e) {
     return { status: STATUS[code], body: { error: code, message: e.message, ...(e.field === undefined ? {} : { field: e.field }) }, headers: {} }
   }
   return { status: 500, body: { error: 'internal', message: 'internal error' }, headers: {} }
-}
-
-/**
- * The provider a proxied request speaks: Anthropic for its paths (`/v1/messages…`) or its
- * version header, else OpenAI.
- */
-export function providerOf(path, headers) {
-  return path.startsWith('/v1/messages') || headers.has('anthropic-version') ? 'anthropic' : 'openai'
 }

@@ -5,7 +5,8 @@ import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName,
 import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, drain, jsonObject, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
-import { QuotaObject, errorResponse, json, providerOf, proxyPath, taskId } from './quota.js'
+import { QuotaObject, errorResponse, json, taskId } from './quota.js'
+import { proxiedProvider } from 'tokenwarden-wasm'
 
 export { QuotaObject }
 
@@ -229,7 +230,7 @@ async function handle(request, env) {
  * The provider a request speaks when it is a proxied call (its errors are answered in that
  * provider's format, which the SDKs show), else null.
  */
-function proxiedProvider(request) {
+function providerOfRequest(request) {
   try {
     const url = new URL(request.url)
     const m = ROUTE.exec(url.pathname)
@@ -238,7 +239,7 @@ function proxiedProvider(request) {
     const viaAgentPath = agentPath(rest)
     if (viaAgentPath !== null) rest = viaAgentPath.path
     if (!rest.startsWith('/proxy/')) return null
-    return providerOf(proxyPath(rest.slice('/proxy'.length)).path, request.headers)
+    return proxiedProvider(rest.slice('/proxy'.length), request.headers.has('anthropic-version'))
   } catch {
     return null
   }
@@ -256,7 +257,7 @@ export default {
       // An answer given before the body was read: read it first (up to a bound), so the
       // connection stays usable for the client's next request.
       await drain(request)
-      return errorResponse(e, proxiedProvider(request))
+      return errorResponse(e, providerOfRequest(request))
     }
   },
 }

@@ -8,7 +8,9 @@
 //! configured with (the Worker's `TOKENWARDEN_FLEETS` secret, `serve --config`'s file), read
 //! strictly, so a typo or a value out of range is refused at start with the place named
 //! (`fleets.acme.quotas.main.upstrem: unknown field`) instead of starting a gateway that
-//! answers every call 404 or has no limit.
+//! answers every call 404 or has no limit. The second is the proxy's first step
+//! ([`proxy`]): from a proxied request what is sent to the provider and what names the
+//! call, or why it is refused.
 //!
 //! ```
 //! use tokenwarden_gateway::config::{Fleets, ProxyOpen};
@@ -30,3 +32,4 @@
 extern crate alloc;
 
 pub mod config;
+pub mod proxy;

@@ -2,7 +2,7 @@
 // leases, when it retries, how it settles, and its parsers.
 import assert from 'node:assert/strict'
 import { describe, test } from 'node:test'
-import { BytesPerTokenEstimator, promptBytes, stopAnswer, stopStatus } from 'tokenwarden-driver'
+import { BytesPerTokenEstimator, promptBytes, proxiedCall, proxiedProvider, stopAnswer, stopStatus } from 'tokenwarden-driver'
 import { pieces, readAnswer } from '../support/answer.mjs'
 import { createTokenwarden, engines } from '../support/engine.mjs'
 
@@ -316,6 +316,27 @@ describe('parsers and the estimator', () => {
     assert.equal(a.body.error.type, 'rate_limit_error')
     assert.equal(a.body.error.code, 'rejected')
     assert.throws(() => stopStatus('later', null), (e) => e.code === 'invalid_argument' && e.field === 'stop')
+  })
+
+  test("the proxy's first step is the gateway crate's (proxiedCall): what is sent, what names the call, what is refused", () => {
+    const secret = 'Fleet-Secret-0123456789'
+    const headers = new Headers({ 'x-api-key': 'sk-1', cookie: 'a=1', 'x-tokenwarden-token': secret, 'x-app': 'cli', 'x-tokenwarden-unblocks': '2' })
+    const read = proxiedCall('/agent/al%C3%AFce/role/planner/v1/messages', `?beta=true&key=${secret.toUpperCase()}`, headers, [secret, undefined])
+    assert.deepEqual(read, {
+      call: { provider: 'anthropic', path: '/v1/messages', query: '?beta=true', headers: [['x-api-key', 'sk-1'], ['x-app', 'cli']], agent: 'alïce', role: 'planner', task: null, unblocks: 2, failureSignature: null },
+    })
+    assert.deepEqual(proxiedCall('/v1/messages', '', [['x-tokenwarden-agent', 'bob']], [secret], 'alice'), {
+      refused: { status: 403, error: 'forbidden', message: "this credential is alice's: x-tokenwarden-agent may only name that agent" },
+    })
+    assert.deepEqual(proxiedCall('/v1/chat/completions', '', [['x-tokenwarden-role', 'boss']], [secret]).refused, {
+      status: 400,
+      error: 'invalid_argument',
+      message: '`x-tokenwarden-role` must be planner, reviewer, worker or auto',
+      field: 'x-tokenwarden-role',
+    })
+    assert.equal(proxiedCall('/agent/a/messages', '', [], []).refused.status, 404)
+    assert.equal(proxiedProvider('/v1/chat/completions', false), 'openai')
+    assert.equal(proxiedProvider('/agent/%zz/v1/messages', true), null)
   })
 
   test('the cached prefix ends at the last cache_control block (Anthropic only)', () => {
