@@ -83,7 +83,7 @@ export function proxiedCall(
   credential: string | null = null,
 ): { call: ProxiedCall } | { refused: ProxyRefusal } {
   const given = secrets.filter((s): s is string => typeof s === 'string' && s.length > 0)
-  return JSON.parse(providerRules().proxiedCall(rest, search, JSON.stringify([...headers]), given, credential))
+  return JSON.parse(providerRules().proxiedCall(rest, search, [...headers].flat(), given, credential))
 }
 
 /** The provider a proxied request speaks, for answering its errors; null when its path cannot be read. */

@@ -59,11 +59,11 @@ export interface ProviderRules {
   checkFleets(text: string, serveFile: boolean): string
   /**
    * The proxy's first step for a proxied request (the gateway crate's rule): `rest` the
-   * path after `…/proxy`, `search` its query, `headers` the JSON text of its `[name, value]`
-   * pairs, `secrets` the fleet's, `credential` the caller's credential's agent. Answers the
+   * path after `…/proxy`, `search` its query, `headers` its header names and values in turn,
+   * `secrets` the fleet's, `credential` the caller's credential's agent. Answers the
    * JSON text of `{ call }` or `{ refused }` (see `proxiedCall` in `gateway.ts`).
    */
-  proxiedCall(rest: string, search: string, headers: string, secrets: string[], credential: string | null): string
+  proxiedCall(rest: string, search: string, headers: string[], secrets: string[], credential: string | null): string
   /** The provider a proxied request speaks, for its errors; null if its path cannot be read. */
   proxiedProvider(rest: string, anthropicVersion: boolean): string | null
 }
