@@ -465,11 +465,12 @@ pub struct Config {
     pub lease_ttl_ms: u64,
     /// The longest a granted lease lives, renewals included: a renewal never moves its
     /// expiry past its grant plus this, so no caller holds a reservation or a concurrency
-    /// slot longer by renewing (default 1 hour, from `lease_ttl_ms` to 30 days). An hour
-    /// is the longest call the Anthropic SDKs plan for (they expect a call of 128,000
-    /// output tokens to take up to an hour, and refuse to send one that long unstreamed).
-    #[serde(default = "defaults::max_lease_life_ms")]
-    pub max_lease_life_ms: u64,
+    /// slot longer by renewing (from `lease_ttl_ms` to 30 days). Unset, it is an hour or
+    /// `lease_ttl_ms` if that is longer ([`Config::lease_life_ms`]): an hour is the longest
+    /// call the Anthropic SDKs plan for (they expect a call of 128,000 output tokens to take
+    /// up to an hour, and refuse to send one that long unstreamed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lease_life_ms: Option<u64>,
     /// A request whose estimated wait exceeds this is rejected rather than queued.
     #[serde(default = "defaults::max_queue_wait_ms")]
     pub max_queue_wait_ms: u64,
@@ -544,9 +545,7 @@ mod defaults {
     pub(super) fn lease_ttl_ms() -> u64 {
         120_000
     }
-    pub(super) fn max_lease_life_ms() -> u64 {
-        3_600_000
-    }
+    pub(super) const MAX_LEASE_LIFE_MS: u64 = 3_600_000;
     pub(super) fn max_queue_wait_ms() -> u64 {
         60_000
     }
@@ -584,6 +583,14 @@ impl Config {
         }
     }
 
+    /// The longest a granted lease lives (see [`Config::max_lease_life_ms`]): as
+    /// configured, else an hour or `lease_ttl_ms` if that is longer.
+    #[must_use]
+    pub fn lease_life_ms(&self) -> u64 {
+        self.max_lease_life_ms
+            .unwrap_or(defaults::MAX_LEASE_LIFE_MS.max(self.lease_ttl_ms))
+    }
+
     /// A configuration with one pool and every other field at its default.
     #[must_use]
     pub fn single_pool(pool: PoolConfig) -> Config {
@@ -592,7 +599,7 @@ impl Config {
             window_ms: defaults::window_ms(),
             margin: MarginConfig::default(),
             lease_ttl_ms: defaults::lease_ttl_ms(),
-            max_lease_life_ms: defaults::max_lease_life_ms(),
+            max_lease_life_ms: None,
             max_queue_wait_ms: defaults::max_queue_wait_ms(),
             max_queue_depth: defaults::max_queue_depth(),
             max_leases: defaults::max_leases(),
@@ -668,9 +675,11 @@ impl Config {
     fn validate_timing(&self) -> Result<(), ConfigError> {
         duration("window_ms", self.window_ms, 1)?;
         duration("lease_ttl_ms", self.lease_ttl_ms, 1)?;
-        duration("max_lease_life_ms", self.max_lease_life_ms, 1)?;
-        if self.max_lease_life_ms < self.lease_ttl_ms {
-            return Err(top("max_lease_life_ms", "must be at least lease_ttl_ms"));
+        if let Some(life) = self.max_lease_life_ms {
+            duration("max_lease_life_ms", life, 1)?;
+            if life < self.lease_ttl_ms {
+                return Err(top("max_lease_life_ms", "must be at least lease_ttl_ms"));
+            }
         }
         duration("max_queue_wait_ms", self.max_queue_wait_ms, 0)?;
         duration("prompt_cache_ttl_ms", self.prompt_cache_ttl_ms, 0)?;

@@ -1216,8 +1216,22 @@ fn max_lease_life_ms_is_validated_and_older_snapshots_take_the_default() {
             "{bad}: {e}"
         );
     }
-    let c = coord("");
-    assert_eq!(c.config().max_lease_life_ms, 3_600_000);
+    // Unset: an hour, or the TTL where that is longer (a configuration written before the
+    // field, with a TTL of a day, still starts).
+    assert_eq!(coord("").config().lease_life_ms(), 3_600_000);
+    assert_eq!(
+        coord(r#","lease_ttl_ms":86400000"#)
+            .config()
+            .lease_life_ms(),
+        86_400_000
+    );
+    assert_eq!(
+        coord(r#","max_lease_life_ms":600000"#)
+            .config()
+            .lease_life_ms(),
+        600_000
+    );
+    let c = coord(r#","max_lease_life_ms":600000"#);
     let mut v: serde_json::Value = serde_json::from_str(&c.snapshot_json()).unwrap();
     v["state"]["config"]
         .as_object_mut()
@@ -1225,7 +1239,7 @@ fn max_lease_life_ms_is_validated_and_older_snapshots_take_the_default() {
         .remove("max_lease_life_ms")
         .unwrap();
     let back = Coordinator::restore_json(&v.to_string()).unwrap();
-    assert_eq!(back.config().max_lease_life_ms, 3_600_000);
+    assert_eq!(back.config().lease_life_ms(), 3_600_000);
 }
 
 #[test]

@@ -180,8 +180,8 @@ export class Lease {
   /**
    * Keeps the lease (its reservation and concurrency slot) alive while its call still
    * works, such as a stream whose bytes still flow: its expiry moves to now + the
-   * configuration's `lease_ttl_ms`, never past its grant + `max_lease_life_ms` (an hour by
-   * default). Returns the new expiry (also in `expiresAt`). Call it
+   * configuration's `lease_ttl_ms`, never past its grant + `max_lease_life_ms` (by default
+   * an hour, or `lease_ttl_ms` if longer). Returns the new expiry (also in `expiresAt`). Call it
    * before `expiresAt`; a lease that is done or already expired throws `unknown_lease`, as
    * `settle` does. A lease from the edge limiter (`RemoteLease`) answers with a promise.
    */

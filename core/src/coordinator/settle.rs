@@ -336,7 +336,7 @@ impl Coordinator {
         self.granted(lease, now)?;
         let now = self.advance(now);
         let ttl = self.config.lease_ttl_ms;
-        let life = self.config.max_lease_life_ms;
+        let life = self.config.lease_life_ms();
         let Some(Entry {
             phase:
                 Phase::Active {
