@@ -1171,6 +1171,19 @@ fn a_renewed_lease_outlives_its_ttl_and_keeps_its_slot() {
     assert_eq!(c.metrics(Millis(11_000)).pools[0].counters.expired, 0);
 }
 
+/// Driven to `at`: lease `a` expires and ticket `b` is granted in its place (revisions of
+/// promises aside), and nothing else happens.
+fn expired_then_granted(c: &mut Coordinator, at: Millis, a: LeaseId, b: LeaseId) {
+    let ev: Vec<(Millis, Event)> = drive(c, at)
+        .into_iter()
+        .filter(|(_, e)| !matches!(e, Event::Revised { .. }))
+        .collect();
+    assert!(
+        matches!(ev.as_slice(), [(_, Event::Expired { lease, .. }), (_, Event::Granted { lease: g, .. })] if *lease == a && *g == b),
+        "{ev:?}"
+    );
+}
+
 #[test]
 fn renewals_end_at_the_lease_s_life_and_the_slot_is_freed_then() {
     // One slot, a 3 s TTL, a life of 7 s (issue 43, N3: a caller renewing without end held
@@ -1188,14 +1201,7 @@ fn renewals_end_at_the_lease_s_life_and_the_slot_is_freed_then() {
         assert_eq!(c.renew(Millis(t), a), Ok(Millis(7_000)), "at {t}");
         c.check().unwrap();
     }
-    let ev: Vec<(Millis, Event)> = drive(&mut c, Millis(7_000))
-        .into_iter()
-        .filter(|(_, e)| !matches!(e, Event::Revised { .. }))
-        .collect();
-    assert!(
-        matches!(ev.as_slice(), [(_, Event::Expired { lease, .. }), (_, Event::Granted { lease: g, .. })] if *lease == a && *g == b),
-        "{ev:?}"
-    );
+    expired_then_granted(&mut c, Millis(7_000), a, b);
     assert_eq!(c.renew(Millis(7_000), a), Err(LeaseError::UnknownLease));
     // The granted ticket's life counts from its own grant.
     assert_eq!(c.renew(Millis(9_000), b), Ok(Millis(12_000)));
@@ -1263,14 +1269,7 @@ fn an_unrenewed_lease_is_reaped_and_renewing_it_then_is_an_error() {
         before,
         "errors leave the state unchanged"
     );
-    let ev: Vec<(Millis, Event)> = drive(&mut c, Millis(3_000))
-        .into_iter()
-        .filter(|(_, e)| !matches!(e, Event::Revised { .. }))
-        .collect();
-    assert!(
-        matches!(ev.as_slice(), [(_, Event::Expired { lease, .. }), (_, Event::Granted { lease: g, .. })] if *lease == a && *g == b),
-        "{ev:?}"
-    );
+    expired_then_granted(&mut c, Millis(3_000), a, b);
     assert_eq!(c.renew(Millis(3_001), a), Err(LeaseError::UnknownLease));
     // A settled lease cannot be renewed either.
     assert_eq!(c.renew(Millis(4_000), b), Ok(Millis(7_000)));
