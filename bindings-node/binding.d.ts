@@ -239,7 +239,7 @@ export declare function promptBytes(provider: string, body: string): string
  * The proxy's first step for a proxied request (the gateway crate's rule): JSON text of
  * `{ call }` or `{ refused }` (see `tokenwarden_js_abi::proxied_call`).
  */
-export declare function proxiedCall(rest: string, search: string, headers: Array<string>, secrets: Array<string>, credential?: string | undefined | null): string
+export declare function proxiedCall(rest: string, search: string, headers: string, secrets: Array<string>, credential?: string | undefined | null): string
 
 /**
  * The provider a proxied request speaks, for its errors; null when its path cannot be

@@ -1871,57 +1871,53 @@ pub fn check_fleets(text: &str, serve_file: bool) -> Result<String, ArgError> {
 
 /// `proxiedCall(rest, search, headers, secrets, credential)`: the proxy's first step
 /// ([`tokenwarden_gateway::proxy::proxied_call`]) for a proxied request: `rest` the path
-/// after `…/proxy`, `search` the query string, `headers` the request's headers as names and
-/// values in turn (`[name, value, name, value, …]`), `secrets` the fleet's, `credential` the agent of the
-/// caller's credential. Answers JSON text: `{"call":{provider, path, query, headers, agent,
-/// role, task, unblocks, failureSignature}}`, or `{"refused":{status, error, message,
-/// field?}}` for the host to answer.
+/// after `…/proxy`, `search` the query string, `headers` the request's header names and
+/// values in turn, joined by line feeds (which neither may hold: one string crosses the
+/// boundary, not one per name and value), `secrets` the fleet's, `credential` the agent of
+/// the caller's credential. Answers JSON text: `{"call":{provider, path, query, headers,
+/// agent, role, task, unblocks, failureSignature}}`, `headers` the places of the pairs to
+/// send, or `{"refused":{status, error, message, field?}}` for the host to answer.
 pub fn proxied_call(
     rest: &str,
     search: &str,
-    headers: &[String],
+    headers: &str,
     secrets: &[String],
     credential: Option<&str>,
 ) -> Result<String, ArgError> {
     use serde_json::{Value, json};
     use tokenwarden_gateway::proxy::{Incoming, proxied_call};
-    if headers.len() % 2 != 0 {
-        return Err(
-            ArgError::type_error("`headers` must hold names and values in turn".into())
-                .with_field("headers"),
-        );
+    let mut items = headers.split('\n');
+    let pairs: Vec<(&str, &str)> = if headers.is_empty() {
+        Vec::new()
+    } else {
+        std::iter::from_fn(|| Some((items.next()?, items.next()?))).collect()
+    };
+    if !headers.is_empty() && headers.split('\n').count() != 2 * pairs.len() {
+        return Err(ArgError::type_error(
+            "`headers` must hold names and values in turn, joined by line feeds".into(),
+        )
+        .with_field("headers"));
     }
-    let headers: Vec<(String, String)> = headers
-        .chunks_exact(2)
-        .map(|p| (p[0].clone(), p[1].clone()))
-        .collect();
     let secrets: Vec<&str> = secrets.iter().map(String::as_str).collect();
     let out = match proxied_call(&Incoming {
         rest,
         search,
-        headers: &headers,
+        headers: &pairs,
         secrets: &secrets,
         credential,
     }) {
-        Ok(c) => {
-            let forwarded: Vec<Value> = c
-                .headers
-                .into_iter()
-                .map(|(n, v)| Value::Array(vec![Value::String(n), Value::String(v)]))
-                .collect();
-            json!({ "call": {
-                "provider": c.provider,
-                "path": c.path,
-                "query": c.query,
-                "headers": forwarded,
-                "agent": c.agent,
-                "role": c.role,
-                "task": c.task,
-                "unblocks": c.unblocks,
-                // At most 2^53 - 1: exact as a JavaScript number.
-                "failureSignature": c.failure_signature,
-            }})
-        }
+        Ok(c) => json!({ "call": {
+            "provider": c.provider,
+            "path": c.path,
+            "query": c.query,
+            "headers": c.headers,
+            "agent": c.agent,
+            "role": c.role,
+            "task": c.task,
+            "unblocks": c.unblocks,
+            // At most 2^53 - 1: exact as a JavaScript number.
+            "failureSignature": c.failure_signature,
+        }}),
         Err(r) => {
             let mut refused = json!({ "status": r.status, "error": r.code, "message": r.message });
             if let (Some(field), Value::Object(m)) = (r.field, &mut refused) {

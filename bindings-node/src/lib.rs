@@ -597,7 +597,7 @@ pub fn proxied_call(
     env: Env,
     rest: String,
     search: String,
-    headers: Vec<String>,
+    headers: String,
     secrets: Vec<String>,
     credential: Option<String>,
 ) -> napi::Result<String> {

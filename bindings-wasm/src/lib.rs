@@ -591,14 +591,14 @@ pub fn check_fleets(text: &str, serve_file: bool) -> Result<String, Thrown> {
 pub fn proxied_call(
     rest: &str,
     search: &str,
-    headers: Vec<String>,
+    headers: &str,
     secrets: Vec<String>,
     credential: Option<String>,
 ) -> Result<String, Thrown> {
     Ok(tokenwarden_js_abi::proxied_call(
         rest,
         search,
-        &headers,
+        headers,
         &secrets,
         credential.as_deref(),
     )?)

@@ -83,7 +83,15 @@ export function proxiedCall(
   credential: string | null = null,
 ): { call: ProxiedCall } | { refused: ProxyRefusal } {
   const given = secrets.filter((s): s is string => typeof s === 'string' && s.length > 0)
-  return JSON.parse(providerRules().proxiedCall(rest, search, [...headers].flat(), given, credential))
+  const pairs = [...headers]
+  // One string crosses into the engine: a header's name and value hold no line feed (the
+  // Fetch API's `Headers` refuse one; pairs given by hand are checked).
+  for (const [name, value] of pairs) {
+    if (name.includes('\n') || value.includes('\n')) throw new TypeError(`a header's name and value hold no line feed: ${JSON.stringify(name)}`)
+  }
+  const read = JSON.parse(providerRules().proxiedCall(rest, search, pairs.flat().join('\n'), given, credential))
+  if ('call' in read) read.call.headers = read.call.headers.map((i: number) => pairs[i])
+  return read
 }
 
 /** The provider a proxied request speaks, for answering its errors; null when its path cannot be read. */

@@ -59,11 +59,12 @@ export interface ProviderRules {
   checkFleets(text: string, serveFile: boolean): string
   /**
    * The proxy's first step for a proxied request (the gateway crate's rule): `rest` the
-   * path after `…/proxy`, `search` its query, `headers` its header names and values in turn,
-   * `secrets` the fleet's, `credential` the caller's credential's agent. Answers the
-   * JSON text of `{ call }` or `{ refused }` (see `proxiedCall` in `gateway.ts`).
+   * path after `…/proxy`, `search` its query, `headers` its header names and values in turn
+   * joined by line feeds, `secrets` the fleet's, `credential` the caller's credential's
+   * agent. Answers the JSON text of `{ call }` (its `headers` the places of the pairs to
+   * send) or `{ refused }` (see `proxiedCall` in `gateway.ts`).
    */
-  proxiedCall(rest: string, search: string, headers: string[], secrets: string[], credential: string | null): string
+  proxiedCall(rest: string, search: string, headers: string, secrets: string[], credential: string | null): string
   /** The provider a proxied request speaks, for its errors; null if its path cannot be read. */
   proxiedProvider(rest: string, anthropicVersion: boolean): string | null
 }

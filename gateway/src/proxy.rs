@@ -32,9 +32,9 @@
 //! use tokenwarden_gateway::proxy::{Incoming, proxied_call};
 //!
 //! let headers = [
-//!     ("x-api-key".into(), "sk-ant-…".into()),
-//!     ("cookie".into(), "session=1".into()),
-//!     ("x-tokenwarden-token".into(), "the-fleet-secret-0123456789".into()),
+//!     ("x-api-key", "sk-ant-…"),
+//!     ("cookie", "session=1"),
+//!     ("x-tokenwarden-token", "the-fleet-secret-0123456789"),
 //! ];
 //! let call = proxied_call(&Incoming {
 //!     rest: "/agent/alice/role/worker/v1/messages",
@@ -45,11 +45,11 @@
 //! })
 //! .unwrap();
 //! assert_eq!((call.provider, call.path.as_str(), call.query.as_str()), ("anthropic", "/v1/messages", "?beta=true"));
-//! assert_eq!(call.headers, [("x-api-key".into(), "sk-ant-…".into())]);
+//! assert_eq!(call.headers, [0]); // the key only
 //! assert_eq!((call.agent.as_deref(), call.role), (Some("alice"), "worker"));
 //! ```
 
-use alloc::borrow::ToOwned;
+use alloc::borrow::{Cow, ToOwned};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -94,7 +94,7 @@ pub struct Incoming<'a> {
     /// The URL's query string, `?…` or empty.
     pub search: &'a str,
     /// Its headers, names in lower case (as the Fetch API's `Headers` give them).
-    pub headers: &'a [(String, String)],
+    pub headers: &'a [(&'a str, &'a str)],
     /// The fleet's secrets: never forwarded, in a header or the query string.
     pub secrets: &'a [&'a str],
     /// The agent of the caller's agent credential, if it presented one.
@@ -110,8 +110,8 @@ pub struct ProxiedCall {
     pub path: String,
     /// The query string to send, `?…` or empty.
     pub query: String,
-    /// The headers to send, in the order they came.
-    pub headers: Vec<(String, String)>,
+    /// The headers to send: their places in [`Incoming::headers`], in the order they came.
+    pub headers: Vec<usize>,
     /// The agent named (the credential's, or the path's or header's), if any.
     pub agent: Option<String>,
     /// `planner`, `reviewer`, `worker` or `auto`.
@@ -144,8 +144,8 @@ pub fn proxied_call(req: &Incoming<'_>) -> Result<ProxiedCall, Refusal> {
     let header = |name: &str| {
         req.headers
             .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
     };
     let pick = |key: usize| -> Option<String> {
         named[key]
@@ -218,17 +218,18 @@ pub fn proxied_call(req: &Incoming<'_>) -> Result<ProxiedCall, Refusal> {
                 })?,
         ),
     };
-    let secrets: Vec<&[u8]> = req
+    let secrets: Vec<String> = req
         .secrets
         .iter()
         .filter(|s| !s.is_empty())
-        .map(|s| s.as_bytes())
+        .map(|s| s.to_ascii_lowercase())
         .collect();
     let headers = req
         .headers
         .iter()
-        .filter(|(name, value)| forwarded(name) && !holds_secret(value, &secrets))
-        .cloned()
+        .enumerate()
+        .filter(|(_, (name, value))| forwarded(name) && !holds_secret(value, &secrets))
+        .map(|(i, _)| i)
         .collect();
     let kept: Vec<&str> = req
         .search
@@ -421,27 +422,30 @@ fn forwarded(name: &str) -> bool {
         })
 }
 
-/// Whether `value` holds one of `secrets` in any ASCII letter case, or an agent credential
-/// or lease handle, as it is or percent-decoded once or twice.
-fn holds_secret(value: &str, secrets: &[&[u8]]) -> bool {
-    let mut form = value.to_owned();
+/// Whether `value` holds one of `secrets` (in ASCII lower case) in any ASCII letter case,
+/// or an agent credential or lease handle, as it is or percent-decoded once or twice.
+fn holds_secret(value: &str, secrets: &[String]) -> bool {
+    let mut form = Cow::Borrowed(value);
     for round in 0..3 {
         if round > 0 {
-            let decoded = latin1_decode(&form);
-            if decoded == form {
+            // Nothing to decode (the common case): no other form.
+            if !form.contains('%') {
                 break;
             }
-            form = decoded;
+            let decoded = latin1_decode(&form);
+            if decoded == *form {
+                break;
+            }
+            form = Cow::Owned(decoded);
         }
         if has_handle(&form) {
             return true;
         }
-        let b = form.as_bytes();
-        if secrets
-            .iter()
-            .any(|s| b.windows(s.len()).any(|w| w.eq_ignore_ascii_case(s)))
-        {
-            return true;
+        if !secrets.is_empty() {
+            let lower = form.to_ascii_lowercase();
+            if secrets.iter().any(|s| lower.contains(s.as_str())) {
+                return true;
+            }
         }
     }
     false
@@ -454,7 +458,7 @@ fn has_handle(s: &str) -> bool {
     let b = s.as_bytes();
     let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
     (0..b.len()).any(|i| {
-        if i > 0 && b[i - 1].is_ascii_alphanumeric() {
+        if !b[i].eq_ignore_ascii_case(&b't') || (i > 0 && b[i - 1].is_ascii_alphanumeric()) {
             return false;
         }
         let rest = &b[i..];
@@ -480,7 +484,6 @@ fn has_handle(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc::string::ToString;
     use alloc::vec;
 
     const SECRET: &str = "Fleet-Secret-0123456789";
@@ -495,14 +498,10 @@ mod tests {
         headers: &[(&str, &str)],
         credential: Option<&str>,
     ) -> Result<ProxiedCall, Refusal> {
-        let headers: Vec<(String, String)> = headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect();
         proxied_call(&Incoming {
             rest,
             search,
-            headers: &headers,
+            headers,
             secrets: &[SECRET, ""],
             credential,
         })
@@ -637,31 +636,27 @@ mod tests {
 
     #[test]
     fn only_the_provider_s_and_the_client_s_headers_go_and_none_with_a_secret() {
-        let c = call(
-            "/v1/messages",
-            "",
-            &[
-                ("content-type", "application/json"),
-                ("x-api-key", "sk-ant-1"),
-                ("anthropic-beta", "x"),
-                ("anthropic-", "empty suffix"),
-                ("x-stainless-os", "Linux"),
-                ("x-claude-code-session-id", "s"),
-                ("session_id", "s2"),
-                ("cookie", "a=1"),
-                ("x-forwarded-for", "10.0.0.1"),
-                ("x-tokenwarden-token", SECRET),
-                ("authorization", "Bearer fleet-secret-0123456789"),
-                ("user-agent", "ua FLEET-SECRET-0123456789"),
-                ("x-app", "cli%2520Fleet%252DSecret-0123456789"),
-                ("x-stainless-lang", "twa1.alice.sig."),
-                ("x-codex-x", "see TW2.f.q.1.sig"),
-                ("openai-organization", "org-1"),
-                ("originator", "stw1.a.b"),
-            ],
-        )
-        .unwrap();
-        let names: Vec<&str> = c.headers.iter().map(|(n, _)| n.as_str()).collect();
+        let sent = [
+            ("content-type", "application/json"),
+            ("x-api-key", "sk-ant-1"),
+            ("anthropic-beta", "x"),
+            ("anthropic-", "empty suffix"),
+            ("x-stainless-os", "Linux"),
+            ("x-claude-code-session-id", "s"),
+            ("session_id", "s2"),
+            ("cookie", "a=1"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x-tokenwarden-token", SECRET),
+            ("authorization", "Bearer fleet-secret-0123456789"),
+            ("user-agent", "ua FLEET-SECRET-0123456789"),
+            ("x-app", "cli%2520Fleet%252DSecret-0123456789"),
+            ("x-stainless-lang", "twa1.alice.sig."),
+            ("x-codex-x", "see TW2.f.q.1.sig"),
+            ("openai-organization", "org-1"),
+            ("originator", "stw1.a.b"),
+        ];
+        let c = call("/v1/messages", "", &sent).unwrap();
+        let names: Vec<&str> = c.headers.iter().map(|&i| sent[i].0).collect();
         assert_eq!(
             names,
             [
