@@ -922,7 +922,9 @@ export class QuotaObject {
     // agent's own key.
     const read = proxiedCall(url.pathname.slice('/proxy'.length), url.search, request.headers, [fleet.secret, fleet.admin_secret], who?.name ?? null)
     if ('refused' in read) throw Object.assign(new HttpError(read.refused.status, read.refused.error, read.refused.message), read.refused.field === undefined ? {} : { field: read.refused.field })
-    const { provider, path, task, unblocks, failureSignature: signature, agent: base } = read.call
+    // No role named: `auto`, the core's (a planner for its subagents at work, which unblocks
+    // them, else a worker), as every host leaves it.
+    const { provider, path, role, task, unblocks, failureSignature: signature, agent: base } = read.call
     const headers = new Headers(read.call.headers)
     // The client's session headers: who the call is when nothing above names it, and under
     // a name, which of that agent's subagents (a child of it: `alice/<subagent id>`).
@@ -931,9 +933,6 @@ export class QuotaObject {
     const agent = who !== null && agentName === who.name ? who.id : await this.#agentIds().id(agentName)
     // The family's root: by default the family shares one place in the fair order.
     const family = session?.root == null ? null : who !== null && session.root === who.name ? who.id : await this.#agentIds().id(session.root)
-    // No role named: the core's (`auto`: a planner for its subagents at work, which unblocks
-    // them, else a worker), as every host leaves it.
-    const role = read.call.role
     const upstream = new URL(q.upstream)
     upstream.pathname = upstream.pathname.replace(/\/$/, '') + path
     upstream.search = read.call.query

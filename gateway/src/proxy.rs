@@ -29,6 +29,7 @@
 //!   a non-negative integer to 2⁵³ − 1.
 //!
 //! ```
+//! use tokenwarden_core::Role;
 //! use tokenwarden_gateway::proxy::{Incoming, proxied_call};
 //!
 //! let headers = [
@@ -46,13 +47,16 @@
 //! .unwrap();
 //! assert_eq!((call.provider, call.path.as_str(), call.query.as_str()), ("anthropic", "/v1/messages", "?beta=true"));
 //! assert_eq!(call.headers, [0]); // the key only
-//! assert_eq!((call.agent.as_deref(), call.role), (Some("alice"), "worker"));
+//! assert_eq!((call.agent.as_deref(), call.role), (Some("alice"), Role::Worker));
 //! ```
 
 use alloc::borrow::{Cow, ToOwned};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
+
+use serde_json::Value;
+use tokenwarden_core::Role;
 
 /// Why a proxied request is refused: the HTTP status, a stable code, what was wrong and,
 /// where one is at fault, the field (a header's name).
@@ -114,8 +118,8 @@ pub struct ProxiedCall {
     pub headers: Vec<usize>,
     /// The agent named (the credential's, or the path's or header's), if any.
     pub agent: Option<String>,
-    /// `planner`, `reviewer`, `worker` or `auto`.
-    pub role: &'static str,
+    /// The role named, [`Role::Auto`] (the core's choice) when none is.
+    pub role: Role,
     /// The task named (an id or a name, as given), if any.
     pub task: Option<String>,
     /// The downstream tasks the call unblocks, if named.
@@ -173,17 +177,15 @@ pub fn proxied_call(req: &Incoming<'_>) -> Result<ProxiedCall, Refusal> {
             "x-tokenwarden-agent",
         ));
     }
-    let role = match pick(1).as_deref().unwrap_or("auto") {
-        "planner" => "planner",
-        "reviewer" => "reviewer",
-        "worker" => "worker",
-        "auto" => "auto",
-        _ => {
-            return Err(invalid(
+    // The core's names for its roles.
+    let role = match pick(1) {
+        None => Role::Auto,
+        Some(r) => serde_json::from_value(Value::String(r)).map_err(|_| {
+            invalid(
                 "`x-tokenwarden-role` must be planner, reviewer, worker or auto".to_owned(),
                 "x-tokenwarden-role",
-            ));
-        }
+            )
+        })?,
     };
     let failure_signature = match header("x-tokenwarden-failure-signature") {
         None => None,
@@ -519,7 +521,7 @@ mod tests {
         assert_eq!(c.agent.as_deref(), Some("a b"));
         assert_eq!(
             (c.role, c.task.as_deref(), c.unblocks),
-            ("planner", Some("fix-1"), Some(3))
+            (Role::Planner, Some("fix-1"), Some(3))
         );
         assert_eq!(c.provider, "anthropic");
         // A key's segment after the provider's path is the provider's.
@@ -541,9 +543,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             (c.role, c.agent.as_deref(), c.provider),
-            ("worker", Some("bob"), "anthropic")
+            (Role::Worker, Some("bob"), "anthropic")
         );
-        assert_eq!(call("/v1/models", "", &[]).unwrap().role, "auto");
+        assert_eq!(call("/v1/models", "", &[]).unwrap().role, Role::Auto);
     }
 
     #[test]
