@@ -232,23 +232,7 @@ pub fn u64_from_bigint(
     }
 }
 
-/// `snake_case` → `camelCase`.
-#[must_use]
-pub fn camel(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut upper = false;
-    for c in s.chars() {
-        if c == '_' {
-            upper = true;
-        } else if upper {
-            out.push(c.to_ascii_uppercase());
-            upper = false;
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+pub use tokenwarden_gateway::json::camel;
 
 /// A serde-shaped core value with its object keys recased to camelCase (string values,
 /// such as enum tags, are left alone). Numbers keep their exact value; napi-rs turns
@@ -372,139 +356,31 @@ pub fn camel_value<T: serde::Serialize>(v: &T) -> Result<Value, ArgError> {
         .map_err(|e| ArgError::state("internal", e.to_string()))
 }
 
-/// `camelCase` → `snake_case`.
-#[must_use]
-pub fn snake(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 4);
-    for c in s.chars() {
-        if c.is_ascii_uppercase() {
-            out.push('_');
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// The host protocol's input ([`core::Input`]) from JSON text with camelCase keys, as the
 /// JavaScript engines' `handle` takes it (integers above 2^53 − 1 written out exactly).
 /// A snake_case key is refused with the camelCase spelling, as everywhere in the JS API;
-/// a malformed input is `invalid_argument` naming what serde found wrong.
+/// a malformed input is `invalid_argument` naming what serde found wrong
+/// ([`tokenwarden_gateway::json::from_camel`]).
 pub fn input_from_json(text: &str) -> Result<core::Input, ArgError> {
     let value: Value = serde_json::from_str(text)
         .map_err(|e| ArgError::type_error(format!("the input is not JSON: {e}")))?;
-    let value = snake_keys(value)?;
-    core::Input::deserialize(&value).map_err(|e| {
-        let message = e.to_string();
-        let why = camel_quoted(&message);
-        // A number out of range or a name that is not one of the choices is a
-        // `RangeError`, as the typed calls' checks say; anything else a `TypeError`.
-        let range = message.starts_with("invalid value")
-            || message.starts_with("unknown variant")
-            || message.contains("floating point");
-        let (text, field) = match blame(&value, &message) {
-            Some((path, field)) => (format!("invalid input: `{path}`: {why}"), Some(field)),
-            None => (format!("invalid input: {why}"), None),
-        };
-        let err = if range {
-            ArgError::range("invalid_argument", text)
+    tokenwarden_gateway::json::from_camel(value, "input").map_err(ArgError::from)
+}
+
+impl From<tokenwarden_gateway::json::JsonError> for ArgError {
+    /// A number out of range or a name that is not one of the choices is a `RangeError`;
+    /// anything else a `TypeError`; both `invalid_argument` with the field.
+    fn from(e: tokenwarden_gateway::json::JsonError) -> ArgError {
+        let err = if e.range {
+            ArgError::range("invalid_argument", e.message)
         } else {
-            ArgError::type_error(text)
+            ArgError::type_error(e.message)
         };
-        match field {
+        match e.field {
             Some(field) => err.with_field(field),
             None => err,
         }
-    })
-}
-
-/// The path (camelCase, dotted) and field an input's serde error is about. The tagged
-/// input is decoded from a buffer, which loses serde's own path, so the field is found
-/// from the message: the one it names (`unknown field`, `missing field`), or else the
-/// value it quotes (`integer `-1``, `unknown variant `admiral``), looked up in the input.
-fn blame(input: &Value, message: &str) -> Option<(String, String)> {
-    fn find(v: &Value, quoted: &str, path: &mut Vec<String>) -> bool {
-        let within = |key: String, x: &Value, path: &mut Vec<String>| {
-            path.push(key);
-            let found = find(x, quoted, path);
-            if !found {
-                path.pop();
-            }
-            found
-        };
-        match v {
-            Value::Object(map) => map.iter().any(|(k, x)| within(camel(k), x, path)),
-            Value::Array(items) => items
-                .iter()
-                .enumerate()
-                .any(|(i, x)| within(i.to_string(), x, path)),
-            Value::Number(n) => n.to_string() == quoted,
-            Value::String(s) => s == quoted,
-            _ => false,
-        }
     }
-    let quoted = message.split('`').nth(1)?;
-    if message.starts_with("unknown field") || message.starts_with("missing field") {
-        let field = camel(quoted);
-        return Some((field.clone(), field));
-    }
-    let mut path = Vec::new();
-    if !find(input, quoted, &mut path) {
-        return None;
-    }
-    let field = path
-        .iter()
-        .rev()
-        .find(|s| !s.chars().all(|c| c.is_ascii_digit()))?
-        .clone();
-    Some((path.join("."), field))
-}
-
-/// Object keys recased from camelCase; a key already holding `_` is refused (ignored, the
-/// provider's snake_case usage would be read as another field's absence).
-fn snake_keys(v: Value) -> Result<Value, ArgError> {
-    Ok(match v {
-        Value::Object(map) => {
-            let mut out = Map::with_capacity(map.len());
-            for (k, v) in map {
-                if k.contains('_') {
-                    return Err(ArgError::type_error(format!(
-                        "unknown field `{k}` in the input; did you mean `{}`? (fields are camelCase)",
-                        camel(&k)
-                    ))
-                    .with_field(k));
-                }
-                out.insert(snake(&k), snake_keys(v)?);
-            }
-            Value::Object(out)
-        }
-        Value::Array(items) => Value::Array(
-            items
-                .into_iter()
-                .map(snake_keys)
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-        other => other,
-    })
-}
-
-/// A serde message with each `` `snake_name` `` in it written as the JavaScript caller
-/// spells it (`` `unixNowMs` ``); tags (`` `call_lease` `` after "variant") stay as written.
-fn camel_quoted(message: &str) -> String {
-    let keep = message.contains("variant");
-    let mut out = String::with_capacity(message.len());
-    for (i, part) in message.split('`').enumerate() {
-        if i > 0 {
-            out.push('`');
-        }
-        if i % 2 == 1 && !keep {
-            out.push_str(&camel(part));
-        } else {
-            out.push_str(part);
-        }
-    }
-    out
 }
 
 /// The host protocol's answer ([`core::Output`]) for `input` (JSON text, camelCase keys)
@@ -607,6 +483,7 @@ pub fn plan_fleet(json: &str) -> Result<String, ArgError> {
 }
 
 pub mod exchange;
+pub mod members;
 
 pub mod io {
     //! The register file of the hot calls.
@@ -725,29 +602,12 @@ pub mod io {
     /// `requestLeaseIo`'s argument slots 1 to 11 (slot 0 is `now`): the lease request's
     /// fields by their JavaScript names, in slot order (`cachedPrefixConfirmed` is 1 or 0;
     /// an optional field is −1 when absent).
-    pub const LEASE_REQUEST_FIELDS: [&str; 11] = [
-        "agent",
-        "pool",
-        "inputTokens",
-        "cachedPrefixTokens",
-        "maxTokens",
-        "role",
-        "unblocks",
-        "failureSignature",
-        "task",
-        "cachedPrefixConfirmed",
-        "family",
-    ];
+    pub const LEASE_REQUEST_FIELDS: [&str; 11] = tokenwarden_gateway::members::LEASE_REQUEST_FIELDS;
     /// `callLeaseIo`'s first call-state slot (`failed`, then `refusals`, `lastRetryAfterMs`):
     /// after `now` and the lease request.
     pub const CALL_STATE_SLOT: usize = arg::CALL;
     /// `settleIo`'s argument slots 2 to 5 (0 is `now`, 1 the lease): the usage's fields.
-    pub const USAGE_FIELDS: [&str; 4] = [
-        "inputTokens",
-        "cacheCreationInputTokens",
-        "cacheReadInputTokens",
-        "outputTokens",
-    ];
+    pub const USAGE_FIELDS: [&str; 4] = tokenwarden_gateway::members::USAGE_FIELDS;
     /// Role codes in the `role` slot: the index in this list.
     pub const ROLES: [core::Role; 4] = [
         core::Role::Worker,

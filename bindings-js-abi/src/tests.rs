@@ -622,3 +622,88 @@ fn handle_decodes_camel_case_input_and_names_the_bad_field() {
     let e = bad(r#"{"op":"cancel","lease":999}"#);
     assert_eq!(e.code, "unknown_lease");
 }
+
+/// The member table through the JSON the Worker passes: every output a member's input can
+/// have reads back (camelCase) for `applied`, and the table follows.
+#[test]
+fn member_table_reads_back_every_member_output() {
+    use crate::members::MemberTable;
+    use serde_json::Value;
+    let config = core::Config::from_json(
+        r#"{"pools":[{"name":"main","input_tokens_per_minute":100000,"max_concurrent":1}]}"#,
+    )
+    .unwrap();
+    let mut c = core::Coordinator::new(config, 3, core::Millis(0)).unwrap();
+    let mut t = MemberTable::new(vec!["main".into()], "[]").unwrap();
+    // Not keyed yet: no agent is named.
+    assert!(t.route("handle", None, None, "{}").is_err());
+    t.key("a-fleet-secret-of-32-characters", "[]").unwrap();
+    let mut step = |t: &mut MemberTable, who: Option<&str>, input: Value| -> Value {
+        let checked: Value =
+            serde_json::from_str(&t.route("handle", None, who, &input.to_string()).unwrap())
+                .unwrap();
+        let Some(input) = checked.get("input") else {
+            return checked;
+        };
+        let out = handle(&mut c, 0, &input.to_string()).unwrap();
+        let out = camel_value(&out).unwrap();
+        t.applied(&out.to_string()).unwrap();
+        while let Some(e) = c.poll_event() {
+            if let core::Event::Granted {
+                lease,
+                expires_at,
+                waited_ms,
+                ..
+            } = e
+            {
+                #[allow(clippy::cast_precision_loss)]
+                t.granted(lease.0 as f64, expires_at.0 as f64, waited_ms as f64)
+                    .unwrap();
+            }
+        }
+        out
+    };
+    let ask = serde_json::json!({ "op": "call_lease", "request": { "agent": "alice", "inputTokens": 10 } });
+    let sent = step(&mut t, Some("alice"), ask.clone());
+    assert_eq!(sent["output"], "send", "{sent}");
+    let waiting = step(&mut t, Some("alice"), ask);
+    assert_eq!(waiting["output"], "wait", "{waiting}");
+    let (lease, ticket) = (sent["lease"].clone(), waiting["wait"]["ticket"].clone());
+    assert_eq!(t.ids().len(), 2);
+    // A provider's answer with rate-limit headers: `deliver` with its report, read back.
+    let answered = step(
+        &mut t,
+        Some("alice"),
+        serde_json::json!({ "op": "call_response", "lease": lease, "status": 200,
+            "headers": [["anthropic-ratelimit-input-tokens-remaining", "99000"],
+                        ["anthropic-ratelimit-input-tokens-limit", "100000"]] }),
+    );
+    assert_eq!(answered["output"], "deliver", "{answered}");
+    let settled = step(
+        &mut t,
+        Some("alice"),
+        serde_json::json!({ "op": "settle", "lease": lease, "usage": { "inputTokens": 10 } }),
+    );
+    assert_eq!(settled["output"], "settled", "{settled}");
+    // The ticket was granted from the line: the table says so, and its poll wakes.
+    assert!(t.take_wakes().contains(&ticket.as_f64().unwrap()));
+    let record: Value =
+        serde_json::from_str(&t.known(ticket.as_f64().unwrap(), Some("alice")).unwrap()).unwrap();
+    assert_eq!(record["record"]["state"], "granted", "{record}");
+    // A refused one is an answer, not a throw.
+    let other: Value =
+        serde_json::from_str(&t.known(ticket.as_f64().unwrap(), Some("bob")).unwrap()).unwrap();
+    assert_eq!(other["refused"]["status"], 403);
+    // Tasks: opened, failed, ended with their summary.
+    for input in [
+        serde_json::json!({ "op": "open_task", "task": { "task": "t-1" } }),
+        serde_json::json!({ "op": "task_failed", "task": "t-1", "signature": 5 }),
+        serde_json::json!({ "op": "end_task", "task": "t-1", "outcome": "merged" }),
+    ] {
+        let out = step(&mut t, Some("alice"), input.clone());
+        assert!(out.get("output").is_some(), "{input}: {out}");
+    }
+    // Stored and read back.
+    let again = MemberTable::new(vec!["main".into()], &t.records()).unwrap();
+    assert_eq!(again.records(), t.records());
+}

@@ -6,6 +6,8 @@ import { enginesFor, fetchedRanks, providerRulesFor, tokenwardenFor } from './en
 
 export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
+/** The members of one quota, for a gateway's host (the gateway crate's rule; see index.d.ts). */
+export const MemberTable = wasm.MemberTable
 /** Creates and restores engines backed by the wasm build. */
 export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */

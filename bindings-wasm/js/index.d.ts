@@ -66,3 +66,55 @@ export declare function createTokenwarden(options: CreateOptions): Tokenwarden
  * a no-op elsewhere.
  */
 export declare function init(input?: unknown): Promise<void>
+
+/** Why the gateway refuses a member's request: the HTTP answer. */
+export interface MemberRefusal {
+  status: number
+  error: string
+  message: string
+  field?: string
+}
+
+/**
+ * The members of one quota, for a host of the HTTP API (the edge Worker's Durable Object;
+ * the gateway crate's `members`): a member's request checked against who sends it (an agent
+ * credential's name, or `undefined` for the fleet's secret), and the table of the leases and
+ * tickets members hold. The host applies the checked input through its driver and hands the
+ * output to `applied`; the driver's `granted`, `revised` and `expired` events go to the
+ * methods of those names; `takeWakes()` says which long polls to answer now. Answers are
+ * JSON text; a refusal is `{ refused: MemberRefusal }`, never a throw.
+ */
+export declare class MemberTable {
+  /** `records`: what `records()` answered before a restart (`'[]'` for none). */
+  constructor(pools: string[], records: string)
+  /** The table replaced (the quota reset and started again). */
+  restore(pools: string[], records: string): void
+  /** Keys agent ids by the fleet's secret; `names`: `[[id, name], …]` stored before a restart. */
+  key(secret: string, names: string): void
+  /**
+   * A member's request to `route` (`handle`, `lease`, `settle`, `cancel`, `interrupted`,
+   * `renew`, `response`, `task`, `task-failed`, `task-done`) naming lease or task `id` in its
+   * path (the segment, percent-decoded), with its body's JSON text: `{ input }` (the core's input, for
+   * `Tokenwarden.handle`) or `{ refused }`.
+   */
+  route(route: string, id: string | undefined, who: string | undefined, body: string): string
+  /** The output the input `route` last answered had (JSON text). */
+  applied(output: string): void
+  /** A long poll: `{ hold: ms }`, `{ status, body }` or `{ refused }`. */
+  wait(lease: number, who: string | undefined, timeoutMs: number): string
+  /** The operator's hold body at `now`: `{ input }` or `{ refused }`. */
+  hold(body: string, now: number): string
+  granted(lease: number, expiresAt: number, waitedMs: number): void
+  revised(lease: number, eta: number, now: number): void
+  expired(lease: number): void
+  takeWakes(): Float64Array
+  agentId(name: string): number
+  nameOf(id: number): string | undefined
+  /** `[[id, name | null], …]` to store since the last call. */
+  takeNameWrites(): string
+  /** `[[id, record], …]` to store. */
+  records(): string
+  /** Ends every record (a reset); how many there were. */
+  clear(): number
+  free(): void
+}

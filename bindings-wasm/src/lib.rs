@@ -672,3 +672,120 @@ impl Exchange {
         self.inner.actions()
     }
 }
+
+/// The members of one quota (the gateway crate's rule, for the edge Worker's Durable
+/// Object): a member's input checked against who sends it, and the table of the leases and
+/// tickets members hold, kept from the outputs and events the host hands it. Answers that
+/// can be refused are JSON text holding `refused` (an HTTP answer), never a throw.
+#[wasm_bindgen(js_name = MemberTable)]
+pub struct MemberTable {
+    inner: tokenwarden_js_abi::members::MemberTable,
+}
+
+#[wasm_bindgen(js_class = MemberTable)]
+impl MemberTable {
+    /// The members of a quota with its pools by name and the lease table stored
+    /// (`records()` JSON); `key()` keys agent ids once the fleet is known.
+    #[wasm_bindgen(constructor)]
+    pub fn new(pools: Vec<String>, records: &str) -> Result<MemberTable, Thrown> {
+        Ok(MemberTable {
+            inner: tokenwarden_js_abi::members::MemberTable::new(pools, records)?,
+        })
+    }
+
+    /// The table replaced by `records` (JSON), with the quota's pools.
+    pub fn restore(&mut self, pools: Vec<String>, records: &str) -> Result<(), Thrown> {
+        Ok(self.inner.restore(pools, records)?)
+    }
+
+    /// Keys agent ids by the fleet's secret, with the names stored (`[[id, name], …]` JSON).
+    pub fn key(&mut self, secret: &str, names: &str) -> Result<(), Thrown> {
+        Ok(self.inner.key(secret, names)?)
+    }
+
+    /// A member's request to `route` (`handle`, `lease`, `settle`, …) naming lease or task
+    /// `id` in its path (the segment's text), with its body (JSON text), from agent credential `who` or the fleet
+    /// secret (`undefined`): `{"input"}` (the core's, camelCase) or `{"refused"}`, as JSON
+    /// text.
+    pub fn route(
+        &mut self,
+        route: &str,
+        id: Option<String>,
+        who: Option<String>,
+        body: &str,
+    ) -> Result<String, Thrown> {
+        Ok(self
+            .inner
+            .route(route, id.as_deref(), who.as_deref(), body)?)
+    }
+
+    /// The output (JSON text) the input `route` last answered had: the table kept.
+    pub fn applied(&mut self, output: &str) -> Result<(), Thrown> {
+        Ok(self.inner.applied(output)?)
+    }
+
+    /// A long poll on `lease` with `timeoutMs` left: `{"hold"}`, `{"status","body"}` or
+    /// `{"refused"}` as JSON text.
+    pub fn wait(
+        &mut self,
+        lease: f64,
+        who: Option<String>,
+        timeout_ms: f64,
+    ) -> Result<String, Thrown> {
+        Ok(self.inner.wait(lease, who.as_deref(), timeout_ms)?)
+    }
+
+    /// The operator's hold body (JSON text) at `now`: `{"input"}` or `{"refused"}`.
+    pub fn hold(&self, body: &str, now: f64) -> Result<String, Thrown> {
+        Ok(self.inner.hold(body, now)?)
+    }
+
+    /// A member's ticket granted from the line.
+    pub fn granted(&mut self, lease: f64, expires_at: f64, waited_ms: f64) -> Result<(), Thrown> {
+        Ok(self.inner.granted(lease, expires_at, waited_ms)?)
+    }
+
+    /// A ticket's promise revised to `eta` at `now`.
+    pub fn revised(&mut self, lease: f64, eta: f64, now: f64) -> Result<(), Thrown> {
+        Ok(self.inner.revised(lease, eta, now)?)
+    }
+
+    /// A lease expired.
+    pub fn expired(&mut self, lease: f64) -> Result<(), Thrown> {
+        Ok(self.inner.expired(lease)?)
+    }
+
+    /// The long polls to answer now (lease ids).
+    #[wasm_bindgen(js_name = takeWakes)]
+    pub fn take_wakes(&mut self) -> Vec<f64> {
+        self.inner.take_wakes()
+    }
+
+    /// The id of agent `name` (keyed by the fleet's secret).
+    #[wasm_bindgen(js_name = agentId)]
+    pub fn agent_id(&mut self, name: &str) -> Result<f64, Thrown> {
+        Ok(self.inner.agent_id(name)?)
+    }
+
+    /// The name agent `id` was made from, if remembered.
+    #[wasm_bindgen(js_name = nameOf)]
+    pub fn name_of(&self, id: f64) -> Option<String> {
+        self.inner.name_of(id)
+    }
+
+    /// The names to store since the last call: `[[id, name or null], …]` JSON.
+    #[wasm_bindgen(js_name = takeNameWrites)]
+    pub fn take_name_writes(&mut self) -> String {
+        self.inner.take_name_writes()
+    }
+
+    /// The lease table to store: `[[id, record], …]` JSON.
+    pub fn records(&self) -> String {
+        self.inner.records()
+    }
+
+    /// Ends every record (a reset); answers how many there were.
+    pub fn clear(&mut self) -> f64 {
+        self.inner.clear()
+    }
+}

@@ -10,7 +10,10 @@
 //! (`fleets.acme.quotas.main.upstrem: unknown field`) instead of starting a gateway that
 //! answers every call 404 or has no limit. The second is the proxy's first step
 //! ([`proxy`]): from a proxied request what is sent to the provider and what names the
-//! call, or why it is refused.
+//! call, or why it is refused. The third is the members of a quota ([`members`]): what a
+//! member of the fleet may send through the HTTP API, checked against who it is, and the
+//! table of the leases and tickets members hold ([`names`]: the ids of their agents;
+//! [`json`]: the camelCase JSON every host reads, with the field at fault named).
 //!
 //! ```
 //! use tokenwarden_gateway::config::{Fleets, ProxyOpen};
@@ -31,5 +34,44 @@
 
 extern crate alloc;
 
+use alloc::string::String;
+
 pub mod config;
+pub mod json;
+pub mod members;
+pub mod names;
 pub mod proxy;
+
+/// Why the gateway refuses a request: the HTTP status, a stable code, what was wrong and,
+/// where one is at fault, the field (a header's name, a body's field).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status (400, 403, 404, 409).
+    pub status: u16,
+    /// A stable code: `invalid_argument`, `forbidden`, `not_found`, `unknown_lease`, …
+    pub code: &'static str,
+    /// What was wrong, in words.
+    pub message: String,
+    /// The field at fault, if one is.
+    pub field: Option<String>,
+}
+
+impl Refusal {
+    /// A refusal with no field named.
+    #[must_use]
+    pub fn new(status: u16, code: &'static str, message: String) -> Refusal {
+        Refusal {
+            status,
+            code,
+            message,
+            field: None,
+        }
+    }
+
+    /// Names the field at fault.
+    #[must_use]
+    pub fn with_field(mut self, field: impl Into<String>) -> Refusal {
+        self.field = Some(field.into());
+        self
+    }
+}

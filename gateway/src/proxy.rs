@@ -58,31 +58,13 @@ use alloc::vec::Vec;
 use serde_json::Value;
 use tokenwarden_core::Role;
 
-/// Why a proxied request is refused: the HTTP status, a stable code, what was wrong and,
-/// where one is at fault, the field (a header's name).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
-    /// 400, 403 or 404.
-    pub status: u16,
-    /// `invalid_argument`, `forbidden` or `not_found`.
-    pub code: &'static str,
-    /// What was wrong, in words.
-    pub message: String,
-    /// The field at fault, if one is.
-    pub field: Option<&'static str>,
-}
+use crate::Refusal;
 
-fn refused(
-    status: u16,
-    code: &'static str,
-    message: String,
-    field: Option<&'static str>,
-) -> Refusal {
-    Refusal {
-        status,
-        code,
-        message,
-        field,
+fn refused(status: u16, code: &'static str, message: String, field: Option<&str>) -> Refusal {
+    let r = Refusal::new(status, code, message);
+    match field {
+        Some(f) => r.with_field(f),
+        None => r,
     }
 }
 
@@ -580,14 +562,16 @@ mod tests {
         ] {
             let r = bad("/v1/messages", &[(header, value)]);
             assert_eq!(
-                (r.status, r.field),
+                (r.status, r.field.as_deref()),
                 (400, Some(header)),
                 "{header}: {value}"
             );
         }
         let long = "é".repeat(129);
         assert_eq!(
-            bad("/v1/messages", &[("x-tokenwarden-agent", &long)]).field,
+            bad("/v1/messages", &[("x-tokenwarden-agent", &long)])
+                .field
+                .as_deref(),
             Some("x-tokenwarden-agent")
         );
         assert_eq!(

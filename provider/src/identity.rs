@@ -134,6 +134,39 @@ pub fn identity(headers: &[(&str, &str)], base: Option<&str>) -> Option<Identity
     }
 }
 
+/// A stable task id for a task's name, as every host reads it (the npm package's
+/// `taskIdFor`, the HTTP API's `task`): a name of 1 to 16 digits that is an exact integer
+/// below 2^53 is that number (`"1234"` is task 1234, so an issue number works as either),
+/// any other its 53-bit FNV-1a hash (collisions are negligible).
+#[must_use]
+pub fn task_id_for(name: &str) -> u64 {
+    if (1..=16).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_digit()) {
+        if let Ok(n) = name.parse::<u64>() {
+            if n < 1 << 53 {
+                return n;
+            }
+        }
+    }
+    hash53(&[name])
+}
+
+/// FNV-1a over 64 bits of `parts` joined by NUL, folded to 53 bits (an exact JavaScript
+/// `number`).
+#[must_use]
+pub fn hash53(parts: &[&str]) -> u64 {
+    const PRIME: u64 = 0x0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            h = h.wrapping_mul(PRIME);
+        }
+        for b in part.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+        }
+    }
+    (h ^ (h >> 53)) & ((1 << 53) - 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +291,18 @@ mod tests {
             identity(&nested, Some("alice")),
             Some(id("alice/a2", Some("alice/a1"), Some("alice")))
         );
+    }
+
+    #[test]
+    fn task_ids_are_the_npm_packages() {
+        // The npm package's `taskIdFor` on the same names.
+        assert_eq!(super::task_id_for("fix-login"), 358_998_486_657_506);
+        assert_eq!(super::task_id_for("1234"), 1234);
+        assert_eq!(
+            super::task_id_for("12345678901234567"),
+            1_081_579_699_434_711
+        );
+        assert_eq!(super::task_id_for(""), 5_239_054_864_098_682);
+        assert_eq!(super::task_id_for("é/ü"), 6_826_924_348_688_416);
     }
 }
