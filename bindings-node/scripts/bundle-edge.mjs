@@ -18,6 +18,11 @@ const result = await build({
   outdir,
   loader: { '.wasm': 'copy', '.bpe': 'copy' },
   assetNames: '[name]-[hash]',
+  // Whitespace and syntax minified, names kept (a stack trace from `serve` still reads):
+  // 300 → 216 KB, 76.7 → 59.2 KB gzipped, which keeps the whole bundle (with the .wasm and
+  // the ranks) within 1.86 MB gzipped as the gateway's rules move from JavaScript to Rust.
+  minifyWhitespace: true,
+  minifySyntax: true,
   metafile: true,
   logLevel: 'error',
 })

@@ -10,14 +10,11 @@
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
 import {
-  LEASE_REQUEST_FIELDS,
   LeaseRejectedError,
   ManualClock,
+  MemberTable,
   Tokenwarden,
-  USAGE_FIELDS,
-  agentIdFor,
   errorTypeFor,
-  newCall,
   providerErrorBody,
   providerErrorEvent,
   proxiedCall,
@@ -33,7 +30,6 @@ import { parseExact, readState, writeChanged } from './store.js'
 import { Timeline } from './timeline.js'
 import { WaitLog } from './waitlog.js'
 
-const MAX_WAIT_MS = 30_000
 /** Processes remembered per quota, and for how long after they were last seen. */
 const MAX_CLIENTS = 1024
 const CLIENT_TTL_MS = 60_000
@@ -105,7 +101,7 @@ const MAX_AGENT_IDS = 4096
 /** Storage keys of the remembered names: `agent-name:<id>` → name (at most MAX_AGENT_IDS). */
 const NAME_PREFIX = 'agent-name:'
 
-/** The names stored by AgentIds: id → name. */
+/** The agent names stored (the member table's writes): id → name. */
 async function namesOf(storage) {
   const stored = await storage.list({ prefix: NAME_PREFIX, limit: MAX_AGENT_IDS })
   const names = new Map()
@@ -115,86 +111,6 @@ async function namesOf(storage) {
   }
   return names
 }
-const MASK53 = (1n << 53n) - 1n
-
-/**
- * Agent ids, keyed by the fleet's secret: the first 53 bits of HMAC-SHA-256(name). Two
- * names share an id only by a 2^-53 chance nobody can steer without the secret, unlike an
- * unkeyed hash, where a name with another agent's id is found in a fraction of a second.
- * Who may act on a lease is also checked by the full name (see #known).
- */
-class AgentIds {
-  /** @type {CryptoKey | null} */
-  #key = null
-  /** name → id and id → name, least recently used first (at most MAX_AGENT_IDS each) */
-  #ids = new Map()
-  #names = new Map()
-  #storage
-
-  /**
-   * `names`: id → name as stored before a restart (see namesOf), so metrics, the dashboard
-   * and the logs name agents at once rather than after each one's next call; `storage`,
-   * where each id → name learned or forgotten is written (one key per agent, NAME_PREFIX).
-   * Only the id → name side is seeded: a name's id is made again from the secret, which may
-   * have changed.
-   */
-  constructor(secret, names = new Map(), storage = null) {
-    this.secret = secret
-    this.#storage = storage
-    for (const [id, name] of names) if (this.#names.size < MAX_AGENT_IDS) this.#names.set(id, name)
-  }
-
-  async id(name) {
-    const known = this.#ids.get(name)
-    if (known !== undefined) {
-      this.#remember(name, known)
-      return known
-    }
-    this.#key ??= await crypto.subtle.importKey('raw', new TextEncoder().encode(`tokenwarden agent ids\u0000${this.secret}`), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign'])
-    const mac = new DataView(await crypto.subtle.sign('HMAC', this.#key, new TextEncoder().encode(name)))
-    const id = Number(mac.getBigUint64(0) & MASK53)
-    this.#remember(name, id)
-    return id
-  }
-
-  /** Moves `name` to the most recently used end, forgetting the least recently used past the bound. */
-  #remember(name, id) {
-    this.#ids.delete(name)
-    this.#ids.set(name, id)
-    if (this.#names.get(id) !== name) this.#store(id, name)
-    this.#names.delete(id)
-    this.#names.set(id, name)
-    while (this.#ids.size > MAX_AGENT_IDS) {
-      const [oldName, oldId] = this.#ids.entries().next().value
-      this.#ids.delete(oldName)
-      if (this.#names.get(oldId) === oldName) this.#forget(oldId)
-    }
-    while (this.#names.size > MAX_AGENT_IDS) this.#forget(this.#names.keys().next().value)
-  }
-
-  #forget(id) {
-    this.#names.delete(id)
-    this.#store(id, null)
-  }
-
-  /** Writes (not awaited: the object's output gate holds replies until it commits) one name. */
-  #store(id, name) {
-    if (this.#storage === null) return
-    const key = `${NAME_PREFIX}${id}`
-    ;(name === null ? this.#storage.delete(key) : this.#storage.put(key, name)).catch(() => {})
-  }
-
-  /** Writes every remembered name again (after a reset emptied storage). */
-  storeAll() {
-    for (const [id, name] of this.#names) this.#store(id, name)
-  }
-
-  /** The name an id was made from, if it is still remembered (a scan: for log lines only). */
-  nameOf(id) {
-    return this.#names.get(id) ?? null
-  }
-}
-
 /** JSON text with bigints (instants near u64::MAX only) written as numbers. */
 export function toJson(value) {
   return JSON.stringify(value, (_k, v) => (typeof v === 'bigint' ? Number(v) : v))
@@ -202,30 +118,6 @@ export function toJson(value) {
 
 export function json(status, body, headers = {}) {
   return new Response(toJson(body), { status, headers: { 'content-type': 'application/json', ...headers } })
-}
-
-// The fields a lease request and a usage may carry: the engine's own lists (generated from
-// the Rust side), so the HTTP API accepts exactly what the engine does.
-/** @type {Set<string>} */
-const FIELDS = new Set(LEASE_REQUEST_FIELDS)
-
-/**
- * The core's inputs a member of the fleet may send (`POST …/handle`), with the fields each
- * takes besides `op`: the core's own (SCHEMA.md), less what the object sets itself.
- * @type {Record<string, string[]>}
- */
-const MEMBER_INPUTS = {
-  request_lease: ['request'],
-  call_lease: ['call', 'request'],
-  settle: ['lease', 'usage'],
-  cancel: ['lease'],
-  renew: ['lease'],
-  response: ['pool', 'lease', 'status', 'headers'],
-  call_response: ['call', 'pool', 'lease', 'status', 'headers'],
-  call_interrupted: ['lease', 'seen'],
-  open_task: ['task'],
-  task_failed: ['task', 'signature'],
-  end_task: ['task', 'outcome'],
 }
 
 /**
@@ -239,42 +131,9 @@ function only(b, fields, where) {
   return b
 }
 
-/** A usage object (`usage`, or `seen` of an interrupted call) with the engine's fields only. */
-function checkUsage(usage, field) {
-  if (usage === null || typeof usage !== 'object' || Array.isArray(usage)) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be a usage object`), { field })
-  only(usage, USAGE_FIELDS, `\`${field}\``)
-}
-
-/**
- * A task as a client names it: an integer id, or a name (1 to 256 characters) turned into
- * one the way the npm package's `tw.task({ id })` does (`taskIdFor`).
- */
-export function taskId(task, field = 'task') {
-  if (Number.isSafeInteger(task) && task >= 0) return task
-  // A name of digits is that id (taskIdFor), so a path segment can carry either.
-  if (typeof task === 'string' && task.length > 0 && task.length <= 256) return taskIdFor(task)
-  throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be a task id (a non-negative integer) or a name (1 to 256 characters)`), { field })
-}
-
-/** A count of downstream tasks (`unblocks`): an integer from 0 to 2^32 − 1. */
-function unblocksOf(v, field = 'unblocks') {
-  const n = typeof v === 'string' && /^\d{1,10}$/.test(v) ? Number(v) : v
-  if (!Number.isInteger(n) || n < 0 || n > 0xffffffff) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be an integer from 0 to 4294967295`), { field })
-  return n
-}
-
-const ROLES = ['planner', 'reviewer', 'worker', 'auto']
-function roleOf(v, field = 'role') {
-  if (v === undefined || v === null) return 'worker'
-  if (!ROLES.includes(v)) throw Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` must be planner, reviewer, worker or auto`), { field })
-  return v
-}
-
-/** A lease request's `agent`: a number (used as it is) or a name (1 to 128 characters). */
-function checkAgent(agent) {
-  if (Number.isSafeInteger(agent) && agent >= 0) return agent
-  if (typeof agent === 'string' && agent.length > 0 && agent.length <= 128) return agent
-  throw Object.assign(new HttpError(400, 'invalid_argument', '`agent` must be a non-negative integer or a name (1 to 128 characters)'), { field: 'agent' })
+/** A refusal of the gateway crate's member table, as the error the routes throw. */
+function refusal(r) {
+  return Object.assign(new HttpError(r.status, r.error, r.message), r.field === undefined ? {} : { field: r.field })
 }
 
 export class QuotaObject {
@@ -283,8 +142,14 @@ export class QuotaObject {
     this.env = env
     /** @type {Tokenwarden | null} */
     this.tw = null
-    /** lease id → { state: 'queued' | 'granted', agent, pool, eta?, expiresAt?, waitedMs? } */
-    this.leases = new Map()
+    /**
+     * The members' leases and tickets and the agent names (the gateway crate's member
+     * table, in wasm): who may act on what, and what a long poll answers.
+     * @type {import('tokenwarden-wasm').MemberTable | null}
+     */
+    this.members = null
+    /** Whether the member table's agent ids are keyed by the fleet's secret yet. */
+    this.keyed = false
     /** Remote drivers' process ids → when last seen (oldest first). */
     this.clients = new Map()
     /** lease id → callbacks waiting for its grant (long polls) */
@@ -306,13 +171,11 @@ export class QuotaObject {
      * stored before epochs existed is of epoch `0`.
      */
     this.epoch = null
-    /** @type {AgentIds | null} */
-    this.agentIds = null
     /** Recent call events and the ceilings hit, in memory only (timeline.js). */
     this.timeline = new Timeline()
     /** The object's time and timers (see ObjectClock). */
     this.clock = new ObjectClock()
-    /** Agent names stored before a restart, until AgentIds takes them (id → name). */
+    /** Agent names stored before a restart, until the member table is keyed (id → name). */
     this.storedNames = new Map()
     this.ctx.blockConcurrencyWhile(async () => {
       this.storedNames = await namesOf(this.ctx.storage)
@@ -358,38 +221,30 @@ export class QuotaObject {
     const tw = new Tokenwarden({ engine, clock: this.clock })
     this.tw = tw
     this.timeline.listen(tw)
-    this.leases = new Map(leases)
+    const records = toJson(leases)
+    if (this.members === null) this.members = new MemberTable([...engine.pools], records)
+    else this.members.restore([...engine.pools], records)
+    const members = this.members
+    // The member table keeps its records from the driver's events; the long polls it says
+    // are due answer now (a grant, an ended ticket, a promise moved past one about to come).
     tw.on('granted', (e) => {
-      const rec = this.leases.get(e.lease)
-      if (rec !== undefined) {
-        this.leases.set(e.lease, { ...rec, state: 'granted', expiresAt: e.expiresAt, waitedMs: e.waitedMs })
-        for (const wake of this.waiters.get(e.lease) ?? []) wake()
-        this.waiters.delete(e.lease)
-      }
+      members.granted(Number(e.lease), Number(e.expiresAt), Number(e.waitedMs))
+      this.#wake()
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
-    // A ticket's promise moved later. A poll waiting on it answers now with the new one when
-    // the old one would pass before the poll ends; otherwise its next answer carries it (a
-    // joining fleet revises many promises: no storm of answers).
     tw.on('revised', (e) => {
-      const rec = this.leases.get(e.lease)
-      if (rec !== undefined && rec.state === 'queued') {
-        const passing = Number(rec.eta) <= this.clock.now() + MAX_WAIT_MS
-        this.leases.set(e.lease, { ...rec, eta: e.eta })
-        if (passing) {
-          for (const wake of this.waiters.get(e.lease) ?? []) wake()
-          this.waiters.delete(e.lease)
-        }
-      }
+      members.revised(Number(e.lease), Number(e.eta), this.clock.now())
+      this.#wake()
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
     tw.on('expired', (e) => {
-      this.leases.delete(e.lease)
+      members.expired(Number(e.lease))
+      this.#wake()
       this.#persistSoon(BACKGROUND_FLUSH_MS)
     })
     for (const name of /** @type {const} */ (['paused', 'margin_changed', 'estimate_alert', 'settled'])) tw.on(name, () => this.#persistSoon(BACKGROUND_FLUSH_MS))
     // `tokenwarden serve` prints waits where its operator looks (its terminal).
-    if (this.env?.TOKENWARDEN_WAIT_LOG === '1') new WaitLog(tw, (id) => this.agentIds?.nameOf(id) ?? `agent ${id}`)
+    if (this.env?.TOKENWARDEN_WAIT_LOG === '1') new WaitLog(tw, (id) => this.#nameOf(id) ?? `agent ${id}`)
     return tw
   }
 
@@ -447,7 +302,7 @@ export class QuotaObject {
     // A small snapshot is stored as its text in the head; a large one is taken apart so
     // that its tables are chunked (parsing costs about 15 % of the throughput of small ones).
     const text = this.tw.engine.snapshot()
-    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: [...this.leases], epoch: this.epoch }
+    const state = { snapshot: text.length <= INLINE_SNAPSHOT_BYTES ? text : parseExact(text), leases: this.members === null ? [] : JSON.parse(this.members.records()), epoch: this.epoch }
     const w = writeChanged(this.ctx.storage, this.written, state)
     this.lastWrite = { put: w.put, deleted: w.deleted, bytes: w.bytes, pieces: this.written.size }
     const writes = [w.done]
@@ -475,91 +330,70 @@ export class QuotaObject {
     this.#seen(request.headers.get('x-tw-client'))
     try {
       const tw = this.#driver(fleet, quota)
-      if (this.agentIds === null) {
-        this.agentIds = new AgentIds(parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.secret ?? '', this.storedNames, this.ctx.storage)
+      const members = /** @type {import('tokenwarden-wasm').MemberTable} */ (this.members)
+      if (!this.keyed) {
+        members.key(parseFleets(this.env.TOKENWARDEN_FLEETS)[fleet]?.secret ?? '', toJson([...this.storedNames]))
+        this.keyed = true
         this.storedNames = new Map()
       }
       // Set by the Worker for an agent credential: the one agent this caller may act for.
       // Per request, never on `this`: calls interleave while they await.
       const name = request.headers.get('x-tw-agent')
-      const who = name === null ? null : { id: await this.agentIds.id(name), name }
+      const who = name ?? undefined
       const [, op, id] = url.pathname.split('/')
       const lease = id === undefined ? null : Number(id)
       // A handle names a lease of one epoch: one from before a reset names nothing now.
       const epoch = request.headers.get('x-tw-epoch')
       if (epoch !== null && epoch !== this.epoch) throw new HttpError(404, 'unknown_lease', 'no such lease: this handle is from before the quota was reset')
-      const scope = { tw, who, fleet, quota }
       let response
+      /** The member route `route` applied with the request's body: the core's input and output. */
+      const member = async (route, b = undefined) => this.#member(tw, route, id === undefined ? undefined : decodeURIComponent(id), who, b ?? (await body(request)))
       switch (`${request.method} ${op}`) {
         case 'POST handle':
-          response = json(200, { ...(await this.#apply(scope, await body(request))), epoch: this.epoch, clients: this.#clientCount() })
+          response = json(200, { ...(await member('handle')).out, epoch: this.epoch, clients: this.#clientCount() })
           break
         case 'POST lease':
-          response = await this.#lease(scope, await body(request))
+          response = this.#lease(await member('lease'))
           break
         case 'GET wait':
           response = await this.#wait(lease, Number(url.searchParams.get('timeout') ?? 0), who)
           break
-        case 'POST settle': {
-          const out = await this.#apply(scope, { op: 'settle', lease, usage: await body(request) })
-          response = json(200, /** @type {{ settlement: unknown }} */ (out).settlement)
+        case 'POST settle':
+        case 'POST interrupted':
+          response = json(200, /** @type {{ settlement: unknown }} */ ((await member(op)).out).settlement)
           break
-        }
         case 'POST cancel':
-          await this.#apply(scope, { op: 'cancel', lease })
+          // (A cancel has no body.)
+          await member('cancel', {})
           response = json(200, { cancelled: true })
           break
-        case 'POST interrupted': {
-          this.#known(lease, who)
-          const b = only(await body(request), ['seen'], 'the body')
-          const out = await this.#apply(scope, { op: 'call_interrupted', lease, seen: b.seen ?? null })
-          response = json(200, /** @type {{ settlement: unknown }} */ (out).settlement)
+        case 'POST renew':
+          response = json(200, { expiresAt: /** @type {{ expiresAt: number }} */ ((await member('renew')).out).expiresAt })
           break
-        }
-        case 'POST renew': {
-          this.#known(lease, who)
-          only(await body(request), [], 'the body: renew takes none')
-          const out = await this.#apply(scope, { op: 'renew', lease })
-          response = json(200, { expiresAt: /** @type {{ expiresAt: number }} */ (out).expiresAt })
-          break
-        }
         case 'POST response': {
-          // A member's report, through the call lifecycle (a fresh call when it sends none).
-          const b = only(await body(request), ['pool', 'lease', 'status', 'headers', 'call'], 'the report')
-          const out = await this.#apply(scope, { ...b, op: 'call_response' })
+          const { out } = await member('response')
           const r = /** @type {{ call: unknown, settled?: unknown, report: unknown }} */ (/** @type {unknown} */ (out))
           response = json(200, { call: r.call, step: stepOf(out), settled: r.settled ?? null, report: r.report })
           break
         }
-        case 'POST task': {
-          // (#apply checks the task's fields.)
-          const b = await body(request)
-          await this.#apply(scope, { op: 'open_task', task: b })
-          response = json(200, { task: taskId(b.task), open: true })
+        case 'POST task':
+          response = json(200, { task: (await member('task')).input.task.task, open: true })
           break
-        }
         case 'POST task-failed': {
-          const b = await body(request)
-          for (const k of Object.keys(b))
-            if (k !== 'signature') throw new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the body: send \`signature\`, a hash of the failing test and the diff (failureSignature)`)
-          const out = await this.#apply(scope, { op: 'task_failed', task: Number(id), signature: b.signature })
-          response = json(200, { task: Number(id), repeats: /** @type {{ inARow: number }} */ (out).inARow })
+          const { input, out } = await member('task-failed')
+          response = json(200, { task: input.task, repeats: /** @type {{ inARow: number }} */ (out).inARow })
           break
         }
-        case 'POST task-done': {
-          const b = only(await body(request), ['outcome', 'merged'], 'the body')
-          if (b.merged !== undefined && typeof b.merged !== 'boolean') throw Object.assign(new HttpError(400, 'invalid_argument', '`merged` must be true or false'), { field: 'merged' })
-          const out = await this.#apply(scope, { op: 'end_task', task: Number(id), outcome: b.outcome ?? (b.merged === false ? 'abandoned' : 'merged') })
-          response = json(200, /** @type {{ summary: unknown }} */ (out).summary)
+        case 'POST task-done':
+          response = json(200, /** @type {{ summary: unknown }} */ ((await member('task-done')).out).summary)
           break
-        }
         case 'GET metrics':
           return json(200, this.#named(tw.metrics()))
         case 'GET timeline': {
           const pools = (tw.metrics().pools ?? []).map((p) => String(p.name))
           return json(
             200,
-            this.timeline.view(this.clock.now(), (agent) => this.agentIds?.nameOf(agent) ?? null, pools),
+            this.timeline.view(this.clock.now(), (agent) => this.#nameOf(agent), pools),
           )
         }
         case 'POST reset':
@@ -619,7 +453,7 @@ export class QuotaObject {
    */
   #named(metrics) {
     // A subagent's family by its root's name too (`familyName`).
-    const nameOf = (id) => this.agentIds?.nameOf(Number(id)) ?? null
+    const nameOf = (id) => this.#nameOf(id)
     if (Array.isArray(metrics?.agents))
       metrics.agents = metrics.agents.map((a) => ({ ...a, name: nameOf(a.agent), ...(a.family === undefined || a.family === null ? {} : { familyName: nameOf(a.family) }) }))
     // The ceilings hit since the object started: 429s by the provider's limit type,
@@ -628,42 +462,61 @@ export class QuotaObject {
     return metrics
   }
 
-  /** The agent-id table, made by `fetch` before any route runs. */
-  #agentIds() {
-    if (this.agentIds === null) throw new Error('the agent-id table is used before the first request made it')
-    return this.agentIds
+  /** The name agent `id` was made from, if the member table remembers it. */
+  #nameOf(id) {
+    return this.keyed ? (this.members?.nameOf(Number(id)) ?? null) : null
   }
 
-  /** A live lease's record; 404 if there is none, 403 if `who` (an agent credential) is not its agent. */
-  /**
-   * @param {number | null} lease (null: the route named none, a 404)
-   * @param {{ id: number, name: string | null } | null} who
-   */
-  #known(lease, who = null) {
-    if (!Number.isSafeInteger(lease) || !this.leases.has(lease)) throw new HttpError(404, 'unknown_lease', 'no such lease: never issued, or already settled, cancelled or expired')
-    const rec = this.leases.get(lease)
-    // By the full name where the record has it (every lease taken for a named agent), not
-    // only by the id.
-    if (who !== null && (rec.agent !== who.id || (typeof rec.name === 'string' && rec.name !== who.name))) {
-      throw new HttpError(403, 'forbidden', `this lease is another agent's: the credential of ${who.name} ends only its own leases`)
-    }
-    return rec
+  /** The id of agent `name` (keyed by the fleet's secret), its name stored. */
+  #agentId(name) {
+    const id = /** @type {import('tokenwarden-wasm').MemberTable} */ (this.members).agentId(name)
+    this.#storeNames()
+    return id
   }
 
   /**
-   * The agent a request acts for, `{ id, name }` (`name` null for a numeric agent): an agent
-   * credential's own, which the body may only repeat by name.
+   * Writes (not awaited: the object's output gate holds replies until it commits) the agent
+   * names the member table learned or forgot, one key per agent (NAME_PREFIX).
    */
-  async #agentFor(given, who) {
-    if (who === null) {
-      const agent = checkAgent(given)
-      return typeof agent === 'number' ? { id: agent, name: null } : { id: await this.#agentIds().id(agent), name: agent }
+  #storeNames() {
+    const writes = JSON.parse(/** @type {import('tokenwarden-wasm').MemberTable} */ (this.members).takeNameWrites())
+    for (const [id, name] of writes) {
+      const key = `${NAME_PREFIX}${id}`
+      ;(name === null ? this.ctx.storage.delete(key) : this.ctx.storage.put(key, name)).catch(() => {})
     }
-    // A remote driver sends the number its fetch wrapper derives from the name
-    // (`agentIdFor`): that number stands for the credential's own agent, nothing more.
-    const same = given === undefined || given === null || given === who.name || given === who.id || (typeof given === 'number' && given === agentIdFor(who.name))
-    if (!same) throw new HttpError(403, 'forbidden', `this credential is ${who.name}'s: it leases only for that agent`)
-    return who
+  }
+
+  /** Answers the long polls the member table says are due. */
+  #wake() {
+    if (this.members === null) return
+    for (const id of this.members.takeWakes()) {
+      for (const wake of this.waiters.get(id) ?? []) wake()
+      this.waiters.delete(id)
+    }
+  }
+
+  /**
+   * A member's request to `route` of the HTTP API (`handle`, or a per-verb route that is a
+   * shape of it), naming lease or task `id`, from agent credential `who` (its name) or the
+   * fleet's secret: checked by the gateway crate's member table (who may act, then the
+   * fields), applied through the driver, and the table kept from the answer. Leases are the
+   * object's ids here (the Worker opens and signs the handles).
+   * @param {Tokenwarden} tw
+   * @param {string} route
+   * @param {string | undefined} id the path's lease or task (its id, or a task's name)
+   * @param {string | undefined} who
+   * @param {unknown} b the request's body
+   * @returns {{ input: any, out: import('tokenwarden-wasm').Output }}
+   */
+  #member(tw, route, id, who, b) {
+    const members = /** @type {import('tokenwarden-wasm').MemberTable} */ (this.members)
+    const read = JSON.parse(members.route(route, id, who, toJson(b)))
+    this.#storeNames()
+    if ('refused' in read) throw refusal(read.refused)
+    const out = tw.handle(read.input)
+    members.applied(toJson(out))
+    this.#wake()
+    return { input: read.input, out }
   }
 
   /**
@@ -673,9 +526,7 @@ export class QuotaObject {
    * `checkpoint`); one that does not is treated as a fresh call every time. The answer is
    * the core's output in this route's own shape (API.md): `grant`, `queued` or `reject`.
    */
-  async #lease(scope, b) {
-    const { call, ...request } = b
-    const out = await this.#apply(scope, call === undefined ? { op: 'call_lease', request } : { op: 'call_lease', call, request })
+  #lease({ out }) {
     const step = stepOf(out)
     // Lease ids travel only as signed handles (`lease`), never raw in `step`.
     const { lease: _l, ticket: _t, ...shown } = /** @type {any} */ (step)
@@ -696,163 +547,22 @@ export class QuotaObject {
   }
 
   /**
-   * One input of the core's host protocol from a member of the fleet (`POST …/handle`
-   * sends it as it is; every other mutating route decodes its own shape into one): checked
-   * against what the caller may do, applied through the driver, and the object's records
-   * (the lease table, the long polls) brought up to date from the answer.
-   * Leases are the object's ids here (the Worker opens and signs the handles); an agent
-   * may be a name and a pool a name. The operator's inputs (`hold`, `restarted`,
-   * `timeout`) are not a member's; `unixNowMs` and `reported` are the object's to set.
-   * @param {{ tw: Tokenwarden, who: { id: number, name: string | null } | null, fleet: string | null, quota: string | null }} scope
-   * @param {Record<string, any>} input
-   * @returns {Promise<import('tokenwarden-wasm').Output>}
-   */
-  async #apply({ tw, who }, input) {
-    const op = input.op
-    const fields = typeof op === 'string' && Object.hasOwn(MEMBER_INPUTS, op) ? MEMBER_INPUTS[op] : null
-    if (fields === null) {
-      throw Object.assign(new HttpError(400, 'invalid_argument', `\`op\` must be one of ${Object.keys(MEMBER_INPUTS).join(', ')} (the core's inputs a member of the fleet sends; see API.md)`), {
-        field: 'op',
-      })
-    }
-    // The fields are checked after who may act: another agent's lease or task is 403 or 404
-    // whatever the body holds.
-    const checkFields = () => only(input, ['op', ...fields], `the ${op} input`)
-    switch (op) {
-      case 'request_lease':
-      case 'call_lease': {
-        checkFields()
-        const given = input.request
-        if (given === null || typeof given !== 'object' || Array.isArray(given))
-          throw Object.assign(new HttpError(400, 'invalid_argument', '`request` must be a lease request object'), { field: 'request' })
-        for (const k of Object.keys(given)) if (!FIELDS.has(k)) throw Object.assign(new HttpError(400, 'invalid_argument', `unknown field \`${k}\` in the lease request`), { field: k })
-        const pool = typeof given.pool === 'string' ? tw.pool(given.pool) : (given.pool ?? 0)
-        const agent = await this.#agentFor(given.agent, who)
-        const request = { ...given, agent: agent.id, pool }
-        // A family is named as an agent is. A credential's member may name only its own
-        // agent (403 otherwise: naming another's family would divide that family's share),
-        // which is a root: nothing to pass on.
-        if (given.family === undefined || given.family === null) delete request.family
-        else {
-          const family = await this.#agentFor(given.family, who)
-          if (who === null) request.family = family.id
-          else delete request.family
-        }
-        if (given.task === undefined || given.task === null) delete request.task
-        else request.task = taskId(given.task)
-        const out = tw.handle(op === 'call_lease' ? { op, call: input.call === undefined ? newCall() : callState(input.call), request } : { op, request })
-        const named = agent.name === null ? {} : { name: agent.name }
-        if (out.output === 'send' || out.output === 'granted') {
-          this.leases.set(out.lease, { state: 'granted', agent: agent.id, ...named, pool, expiresAt: out.expiresAt, waitedMs: 0 })
-        } else if (out.output === 'queued' || (out.output === 'wait' && out.wait.ticket !== null)) {
-          // The grant arrives as a `granted` event (handled in #start).
-          const [ticket, eta] = out.output === 'queued' ? [out.lease, out.eta] : [/** @type {number} */ (out.wait.ticket), out.wait.until]
-          this.leases.set(ticket, { state: 'queued', agent: agent.id, ...named, pool, eta })
-        }
-        return out
-      }
-      case 'settle':
-      case 'call_interrupted': {
-        this.#known(input.lease, who)
-        checkFields()
-        const usage = op === 'settle' ? input.usage : (input.seen ?? null)
-        if (usage !== null || op === 'settle') checkUsage(usage, op === 'settle' ? 'usage' : 'seen')
-        const out = tw.handle(op === 'settle' ? { op, lease: input.lease, usage } : { op, lease: input.lease, seen: usage })
-        this.leases.delete(input.lease)
-        return out
-      }
-      case 'cancel': {
-        this.#known(input.lease, who)
-        checkFields()
-        const out = tw.handle({ op, lease: input.lease })
-        this.leases.delete(input.lease)
-        // A long poll on the ticket ends now (its lease is gone: 404), not at its timeout.
-        for (const wake of this.waiters.get(input.lease) ?? []) wake()
-        this.waiters.delete(input.lease)
-        return out
-      }
-      case 'renew': {
-        const rec = this.#known(input.lease, who)
-        checkFields()
-        const out = tw.handle({ op, lease: input.lease })
-        if (out.output === 'renewed') this.leases.set(input.lease, { ...rec, expiresAt: out.expiresAt })
-        return out
-      }
-      case 'response':
-      case 'call_response': {
-        checkFields()
-        checkHeaderPairs(input.headers)
-        if (!Number.isInteger(input.status) || input.status < 100 || input.status > 599)
-          throw Object.assign(new HttpError(400, 'invalid_argument', '`status` must be an HTTP status (100 to 599)'), { field: 'status' })
-        // Evidence about one call: the granted lease it was sent under, held by the reporter
-        // (the Worker has checked the handle), in the lease's own pool.
-        const lease = input.lease
-        if (lease === null || lease === undefined)
-          throw Object.assign(new HttpError(400, 'invalid_argument', '`lease` must be the handle of the granted lease whose call this response answers: a report is evidence about one call'), {
-            field: 'lease',
-          })
-        const rec = this.#known(lease, who)
-        if (rec.state !== 'granted')
-          throw Object.assign(new HttpError(409, 'not_granted', 'this lease is a queued ticket: nothing was sent under it, so no response can answer it'), { field: 'lease' })
-        const pool = input.pool === undefined || input.pool === null ? rec.pool : typeof input.pool === 'string' ? tw.pool(input.pool) : input.pool
-        if (pool !== rec.pool) throw Object.assign(new HttpError(400, 'invalid_argument', '`pool` must be the pool of the lease the response answers'), { field: 'pool' })
-        // A member's report of its own call: the core bounds the pause one report may cause
-        // (`feedback.max_reported_pause_ms`, a minute by default).
-        const reported = { pool, lease, status: input.status, headers: input.headers, reported: true }
-        const out = tw.handle(op === 'call_response' ? { op, call: input.call === undefined ? newCall() : callState(input.call), ...reported } : { op, ...reported })
-        // call_response: anything but a success the core settled as nothing used, and the
-        // lease ended. A plain `response` only reports: the lease stays its holder's to settle.
-        if ('settled' in out && out.settled !== undefined) this.leases.delete(lease)
-        return out
-      }
-      case 'open_task': {
-        checkFields()
-        const b = input.task
-        if (b === null || typeof b !== 'object' || Array.isArray(b))
-          throw Object.assign(new HttpError(400, 'invalid_argument', '`task` must be a task object: { task, role?, unblocks? }'), { field: 'task' })
-        only(b, ['task', 'role', 'unblocks'], 'the task')
-        const spec = { task: taskId(b.task), role: roleOf(b.role), unblocks: b.unblocks === undefined ? 0 : unblocksOf(b.unblocks) }
-        // An agent credential is a member: the core opens a new task for it only while
-        // fewer than three quarters of `max_tasks` are open (the rest is the operator's),
-        // and keeps whose task it is: a member acts only on its own agent's (403).
-        return tw.handle({ op, task: spec, ...memberOf(who) })
-      }
-      case 'task_failed': {
-        const task = taskId(input.task)
-        checkFields()
-        // A hash the client computed (failureSignature); never the test or diff itself.
-        if (!Number.isSafeInteger(input.signature) || input.signature < 0)
-          throw Object.assign(new HttpError(400, 'invalid_argument', '`signature` must be a non-negative integer (failureSignature(test, diff))'), { field: 'signature' })
-        return tw.handle({ op, task, signature: input.signature, ...memberOf(who) })
-      }
-      case 'end_task': {
-        const task = taskId(input.task)
-        checkFields()
-        if (!['merged', 'abandoned', 'failed'].includes(input.outcome))
-          throw Object.assign(new HttpError(400, 'invalid_argument', '`outcome` must be merged, abandoned or failed'), { field: 'outcome' })
-        return tw.handle({ op, task, outcome: input.outcome, ...memberOf(who) })
-      }
-    }
-    throw new Error(`internal: no case for the input ${op}`)
-  }
-
-  /**
    * The operator's reset: the quota starts afresh from its configuration — every lease and
    * ticket ends (long polls answer 404), debt, pauses and learned limits are gone — and the
    * stored state is replaced.
    */
   async #reset() {
-    const ended = this.leases.size
     this.tw?.close()
     this.tw = null
-    this.leases = new Map()
+    // Every record ends (their long polls answer 404); the names are identity, not quota
+    // state: the table writes the ones it remembers again, after storage is emptied.
+    const ended = this.members?.clear() ?? 0
     this.timeline.clear()
     for (const wakes of this.waiters.values()) for (const wake of wakes) wake()
     this.waiters.clear()
     await this.ctx.storage.deleteAlarm()
     await this.ctx.storage.deleteAll()
-    // Names are identity, not quota state: the ones remembered are written again.
-    this.agentIds?.storeAll()
+    if (this.keyed) this.#storeNames()
     this.written = new Map()
     this.alarmAt = undefined
     return json(200, { reset: true, ended })
@@ -865,17 +575,11 @@ export class QuotaObject {
    * already granted run on; queued calls keep their places and are granted after it.
    */
   #hold(tw, b) {
-    only(b, ['pool', 'forMs'], 'the hold')
-    const ms = b.forMs
-    if (!Number.isInteger(ms) || ms < 0 || ms > 86_400_000)
-      throw Object.assign(new HttpError(400, 'invalid_argument', '`forMs` must be an integer number of milliseconds from 0 to 86400000'), { field: 'forMs' })
-    const pool = b.pool === undefined ? 0 : typeof b.pool === 'string' ? (tw.engine.poolId(b.pool) ?? -1) : b.pool
-    if (!Number.isInteger(pool) || pool < 0 || pool >= tw.engine.pools.length) {
-      throw Object.assign(new HttpError(400, 'unknown_pool', `\`pool\` must be a pool's name or index; the quota has ${tw.engine.pools.join(', ')}`), { field: 'pool' })
-    }
-    const out = tw.handle({ op: 'hold', pool, until: this.clock.now() + ms })
+    const read = JSON.parse(/** @type {import('tokenwarden-wasm').MemberTable} */ (this.members).hold(toJson(b), this.clock.now()))
+    if ('refused' in read) throw refusal(read.refused)
+    const out = tw.handle(read.input)
     if (out.output !== 'held') throw new Error(`internal: hold answered ${out.output}`)
-    return json(200, { held: true, pool: tw.engine.pools[pool], until: out.until })
+    return json(200, { held: true, pool: tw.engine.pools[out.pool], until: out.until })
   }
 
   /** Tests only (`TOKENWARDEN_TEST_CLOCK=1`): moves the object's clock by hand (see ObjectClock). */
@@ -888,21 +592,27 @@ export class QuotaObject {
     return json(200, { now: await this.clock.advance(ms) })
   }
 
+  /**
+   * A long poll on a ticket: held while it is queued (at most 30 s, the member
+   * table's rule), answered as soon as the table says it is due (granted, ended, its promise
+   * moved).
+   */
   async #wait(lease, timeout, who) {
-    const rec = this.#known(lease, who)
-    if (rec.state === 'queued' && timeout > 0) {
+    const members = /** @type {import('tokenwarden-wasm').MemberTable} */ (this.members)
+    let read = JSON.parse(members.wait(lease ?? Number.NaN, who, timeout))
+    if ('hold' in read) {
       await new Promise((resolve) => {
         const list = this.waiters.get(lease) ?? []
         list.push(resolve)
         this.waiters.set(lease, list)
-        this.clock.setTimer(resolve, Math.min(timeout, MAX_WAIT_MS))
+        this.clock.setTimer(resolve, read.hold)
       })
+      read = JSON.parse(members.wait(lease ?? Number.NaN, who, 0))
+      if (read.refused?.status === 404) throw new HttpError(404, 'unknown_lease', 'the ticket ended while waiting')
     }
-    const now = this.leases.get(lease)
-    if (now === undefined) throw new HttpError(404, 'unknown_lease', 'the ticket ended while waiting')
-    return now.state === 'granted'
-      ? json(200, { kind: 'grant', lease, epoch: this.epoch, expiresAt: now.expiresAt ?? null, waitedMs: now.waitedMs ?? 0 })
-      : json(202, { kind: 'queued', lease, epoch: this.epoch, eta: now.eta })
+    if ('refused' in read) throw refusal(read.refused)
+    const { kind, ...rest } = read.body
+    return json(read.status, { kind, lease, epoch: this.epoch, ...rest })
   }
 
   /**
@@ -920,7 +630,7 @@ export class QuotaObject {
     // forwarded, none holding a secret). Model calls are leased; any other route of the
     // provider's API (token counting, model lists) passes through unleased, with the
     // agent's own key.
-    const read = proxiedCall(url.pathname.slice('/proxy'.length), url.search, request.headers, [fleet.secret, fleet.admin_secret], who?.name ?? null)
+    const read = proxiedCall(url.pathname.slice('/proxy'.length), url.search, request.headers, [fleet.secret, fleet.admin_secret], who ?? null)
     if ('refused' in read) throw Object.assign(new HttpError(read.refused.status, read.refused.error, read.refused.message), read.refused.field === undefined ? {} : { field: read.refused.field })
     // No role named: `auto`, the core's (a planner for its subagents at work, which unblocks
     // them, else a worker), as every host leaves it.
@@ -930,9 +640,9 @@ export class QuotaObject {
     // a name, which of that agent's subagents (a child of it: `alice/<subagent id>`).
     const session = tw.engine.callerIdentity([...request.headers], base)
     const agentName = session?.name ?? base ?? 'proxy'
-    const agent = who !== null && agentName === who.name ? who.id : await this.#agentIds().id(agentName)
+    const agent = this.#agentId(agentName)
     // The family's root: by default the family shares one place in the fair order.
-    const family = session?.root == null ? null : who !== null && session.root === who.name ? who.id : await this.#agentIds().id(session.root)
+    const family = session?.root == null ? null : this.#agentId(session.root)
     const upstream = new URL(q.upstream)
     upstream.pathname = upstream.pathname.replace(/\/$/, '') + path
     upstream.search = read.call.query
@@ -942,7 +652,7 @@ export class QuotaObject {
       agent,
       ...(family === null ? {} : { family }),
       role,
-      ...(task === null ? {} : { task: taskId(task, 'x-tokenwarden-task') }),
+      ...(task === null ? {} : { task: taskIdFor(task) }),
       ...(unblocks === null ? {} : { unblocks }),
       ...(signature === null ? {} : { failureSignature: signature }),
       ...(q.timeouts === undefined ? {} : { timeouts: q.timeouts }),
@@ -1137,49 +847,8 @@ function upstreamFailure(err, provider) {
   return json(status, providerErrorBody(provider, status, message, { error: code, message: message.replace(/^tokenwarden: /, '') }))
 }
 
-/** A call's state as a client sent it back: `{ failed, refusals, lastRetryAfterMs }`, checked. */
-function callState(c) {
-  const bad = (field, why) => Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` ${why}`), { field })
-  if (c === null || typeof c !== 'object' || Array.isArray(c)) throw bad('call', 'must be the `call` object an earlier answer returned')
-  for (const k of Object.keys(c)) if (!['failed', 'refusals', 'lastRetryAfterMs'].includes(k)) throw bad(`call.${k}`, 'is not a field of a call')
-  const count = (k) => {
-    const v = c[k] ?? 0
-    if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) throw bad(`call.${k}`, 'must be an integer from 0 to 4294967295')
-    return v
-  }
-  const last = c.lastRetryAfterMs ?? null
-  if (last !== null && (!Number.isSafeInteger(last) || last < 0)) throw bad('call.lastRetryAfterMs', 'must be null or milliseconds')
-  return { failed: count('failed'), refusals: count('refusals'), lastRetryAfterMs: last }
-}
-
-/** At most this many header pairs in a report, each name and value at most 8 KiB. */
-const MAX_HEADER_PAIRS = 256
-const MAX_HEADER_BYTES = 8192
-
-/** `headers` of a report: an array of [name, value] string pairs, bounded; 400 naming the bad entry. */
-function checkHeaderPairs(headers) {
-  const bad = (field, why) => Object.assign(new HttpError(400, 'invalid_argument', `\`${field}\` ${why}`), { field })
-  if (!Array.isArray(headers)) throw bad('headers', 'must be an array of [name, value] pairs')
-  if (headers.length > MAX_HEADER_PAIRS) throw bad('headers', `must hold at most ${MAX_HEADER_PAIRS} pairs`)
-  headers.forEach((pair, i) => {
-    if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== 'string' || typeof pair[1] !== 'string') {
-      throw bad(`headers[${i}]`, 'must be a [name, value] pair of strings')
-    }
-    if (pair[0].length > MAX_HEADER_BYTES || pair[1].length > MAX_HEADER_BYTES) throw bad(`headers[${i}]`, `must have a name and value of at most ${MAX_HEADER_BYTES} characters`)
-  })
-}
-
 async function body(request) {
   return jsonObject(await request.text())
-}
-
-/**
- * The `member` of a task input: an agent credential's agent (the core lets a member act only
- * on its own agent's tasks), nothing for the fleet secret (the operator acts on any).
- * @param {{ id: number } | null} who
- */
-function memberOf(who) {
-  return who === null ? {} : { member: who.id }
 }
 
 const STATUS = {

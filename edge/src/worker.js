@@ -5,7 +5,7 @@ import { HttpError, agentCredential, authenticate, authenticateAdmin, checkName,
 import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, drain, jsonObject, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
-import { QuotaObject, errorResponse, json, taskId } from './quota.js'
+import { QuotaObject, errorResponse, json } from './quota.js'
 import { proxiedProvider } from 'tokenwarden-wasm'
 
 export { QuotaObject }
@@ -190,8 +190,8 @@ async function handle(request, env) {
     return object('/task', { method: 'POST', body: await text() })
   }
   if (request.method === 'POST' && parts[0] === 'tasks' && parts.length === 3 && (parts[2] === 'failed' || parts[2] === 'done')) {
-    const task = taskId(decoded(parts[1]))
-    return object(`/task-${parts[2]}/${task}`, { method: 'POST', body: await text() })
+    // The task's id or name, as the path gives it: the object's member table reads it.
+    return object(`/task-${parts[2]}/${encodeURIComponent(decoded(parts[1]))}`, { method: 'POST', body: await text() })
   }
   if (request.method === 'POST' && rest === '/responses') {
     const body = jsonObject(await text())
