@@ -324,3 +324,95 @@ impl MemberTable {
         self.inner.clear() as f64
     }
 }
+
+/// The gateway's authentication rules ([`tokenwarden_gateway::auth`]) for a JavaScript
+/// host, one JSON text in and out. `input.op` is one of:
+///
+/// - `authenticate` `{ fleet: { secret, adminSecret?, proxyOpen } | null, name, token?,
+///   authorization?, proxy?, credential? }` → `{ agent, open }`
+/// - `admin` `{ fleet, authorization? }` → `{}`
+/// - `credential` `{ secret, fleet, agent }` → `{ credential }`
+/// - `sign` `{ secret, fleet, quota, lease, epoch }` → `{ handle }`
+/// - `open` `{ secret, fleet, quota, handle }` → `{ id, epoch }`
+/// - `name` `{ kind, name }` → `{}` (a fleet or quota name from a URL; 404 otherwise)
+///
+/// A refusal is `{"refused": {status, error, message}}`; an input not of these shapes is an
+/// `ArgError`.
+pub fn auth_rule(input: &str) -> Result<String, ArgError> {
+    use tokenwarden_gateway::auth;
+    use tokenwarden_gateway::config::{Fleet, ProxyOpen};
+    let v: Value = serde_json::from_str(input)
+        .map_err(|e| ArgError::type_error(format!("the auth input is not JSON: {e}")))?;
+    let text = |k: &str| v.get(k).and_then(Value::as_str);
+    let need = |k: &str| {
+        text(k).ok_or_else(|| {
+            ArgError::type_error(format!("the auth input needs `{k}` (a string)")).with_field(k)
+        })
+    };
+    let fleet = match v.get("fleet") {
+        Some(Value::Object(f)) => Some(Fleet {
+            secret: f
+                .get("secret")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .into(),
+            admin_secret: f
+                .get("adminSecret")
+                .and_then(Value::as_str)
+                .map(String::from),
+            proxy_open: match f.get("proxyOpen") {
+                Some(Value::Bool(true)) => ProxyOpen::Open,
+                Some(Value::String(s)) if s == "credential" => ProxyOpen::Credential,
+                _ => ProxyOpen::Closed,
+            },
+            quotas: std::collections::BTreeMap::new(),
+        }),
+        _ => None,
+    };
+    let presented = auth::Presented {
+        token: text("token"),
+        authorization: text("authorization"),
+    };
+    let out = match need("op")? {
+        "authenticate" => auth::authenticate(
+            fleet.as_ref(),
+            need("name")?,
+            &presented,
+            v.get("proxy").and_then(Value::as_bool).unwrap_or(false),
+            text("credential"),
+        )
+        .map(|c| json!({ "agent": c.agent, "open": c.open })),
+        "admin" => auth::authenticate_admin(fleet.as_ref(), &presented).map(|()| json!({})),
+        "credential" => auth::agent_credential(need("secret")?, need("fleet")?, need("agent")?)
+            .map(|c| json!({ "credential": c })),
+        "sign" => {
+            let lease = v
+                .get("lease")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| ArgError::type_error("`lease` must be an id".into()))?;
+            auth::sign_handle(
+                need("secret")?,
+                need("fleet")?,
+                need("quota")?,
+                lease,
+                need("epoch")?,
+            )
+            .map(|h| json!({ "handle": h }))
+        }
+        "open" => auth::open_handle(
+            need("secret")?,
+            need("fleet")?,
+            need("quota")?,
+            need("handle")?,
+        )
+        .map(|(id, epoch)| json!({ "id": id, "epoch": epoch })),
+        "name" => auth::check_name(need("kind")?, need("name")?).map(|_| json!({})),
+        other => {
+            return Err(ArgError::type_error(format!("no auth rule `{other}`")).with_field("op"));
+        }
+    };
+    Ok(match out {
+        Ok(v) => v.to_string(),
+        Err(r) => refused(&r),
+    })
+}

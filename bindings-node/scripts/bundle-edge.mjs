@@ -18,11 +18,10 @@ const result = await build({
   outdir,
   loader: { '.wasm': 'copy', '.bpe': 'copy' },
   assetNames: '[name]-[hash]',
-  // Whitespace and syntax minified, names kept (a stack trace from `serve` still reads):
-  // 300 → 216 KB, 76.7 → 59.2 KB gzipped, which keeps the whole bundle (with the .wasm and
-  // the ranks) within 1.86 MB gzipped as the gateway's rules move from JavaScript to Rust.
-  minifyWhitespace: true,
-  minifySyntax: true,
+  // Minified: 300 → 176 KB, 76.7 → 53 KB gzipped, which keeps the whole bundle (with the
+  // .wasm and the ranks) within 1.86 MB gzipped as the gateway's rules move from JavaScript
+  // into the .wasm. (Nothing reads a function's name: every error class sets its own.)
+  minify: true,
   metafile: true,
   logLevel: 'error',
 })

@@ -118,3 +118,15 @@ export declare class MemberTable {
   clear(): number
   free(): void
 }
+
+/**
+ * The gateway crate's authentication rules for a host of the HTTP API (the edge Worker),
+ * one JSON text in and out: `op` `authenticate` (`{ fleet: { secret, adminSecret?, proxyOpen }
+ * | null, name, token?, authorization?, proxy?, credential? }` → `{ agent, open }`), `admin`
+ * (`{ fleet, authorization? }` → `{}`), `credential` (`{ secret, fleet, agent }` →
+ * `{ credential }`), `sign` (`{ secret, fleet, quota, lease, epoch }` → `{ handle }`) and
+ * `open` (`{ secret, fleet, quota, handle }` → `{ id, epoch }`) and `name` (`{ kind, name }` →
+ * `{}`: a fleet or quota name from a URL). A refusal is
+ * `{ refused: MemberRefusal }`, never a throw.
+ */
+export declare function authRule(input: string): string

@@ -789,3 +789,10 @@ impl MemberTable {
         self.inner.clear()
     }
 }
+
+/// The gateway's authentication rules (fleet secrets, agent credentials, the admin secret,
+/// lease handles), one JSON text in and out (see `tokenwarden_js_abi::members::auth_rule`).
+#[wasm_bindgen(js_name = authRule)]
+pub fn auth_rule(input: &str) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::members::auth_rule(input)?)
+}

@@ -346,8 +346,12 @@ export class QuotaObject {
       const epoch = request.headers.get('x-tw-epoch')
       if (epoch !== null && epoch !== this.epoch) throw new HttpError(404, 'unknown_lease', 'no such lease: this handle is from before the quota was reset')
       let response
-      /** The member route `route` applied with the request's body: the core's input and output. */
-      const member = async (route, b = undefined) => this.#member(tw, route, id === undefined ? undefined : decodeURIComponent(id), who, b ?? (await body(request)))
+      /**
+       * The member route `route` applied with the request's body (or `b`): the core's input and output.
+       * @param {string} route
+       * @param {unknown} [b]
+       */
+      const member = async (route, b) => this.#member(tw, route, id === undefined ? undefined : decodeURIComponent(id), who, b ?? (await body(request)))
       switch (`${request.method} ${op}`) {
         case 'POST handle':
           response = json(200, { ...(await member('handle')).out, epoch: this.epoch, clients: this.#clientCount() })

@@ -36,8 +36,10 @@ extern crate alloc;
 
 use alloc::string::String;
 
+pub mod auth;
 pub mod config;
 pub mod json;
+pub mod mac;
 pub mod members;
 pub mod names;
 pub mod proxy;

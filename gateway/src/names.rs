@@ -14,8 +14,6 @@
 use alloc::string::String;
 use alloc::vec::Vec;
 
-use sha2::{Digest, Sha256};
-
 /// Agent ids remembered (names are bounded: 1 to 128 characters).
 pub const MAX_AGENT_NAMES: usize = 4096;
 
@@ -168,24 +166,9 @@ fn least_used(stamps: impl Iterator<Item = u64>) -> Option<usize> {
     stamps.enumerate().min_by_key(|(_, t)| *t).map(|(i, _)| i)
 }
 
-/// The first 53 bits (big-endian) of HMAC-SHA-256(`key`, `name`) (RFC 2104).
+/// The first 53 bits (big-endian) of HMAC-SHA-256(`key`, `name`).
 fn keyed_id(key: &[u8], name: &str) -> u64 {
-    const BLOCK: usize = 64;
-    let mut k = [0u8; BLOCK];
-    if key.len() > BLOCK {
-        k[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        k[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| k.map(|b| b ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(name.as_bytes())
-        .finalize();
-    let mac = Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize();
+    let mac = crate::mac::hmac_sha256(key, name.as_bytes());
     let mut first = [0u8; 8];
     first.copy_from_slice(&mac[..8]);
     u64::from_be_bytes(first) & ((1 << 53) - 1)
