@@ -844,6 +844,7 @@ module.exports.countTokens = nativeBinding.countTokens
 module.exports.countTokensBody = nativeBinding.countTokensBody
 module.exports.countTokensPause = nativeBinding.countTokensPause
 module.exports.errorAnswer = nativeBinding.errorAnswer
+module.exports.identity = nativeBinding.identity
 module.exports.planFleet = nativeBinding.planFleet
 module.exports.promptBytes = nativeBinding.promptBytes
 module.exports.proxiedCall = nativeBinding.proxiedCall

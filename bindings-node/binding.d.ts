@@ -222,6 +222,12 @@ export declare function countTokensPause(status: number | undefined | null, retr
 export declare function errorAnswer(provider: string, status: number, kind: string | undefined | null, message: string, tokenwarden: string, stream: boolean): string
 
 /**
+ * An identity rule of the provider crate: `task` (a task's id for its name), `agent` (an
+ * agent's unkeyed id for its name) or `failure` (the signature of test `a` and diff `b`).
+ */
+export declare function identity(kind: string, a: string, b: string): number
+
+/**
  * Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's
  * snake_case JSON: `{ pool, agents: [...], headroom_permille? }`), answered as camelCase
  * JSON — every limited axis's late-session demand and share, the binding axis, the agents

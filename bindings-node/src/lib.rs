@@ -614,6 +614,15 @@ pub fn proxied_provider(rest: String, anthropic_version: bool) -> Option<String>
     tokenwarden_js_abi::proxied_provider(&rest, anthropic_version)
 }
 
+/// An identity rule of the provider crate: `task` (a task's id for its name), `agent` (an
+/// agent's unkeyed id for its name) or `failure` (the signature of test `a` and diff `b`).
+#[napi(js_name = "identity")]
+pub fn identity(env: Env, kind: String, a: String, b: String) -> napi::Result<f64> {
+    js(&env, || {
+        tokenwarden_js_abi::members::identity(&kind, &a, &b)
+    })
+}
+
 /// The `count_tokens` request for a Messages body's JSON text: its counted fields.
 #[napi(js_name = "countTokensBody")]
 pub fn count_tokens_body(env: Env, body: String) -> napi::Result<String> {

@@ -112,6 +112,13 @@ export const nativeProviderRules: ProviderRules = {
   proxiedProvider(rest, anthropicVersion) {
     return addon().proxiedProvider(rest, anthropicVersion) ?? null
   },
+  identity(kind, a, b) {
+    try {
+      return addon().identity(kind, a, b)
+    } catch (e) {
+      throw normalizeEngineError(e, 'identity')
+    }
+  },
 }
 
 /** The addon's coordinator as an {@link Engine}. */

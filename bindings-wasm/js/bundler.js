@@ -8,8 +8,8 @@ export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
 /** The members of one quota, for a gateway's host (the gateway crate's rule; see index.d.ts). */
 export const MemberTable = wasm.MemberTable
-/** The gateway crate's authentication rules, one JSON text in and out (see index.d.ts). */
-export const authRule = wasm.authRule
+/** The gateway crate's rules without state (routes, authentication), one JSON text in and out (see index.d.ts). */
+export const gatewayRule = wasm.gatewayRule
 /** Creates and restores engines backed by the wasm build. */
 export const wasmEngines = enginesFor(wasm)
 /** A `Tokenwarden` on the wasm engine. */

@@ -148,6 +148,7 @@ export function providerRulesFor(wasm, ranks) {
     checkFleets: (text, serveFile) => call('checkFleets', () => wasm.checkFleets(text, serveFile)),
     proxiedCall: (rest, search, headers, secrets, credential) => call('proxiedCall', () => wasm.proxiedCall(rest, search, headers, secrets, credential ?? undefined)),
     proxiedProvider: (rest, anthropicVersion) => wasm.proxiedProvider(rest, anthropicVersion) ?? null,
+    identity: (kind, a, b) => call('identity', () => wasm.identity(kind, a, b)),
   }
   return { tokenizer, counter, rules }
 }

@@ -120,8 +120,10 @@ export declare class MemberTable {
 }
 
 /**
- * The gateway crate's authentication rules for a host of the HTTP API (the edge Worker),
- * one JSON text in and out: `op` `authenticate` (`{ fleet: { secret, adminSecret?, proxyOpen }
+ * The gateway crate's rules for a host of the HTTP API (the edge Worker), one JSON text in
+ * and out: `op` `route` (`{ method, path, query?, accept?, upgrade? }` → the route: `{ route:
+ * 'health' }`, `{ route: 'credential', fleet, agent }` or `{ route: 'quota', fleet, quota,
+ * kind, … }`), `authenticate` (`{ fleet: { secret, adminSecret?, proxyOpen }
  * | null, name, token?, authorization?, proxy?, credential? }` → `{ agent, open }`), `admin`
  * (`{ fleet, authorization? }` → `{}`), `credential` (`{ secret, fleet, agent }` →
  * `{ credential }`), `sign` (`{ secret, fleet, quota, lease, epoch }` → `{ handle }`) and
@@ -129,4 +131,4 @@ export declare class MemberTable {
  * `{}`: a fleet or quota name from a URL). A refusal is
  * `{ refused: MemberRefusal }`, never a throw.
  */
-export declare function authRule(input: string): string
+export declare function gatewayRule(input: string): string

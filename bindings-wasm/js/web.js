@@ -8,8 +8,8 @@ export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
 /** The members of one quota, for a gateway's host (the gateway crate's rule; see index.d.ts). */
 export const MemberTable = wasm.MemberTable
-/** The gateway crate's authentication rules, one JSON text in and out (see index.d.ts). */
-export const authRule = wasm.authRule
+/** The gateway crate's rules without state (routes, authentication), one JSON text in and out (see index.d.ts). */
+export const gatewayRule = wasm.gatewayRule
 /** The tokenizers (the ranks fetched from `data/` beside this file when first needed). */
 const provider = providerRulesFor(wasm, fetchedRanks)
 /** A counter of an encoding's tokens (the provider crate's tokenizer; a promise while its ranks load). */

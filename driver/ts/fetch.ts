@@ -19,6 +19,7 @@ import type { Driver, Lease } from './driver.js'
 import { LeaseRejectedError, TokenwardenError } from './errors.js'
 import { BytesPerTokenEstimator, type Estimate, type EstimateInput, type Estimator } from './estimator.js'
 import { type Provider, callShape, promptTokens, stopAnswer } from './providers.js'
+import { providerRules } from './rules.js'
 import { type CallStep, type Exchange, type ExchangeAction, type ModelApi, type Role, type U64, type Usage, newCall } from './types.js'
 
 /** Options for one wrapped `fetch` (one agent). */
@@ -140,27 +141,14 @@ export interface FetchContext {
   nextAgent(): number
 }
 
-const MASK53 = (1n << 53n) - 1n
-const utf8 = new TextEncoder()
-
-/** FNV-1a, 64 bits, folded to 53 (an exact `number`) over `parts` joined by NUL. */
-function hash53(parts: readonly string[]): number {
-  let h = 0xcbf29ce484222325n
-  parts.forEach((part, i) => {
-    if (i > 0) h = ((h ^ 0n) * 0x100000001b3n) & 0xffffffffffffffffn
-    for (const b of utf8.encode(part)) h = ((h ^ BigInt(b)) * 0x100000001b3n) & 0xffffffffffffffffn
-  })
-  return Number((h ^ (h >> 53n)) & MASK53)
-}
-
 /**
  * A stable task id for a name: a name of digits that is an exact integer is that number
  * (`'1234'` is task 1234, so an issue number works as either), any other a 53-bit FNV-1a
- * hash (collisions are negligible).
+ * hash (collisions are negligible). The provider crate's rule (`identity::task_id_for`), the
+ * same in every host.
  */
 export function taskIdFor(name: string): number {
-  if (/^\d{1,16}$/.test(name) && Number.isSafeInteger(Number(name))) return Number(name)
-  return hash53([name])
+  return providerRules().identity('task', name, '')
 }
 
 /**
@@ -168,24 +156,16 @@ export function taskIdFor(name: string): number {
  * their content. The diff counts by its changed lines only (`+`/`-` lines, trailing space
  * trimmed, file headers and hunk positions left out), so the same failure after an
  * unrelated edit moved the lines is still the same signature. Two identical signatures in
- * a row halve the task's weight (`task.failed(signature)`).
+ * a row halve the task's weight (`task.failed(signature)`). The provider crate's rule
+ * (`identity::failure_signature`).
  */
 export function failureSignature(testName: string, diff = ''): number {
-  const changed = diff
-    .split(/\r?\n/)
-    .filter((l) => (l.startsWith('+') || l.startsWith('-')) && !l.startsWith('+++') && !l.startsWith('---'))
-    .map((l) => l.trimEnd())
-  return hash53([testName.trim(), ...changed])
+  return providerRules().identity('failure', testName, diff)
 }
 
-/** FNV-1a, 32 bits: a stable agent id for a name. */
+/** FNV-1a, 32 bits: a stable agent id for a name (the provider crate's `identity::agent_id_for`). */
 export function agentIdFor(name: string): number {
-  let h = 0x811c9dc5
-  for (let i = 0; i < name.length; i++) {
-    h ^= name.charCodeAt(i)
-    h = Math.imul(h, 0x01000193) >>> 0
-  }
-  return h
+  return providerRules().identity('agent', name, '')
 }
 
 function resolvePool(driver: Driver, spec: FetchOptions['pool'], model: string, provider: Provider): number {

@@ -67,6 +67,12 @@ export interface ProviderRules {
   proxiedCall(rest: string, search: string, headers: string, secrets: string[], credential: string | null): string
   /** The provider a proxied request speaks, for its errors; null if its path cannot be read. */
   proxiedProvider(rest: string, anthropicVersion: boolean): string | null
+  /**
+   * An identity rule (the provider crate's): `task` (`a` a task's name: its id), `agent`
+   * (`a` an agent's name: its 32-bit id) or `failure` (`a` a test's name, `b` a diff: the
+   * failure signature).
+   */
+  identity(kind: 'task' | 'agent' | 'failure', a: string, b: string): number
 }
 
 let source: ProviderRules | null = null
@@ -82,7 +88,7 @@ let source: ProviderRules | null = null
 export function useProviderRules(s: ProviderRules, replace = true): void {
   if (s === null || typeof s !== 'object' || typeof s.create !== 'function')
     throw new TypeError(
-      'useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause, checkFleets, proxiedCall, proxiedProvider } from an engine package',
+      'useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause, checkFleets, proxiedCall, proxiedProvider, identity } from an engine package',
     )
   if (!replace && source !== null) return
   source = s

@@ -1,5 +1,5 @@
 // Fleets, their bearer secrets, and unforgeable lease handles: the gateway crate's rules
-// (`tokenwarden_gateway::auth`, through the wasm build's `authRule`).
+// (`tokenwarden_gateway::auth`, through the wasm build's `gatewayRule`).
 //
 // A fleet is a tenant with its own secret; each fleet has named quotas (one per provider
 // API key), each owned by its own Durable Object. The configuration is one JSON secret
@@ -11,7 +11,7 @@
 // API keys are not part of it: in proxy mode the agent's own key passes through to the
 // upstream and is never stored or logged.
 
-import { authRule, checkFleets } from 'tokenwarden-wasm'
+import { gatewayRule, checkFleets } from 'tokenwarden-wasm'
 
 /**
  * The longest secret a caller may present, and a fleet may configure (the gateway crate's
@@ -67,11 +67,11 @@ function parseFleetsUncached(text) {
 }
 
 /**
- * One of the gateway crate's authentication rules (`authRule`, in the wasm build): its
- * answer, or the refusal thrown as an HttpError.
+ * One of the gateway crate's rules without state (`gatewayRule`, in the wasm build: the
+ * routes, who a request is): its answer, or the refusal thrown as an HttpError.
  */
-function rule(input) {
-  const read = JSON.parse(authRule(JSON.stringify(input)))
+export function rule(input) {
+  const read = JSON.parse(gatewayRule(JSON.stringify(input)))
   if ('refused' in read) throw new HttpError(read.refused.status, read.refused.error, read.refused.message)
   return read
 }
@@ -106,11 +106,6 @@ export async function authenticate(fleets, fleet, request, { proxy = false, cred
   return { fleet: fleets[fleet], agent: r.agent, open: r.open }
 }
 
-/** Whether a presented secret is shaped as an agent credential (`twa1.<fleet>.<agent>.<MAC>`). */
-export function isCredential(secret) {
-  return typeof secret === 'string' && secret.startsWith('twa1.')
-}
-
 /**
  * An agent credential: `twa1.<fleet>.<agent>.<HMAC>`, derived from the fleet secret (so
  * nothing is stored, and changing the fleet secret revokes them all). Presented instead of
@@ -137,7 +132,7 @@ export async function authenticateAdmin(fleets, fleet, request) {
  * core, starting afresh, hands out the same id again.
  */
 export async function signHandle(secret, fleet, quota, lease, epoch) {
-  const r = JSON.parse(authRule(JSON.stringify({ op: 'sign', secret, fleet, quota, lease, epoch })))
+  const r = JSON.parse(gatewayRule(JSON.stringify({ op: 'sign', secret, fleet, quota, lease, epoch })))
   if ('refused' in r) throw new Error(r.refused.message)
   return r.handle
 }
@@ -151,10 +146,4 @@ export async function signHandle(secret, fleet, quota, lease, epoch) {
 export async function openHandle(secret, fleet, quota, handle) {
   if (typeof handle !== 'string') throw new HttpError(404, 'unknown_lease', 'no such lease')
   return rule({ op: 'open', secret, fleet, quota, handle })
-}
-
-/** Checks a fleet or quota name from a URL (1 to 64 of `[A-Za-z0-9_-]`; 404 otherwise). */
-export function checkName(kind, name) {
-  rule({ op: 'name', kind, name })
-  return name
 }

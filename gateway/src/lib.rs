@@ -43,6 +43,7 @@ pub mod mac;
 pub mod members;
 pub mod names;
 pub mod proxy;
+pub mod routes;
 
 /// Why the gateway refuses a request: the HTTP status, a stable code, what was wrong and,
 /// where one is at fault, the field (a header's name, a body's field).

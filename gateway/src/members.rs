@@ -1001,7 +1001,9 @@ impl Members {
         let same = match given {
             None | Some(Value::Null) => true,
             Some(Value::String(s)) => *s == w.name,
-            Some(v) => safe_int(v).is_some_and(|n| n == w.id || n == agent_id_for(&w.name)),
+            Some(v) => safe_int(v).is_some_and(|n| {
+                n == w.id || n == tokenwarden_provider::identity::agent_id_for(&w.name)
+            }),
         };
         if !same {
             return Err(Refusal::new(
@@ -1190,18 +1192,6 @@ fn safe_int(v: &Value) -> Option<u64> {
 /// A string's length as JavaScript counts it (UTF-16 code units).
 fn js_len(s: &str) -> usize {
     s.encode_utf16().count()
-}
-
-/// FNV-1a over 32 bits of a name's UTF-16 code units: the npm fetch wrapper's
-/// `agentIdFor`, which a remote driver sends for its credential's agent.
-#[must_use]
-pub fn agent_id_for(name: &str) -> u64 {
-    let mut h: u32 = 0x811c_9dc5;
-    for unit in name.encode_utf16() {
-        h ^= u32::from(unit);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    u64::from(h)
 }
 
 fn invalid(message: String, field: Option<&str>) -> Refusal {

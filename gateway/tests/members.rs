@@ -4,7 +4,8 @@
 use serde_json::{Value, json};
 use tokenwarden_core::{Config, Coordinator, Input, Millis, Output};
 use tokenwarden_gateway::Refusal;
-use tokenwarden_gateway::members::{LeaseState, Members, Poll, Record, Who, agent_id_for};
+use tokenwarden_gateway::members::{LeaseState, Members, Poll, Record, Who};
+use tokenwarden_provider::identity::agent_id_for;
 
 const SECRET: &str = "a-fleet-secret-of-32-characters";
 

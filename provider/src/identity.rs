@@ -150,6 +150,39 @@ pub fn task_id_for(name: &str) -> u64 {
     hash53(&[name])
 }
 
+/// A failure signature: a hash of the failing test's name and the diff under test, never
+/// their content, as every host computes it (the npm package's `failureSignature`). The diff
+/// counts by its changed lines only (`+`/`-` lines, trailing whitespace trimmed, the `+++` /
+/// `---` file headers and hunk positions left out), so the same failure after an unrelated
+/// edit moved the lines is still the same signature.
+#[must_use]
+pub fn failure_signature(test: &str, diff: &str) -> u64 {
+    let mut parts = alloc::vec![test.trim()];
+    for line in diff.split('\n') {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if (line.starts_with('+') || line.starts_with('-'))
+            && !line.starts_with("+++")
+            && !line.starts_with("---")
+        {
+            parts.push(line.trim_end());
+        }
+    }
+    hash53(&parts)
+}
+
+/// FNV-1a over 32 bits of a name's UTF-16 code units: a stable agent id for a name where no
+/// keyed id is made (the npm fetch wrapper's `agentIdFor`, which a remote driver sends for
+/// its credential's agent).
+#[must_use]
+pub fn agent_id_for(name: &str) -> u64 {
+    let mut h: u32 = 0x811c_9dc5;
+    for unit in name.encode_utf16() {
+        h ^= u32::from(unit);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    u64::from(h)
+}
+
 /// FNV-1a over 64 bits of `parts` joined by NUL, folded to 53 bits (an exact JavaScript
 /// `number`).
 #[must_use]
@@ -304,5 +337,22 @@ mod tests {
         );
         assert_eq!(super::task_id_for(""), 5_239_054_864_098_682);
         assert_eq!(super::task_id_for("é/ü"), 6_826_924_348_688_416);
+    }
+
+    #[test]
+    fn signatures_and_agent_ids_are_the_npm_packages() {
+        // The npm package's `failureSignature` and `agentIdFor` on the same input.
+        let diff = "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old line   \n+new line\n context";
+        assert_eq!(
+            super::failure_signature("test_login", diff),
+            3_724_216_958_274_593
+        );
+        assert_eq!(super::failure_signature("  t  ", ""), 1_100_939_805_198_296);
+        assert_eq!(
+            super::failure_signature("t", "+a\r\n-b"),
+            7_271_479_482_522_099
+        );
+        assert_eq!(super::agent_id_for("alice"), 2_267_157_479);
+        assert_eq!(super::agent_id_for("é😀"), 1_154_239_905);
     }
 }
