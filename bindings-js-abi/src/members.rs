@@ -553,7 +553,7 @@ impl JsonObject {
     }
 }
 
-/// An identity rule of the provider crate ([`tokenwarden_provider::identity`]), as the npm
+/// An identity rule of the provider crate ([`mod@tokenwarden_provider::identity`]), as the npm
 /// package exports it: `task` (`a` a task's name: its id), `agent` (`a` an agent's name: its
 /// unkeyed 32-bit id) or `failure` (`a` the failing test, `b` the diff: the signature).
 pub fn identity(kind: &str, a: &str, b: &str) -> Result<f64, ArgError> {
