@@ -13,7 +13,9 @@
 //! call, or why it is refused. The third is the members of a quota ([`members`]): what a
 //! member of the fleet may send through the HTTP API, checked against who it is, and the
 //! table of the leases and tickets members hold ([`names`]: the ids of their agents;
-//! [`json`]: the camelCase JSON every host reads, with the field at fault named).
+//! [`json`]: the camelCase JSON every host reads, with the field at fault named). Then who a
+//! request is ([`auth`]: fleet secrets, agent credentials, the admin secret, lease handles;
+//! [`mac`]: what they are made of) and which route of the API it is ([`routes`]).
 //!
 //! ```
 //! use tokenwarden_gateway::config::{Fleets, ProxyOpen};
