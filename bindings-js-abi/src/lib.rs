@@ -483,6 +483,7 @@ pub fn plan_fleet(json: &str) -> Result<String, ArgError> {
 }
 
 pub mod exchange;
+pub mod gateway;
 pub mod members;
 
 pub mod io {

@@ -619,7 +619,7 @@ pub fn proxied_provider(rest: String, anthropic_version: bool) -> Option<String>
 #[napi(js_name = "identity")]
 pub fn identity(env: Env, kind: String, a: String, b: String) -> napi::Result<f64> {
     js(&env, || {
-        tokenwarden_js_abi::members::identity(&kind, &a, &b)
+        tokenwarden_js_abi::gateway::identity(&kind, &a, &b)
     })
 }
 

@@ -791,15 +791,15 @@ impl MemberTable {
 }
 
 /// The gateway's rules without state (the routes; fleet secrets, agent credentials, the
-/// admin secret, lease handles), one JSON text in and out (see `tokenwarden_js_abi::members::gateway_rule`).
+/// admin secret, lease handles), one JSON text in and out (see `tokenwarden_js_abi::gateway::gateway_rule`).
 #[wasm_bindgen(js_name = gatewayRule)]
 pub fn gateway_rule(input: &str) -> Result<String, Thrown> {
-    Ok(tokenwarden_js_abi::members::gateway_rule(input)?)
+    Ok(tokenwarden_js_abi::gateway::gateway_rule(input)?)
 }
 
 /// An identity rule of the provider crate: `task` (a task's id for its name), `agent` (an
 /// agent's unkeyed id for its name) or `failure` (the signature of test `a` and diff `b`).
 #[wasm_bindgen]
 pub fn identity(kind: &str, a: &str, b: &str) -> Result<f64, Thrown> {
-    Ok(tokenwarden_js_abi::members::identity(kind, a, b)?)
+    Ok(tokenwarden_js_abi::gateway::identity(kind, a, b)?)
 }

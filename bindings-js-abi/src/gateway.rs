@@ -1,0 +1,258 @@
+//! The gateway's and the provider crate's rules without state for a JavaScript host: the
+//! HTTP API's routes and who a request is ([`gateway_rule`], one JSON text in and out), and
+//! the identity rules the npm package exports ([`identity`]).
+
+use serde_json::{Value, json};
+
+use crate::ArgError;
+use crate::members::refused;
+
+/// The gateway's rules for a JavaScript host without state of their own (its routes,
+/// [`tokenwarden_gateway::routes`], and who a request is, [`tokenwarden_gateway::auth`]),
+/// one JSON text in and out. `input.op` is one of:
+///
+/// - `route` `{ method, path, query?, accept?, upgrade? }` → the route (see [`route_json`])
+/// - `authenticate` `{ fleet: { secret, adminSecret?, proxyOpen } | null, name, token?,
+///   authorization?, proxy?, credential? }` → `{ agent, open }`
+/// - `admin` `{ fleet, authorization? }` → `{}`
+/// - `credential` `{ secret, fleet, agent }` → `{ credential }`
+/// - `sign` `{ secret, fleet, quota, lease, epoch }` → `{ handle }`
+/// - `open` `{ secret, fleet, quota, handle }` → `{ id, epoch }`
+/// - `name` `{ kind, name }` → `{}` (a fleet or quota name from a URL; 404 otherwise)
+///
+/// A refusal is `{"refused": {status, error, message}}`; an input not of these shapes is an
+/// `ArgError`.
+pub fn gateway_rule(input: &str) -> Result<String, ArgError> {
+    use tokenwarden_gateway::auth;
+    use tokenwarden_gateway::config::{Fleet, ProxyOpen};
+    let v: Value = serde_json::from_str(input)
+        .map_err(|e| ArgError::type_error(format!("the auth input is not JSON: {e}")))?;
+    let text = |k: &str| v.get(k).and_then(Value::as_str);
+    let need = |k: &str| {
+        text(k).ok_or_else(|| {
+            ArgError::type_error(format!("the auth input needs `{k}` (a string)")).with_field(k)
+        })
+    };
+    let fleet = match v.get("fleet") {
+        Some(Value::Object(f)) => Some(Fleet {
+            secret: f
+                .get("secret")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .into(),
+            admin_secret: f
+                .get("adminSecret")
+                .and_then(Value::as_str)
+                .map(String::from),
+            proxy_open: match f.get("proxyOpen") {
+                Some(Value::Bool(true)) => ProxyOpen::Open,
+                Some(Value::String(s)) if s == "credential" => ProxyOpen::Credential,
+                _ => ProxyOpen::Closed,
+            },
+            quotas: std::collections::BTreeMap::new(),
+        }),
+        _ => None,
+    };
+    let presented = auth::Presented {
+        token: text("token"),
+        authorization: text("authorization"),
+    };
+    let op = need("op")?;
+    if op == "route" {
+        let read = tokenwarden_gateway::routes::route(&tokenwarden_gateway::routes::Request {
+            method: need("method")?,
+            path: need("path")?,
+            query: text("query").unwrap_or(""),
+            accept: text("accept"),
+            upgrade: text("upgrade"),
+        });
+        return Ok(match read {
+            Ok(r) => route_json(&r),
+            Err(r) => refused(&r),
+        });
+    }
+    let out = match op {
+        "authenticate" => auth::authenticate(
+            fleet.as_ref(),
+            need("name")?,
+            &presented,
+            v.get("proxy").and_then(Value::as_bool).unwrap_or(false),
+            text("credential"),
+        )
+        .map(|c| json!({ "agent": c.agent, "open": c.open })),
+        "admin" => auth::authenticate_admin(fleet.as_ref(), &presented).map(|()| json!({})),
+        "credential" => auth::agent_credential(need("secret")?, need("fleet")?, need("agent")?)
+            .map(|c| json!({ "credential": c })),
+        "sign" => {
+            let lease = v
+                .get("lease")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| ArgError::type_error("`lease` must be an id".into()))?;
+            auth::sign_handle(
+                need("secret")?,
+                need("fleet")?,
+                need("quota")?,
+                lease,
+                need("epoch")?,
+            )
+            .map(|h| json!({ "handle": h }))
+        }
+        "open" => auth::open_handle(
+            need("secret")?,
+            need("fleet")?,
+            need("quota")?,
+            need("handle")?,
+        )
+        .map(|(id, epoch)| json!({ "id": id, "epoch": epoch })),
+        "name" => auth::check_name(need("kind")?, need("name")?).map(|_| json!({})),
+        other => {
+            return Err(ArgError::type_error(format!("no auth rule `{other}`")).with_field("op"));
+        }
+    };
+    Ok(match out {
+        Ok(v) => v.to_string(),
+        Err(r) => refused(&r),
+    })
+}
+
+/// A route as JSON text: `{ route: "health" }`, `{ route: "credential", fleet, agent }` or
+/// `{ route: "quota", fleet, quota, kind, … }` with `kind` one of `dashboard`, `admin`
+/// (`admin`: `reset`, `hold`, `clock` or null), `handle`, `lease`, `wait` (`handle`,
+/// `waitMs`), `cancel` (`handle`), `on_lease` (`handle`, `verb`: its member route),
+/// `open_task`, `on_task` (`task`, `done`), `response`, `metrics` (`prometheus`),
+/// `timeline`, `proxy` (`path`, `credential`), `proxy_upgrade` (`path`), `not_found`. (Written
+/// field by field: building a `Value` cost the wasm build three times the code.)
+#[must_use]
+pub fn route_json(r: &tokenwarden_gateway::routes::Route) -> String {
+    use tokenwarden_gateway::routes::{Admin, QuotaRoute, Route};
+    let mut o = JsonObject::default();
+    match r {
+        Route::Health => o.text("route", Some("health")),
+        Route::Credential { fleet, agent } => {
+            o.text("route", Some("credential"));
+            o.text("fleet", Some(fleet));
+            o.text("agent", Some(agent));
+        }
+        Route::Quota {
+            fleet,
+            quota,
+            route,
+        } => {
+            o.text("route", Some("quota"));
+            o.text("fleet", Some(fleet));
+            o.text("quota", Some(quota));
+            let kind = match route {
+                QuotaRoute::Dashboard => "dashboard",
+                QuotaRoute::Admin(a) => {
+                    o.text(
+                        "admin",
+                        a.map(|a| match a {
+                            Admin::Reset => "reset",
+                            Admin::Hold => "hold",
+                            Admin::Clock => "clock",
+                        }),
+                    );
+                    "admin"
+                }
+                QuotaRoute::Handle => "handle",
+                QuotaRoute::Lease => "lease",
+                QuotaRoute::Wait { handle, wait_ms } => {
+                    o.text("handle", Some(handle));
+                    o.raw("waitMs", &wait_ms.to_string());
+                    "wait"
+                }
+                QuotaRoute::Cancel { handle } => {
+                    o.text("handle", Some(handle));
+                    "cancel"
+                }
+                QuotaRoute::OnLease { handle, verb } => {
+                    o.text("handle", Some(handle));
+                    o.text("verb", Some(verb.member_route()));
+                    "on_lease"
+                }
+                QuotaRoute::OpenTask => "open_task",
+                QuotaRoute::OnTask { task, done } => {
+                    o.text("task", Some(task));
+                    o.raw("done", if *done { "true" } else { "false" });
+                    "on_task"
+                }
+                QuotaRoute::Response => "response",
+                QuotaRoute::Metrics { prometheus } => {
+                    o.raw("prometheus", if *prometheus { "true" } else { "false" });
+                    "metrics"
+                }
+                QuotaRoute::Timeline => "timeline",
+                QuotaRoute::Proxy { path, credential } => {
+                    o.text("path", Some(path));
+                    o.text("credential", credential.as_deref());
+                    "proxy"
+                }
+                QuotaRoute::ProxyUpgrade { path } => {
+                    o.text("path", Some(path));
+                    "proxy_upgrade"
+                }
+                QuotaRoute::NotFound => "not_found",
+            };
+            o.text("kind", Some(kind));
+        }
+    }
+    o.end()
+}
+
+/// A JSON object written field by field.
+#[derive(Default)]
+struct JsonObject(String);
+
+impl JsonObject {
+    fn key(&mut self, k: &str) {
+        self.0.push(if self.0.is_empty() { '{' } else { ',' });
+        self.0.push('"');
+        self.0.push_str(k);
+        self.0.push_str("\":");
+    }
+
+    /// A string field (`null` for `None`), escaped.
+    fn text(&mut self, k: &str, v: Option<&str>) {
+        self.key(k);
+        match v.and_then(|v| serde_json::to_string(v).ok()) {
+            Some(t) => self.0.push_str(&t),
+            None => self.0.push_str("null"),
+        }
+    }
+
+    /// A field of JSON text as it is.
+    fn raw(&mut self, k: &str, v: &str) {
+        self.key(k);
+        self.0.push_str(v);
+    }
+
+    fn end(mut self) -> String {
+        if self.0.is_empty() {
+            self.0.push('{');
+        }
+        self.0.push('}');
+        self.0
+    }
+}
+
+/// An identity rule of the provider crate ([`mod@tokenwarden_provider::identity`]), as the npm
+/// package exports it: `task` (`a` a task's name: its id), `agent` (`a` an agent's name: its
+/// unkeyed 32-bit id) or `failure` (`a` the failing test, `b` the diff: the signature).
+pub fn identity(kind: &str, a: &str, b: &str) -> Result<f64, ArgError> {
+    use tokenwarden_provider::identity as id;
+    let n = match kind {
+        "task" => id::task_id_for(a),
+        "agent" => id::agent_id_for(a),
+        "failure" => id::failure_signature(a, b),
+        other => {
+            return Err(ArgError::range(
+                "invalid_argument",
+                format!("no identity rule `{other}`: task, agent or failure"),
+            )
+            .with_field("kind"));
+        }
+    };
+    // Each is at most 53 bits: an exact `number`.
+    #[allow(clippy::cast_precision_loss)]
+    Ok(n as f64)
+}
