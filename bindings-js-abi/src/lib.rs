@@ -232,25 +232,7 @@ pub fn u64_from_bigint(
     }
 }
 
-pub use tokenwarden_gateway::json::camel;
-
-/// A serde-shaped core value with its object keys recased to camelCase (string values,
-/// such as enum tags, are left alone). Numbers keep their exact value; napi-rs turns
-/// integers above 2^53 − 1 into `bigint`.
-#[must_use]
-pub fn camel_keys(v: Value) -> Value {
-    match v {
-        Value::Object(map) => {
-            let mut out = Map::with_capacity(map.len());
-            for (k, v) in map {
-                out.insert(camel(&k), camel_keys(v));
-            }
-            Value::Object(out)
-        }
-        Value::Array(items) => Value::Array(items.into_iter().map(camel_keys).collect()),
-        other => other,
-    }
-}
+pub use tokenwarden_gateway::json::{camel, camel_keys};
 
 /// A core value as JSON text with camelCase object keys, serialized straight from the
 /// value (no [`Value`] in between: building one cost about 13 times the serialization for

@@ -11,6 +11,8 @@ use alloc::vec::Vec;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
+use crate::Refusal;
+
 /// A value that does not read as the type asked for: what was wrong, the field at fault
 /// (camelCase) where one is, and whether it is a value out of range (a number too large, a
 /// name that is not one of the choices) rather than one of the wrong type.
@@ -40,6 +42,23 @@ pub fn camel(s: &str) -> String {
         }
     }
     out
+}
+
+/// A serde-shaped core value with its object keys recased to camelCase (string values,
+/// such as enum tags, are left alone): the JSON every host of the HTTP API answers.
+#[must_use]
+pub fn camel_keys(v: Value) -> Value {
+    match v {
+        Value::Object(map) => {
+            let mut out = Map::new();
+            for (k, v) in map {
+                out.insert(camel(&k), camel_keys(v));
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(camel_keys).collect()),
+        other => other,
+    }
 }
 
 /// `camelCase` → `snake_case`.
@@ -89,11 +108,81 @@ pub fn parse(text: &str) -> Option<Value> {
             _ => {}
         }
     }
+    read(text).ok()
+}
+
+fn read(text: &str) -> Result<Value, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     de.disable_recursion_limit();
-    let value = serde::Deserialize::deserialize(&mut de).ok()?;
-    de.end().ok()?;
-    Some(value)
+    let value = serde::Deserialize::deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// A request body that must be a JSON object, read by [`parse`]'s rule: 400 `invalid_json`
+/// when it is not JSON (or nests deeper than [`MAX_DEPTH`]), 400 `invalid_argument` naming
+/// the field whose number is past what a double holds (`1e400`: never read as null or
+/// infinity), or when it is not an object.
+pub fn parse_object(text: &str) -> Result<Map<String, Value>, Refusal> {
+    let not_json = || Refusal::new(400, "invalid_json", "the request body is not JSON".into());
+    let value = match parse(text) {
+        Some(v) => v,
+        None => {
+            let e = match read(text) {
+                Err(e) if e.to_string().starts_with("number out of range") => e,
+                _ => return Err(not_json()),
+            };
+            let key = key_before(text, e.line(), e.column()).unwrap_or_default();
+            return Err(Refusal::new(
+                400,
+                "invalid_argument",
+                format!("`{key}` is a number out of range"),
+            )
+            .with_field(key));
+        }
+    };
+    match value {
+        Value::Object(m) => Ok(m),
+        _ => Err(Refusal::new(
+            400,
+            "invalid_argument",
+            "the request body must be a JSON object".into(),
+        )),
+    }
+}
+
+/// The object key whose value is at `line`:`column` (1-based, as serde_json reports an
+/// error) in `text`: the string before the `:` before it.
+fn key_before(text: &str, line: usize, column: usize) -> Option<String> {
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(line.saturating_sub(1))
+        .map(str::len)
+        .sum();
+    let at = (start + column).min(text.len());
+    let before = text.get(..at)?.as_bytes();
+    // Back over the number, then whitespace, the `:` and whitespace, to the key's end quote.
+    let mut i = before.len();
+    while i > 0 && !matches!(before[i - 1], b':' | b',' | b'[' | b'{') {
+        i -= 1;
+    }
+    if i == 0 || before[i - 1] != b':' {
+        return None;
+    }
+    i -= 1;
+    while i > 0 && before[i - 1].is_ascii_whitespace() {
+        i -= 1;
+    }
+    if i == 0 || before[i - 1] != b'"' {
+        return None;
+    }
+    let end = i - 1;
+    let mut j = end;
+    while j > 0 && !(before[j - 1] == b'"' && (j < 2 || before[j - 2] != b'\\')) {
+        j -= 1;
+    }
+    let key: String = serde_json::from_slice(before.get(j.checked_sub(1)?..=end)?).ok()?;
+    Some(key)
 }
 
 /// `value` (camelCase keys) read as a `T` of the core (snake_case in serde). A key already
@@ -215,6 +304,24 @@ fn camel_quoted(message: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_body_is_an_object_and_a_number_past_a_double_is_named() {
+        use super::parse_object;
+        assert_eq!(parse_object(r#"{"a":1}"#).unwrap()["a"], 1);
+        let r = parse_object("{\"op\":\"settle\",\n \"usage\": {\"inputTokens\" : 1e400}}")
+            .unwrap_err();
+        assert_eq!(
+            (r.status, r.code, r.field.as_deref()),
+            (400, "invalid_argument", Some("inputTokens"))
+        );
+        assert_eq!(
+            parse_object("[1e400]").unwrap_err().field.as_deref(),
+            Some("")
+        );
+        assert_eq!(parse_object("{").unwrap_err().code, "invalid_json");
+        assert_eq!(parse_object("[]").unwrap_err().code, "invalid_argument");
+    }
+
     use super::*;
     use tokenwarden_core::Input;
 

@@ -38,6 +38,7 @@ extern crate alloc;
 
 use alloc::string::String;
 
+pub mod answers;
 pub mod auth;
 pub mod config;
 pub mod json;

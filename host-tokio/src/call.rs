@@ -62,6 +62,7 @@ pub struct Agent {
     task: Option<TaskId>,
     family: Option<AgentId>,
     unblocks: u32,
+    failure_signature: Option<u64>,
     pool: Option<String>,
     long_wait: Option<LongWaitHook>,
 }
@@ -74,6 +75,7 @@ impl std::fmt::Debug for Agent {
             .field("task", &self.task)
             .field("family", &self.family)
             .field("unblocks", &self.unblocks)
+            .field("failure_signature", &self.failure_signature)
             .field("pool", &self.pool)
             .field("on_long_wait", &self.long_wait.is_some())
             .finish()
@@ -103,6 +105,7 @@ impl Agent {
             task: None,
             family: None,
             unblocks: 0,
+            failure_signature: None,
             pool: None,
             long_wait: None,
         }
@@ -139,6 +142,14 @@ impl Agent {
     #[must_use]
     pub fn unblocks(mut self, n: u32) -> Agent {
         self.unblocks = n;
+        self
+    }
+
+    /// The failure its calls work on (a hash of the failing test and the diff): the same
+    /// failure over and over is weighed down by the core.
+    #[must_use]
+    pub fn failure_signature(mut self, signature: u64) -> Agent {
+        self.failure_signature = Some(signature);
         self
     }
 
@@ -291,7 +302,7 @@ impl Governed {
                 self.long_wait(pool, &wait).map_err(Stopped::Failed)?;
             }
             if let Some(until) = self.wait_until.take() {
-                tokio::time::sleep_until(self.shared.instant(until)).await;
+                self.shared.sleep_until(until).await;
             }
             let now = self.shared.now();
             let (estimate_id, estimate) = {
@@ -309,7 +320,7 @@ impl Governed {
                 max_tokens: self.shape.max_tokens,
                 role: self.agent.role,
                 unblocks: self.agent.unblocks,
-                failure_signature: None,
+                failure_signature: self.agent.failure_signature,
                 task: self.agent.task,
                 family: self.agent.family,
             };

@@ -12,7 +12,7 @@ use tokenwarden_core::{
 };
 use tokenwarden_provider::bpe::{self, Bpe, Encoding};
 use tokenwarden_provider::estimate::{Estimator, Options, OptionsError, Provider};
-use tokio::sync::{Notify, broadcast, oneshot};
+use tokio::sync::{Notify, broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -86,13 +86,41 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// How a [`Tokenwarden`] is made: the core config, and what the host adds to it.
+/// A function told every event the core raises, at the instant it was raised, while the
+/// coordinator is held (see [`Builder::on_event`]).
+pub type EventHook = Arc<dyn Fn(&Event, Millis) + std::marker::Send + Sync>;
+
+/// Where the coordinator starts from.
 #[derive(Clone, Debug)]
+enum Start {
+    /// A new coordinator for a config.
+    Config(Box<Config>),
+    /// A coordinator as it was (restored from a snapshot).
+    Restored(Box<Coordinator>),
+}
+
+/// How a [`Tokenwarden`] is made: the core config, and what the host adds to it.
+#[derive(Clone)]
 pub struct Builder {
-    config: Config,
+    start: Start,
     seed: Option<u64>,
     estimator: Options,
     timeouts: Timeouts,
+    origin: Millis,
+    on_event: Option<EventHook>,
+}
+
+impl fmt::Debug for Builder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Builder")
+            .field("start", &self.start)
+            .field("seed", &self.seed)
+            .field("estimator", &self.estimator)
+            .field("timeouts", &self.timeouts)
+            .field("origin", &self.origin)
+            .field("on_event", &self.on_event.is_some())
+            .finish()
+    }
 }
 
 impl Builder {
@@ -100,11 +128,46 @@ impl Builder {
     #[must_use]
     pub fn new(config: Config) -> Builder {
         Builder {
-            config,
+            start: Start::Config(Box::new(config)),
             seed: None,
             estimator: Options::default(),
             timeouts: Timeouts::default(),
+            origin: Millis(0),
+            on_event: None,
         }
+    }
+
+    /// A coordinator as it was: restored from a snapshot ([`Coordinator::restore`]), its
+    /// instants on the same clock as this host's ([`Builder::clock_origin`]).
+    #[must_use]
+    pub fn restored(coordinator: Coordinator) -> Builder {
+        Builder {
+            start: Start::Restored(Box::new(coordinator)),
+            seed: None,
+            estimator: Options::default(),
+            timeouts: Timeouts::default(),
+            origin: Millis(0),
+            on_event: None,
+        }
+    }
+
+    /// The core's time when the coordinator is built (default 0: ms since it was built). A
+    /// host that keeps state across restarts starts it at the Unix time, so the instants
+    /// in a snapshot mean the same after a restart.
+    #[must_use]
+    pub fn clock_origin(mut self, origin: Millis) -> Builder {
+        self.origin = origin;
+        self
+    }
+
+    /// Tells `hook` every event the core raises (a grant from the line, a revised promise,
+    /// an expiry, …), in order, while the coordinator is held: a host that keeps a table
+    /// beside the core (its members' leases) keeps it in the core's order. The hook must
+    /// not call this [`Tokenwarden`] (it would wait on itself).
+    #[must_use]
+    pub fn on_event(mut self, hook: EventHook) -> Builder {
+        self.on_event = Some(hook);
+        self
     }
 
     /// The core's seed (default: from the wall clock). The same seed and inputs at the same
@@ -146,8 +209,14 @@ impl Builder {
             let t = wall_clock().unwrap_or_default();
             t.as_secs() ^ u64::from(t.subsec_nanos()).rotate_left(32)
         });
-        let coord = Coordinator::new(self.config, seed, Millis(0)).map_err(Error::Config)?;
+        let coord = match self.start {
+            Start::Config(config) => {
+                Coordinator::new(*config, seed, self.origin).map_err(Error::Config)?
+            }
+            Start::Restored(coord) => *coord,
+        };
         let (events, _) = broadcast::channel(1024);
+        let (manual, _) = watch::channel(None);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 coord,
@@ -156,7 +225,10 @@ impl Builder {
             estimator: Mutex::new(estimator),
             wake: Notify::new(),
             epoch: Instant::now(),
+            origin: self.origin,
+            manual,
             events,
+            on_event: self.on_event,
             timeouts: self.timeouts,
         });
         let clock = runtime.spawn(clock(Arc::clone(&shared)));
@@ -234,6 +306,37 @@ impl Tokenwarden {
         f(&shared.lock().coord, now)
     }
 
+    /// The coordinator itself, held for `f` at this instant: a host that checks an input
+    /// against a table of its own and keeps the table from the output, in one step. The
+    /// events `f`'s inputs raise are handled after it returns (grants reach their calls,
+    /// [`Builder::on_event`]'s hook is told).
+    pub fn with_coordinator<R>(&self, f: impl FnOnce(&mut Coordinator, Millis) -> R) -> R {
+        let shared = &self.inner.shared;
+        let mut st = shared.lock();
+        let now = shared.now();
+        let r = f(&mut st.coord, now);
+        shared.drain(&mut st);
+        r
+    }
+
+    /// Stops the core's clock (the first time) and moves it `ms` forward by hand; from
+    /// then on it moves only so. For tests of waits: what happens at an instant, not
+    /// within a wall-time bound. The deadlines passed fire (the core told the time; calls
+    /// waiting for an instant ask again). Answers the new time.
+    pub fn advance(&self, ms: u64) -> Millis {
+        let shared = &self.inner.shared;
+        let now = shared.now().plus(ms);
+        shared.manual.send_replace(Some(now));
+        let _ = shared.handle(&Input::Timeout {});
+        now
+    }
+
+    /// Whether the clock is moved by hand ([`Tokenwarden::advance`]).
+    #[must_use]
+    pub fn manual_clock(&self) -> bool {
+        self.inner.shared.manual.borrow().is_some()
+    }
+
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.inner.shared
     }
@@ -244,7 +347,12 @@ pub(crate) struct Shared {
     pub(crate) estimator: Mutex<Estimator>,
     wake: Notify,
     epoch: Instant,
+    /// The core's time at `epoch`.
+    origin: Millis,
+    /// The time set by hand, once a test moves it ([`Tokenwarden::advance`]).
+    manual: watch::Sender<Option<Millis>>,
     events: broadcast::Sender<Event>,
+    on_event: Option<EventHook>,
     pub(crate) timeouts: Timeouts,
 }
 
@@ -256,12 +364,36 @@ pub(crate) struct State {
 
 impl Shared {
     pub(crate) fn now(&self) -> Millis {
+        if let Some(t) = *self.manual.borrow() {
+            return t;
+        }
         let ms = self.epoch.elapsed().as_millis();
-        Millis(u64::try_from(ms).unwrap_or(u64::MAX))
+        self.origin.plus(u64::try_from(ms).unwrap_or(u64::MAX))
     }
 
     pub(crate) fn instant(&self, at: Millis) -> Instant {
-        self.epoch + Duration::from_millis(at.0.min(1 << 40))
+        self.epoch + Duration::from_millis(at.since(self.origin).min(1 << 40))
+    }
+
+    /// Until the core's clock reads `at`: on the runtime's timer, or, while a test moves
+    /// the clock by hand, until it moves past `at`.
+    pub(crate) async fn sleep_until(&self, at: Millis) {
+        let mut moved = self.manual.subscribe();
+        loop {
+            if self.now() >= at {
+                return;
+            }
+            if moved.borrow_and_update().is_some() {
+                if moved.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(self.instant(at)) => return,
+                r = moved.changed() => if r.is_err() { return },
+            }
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -317,6 +449,9 @@ impl Shared {
                     }
                 }
             }
+            if let Some(hook) = &self.on_event {
+                hook(&event, self.now());
+            }
             let _ = self.events.send(event);
         }
         self.wake.notify_one();
@@ -332,7 +467,7 @@ async fn clock(shared: Arc<Shared>) {
         match next {
             Some(at) => {
                 tokio::select! {
-                    () = tokio::time::sleep_until(shared.instant(at)) => {
+                    () = shared.sleep_until(at) => {
                         let _ = shared.handle(&Input::Timeout {});
                     }
                     () = woken => {}

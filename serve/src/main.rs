@@ -1,0 +1,412 @@
+//! `tokenwarden serve`, native: one local limiter for a fleet of CLI agents and programs in
+//! any language, which join it by changing their base URL. The HTTP API of the edge
+//! limiter (edge/API.md) — the lease API, the proxy, metrics — on hyper and the tokio
+//! host, every decision the gateway crate's and the core's. State (leases, tickets, debt,
+//! agent names) is kept under `--data`, so a restart keeps it.
+
+mod app;
+mod proxy;
+mod quota;
+mod reply;
+mod store;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokenwarden_gateway::config::{Fleets, ProxyOpen};
+
+use crate::app::{App, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, Options, unix_now};
+use crate::quota::Quota;
+use crate::store::{Store, write_private};
+
+const HELP: &str = "usage: tokenwarden serve [--config tokenwarden.json] [--port 8787] [--host 127.0.0.1] [--data DIR]
+       tokenwarden --version
+
+Runs the limiter on this machine and prints the base URLs agents use:
+  ANTHROPIC_BASE_URL=http://127.0.0.1:8787/v1/fleets/<fleet>/quotas/<quota>/agents/<agent>/<role>/anthropic
+  OPENAI_BASE_URL=http://127.0.0.1:8787/v1/fleets/<fleet>/quotas/<quota>/agents/<agent>/<role>/openai
+
+  --config FILE  fleets, quotas and upstreams ({ \"fleets\": { ... } }), checked before
+                 anything starts (exit 2 naming the field); default: fleet \"local\" with
+                 quotas \"anthropic\" and \"openai\" on the providers' APIs, limits learned
+                 from their headers
+  --port N       default 8787; 0: a free port, printed in the banner (a port in use: exit 1)
+  --host ADDR    default 127.0.0.1; a fleet with \"proxy_open\": true is refused on any other
+  --data DIR     state (leases, tickets, debt, agent names) and the default fleet's secret,
+                 owner-only (0700/0600); default ./.tokenwarden
+  --version      print the version and exit
+
+Environment: TOKENWARDEN_MAX_BODY_BYTES (API bodies, default 65536),
+TOKENWARDEN_MAX_PROXY_BODY_BYTES (proxied bodies, default 33554432).";
+
+/// How the run ends early: exit 2 for bad input (arguments, config), 1 for the machine.
+struct Exit(u8, String);
+
+fn bad(message: impl Into<String>) -> Exit {
+    Exit(2, message.into())
+}
+
+fn machine(message: impl Into<String>) -> Exit {
+    Exit(1, message.into())
+}
+
+struct Args {
+    config: Option<PathBuf>,
+    port: u16,
+    host: IpAddr,
+    data: PathBuf,
+}
+
+enum Command {
+    Serve(Args),
+    Print(String),
+}
+
+fn parse_args(argv: &[String]) -> Result<Command, Exit> {
+    let version = || Command::Print(format!("tokenwarden {}", env!("CARGO_PKG_VERSION")));
+    let Some(command) = argv.first() else {
+        return Ok(Command::Print(HELP.into()));
+    };
+    match command.as_str() {
+        "-h" | "--help" | "help" => return Ok(Command::Print(HELP.into())),
+        "--version" => return Ok(version()),
+        "serve" => {}
+        other => {
+            return Err(bad(format!(
+                "unknown command {other:?} (try --help: serve)"
+            )));
+        }
+    }
+    let mut args = Args {
+        config: None,
+        port: 8787,
+        host: IpAddr::from([127, 0, 0, 1]),
+        data: PathBuf::from(".tokenwarden"),
+    };
+    let mut rest = argv[1..].iter();
+    while let Some(flag) = rest.next() {
+        let mut value = || {
+            rest.next()
+                .cloned()
+                .ok_or_else(|| bad(format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Command::Print(HELP.into())),
+            "--version" => return Ok(version()),
+            "--config" => args.config = Some(PathBuf::from(value()?)),
+            "--data" => args.data = PathBuf::from(value()?),
+            "--host" => {
+                let v = value()?;
+                args.host = if v == "localhost" {
+                    IpAddr::from([127, 0, 0, 1])
+                } else {
+                    v.parse()
+                        .map_err(|_| bad(format!("--host must be an IP address, got {v:?}")))?
+                };
+            }
+            "--port" => {
+                let v = value()?;
+                args.port = v
+                    .parse()
+                    .ok()
+                    .filter(|_| v.len() <= 5 && v.bytes().all(|b| b.is_ascii_digit()))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "--port must be a port number (0 to 65535), got {v:?}"
+                        ))
+                    })?;
+            }
+            other => return Err(bad(format!("unknown option {other:?} (try --help)"))),
+        }
+    }
+    Ok(Command::Serve(args))
+}
+
+/// A directory only its owner can enter (0700), made if need be.
+fn private_dir(dir: &Path) -> Result<(), Exit> {
+    let fail = |e: std::io::Error| {
+        machine(format!(
+            "cannot make {} a private directory (mkdir, chmod 700): {e}",
+            dir.display()
+        ))
+    };
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir).map_err(fail)?;
+    #[cfg(unix)]
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+        .map_err(fail)?;
+    Ok(())
+}
+
+/// The default fleet `local`, its secret kept in `<data>/secret`: made on the first start
+/// (0600); one that other users can read or change is refused, not fixed, since it may
+/// already have been seen.
+fn default_fleets(data: &Path) -> Result<(String, String), Exit> {
+    let file = data.join("secret");
+    match std::fs::metadata(&file) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut bytes = [0u8; 24];
+            getrandom::fill(&mut bytes)
+                .map_err(|e| machine(format!("no randomness for a secret: {e}")))?;
+            let secret = tokenwarden_gateway::mac::b64url(&bytes);
+            write_private(&file, format!("{secret}\n").as_bytes()).map_err(|e| {
+                machine(format!(
+                    "cannot write the fleet secret to {}: {e}",
+                    file.display()
+                ))
+            })?;
+        }
+        Err(e) => return Err(machine(format!("cannot read {}: {e}", file.display()))),
+        Ok(m) if !m.is_file() => {
+            return Err(bad(format!(
+                "{} must be a file holding the fleet secret",
+                file.display()
+            )));
+        }
+        #[cfg(unix)]
+        Ok(m) if std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o077 != 0 => {
+            let mode = std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777;
+            let how = if mode & 0o044 != 0 { "read" } else { "changed" };
+            return Err(bad(format!(
+                "{f} can be {how} by other users (mode 0{mode:o}), and it holds the fleet secret: chmod 600 {f} (or delete it to have a new secret made)",
+                f = file.display()
+            )));
+        }
+        Ok(_) => {}
+    }
+    let secret = std::fs::read_to_string(&file)
+        .map_err(|e| machine(format!("cannot read {}: {e}", file.display())))?;
+    let fleets = serde_json::json!({ "fleets": { "local": {
+        "secret": secret.trim(),
+        "proxy_open": true,
+        "quotas": {
+            "anthropic": { "upstream": "https://api.anthropic.com", "config": { "pools": [{ "name": "default" }] } },
+            "openai": { "upstream": "https://api.openai.com", "config": { "pools": [{ "name": "default", "counting": "openai" }] } },
+        },
+    } } });
+    Ok((
+        fleets.to_string(),
+        format!("the default fleet (its secret from {})", file.display()),
+    ))
+}
+
+/// A positive byte count from the environment, else `fallback`.
+fn limit_from(name: &str, fallback: usize) -> Result<usize, Exit> {
+    match std::env::var(name) {
+        Err(_) => Ok(fallback),
+        Ok(v) if v.is_empty() => Ok(fallback),
+        Ok(v) => v.parse::<usize>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+            bad(format!(
+                "{name} must be a positive integer (bytes), got {v:?}"
+            ))
+        }),
+    }
+}
+
+/// A name as a file name: its characters kept where safe, others as `%XX`.
+fn file_name(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn banner(fleets: &Fleets, origin: &str) -> String {
+    let mut lines = vec![format!(
+        "tokenwarden serve: the limiter on {origin} (native)"
+    )];
+    for (fleet, f) in &fleets.fleets {
+        for (quota, q) in &f.quotas {
+            let base = format!("{origin}/v1/fleets/{fleet}/quotas/{quota}");
+            let openai = q
+                .upstream
+                .as_ref()
+                .is_some_and(|u| u.url.to_ascii_lowercase().contains("openai"))
+                || q.config_json["pools"][0]["counting"] == "openai";
+            let (env, provider) = if openai {
+                ("OPENAI_BASE_URL", "openai")
+            } else {
+                ("ANTHROPIC_BASE_URL", "anthropic")
+            };
+            let secret = if f.proxy_open == ProxyOpen::Open {
+                ""
+            } else {
+                " (proxied calls need x-tokenwarden-token: the fleet secret)"
+            };
+            lines.push(String::new());
+            lines.push(format!("fleet {fleet}, quota {quota}{secret}"));
+            lines.push(format!("  {env}={base}/agents/<agent>/<role>/{provider}"));
+            lines.push(format!(
+                "  metrics: {base}/metrics (Authorization: Bearer <fleet secret>)"
+            ));
+        }
+    }
+    lines.push(String::new());
+    lines.push(
+        "Ctrl-C stops it; leases, tickets and debt are kept on disk for the next start.".into(),
+    );
+    lines.join("\n")
+}
+
+async fn serve(args: Args) -> Result<(), Exit> {
+    let (text, source) = match &args.config {
+        Some(file) => (
+            std::fs::read_to_string(file)
+                .map_err(|e| bad(format!("cannot read --config {}: {e}", file.display())))?,
+            format!("--config {}", file.display()),
+        ),
+        None => {
+            private_dir(&args.data)?;
+            default_fleets(&args.data)?
+        }
+    };
+    let fleets = Fleets::from_serve_file(&text).map_err(|e| bad(format!("{source}: {e}")))?;
+    if !args.host.is_loopback() {
+        let open: Vec<&str> = fleets
+            .fleets
+            .iter()
+            .filter(|(_, f)| f.proxy_open == ProxyOpen::Open)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        if !open.is_empty() {
+            return Err(bad(format!(
+                "fleet {} takes proxied calls with no secret (proxy_open): serve it on loopback only, not on {}",
+                open.join(", "),
+                args.host
+            )));
+        }
+    }
+    let options = Options {
+        test_clock: std::env::var("TOKENWARDEN_TEST_CLOCK").is_ok_and(|v| v == "1"),
+        max_body: limit_from("TOKENWARDEN_MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?,
+        max_proxy_body: limit_from(
+            "TOKENWARDEN_MAX_PROXY_BODY_BYTES",
+            DEFAULT_MAX_PROXY_BODY_BYTES,
+        )?,
+    };
+    let addr = SocketAddr::new(args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => machine(format!("port {} on {} is in use (EADDRINUSE); pick another with --port", args.port, args.host)),
+        std::io::ErrorKind::PermissionDenied => machine(format!("cannot listen on port {} on {} (EACCES: a port below 1024 needs privileges); pick another with --port", args.port, args.host)),
+        std::io::ErrorKind::AddrNotAvailable => machine(format!("cannot listen on {} (EADDRNOTAVAIL: not an address of this machine); pick another with --host", args.host)),
+        _ => machine(format!("cannot listen on port {} on {} ({e})", args.port, args.host)),
+    })?;
+    let local = listener.local_addr().map_err(|e| machine(e.to_string()))?;
+    let state_dir = args.data.join("native");
+    private_dir(&state_dir)?;
+    let now = unix_now();
+    let mut quotas = BTreeMap::new();
+    for (fleet, f) in &fleets.fleets {
+        for (name, q) in &f.quotas {
+            let store = Store::new(state_dir.join(format!(
+                "{}.{}.json",
+                file_name(fleet),
+                file_name(name)
+            )));
+            let quota = Quota::open(fleet, name, q, &f.secret, store, now).map_err(machine)?;
+            quotas.insert((fleet.clone(), name.clone()), quota);
+        }
+    }
+    for q in quotas.values() {
+        let weak = Arc::downgrade(q);
+        let store = Arc::clone(&q.store);
+        tokio::spawn(async move {
+            store.run(|| weak.upgrade().map(|q| q.saved())).await;
+        });
+    }
+    let app = Arc::new(App {
+        fleets,
+        quotas,
+        options,
+        upstream: proxy::Upstream::new(),
+    });
+    let origin = if local.is_ipv6() {
+        format!("http://[{}]:{}", local.ip(), local.port())
+    } else {
+        format!("http://{local}")
+    };
+    println!("{}", banner(&app.fleets, &origin));
+    let stop = shutdown();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                let app = Arc::clone(&app);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| Arc::clone(&app).serve(req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+    // Everything acknowledged is on disk already; what changed since is written now.
+    for q in app.quotas.values() {
+        if let Err(e) = q.store.write_now(&q.saved()) {
+            eprintln!(
+                "tokenwarden: cannot write the state of {}/{}: {e}",
+                q.fleet, q.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let run = match parse_args(&argv) {
+        Ok(Command::Print(text)) => {
+            println!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Serve(args)) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| machine(format!("cannot start the runtime: {e}")))
+            .and_then(|rt| rt.block_on(serve(args))),
+        Err(e) => Err(e),
+    };
+    match run {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Exit(code, message)) => {
+            eprintln!("tokenwarden: {}", message.replace('\n', " "));
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! One quota (one provider API key of one fleet): the coordinator on the tokio host, the
+//! gateway crate's member table beside it (who holds which lease, what a long poll
+//! answers), the remote drivers seen, and its state on disk.
+//!
+//! Locks: the coordinator's (the tokio host's) is taken before the member table's, never
+//! after: the table is kept inside [`Tokenwarden::with_coordinator`] and from the host's
+//! event hook, both of which hold the coordinator.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokenwarden_core::{Coordinator, Event, Input, Millis, Output, Timeouts};
+use tokenwarden_gateway::Refusal;
+use tokenwarden_gateway::config;
+use tokenwarden_gateway::json::camel_keys;
+use tokenwarden_gateway::members::{Members, Poll, Record};
+use tokenwarden_tokio::{Builder, Tokenwarden};
+use tokio::sync::oneshot;
+
+use crate::store::{BACKGROUND, Saved, Store};
+
+/// Remote drivers remembered per quota, and for how long after they were last seen.
+const MAX_CLIENTS: usize = 1024;
+const CLIENT_TTL_MS: u64 = 60_000;
+
+/// The coordinator of the quota's current epoch (a reset starts another).
+#[derive(Clone)]
+pub(crate) struct Live {
+    /// The coordinator on the tokio host.
+    pub(crate) tw: Tokenwarden,
+    /// The epoch of its state: part of every lease handle.
+    pub(crate) epoch: String,
+}
+
+/// What is kept beside the coordinator.
+pub(crate) struct Side {
+    pub(crate) members: Members,
+    /// Long polls by ticket.
+    polls: BTreeMap<u64, Vec<oneshot::Sender<()>>>,
+    /// Remote drivers' process ids and when last seen (oldest first).
+    clients: VecDeque<(String, u64)>,
+    /// The agent names the table remembers (what it told to write), id → name.
+    names: BTreeMap<u64, String>,
+}
+
+impl Side {
+    /// Answers the long polls the table says are due; keeps the names it learned.
+    fn settle(&mut self) {
+        for id in self.members.take_wakes() {
+            for tx in self.polls.remove(&id).unwrap_or_default() {
+                let _ = tx.send(());
+            }
+        }
+        for (id, name) in self.members.take_name_writes() {
+            match name {
+                Some(n) => self.names.insert(id, n),
+                None => self.names.remove(&id),
+            };
+        }
+    }
+}
+
+/// One quota.
+pub(crate) struct Quota {
+    pub(crate) fleet: String,
+    pub(crate) name: String,
+    pub(crate) conf: config::Quota,
+    secret: String,
+    live: Mutex<Live>,
+    side: Arc<Mutex<Side>>,
+    pub(crate) store: Arc<Store>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A fresh epoch: the time in base 36 and 32 random bits (as the Worker draws it).
+fn new_epoch(now: u64) -> String {
+    let mut bytes = [0u8; 4];
+    let _ = getrandom::fill(&mut bytes);
+    format!(
+        "{}{}",
+        base36(now),
+        base36(u64::from(u32::from_le_bytes(bytes)))
+    )
+}
+
+fn base36(mut n: u64) -> String {
+    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(digits[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// The core's timeouts for a quota's (the host's defaults where it names none).
+fn timeouts(t: config::Timeouts) -> Timeouts {
+    let d = Timeouts::default();
+    Timeouts {
+        first_byte_ms: t.first_byte_ms.or(d.first_byte_ms),
+        idle_ms: t.idle_ms.or(d.idle_ms),
+    }
+}
+
+impl Quota {
+    /// The quota `fleet`/`name`, restored from `store` if it holds a state, else created
+    /// from its config at `now` (Unix ms). Proxied calls in flight when the last process
+    /// stopped died with it: the core ends their leases and tickets now.
+    pub(crate) fn open(
+        fleet: &str,
+        name: &str,
+        conf: &config::Quota,
+        secret: &str,
+        store: Store,
+        now: u64,
+    ) -> Result<Arc<Quota>, String> {
+        let pools: Vec<String> = conf.config.pools.iter().map(|p| p.name.clone()).collect();
+        let saved = store.read()?;
+        let side = Arc::new(Mutex::new(Side {
+            members: Members::new(secret, pools),
+            polls: BTreeMap::new(),
+            clients: VecDeque::new(),
+            names: BTreeMap::new(),
+        }));
+        let store = Arc::new(store);
+        let (coordinator, epoch, keep) = match saved {
+            Some(s) => {
+                let c = Coordinator::restore_json(&s.snapshot).map_err(|e| {
+                    format!("the stored state of quota {fleet}/{name} cannot be restored: {e}")
+                })?;
+                let records: Vec<(u64, Record)> = s
+                    .leases
+                    .iter()
+                    .filter_map(|(id, r)| Some((*id, Record::from_json(r)?)))
+                    .collect();
+                let keep: Vec<u64> = records.iter().map(|(id, _)| *id).collect();
+                let mut sd = lock(&side);
+                sd.members.restore(records);
+                sd.members.key(secret, s.names.iter().cloned());
+                sd.names = s.names.into_iter().collect();
+                drop(sd);
+                (Some(c), s.epoch, keep)
+            }
+            None => (None, new_epoch(now), Vec::new()),
+        };
+        let restored = coordinator.is_some();
+        let tw = build(conf, coordinator, now, &side, &store)?;
+        let q = Arc::new(Quota {
+            fleet: fleet.to_owned(),
+            name: name.to_owned(),
+            conf: conf.clone(),
+            secret: secret.to_owned(),
+            live: Mutex::new(Live { tw, epoch }),
+            side,
+            store,
+        });
+        if restored {
+            let keep = keep.into_iter().map(tokenwarden_core::LeaseId).collect();
+            let ended = q.live().tw.handle(&Input::Restarted { keep });
+            if let Ok(Output::Ended {
+                interrupted,
+                withdrawn,
+            }) = ended
+                && (!interrupted.is_empty() || !withdrawn.is_empty())
+            {
+                q.store.changed(Duration::ZERO);
+            }
+        } else {
+            q.store.changed(Duration::ZERO);
+        }
+        Ok(q)
+    }
+
+    /// The coordinator of the current epoch.
+    pub(crate) fn live(&self) -> Live {
+        lock(&self.live).clone()
+    }
+
+    /// The member table (never held while the coordinator is asked for).
+    pub(crate) fn side(&self) -> MutexGuard<'_, Side> {
+        lock(&self.side)
+    }
+
+    /// The quota's state as its file holds it.
+    pub(crate) fn saved(&self) -> Saved {
+        let live = self.live();
+        // The coordinator first, then the table: the lock order.
+        let snapshot = live.tw.inspect(|c, _| c.snapshot_json());
+        let side = self.side();
+        Saved {
+            snapshot,
+            epoch: live.epoch,
+            leases: side
+                .members
+                .records()
+                .iter()
+                .map(|(id, r)| (*id, r.to_json()))
+                .collect(),
+            names: side.names.iter().map(|(id, n)| (*id, n.clone())).collect(),
+        }
+    }
+
+    /// A member's request to `route` (the gateway crate's member routes: `handle`, `lease`,
+    /// `settle`, …) naming lease or task `id`, from `who` (an agent credential's agent) or
+    /// the fleet's secret (`None`): checked by the member table, applied, the table kept.
+    /// Answers the input as read and the output (camelCase JSON), with the live coordinator.
+    pub(crate) fn member(
+        &self,
+        live: &Live,
+        route: &str,
+        id: Option<&Value>,
+        who: Option<&str>,
+        body: &Value,
+    ) -> Result<(Value, Value), Refusal> {
+        let out = live.tw.with_coordinator(|c, now| {
+            let mut side = self.side();
+            let who = who.map(|n| side.members.who(n));
+            let checked = side.members.route(route, id, who.as_ref(), body);
+            let res = checked.and_then(|checked| {
+                let out = c.handle(now, &checked.input).map_err(Refusal::from)?;
+                side.members.applied(&checked, &out);
+                Ok((checked.json, out))
+            });
+            side.settle();
+            res
+        })?;
+        let json = serde_json::to_value(&out.1)
+            .map(camel_keys)
+            .unwrap_or(Value::Null);
+        Ok((out.0, json))
+    }
+
+    /// The operator's hold (`{ pool?, forMs }`): the pool's name and until when.
+    pub(crate) fn hold(&self, live: &Live, body: &Value) -> Result<(String, u64), Refusal> {
+        live.tw.with_coordinator(|c, now| {
+            let input = self.side().members.hold(body, now)?;
+            match c.handle(now, &input).map_err(Refusal::from)? {
+                Output::Held { pool, until } => {
+                    let name = c
+                        .config()
+                        .pools
+                        .get(pool.0 as usize)
+                        .map(|p| p.name.clone());
+                    Ok((name.unwrap_or_default(), until.0))
+                }
+                other => Err(Refusal::new(
+                    500,
+                    "internal",
+                    format!("hold answered {other:?}"),
+                )),
+            }
+        })
+    }
+
+    /// A long poll on ticket `lease` for up to `timeout_ms`: 200 with its grant, 202 with
+    /// its promise, or why not.
+    pub(crate) async fn wait(
+        &self,
+        lease: u64,
+        who: Option<&str>,
+        timeout_ms: u64,
+    ) -> Result<(u16, Value), Refusal> {
+        let id = Value::from(lease);
+        let (poll, woken) = {
+            let mut side = self.side();
+            let who = who.map(|n| side.members.who(n));
+            side.settle();
+            let poll = side.members.wait(Some(&id), who.as_ref(), timeout_ms)?;
+            let woken = match poll {
+                Poll::Hold(_) => {
+                    let (tx, rx) = oneshot::channel();
+                    side.polls.entry(lease).or_default().push(tx);
+                    Some(rx)
+                }
+                Poll::Answer { .. } => None,
+            };
+            (poll, woken)
+        };
+        let poll = match (poll, woken) {
+            (Poll::Hold(ms), Some(rx)) => {
+                let _ = tokio::time::timeout(Duration::from_millis(ms), rx).await;
+                let mut side = self.side();
+                let who = who.map(|n| side.members.who(n));
+                side.settle();
+                match side.members.wait(Some(&id), who.as_ref(), 0) {
+                    Err(r) if r.status == 404 => {
+                        return Err(Refusal::new(
+                            404,
+                            "unknown_lease",
+                            "the ticket ended while waiting".into(),
+                        ));
+                    }
+                    other => other?,
+                }
+            }
+            (p, _) => p,
+        };
+        match poll {
+            Poll::Answer { status, body } => Ok((status, body)),
+            Poll::Hold(_) => Err(Refusal::new(500, "internal", "a poll held twice".into())),
+        }
+    }
+
+    /// Remembers a remote driver's process (bounded: at most [`MAX_CLIENTS`], each
+    /// forgotten a minute after it was last seen); answers how many share the quota (at
+    /// least 1: the caller).
+    pub(crate) fn seen(&self, client: Option<&str>, now: u64) -> u64 {
+        let mut side = self.side();
+        let clients = &mut side.clients;
+        if let Some(c) = client {
+            clients.retain(|(k, _)| k != c);
+            clients.push_back((c.to_owned(), now));
+            if clients.len() > MAX_CLIENTS {
+                clients.pop_front();
+            }
+        }
+        while clients
+            .front()
+            .is_some_and(|(_, at)| now.saturating_sub(*at) > CLIENT_TTL_MS)
+        {
+            clients.pop_front();
+        }
+        clients.len().max(1) as u64
+    }
+
+    /// The id of agent `name` (keyed by the fleet's secret), its name remembered.
+    pub(crate) fn agent_id(&self, name: &str) -> u64 {
+        let mut side = self.side();
+        let id = side.members.names().id(name);
+        side.settle();
+        id
+    }
+
+    /// The name agent `id` was made from, if remembered.
+    pub(crate) fn name_of(&self, id: u64) -> Option<String> {
+        self.side().members.name_of(id).map(str::to_owned)
+    }
+
+    /// The operator's reset: the quota starts afresh from its configuration (a new epoch);
+    /// every lease and ticket ends (long polls answer 404). Answers how many ended.
+    pub(crate) fn reset(&self, now: u64) -> Result<usize, String> {
+        let tw = build(&self.conf, None, now, &self.side, &self.store)?;
+        let ended = {
+            let mut side = self.side();
+            let n = side.members.clear();
+            side.settle();
+            n
+        };
+        *lock(&self.live) = Live {
+            tw,
+            epoch: new_epoch(now),
+        };
+        self.store.remove();
+        Ok(ended)
+    }
+
+    /// The fleet's secret (agent ids and lease handles are keyed by it).
+    pub(crate) fn secret(&self) -> &str {
+        &self.secret
+    }
+}
+
+/// The coordinator on the tokio host: `restored`, or new from the quota's config, on the
+/// Unix clock; its events kept in the member table and written to disk.
+fn build(
+    conf: &config::Quota,
+    restored: Option<Coordinator>,
+    now: u64,
+    side: &Arc<Mutex<Side>>,
+    store: &Arc<Store>,
+) -> Result<Tokenwarden, String> {
+    let hook_side = Arc::clone(side);
+    let hook_store = Arc::clone(store);
+    let hook = move |e: &Event, at: Millis| {
+        let mut side = lock(&hook_side);
+        side.members.event(e, at);
+        side.settle();
+        drop(side);
+        hook_store.changed(BACKGROUND);
+    };
+    let builder = match restored {
+        Some(c) => Builder::restored(c),
+        None => Builder::new(conf.config.clone()),
+    };
+    builder
+        .clock_origin(Millis(now))
+        .timeouts(timeouts(conf.timeouts))
+        .on_event(Arc::new(hook))
+        .build()
+        .map_err(|e| e.to_string())
+}
