@@ -19,6 +19,9 @@ use crate::members::refused;
 /// - `sign` `{ secret, fleet, quota, lease, epoch }` → `{ handle }`
 /// - `open` `{ secret, fleet, quota, handle }` → `{ id, epoch }`
 /// - `name` `{ kind, name }` → `{}` (a fleet or quota name from a URL; 404 otherwise)
+/// - `prometheus` `{ metrics, fleet, quota }` → `{ text }` (the metrics, camelCase as the
+///   engine's `metrics(now)` returns them with a host's names and `ceilings`, in Prometheus's
+///   text format: [`tokenwarden_gateway::prometheus::text`]; never refused)
 ///
 /// A refusal is `{"refused": {status, error, message}}`; an input not of these shapes is an
 /// `ArgError`.
@@ -58,6 +61,16 @@ pub fn gateway_rule(input: &str) -> Result<String, ArgError> {
         authorization: text("authorization"),
     };
     let op = need("op")?;
+    if op == "prometheus" {
+        let metrics = v.get("metrics").filter(|m| m.is_object()).ok_or_else(|| {
+            ArgError::type_error("the prometheus input needs `metrics` (an object)".into())
+                .with_field("metrics")
+        })?;
+        let text = tokenwarden_gateway::prometheus::text(metrics, need("fleet")?, need("quota")?);
+        let mut o = JsonObject::default();
+        o.text("text", Some(&text));
+        return Ok(o.end());
+    }
     if op == "route" {
         let read = tokenwarden_gateway::routes::route(&tokenwarden_gateway::routes::Request {
             method: need("method")?,
@@ -255,4 +268,48 @@ pub fn identity(kind: &str, a: &str, b: &str) -> Result<f64, ArgError> {
     // Each is at most 53 bits: an exact `number`.
     #[allow(clippy::cast_precision_loss)]
     Ok(n as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_answers_the_text() {
+        // A golden file of the gateway crate's: the edge's JavaScript wrote this text for it.
+        let input = include_str!("../../gateway/tests/fixtures/prometheus/hostile_labels.json");
+        let expected = include_str!("../../gateway/tests/fixtures/prometheus/hostile_labels.txt");
+        let answer: Value = serde_json::from_str(&gateway_rule(input).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer, json!({ "text": expected }));
+    }
+
+    #[test]
+    fn prometheus_needs_metrics_fleet_and_quota() {
+        for (input, field) in [
+            (
+                json!({ "op": "prometheus", "fleet": "f", "quota": "q" }),
+                "metrics",
+            ),
+            (
+                json!({ "op": "prometheus", "metrics": [], "fleet": "f", "quota": "q" }),
+                "metrics",
+            ),
+            (
+                json!({ "op": "prometheus", "metrics": {}, "quota": "q" }),
+                "fleet",
+            ),
+            (
+                json!({ "op": "prometheus", "metrics": {}, "fleet": "f", "quota": 1 }),
+                "quota",
+            ),
+        ] {
+            let e = gateway_rule(&input.to_string()).err();
+            assert_eq!(e.and_then(|e| e.field).as_deref(), Some(field), "{input}");
+        }
+        let empty = gateway_rule(r#"{"op":"prometheus","metrics":{},"fleet":"","quota":""}"#);
+        assert!(
+            empty.is_ok_and(|t| t.starts_with(r##"{"text":"# HELP tokenwarden_live_leases "##))
+        );
+    }
 }

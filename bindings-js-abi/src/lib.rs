@@ -467,6 +467,7 @@ pub fn plan_fleet(json: &str) -> Result<String, ArgError> {
 pub mod exchange;
 pub mod gateway;
 pub mod members;
+pub mod timeline;
 
 pub mod io {
     //! The register file of the hot calls.

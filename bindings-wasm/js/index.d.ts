@@ -120,15 +120,45 @@ export declare class MemberTable {
 }
 
 /**
+ * A quota's recent call events and the ceilings hit (the gateway crate's `timeline`: the
+ * dashboard's 429-vs-turn overlay, the metrics' `ceilings`), told the driver's call events:
+ * at most 4,096 events of the last 10 minutes, counters per pool. Instants are Unix ms.
+ */
+export declare class Timeline {
+  constructor(now: number)
+  /** A call starts: `lease` of `agent` granted in `pool` after `waitedMs` in line. */
+  granted(t: number, lease: number, agent: number, pool: number, waitedMs: number): void
+  /** A lease ended unsettled (expired). */
+  forget(lease: number): void
+  /** A refusal for `reason` (the core's, JSON text) until `retryAt`, or never. */
+  rejected(t: number, agent: number, pool: number, reason: string, retryAt?: number): void
+  /** A 429 reported for `lease`, with its `retry-after` and the limit the provider named. */
+  rateLimited(t: number, pool: number, lease?: number, retryAfterMs?: number, exceeded?: string): void
+  /** A proxied call's wait after a 429 (`rate_limited`) or an overload (`overloaded`). */
+  waiting(t: number, agent: number, pool: number, delayMs: number, cause: string): void
+  /** Forgets everything (a reset). */
+  clear(now: number): void
+  /** Events held. */
+  readonly size: number
+  /** `GET …/timeline`'s answer (JSON text): pools by the names in `pools` (JSON), agents by id as text. */
+  view(now: number, pools: string): string
+  /** The ceilings hit, by pool name (JSON text; `pools` a JSON array of names). */
+  ceilings(pools: string): string
+  free(): void
+}
+
+/**
  * The gateway crate's rules for a host of the HTTP API (the edge Worker), one JSON text in
  * and out: `op` `route` (`{ method, path, query?, accept?, upgrade? }` → the route: `{ route:
  * 'health' }`, `{ route: 'credential', fleet, agent }` or `{ route: 'quota', fleet, quota,
  * kind, … }`), `authenticate` (`{ fleet: { secret, adminSecret?, proxyOpen }
  * | null, name, token?, authorization?, proxy?, credential? }` → `{ agent, open }`), `admin`
  * (`{ fleet, authorization? }` → `{}`), `credential` (`{ secret, fleet, agent }` →
- * `{ credential }`), `sign` (`{ secret, fleet, quota, lease, epoch }` → `{ handle }`) and
- * `open` (`{ secret, fleet, quota, handle }` → `{ id, epoch }`) and `name` (`{ kind, name }` →
- * `{}`: a fleet or quota name from a URL). A refusal is
- * `{ refused: MemberRefusal }`, never a throw.
+ * `{ credential }`), `sign` (`{ secret, fleet, quota, lease, epoch }` → `{ handle }`),
+ * `open` (`{ secret, fleet, quota, handle }` → `{ id, epoch }`), `name` (`{ kind, name }` →
+ * `{}`: a fleet or quota name from a URL) and `prometheus` (`{ metrics, fleet, quota }` →
+ * `{ text }`: `metrics` as `metrics(now)` returns them, with the edge's names and ceilings,
+ * in Prometheus's text format; bigints as JSON integers, NaN and the infinities as the
+ * strings `Number()` reads). A refusal is `{ refused: MemberRefusal }`, never a throw.
  */
 export declare function gatewayRule(input: string): string

@@ -8,6 +8,8 @@ export * from 'tokenwarden-driver'
 export { WasmEngine } from './engine.js'
 /** The members of one quota, for a gateway's host (the gateway crate's rule; see index.d.ts). */
 export const MemberTable = wasm.MemberTable
+/** A quota's recent call events and ceilings, for a gateway's host (the gateway crate's timeline; see index.d.ts). */
+export const Timeline = wasm.Timeline
 /** The gateway crate's rules without state (routes, authentication), one JSON text in and out (see index.d.ts). */
 export const gatewayRule = wasm.gatewayRule
 /** The tokenizers (the ranks fetched from `data/` beside this file when first needed). */

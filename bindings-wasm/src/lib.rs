@@ -790,6 +790,83 @@ impl MemberTable {
     }
 }
 
+/// A quota's recent call events and the ceilings hit (the gateway crate's timeline, for
+/// the edge Worker's dashboard overlay and metrics): told the driver's call events, it
+/// answers `GET …/timeline` and the metrics' `ceilings` as JSON text.
+#[wasm_bindgen(js_name = Timeline)]
+pub struct Timeline {
+    inner: tokenwarden_js_abi::timeline::Timeline,
+}
+
+#[wasm_bindgen(js_class = Timeline)]
+impl Timeline {
+    /// An empty timeline whose counters start at `now` (Unix ms).
+    #[wasm_bindgen(constructor)]
+    pub fn new(now: f64) -> Timeline {
+        Timeline {
+            inner: tokenwarden_js_abi::timeline::Timeline::new(now),
+        }
+    }
+
+    /// A call starts at `t`: `lease` of `agent` granted in `pool` after `waitedMs` in line.
+    pub fn granted(&mut self, t: f64, lease: f64, agent: f64, pool: f64, waited_ms: f64) {
+        self.inner.granted(t, lease, agent, pool, waited_ms);
+    }
+
+    /// A lease ended unsettled (expired).
+    pub fn forget(&mut self, lease: f64) {
+        self.inner.forget(lease);
+    }
+
+    /// `agent` refused at `t` in `pool` for `reason` (JSON text) until `retryAt` (or never).
+    pub fn rejected(&mut self, t: f64, agent: f64, pool: f64, reason: &str, retry_at: Option<f64>) {
+        self.inner.rejected(t, agent, pool, reason, retry_at);
+    }
+
+    /// A 429 reported at `t` in `pool` for `lease`, with its `retry-after` and the limit
+    /// the provider named.
+    #[wasm_bindgen(js_name = rateLimited)]
+    pub fn rate_limited(
+        &mut self,
+        t: f64,
+        pool: f64,
+        lease: Option<f64>,
+        retry_after_ms: Option<f64>,
+        exceeded: Option<String>,
+    ) {
+        self.inner
+            .rate_limited(t, pool, lease, retry_after_ms, exceeded.as_deref());
+    }
+
+    /// A proxied call of `agent` waits `delayMs` from `t` after a 429 (`rate_limited`) or an
+    /// overload (`overloaded`).
+    pub fn waiting(&mut self, t: f64, agent: f64, pool: f64, delay_ms: f64, cause: &str) {
+        self.inner.waiting(t, agent, pool, delay_ms, cause);
+    }
+
+    /// Forgets everything (a reset); the counters start again at `now`.
+    pub fn clear(&mut self, now: f64) {
+        self.inner.clear(now);
+    }
+
+    /// Events held.
+    #[wasm_bindgen(getter)]
+    pub fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    /// `GET …/timeline`'s answer at `now` (JSON text): pools by `pools` (a JSON array of
+    /// names), agents by id as text (for the host to name).
+    pub fn view(&self, now: f64, pools: &str) -> String {
+        self.inner.view(now, pools)
+    }
+
+    /// The ceilings hit, by pool name (JSON text; `pools` a JSON array of names).
+    pub fn ceilings(&self, pools: &str) -> String {
+        self.inner.ceilings(pools)
+    }
+}
+
 /// The gateway's rules without state (the routes; fleet secrets, agent credentials, the
 /// admin secret, lease handles), one JSON text in and out (see `tokenwarden_js_abi::gateway::gateway_rule`).
 #[wasm_bindgen(js_name = gatewayRule)]

@@ -1016,6 +1016,18 @@ export function dashboardHtml({ fleet, quota, metricsPath, timelinePath }) {
 `
 }
 
+/**
+ * The page with placeholders for a host that fills them in itself (native `tokenwarden
+ * serve`, from serve/assets/: see scripts/dashboard-asset.mjs): `{{fleet}}`, `{{quota}}`,
+ * `{{metricsPath}}` and `{{timelinePath}}`, each standing for the value as `escapeHtml`
+ * writes it; and the page's Content Security Policy.
+ * @returns {{ html: string, csp: string }}
+ */
+export function dashboardAsset() {
+  const html = dashboardHtml({ fleet: '{{fleet}}', quota: '{{quota}}', metricsPath: '{{metricsPath}}', timelinePath: '{{timelinePath}}' })
+  return { html, csp: dashboardCsp() }
+}
+
 /** @type {string | undefined} */
 let csp
 

@@ -4,10 +4,12 @@
 //   node --test edge/test/format.test.mjs
 import assert from 'node:assert/strict'
 import { createHash } from 'node:crypto'
+import { readFileSync } from 'node:fs'
 import { test } from 'node:test'
+import { fileURLToPath } from 'node:url'
 import vm from 'node:vm'
 import { nativeEngines } from 'tokenwarden'
-import { DASHBOARD_POLL_MS, dashboardCsp, dashboardHtml, escapeHtml, sha256Base64 } from '../src/dashboard.js'
+import { DASHBOARD_POLL_MS, dashboardAsset, dashboardCsp, dashboardHtml, escapeHtml, sha256Base64 } from '../src/dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, escapeLabelValue, prometheusText } from '../src/prometheus.js'
 
 const NOW = 62_000
@@ -360,4 +362,14 @@ test('the CSP hashes are SHA-256, base64, of the UTF-8 text', () => {
     assert.equal(sha256Base64(text), expected(text), `${n} bytes`)
   }
   for (const text of ['· – … × é 漢字 🙂', `${'a'.repeat(55)}€`, '\u0000\n\r\t']) assert.equal(sha256Base64(text), expected(text), text)
+})
+
+test("native serve's copy of the dashboard is this page (serve/assets/, made by scripts/dashboard-asset.mjs)", () => {
+  const { html, csp } = dashboardAsset()
+  const asset = (name) => readFileSync(fileURLToPath(new URL(`../../serve/assets/${name}`, import.meta.url)), 'utf8')
+  assert.equal(asset('dashboard.csp'), csp, 'run node edge/scripts/dashboard-asset.mjs')
+  assert.ok(asset('dashboard.html') === html, 'serve/assets/dashboard.html differs from dashboardHtml: run node edge/scripts/dashboard-asset.mjs')
+  // Filled in as serve fills it, it is the page dashboardHtml makes.
+  const filled = html.replaceAll('{{fleet}}', escapeHtml('a"f')).replaceAll('{{quota}}', 'q').replaceAll('{{metricsPath}}', '/m').replaceAll('{{timelinePath}}', '/t')
+  assert.equal(filled, dashboardHtml({ fleet: 'a"f', quota: 'q', metricsPath: '/m', timelinePath: '/t' }))
 })

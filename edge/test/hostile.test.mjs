@@ -105,13 +105,17 @@ const credential = async (agent, { fleet = 'f', secret = SECRET } = {}) =>
 const messages = (extra = {}) => JSON.stringify({ model: 'claude-sonnet-4-6', max_tokens: 100, messages: [{ role: 'user', content: 'hello '.repeat(200) }], ...extra })
 const anthropicHeaders = { 'x-api-key': 'sk-ant-test-key', 'anthropic-version': '2023-06-01', 'content-type': 'application/json' }
 
-/** workerd's resident memory, MiB (the runtime miniflare started for this file). */
-function workerdRss() {
+/**
+ * The limiter's resident memory, MiB: the workerd runtime miniflare started for this file,
+ * or native `tokenwarden serve` where TOKENWARDEN_SERVE_BIN runs the suite against it.
+ */
+function limiterRss() {
+  const native = process.env.TOKENWARDEN_SERVE_BIN
   const pids = execFileSync('ps', ['-o', 'pid=,args=', '--ppid', String(process.pid)], { encoding: 'utf8' })
     .split('\n')
-    .filter((l) => l.includes('workerd'))
+    .filter((l) => (native ? l.includes(native) : l.includes('workerd')))
     .map((l) => Number(l.trim().split(/\s+/)[0]))
-  assert.equal(pids.length, 1, 'one workerd child')
+  assert.equal(pids.length, 1, `one ${native ? 'tokenwarden serve' : 'workerd'} child`)
   const status = readFileSync(`/proc/${pids[0]}/status`, 'utf8')
   return Number(/VmRSS:\s+(\d+) kB/.exec(status)[1]) / 1024
 }
@@ -167,10 +171,10 @@ describe('memory on unauthenticated input', () => {
       // A wrong secret of a known fleet, in the token header.
       (i) => [`${base}/v1/fleets/f/quotas/main/leases`, { method: 'POST', headers: { 'x-tokenwarden-token': randomText(200, i + 11) }, body: '{}' }],
     ]
-    const before = workerdRss()
+    const before = limiterRss()
     const statuses = await flood(10_000, 16, (i) => shapes[i % shapes.length](i))
     assert.deepEqual([...statuses.keys()], [401], `every hostile request is a 401: ${JSON.stringify([...statuses])}`)
-    t.diagnostic(`workerd resident memory ${before.toFixed(0)} -> ${workerdRss().toFixed(0)} MiB`)
+    t.diagnostic(`${process.env.TOKENWARDEN_SERVE_BIN ? 'tokenwarden serve' : 'workerd'} resident memory ${before.toFixed(0)} -> ${limiterRss().toFixed(0)} MiB`)
   })
 
   test('an oversized bearer is refused before any work, naming the bound', async () => {

@@ -181,7 +181,68 @@ impl Fleets {
 }
 
 fn parse(text: &str) -> Result<Value, ConfigError> {
-    serde_json::from_str(text).map_err(|e| bad("", format!("not JSON: {e}")))
+    serde_json::from_str(text).map_err(|e| match out_of_range(text, &e) {
+        Some((path, number)) => bad(
+            &path,
+            format!("{number} is a number out of range (past what a double holds): write the limit as an integer"),
+        ),
+        None => bad("", format!("not JSON: {e}")),
+    })
+}
+
+/// Where in `text` a number past what a double holds is (serde_json's `e` at it): its path
+/// (`fleets.a.quotas.q.config.pools[0].input_tokens_per_minute`) and its text. The number is
+/// replaced by a marker string and the text read again to find the marker's place.
+fn out_of_range(text: &str, e: &serde_json::Error) -> Option<(String, String)> {
+    if !e.to_string().starts_with("number out of range") {
+        return None;
+    }
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(e.line().saturating_sub(1))
+        .map(str::len)
+        .sum();
+    let end = (start + e.column()).min(text.len());
+    let bytes = text.as_bytes();
+    let numeric = |b: u8| b.is_ascii_digit() || matches!(b, b'e' | b'E' | b'+' | b'-' | b'.');
+    let mut from = end;
+    while from > 0 && numeric(bytes[from - 1]) {
+        from -= 1;
+    }
+    let mut to = end;
+    while to < bytes.len() && numeric(bytes[to]) {
+        to += 1;
+    }
+    const MARK: &str = "\u{0}tokenwarden-out-of-range";
+    let marked = format!(
+        "{}{}{}",
+        text.get(..from)?,
+        serde_json::to_string(MARK).ok()?,
+        text.get(to..)?
+    );
+    let v: Value = serde_json::from_str(&marked).ok()?;
+    let path = path_of(&v, MARK, "")?;
+    Some((path, text.get(from..to)?.to_owned()))
+}
+
+/// The path of the string `mark` in `v`.
+fn path_of(v: &Value, mark: &str, at: &str) -> Option<String> {
+    match v {
+        Value::String(s) if s == mark => Some(at.to_owned()),
+        Value::Object(m) => m.iter().find_map(|(k, c)| {
+            let p = if at.is_empty() {
+                k.clone()
+            } else {
+                format!("{at}.{k}")
+            };
+            path_of(c, mark, &p)
+        }),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, c)| path_of(c, mark, &format!("{at}[{i}]"))),
+        _ => None,
+    }
 }
 
 fn object<'a>(v: &'a Value, at: &str, what: &str) -> Result<&'a Map<String, Value>, ConfigError> {

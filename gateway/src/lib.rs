@@ -16,6 +16,7 @@
 //! [`json`]: the camelCase JSON every host reads, with the field at fault named). Then who a
 //! request is ([`auth`]: fleet secrets, agent credentials, the admin secret, lease handles;
 //! [`mac`]: what they are made of) and which route of the API it is ([`routes`]).
+//! And how a quota's metrics read in Prometheus's text format ([`prometheus`]).
 //!
 //! ```
 //! use tokenwarden_gateway::config::{Fleets, ProxyOpen};
@@ -45,8 +46,11 @@ pub mod json;
 pub mod mac;
 pub mod members;
 pub mod names;
+pub mod prometheus;
 pub mod proxy;
 pub mod routes;
+pub mod timeline;
+pub mod waitlog;
 
 /// Why the gateway refuses a request: the HTTP status, a stable code, what was wrong and,
 /// where one is at fault, the field (a header's name, a body's field).

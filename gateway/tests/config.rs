@@ -100,6 +100,10 @@ fn a_limit_out_of_range_is_not_no_limit() {
     // its JSON text as null: no limit).
     let e = refused(&fleets("", "").replace("40000", "1e400"));
     assert!(e.message.contains("out of range"), "{e}");
+    assert!(
+        e.path.ends_with(".config.pools[0].input_tokens_per_minute"),
+        "the place named: {e}"
+    );
     // Past 2^53 − 1: the core names the field.
     let e = refused(&fleets("", "").replace("40000", "9007199254740992"));
     assert_eq!(

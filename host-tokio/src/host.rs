@@ -88,7 +88,11 @@ impl std::error::Error for Error {}
 
 /// A function told every event the core raises, at the instant it was raised, while the
 /// coordinator is held (see [`Builder::on_event`]).
-pub type EventHook = Arc<dyn Fn(&Event, Millis) + std::marker::Send + Sync>;
+pub type EventHook = Arc<dyn Fn(&Coordinator, &Event, Millis) + std::marker::Send + Sync>;
+
+/// A function told every input this host applied with the core's output, at the instant
+/// it was applied, while the coordinator is held (see [`Builder::on_output`]).
+pub type OutputHook = Arc<dyn Fn(&Coordinator, &Input, &Output, Millis) + std::marker::Send + Sync>;
 
 /// Where the coordinator starts from.
 #[derive(Clone, Debug)]
@@ -108,6 +112,7 @@ pub struct Builder {
     timeouts: Timeouts,
     origin: Millis,
     on_event: Option<EventHook>,
+    on_output: Option<OutputHook>,
 }
 
 impl fmt::Debug for Builder {
@@ -119,6 +124,7 @@ impl fmt::Debug for Builder {
             .field("timeouts", &self.timeouts)
             .field("origin", &self.origin)
             .field("on_event", &self.on_event.is_some())
+            .field("on_output", &self.on_output.is_some())
             .finish()
     }
 }
@@ -134,6 +140,7 @@ impl Builder {
             timeouts: Timeouts::default(),
             origin: Millis(0),
             on_event: None,
+            on_output: None,
         }
     }
 
@@ -148,7 +155,19 @@ impl Builder {
             timeouts: Timeouts::default(),
             origin: Millis(0),
             on_event: None,
+            on_output: None,
         }
+    }
+
+    /// Tells `hook` every input the calls of this host apply (leases asked, answers
+    /// reported, renewals, settles) with the core's output, while the coordinator is held:
+    /// a host that keeps a record of calls (a timeline of grants, refusals and 429s) sees
+    /// them in order. Inputs applied through [`Tokenwarden::with_coordinator`] are the
+    /// caller's to record. The hook must not call this [`Tokenwarden`].
+    #[must_use]
+    pub fn on_output(mut self, hook: OutputHook) -> Builder {
+        self.on_output = Some(hook);
+        self
     }
 
     /// The core's time when the coordinator is built (default 0: ms since it was built). A
@@ -229,6 +248,7 @@ impl Builder {
             manual,
             events,
             on_event: self.on_event,
+            on_output: self.on_output,
             timeouts: self.timeouts,
         });
         let clock = runtime.spawn(clock(Arc::clone(&shared)));
@@ -353,6 +373,7 @@ pub(crate) struct Shared {
     manual: watch::Sender<Option<Millis>>,
     events: broadcast::Sender<Event>,
     on_event: Option<EventHook>,
+    on_output: Option<OutputHook>,
     pub(crate) timeouts: Timeouts,
 }
 
@@ -413,7 +434,11 @@ impl Shared {
 
     /// One input under the held lock; events handled, the clock task told.
     pub(crate) fn handle_in(&self, st: &mut State, input: &Input) -> Result<Output, LeaseError> {
-        let out = st.coord.handle(self.now(), input);
+        let now = self.now();
+        let out = st.coord.handle(now, input);
+        if let (Some(hook), Ok(o)) = (&self.on_output, &out) {
+            hook(&st.coord, input, o, now);
+        }
         self.drain(st);
         out
     }
@@ -450,7 +475,7 @@ impl Shared {
                 }
             }
             if let Some(hook) = &self.on_event {
-                hook(&event, self.now());
+                hook(&st.coord, &event, self.now());
             }
             let _ = self.events.send(event);
         }

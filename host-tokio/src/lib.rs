@@ -56,7 +56,7 @@ mod refusal;
 
 pub use body::MeteredBody;
 pub use call::{Agent, HeldCall, LongWait, LongWaitHook};
-pub use host::{Builder, Error, EventHook, Tokenwarden};
+pub use host::{Builder, Error, EventHook, OutputHook, Tokenwarden};
 pub use refusal::Refusal;
 pub use tokenwarden_core as core;
 pub use tokenwarden_provider as provider;

@@ -169,6 +169,29 @@ impl App {
             } => (fleet, quota, route),
         };
         let f = self.fleets.fleets.get(&fleet);
+        // The dashboard page carries no data and needs no secret: it asks for it and then
+        // fetches the metrics with it.
+        if qr == QuotaRoute::Dashboard {
+            let base = format!("/v1/fleets/{fleet}/quotas/{quota}");
+            let mut res = http::Response::new(crate::reply::full(crate::dashboard::page(
+                &fleet, &quota, &base,
+            )));
+            let h = res.headers_mut();
+            h.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            h.insert(
+                http::header::CACHE_CONTROL,
+                http::HeaderValue::from_static("no-store"),
+            );
+            h.insert("x-frame-options", http::HeaderValue::from_static("DENY"));
+            h.insert(
+                "content-security-policy",
+                http::HeaderValue::from_static(crate::dashboard::CSP),
+            );
+            return Ok(res);
+        }
         if let QuotaRoute::Admin(admin) = qr {
             return plain(self.admin(&fleet, &quota, admin, &presented, body, h).await);
         }
@@ -323,24 +346,33 @@ impl App {
             QuotaRoute::Metrics { prometheus } => {
                 let m = metrics(q, &live);
                 if prometheus {
-                    return Err(fail(refusal(
-                        404,
-                        "not_found",
-                        "prometheus text is not served by native serve yet",
+                    use tokenwarden_gateway::prometheus;
+                    let mut res = http::Response::new(crate::reply::full(prometheus::text(
+                        &m, &fleet, &quota,
                     )));
+                    res.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static(prometheus::CONTENT_TYPE),
+                    );
+                    return Ok(res);
                 }
                 Ok(json(200, &m))
             }
-            QuotaRoute::Timeline => Err(fail(refusal(
-                404,
-                "not_found",
-                "the call timeline is not served by native serve yet",
-            ))),
-            QuotaRoute::Dashboard => Err(fail(refusal(
-                404,
-                "not_found",
-                "the dashboard is not served by native serve yet",
-            ))),
+            QuotaRoute::Timeline => {
+                let pools = pool_names(q);
+                let now = live.tw.now().0;
+                let side = q.side();
+                let view = side.timeline.view(
+                    now,
+                    |id| side.members.name_of(id).map(str::to_owned),
+                    &pools,
+                );
+                drop(side);
+                Ok(json(200, &view))
+            }
+            QuotaRoute::Dashboard => {
+                unreachable!("the dashboard is answered before authentication")
+            }
             QuotaRoute::ProxyUpgrade { .. } => Err(fail(refusal(
                 426,
                 "websocket_not_supported",
@@ -485,12 +517,21 @@ fn sign(q: &Quota, live: &Live, v: &mut Value) {
     }
 }
 
-/// The coordinator's metrics (camelCase), each agent's name beside its id.
+/// The quota's pools by name, in order.
+fn pool_names(q: &Quota) -> Vec<String> {
+    q.conf.config.pools.iter().map(|p| p.name.clone()).collect()
+}
+
+/// The coordinator's metrics (camelCase), each agent's name beside its id, and the
+/// ceilings hit (429s by limit, refusals by reason: the timeline's counters).
 fn metrics(q: &Quota, live: &Live) -> Value {
     let m = live
         .tw
         .inspect(|c, now| serde_json::to_value(c.metrics(now)).map(camel_keys));
     let mut m = m.unwrap_or(Value::Null);
+    if m.is_object() {
+        m["ceilings"] = q.side().timeline.ceilings(&pool_names(q));
+    }
     if let Some(agents) = m.get_mut("agents").and_then(Value::as_array_mut) {
         for a in agents {
             let name = a

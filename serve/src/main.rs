@@ -5,6 +5,7 @@
 //! agent names) is kept under `--data`, so a restart keeps it.
 
 mod app;
+mod dashboard;
 mod proxy;
 mod quota;
 mod reply;
@@ -40,6 +41,9 @@ Runs the limiter on this machine and prints the base URLs agents use:
   --data DIR     state (leases, tickets, debt, agent names) and the default fleet's secret,
                  owner-only (0700/0600); default ./.tokenwarden
   --version      print the version and exit
+
+Waits longer than a few seconds are printed here (who waits, on which pool and ceiling,
+for how long), with a summary once a minute; TOKENWARDEN_WAIT_LOG=0 turns that off.
 
 Environment: TOKENWARDEN_MAX_BODY_BYTES (API bodies, default 65536),
 TOKENWARDEN_MAX_PROXY_BODY_BYTES (proxied bodies, default 33554432).";
@@ -225,9 +229,7 @@ fn file_name(s: &str) -> String {
 }
 
 fn banner(fleets: &Fleets, origin: &str) -> String {
-    let mut lines = vec![format!(
-        "tokenwarden serve: the limiter on {origin} (native)"
-    )];
+    let mut lines = vec![format!("tokenwarden serve: the limiter on {origin}")];
     for (fleet, f) in &fleets.fleets {
         for (quota, q) in &f.quotas {
             let base = format!("{origin}/v1/fleets/{fleet}/quotas/{quota}");
@@ -250,7 +252,7 @@ fn banner(fleets: &Fleets, origin: &str) -> String {
             lines.push(format!("fleet {fleet}, quota {quota}{secret}"));
             lines.push(format!("  {env}={base}/agents/<agent>/<role>/{provider}"));
             lines.push(format!(
-                "  metrics: {base}/metrics (Authorization: Bearer <fleet secret>)"
+                "  dashboard: {base}/dashboard   metrics: {base}/metrics (Authorization: Bearer <fleet secret>)"
             ));
         }
     }
@@ -274,6 +276,9 @@ async fn serve(args: Args) -> Result<(), Exit> {
         }
     };
     let fleets = Fleets::from_serve_file(&text).map_err(|e| bad(format!("{source}: {e}")))?;
+    if args.config.is_some() {
+        upstreams_resolve(&fleets, &source).await?;
+    }
     if !args.host.is_loopback() {
         let open: Vec<&str> = fleets
             .fleets
@@ -305,9 +310,24 @@ async fn serve(args: Args) -> Result<(), Exit> {
         _ => machine(format!("cannot listen on port {} on {} ({e})", args.port, args.host)),
     })?;
     let local = listener.local_addr().map_err(|e| machine(e.to_string()))?;
-    let state_dir = args.data.join("native");
+    // The data directory: the fleets as checked (fleets.json) and each quota's state
+    // (storage/), all owner-only.
+    private_dir(&args.data)?;
+    write_private(
+        &args.data.join("fleets.json"),
+        fleets.json.to_string().as_bytes(),
+    )
+    .map_err(|e| {
+        machine(format!(
+            "cannot write {}: {e}",
+            args.data.join("fleets.json").display()
+        ))
+    })?;
+    let state_dir = args.data.join("storage");
     private_dir(&state_dir)?;
     let now = unix_now();
+    // Waits are printed where the operator looks (this terminal) unless asked not to.
+    let wait_log = std::env::var("TOKENWARDEN_WAIT_LOG").map_or(true, |v| v != "0");
     let mut quotas = BTreeMap::new();
     for (fleet, f) in &fleets.fleets {
         for (name, q) in &f.quotas {
@@ -316,7 +336,8 @@ async fn serve(args: Args) -> Result<(), Exit> {
                 file_name(fleet),
                 file_name(name)
             )));
-            let quota = Quota::open(fleet, name, q, &f.secret, store, now).map_err(machine)?;
+            let quota =
+                Quota::open(fleet, name, q, &f.secret, store, now, wait_log).map_err(machine)?;
             quotas.insert((fleet.clone(), name.clone()), quota);
         }
     }
@@ -365,6 +386,37 @@ async fn serve(args: Args) -> Result<(), Exit> {
                 "tokenwarden: cannot write the state of {}/{}: {e}",
                 q.fleet, q.name
             );
+        }
+    }
+    Ok(())
+}
+
+/// Every upstream's host resolves (an IP address and loopback always do): a typo in a host
+/// name is exit 2 naming it, not a gateway whose every call fails.
+async fn upstreams_resolve(fleets: &Fleets, source: &str) -> Result<(), Exit> {
+    for (fleet, f) in &fleets.fleets {
+        for (quota, q) in &f.quotas {
+            let Some(u) = &q.upstream else { continue };
+            let host = u.host.trim_start_matches('[').trim_end_matches(']');
+            if host.parse::<IpAddr>().is_ok() || host == "localhost" {
+                continue;
+            }
+            let port = u.port.unwrap_or(if u.scheme == "https" { 443 } else { 80 });
+            let looked = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                tokio::net::lookup_host((host, port)),
+            )
+            .await;
+            let why = match looked.map(|r| r.map(|mut a| a.next().is_some())) {
+                Ok(Ok(true)) => continue,
+                Ok(Ok(false)) => "no address".to_owned(),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no answer in 10 s".to_owned(),
+            };
+            return Err(bad(format!(
+                "{source}: fleets.{fleet}.quotas.{quota}.upstream: {host} (in {}) does not resolve ({why})",
+                u.url
+            )));
         }
     }
     Ok(())

@@ -62,11 +62,15 @@ pub(crate) struct Upstream {
 
 impl Upstream {
     pub(crate) fn new() -> Upstream {
+        // Small writes go out at once (a request head, then its body).
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_webpki_roots()
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(http);
         Upstream {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(30))

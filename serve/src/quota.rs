@@ -16,6 +16,8 @@ use tokenwarden_gateway::Refusal;
 use tokenwarden_gateway::config;
 use tokenwarden_gateway::json::camel_keys;
 use tokenwarden_gateway::members::{Members, Poll, Record};
+use tokenwarden_gateway::timeline::{CallEvent, Timeline};
+use tokenwarden_gateway::waitlog::{Look, WaitLog};
 use tokenwarden_tokio::{Builder, Tokenwarden};
 use tokio::sync::oneshot;
 
@@ -43,9 +45,54 @@ pub(crate) struct Side {
     clients: VecDeque<(String, u64)>,
     /// The agent names the table remembers (what it told to write), id → name.
     names: BTreeMap<u64, String>,
+    /// Recent call events and the ceilings hit, in memory only.
+    pub(crate) timeline: Timeline,
+    /// The lines about waits printed for the operator, if serve prints them.
+    waitlog: Option<WaitLog>,
 }
 
 impl Side {
+    /// Keeps call events `evs` at `now` (the coordinator `c` at hand): the timeline, and
+    /// the wait log's lines printed.
+    fn note_calls(&mut self, c: &Coordinator, evs: &[CallEvent], now: Millis) {
+        let Side {
+            members,
+            timeline,
+            waitlog,
+            ..
+        } = self;
+        for ev in evs {
+            timeline.note(ev, now.0);
+            let Some(log) = waitlog.as_mut() else {
+                continue;
+            };
+            let (agent, pool) = match ev {
+                CallEvent::Granted { agent, pool, .. }
+                | CallEvent::Queued { agent, pool, .. }
+                | CallEvent::Rejected { agent, pool, .. } => (Some(*agent), *pool),
+                CallEvent::Waiting { lease, pool, .. } => (timeline.agent_of(*lease), *pool),
+                CallEvent::RateLimited { pool, .. } => (None, *pool),
+                CallEvent::Expired { .. } => (None, 0),
+            };
+            let name = agent.map_or_else(String::new, |a| {
+                members
+                    .name_of(a)
+                    .map_or_else(|| format!("agent {a}"), str::to_owned)
+            });
+            let metrics = log
+                .needs_look(ev, now.0)
+                .then(|| serde_json::to_value(c.metrics(now)).map(camel_keys).ok())
+                .flatten();
+            let look = metrics
+                .as_ref()
+                .map(|m| Look::of(m, pool, agent.unwrap_or(u64::MAX)))
+                .unwrap_or_default();
+            for line in log.note(ev, now.0, &name, &look) {
+                println!("{line}");
+            }
+        }
+    }
+
     /// Answers the long polls the table says are due; keeps the names it learned.
     fn settle(&mut self) {
         for id in self.members.take_wakes() {
@@ -122,6 +169,7 @@ impl Quota {
         secret: &str,
         store: Store,
         now: u64,
+        wait_log: bool,
     ) -> Result<Arc<Quota>, String> {
         let pools: Vec<String> = conf.config.pools.iter().map(|p| p.name.clone()).collect();
         let saved = store.read()?;
@@ -130,6 +178,8 @@ impl Quota {
             polls: BTreeMap::new(),
             clients: VecDeque::new(),
             names: BTreeMap::new(),
+            timeline: Timeline::new(now),
+            waitlog: wait_log.then(|| WaitLog::new(now)),
         }));
         let store = Arc::new(store);
         let (coordinator, epoch, keep) = match saved {
@@ -228,6 +278,7 @@ impl Quota {
             let res = checked.and_then(|checked| {
                 let out = c.handle(now, &checked.input).map_err(Refusal::from)?;
                 side.members.applied(&checked, &out);
+                side.note_calls(c, &CallEvent::of_output(&checked.input, &out), now);
                 Ok((checked.json, out))
             });
             side.settle();
@@ -352,6 +403,7 @@ impl Quota {
         let ended = {
             let mut side = self.side();
             let n = side.members.clear();
+            side.timeline.clear(now);
             side.settle();
             n
         };
@@ -380,12 +432,19 @@ fn build(
 ) -> Result<Tokenwarden, String> {
     let hook_side = Arc::clone(side);
     let hook_store = Arc::clone(store);
-    let hook = move |e: &Event, at: Millis| {
+    let hook = move |c: &Coordinator, e: &Event, at: Millis| {
         let mut side = lock(&hook_side);
         side.members.event(e, at);
+        if let Some(ev) = CallEvent::of_event(e) {
+            side.note_calls(c, &[ev], at);
+        }
         side.settle();
         drop(side);
         hook_store.changed(BACKGROUND);
+    };
+    let calls = Arc::clone(side);
+    let on_output = move |c: &Coordinator, input: &Input, out: &Output, at: Millis| {
+        lock(&calls).note_calls(c, &CallEvent::of_output(input, out), at);
     };
     let builder = match restored {
         Some(c) => Builder::restored(c),
@@ -395,6 +454,7 @@ fn build(
         .clock_origin(Millis(now))
         .timeouts(timeouts(conf.timeouts))
         .on_event(Arc::new(hook))
+        .on_output(Arc::new(on_output))
         .build()
         .map_err(|e| e.to_string())
 }
