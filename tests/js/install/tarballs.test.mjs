@@ -266,10 +266,9 @@ describe('one tarball alone: tokenwarden-bundled, nothing else of ours beside it
   before(async () => {
     mock ??= await startMockProvider()
     alone = mkdtempSync(join(tmpdir(), 'tokenwarden-alone-'))
-    // workerd (for `tokenwarden serve`) from the registry, as the README's line has it.
-    const workerd = JSON.parse(readFileSync(join(root, 'node_modules/workerd/package.json'), 'utf8')).version
+    // No workerd: `tokenwarden serve` runs native serve from this platform's package.
     const sdk = JSON.parse(readFileSync(join(here, 'package.json'), 'utf8')).devDependencies['@anthropic-ai/sdk']
-    writeFileSync(join(alone, 'package.json'), JSON.stringify({ name: 'one-tarball', private: true, type: 'module', dependencies: { tokenwarden: `file:${bundled}`, workerd, '@anthropic-ai/sdk': sdk } }))
+    writeFileSync(join(alone, 'package.json'), JSON.stringify({ name: 'one-tarball', private: true, type: 'module', dependencies: { tokenwarden: `file:${bundled}`, '@anthropic-ai/sdk': sdk } }))
     writeFileSync(join(alone, 'program.mjs'), PROGRAM)
     execFileSync('npm', ['install', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: alone, stdio: ['ignore', 'ignore', 'inherit'], timeout: 300_000 })
   })
@@ -290,7 +289,8 @@ describe('one tarball alone: tokenwarden-bundled, nothing else of ours beside it
     assert.equal(r.tokens, 14)
   })
 
-  test('`npx tokenwarden serve` starts from it (workerd beside it) and governs a call to the provider', { timeout: 90_000 }, async () => {
+  test('`npx tokenwarden serve` starts from it with no workerd installed (native serve, from the platform package inside it) and governs a call to the provider', { timeout: 90_000 }, async () => {
+    assert.equal(existsSync(join(alone, 'node_modules/workerd')), false, 'workerd was not installed (an optional peer)')
     const data = mkdtempSync(join(tmpdir(), 'tokenwarden-alone-serve-'))
     const secret = 'one-tarball-secret-0123456789abcdef'
     const config = join(data, 'tokenwarden.json')

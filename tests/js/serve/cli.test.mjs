@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, test } from 'node:test'
 import { fileURLToPath } from 'node:url'
+import { nativeServe } from './support.mjs'
 
 const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
 const pkg = JSON.parse(readFileSync(fileURLToPath(new URL('../../../bindings-node/package.json', import.meta.url)), 'utf8'))
@@ -264,11 +265,14 @@ describe('tokenwarden serve: command line, config checks, files', { skip, timeou
       const r = await fetch(`http://127.0.0.1:${port}/v1/fleets/ci/quotas/q/metrics`, { headers: { authorization: `Bearer ${SECRET}` } })
       assert.equal(r.status, 200, await r.text())
       assert.equal(JSON.parse(readFileSync(join(data, 'fleets.json'), 'utf8')).ci.secret, SECRET)
-      for (const d of [data, join(data, 'storage'), join(data, 'worker')]) assert.equal(octal(mode(d)), '0700', d)
+      // Native serve has no Worker to write (worker/, workerd.capnp).
+      const own = nativeServe ? [] : [join(data, 'worker')]
+      for (const d of [data, join(data, 'storage'), ...own]) assert.equal(octal(mode(d)), '0700', d)
       assert.equal(octal(mode(join(data, 'fleets.json'))), '0600')
       const stored = walk(join(data, 'storage'))
       assert.ok(stored.length > 0, 'the quota has storage')
-      for (const f of [...stored, ...walk(join(data, 'worker')), join(data, 'workerd.capnp')]) assert.equal(mode(f) & 0o077, 0, `${f} is ${octal(mode(f))}`)
+      const files = nativeServe ? stored : [...stored, ...walk(join(data, 'worker')), join(data, 'workerd.capnp')]
+      for (const f of files) assert.equal(mode(f) & 0o077, 0, `${f} is ${octal(mode(f))}`)
     } finally {
       await stop(s.child)
     }
@@ -279,7 +283,7 @@ describe('tokenwarden serve: command line, config checks, files', { skip, timeou
     const s = await serve(['--port', String(await freePort()), '--data', data], { umask: '000' })
     try {
       assert.match(s.out, /fleet local, quota anthropic/)
-      for (const d of [data, join(data, 'storage'), join(data, 'worker')]) assert.equal(octal(mode(d)), '0700', d)
+      for (const d of [data, join(data, 'storage'), ...(nativeServe ? [] : [join(data, 'worker')])]) assert.equal(octal(mode(d)), '0700', d)
       for (const f of ['secret', 'fleets.json']) assert.equal(octal(mode(join(data, f))), '0600', f)
       assert.equal(readFileSync(join(data, 'secret'), 'utf8').trim().length >= 16, true)
     } finally {

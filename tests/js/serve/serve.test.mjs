@@ -186,7 +186,7 @@ describe('tokenwarden serve', { skip }, () => {
     assert.equal(mock.stats().overLimit, false)
   })
 
-  test('a load run through two SIGKILLs of workerd admits nothing beyond the limits at the provider', { timeout: 120_000 }, async (t) => {
+  test('a load run through two SIGKILLs of the limiter (native serve or workerd) admits nothing beyond the limits at the provider', { timeout: 120_000 }, async (t) => {
     mock.reset()
     const url = (agent) => `${origin}/v1/fleets/ci/quotas/anthropic/agents/${agent}/worker/anthropic/v1/messages`
     const init = (i) => ({
@@ -211,10 +211,11 @@ describe('tokenwarden serve', { skip }, () => {
       }
     }
     const agents = Array.from({ length: 12 }, (_, n) => agent(n))
+    // The limiter the CLI started: native serve, or workerd (its one child either way).
     const workerdOf = (child) =>
       execFileSync('ps', ['-o', 'pid=,args=', '--ppid', String(child.pid)], { encoding: 'utf8' })
         .split('\n')
-        .filter((l) => l.includes('workerd'))
+        .filter((l) => l.trim() !== '')
         .map((l) => Number(l.trim().split(/\s+/)[0]))[0]
     for (let round = 0; round < 2; round++) {
       await new Promise((res) => setTimeout(res, 6_000))

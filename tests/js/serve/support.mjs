@@ -11,6 +11,16 @@ import { fileURLToPath } from 'node:url'
 /** The CLI of the npm package, as `npx tokenwarden` runs it. */
 export const cli = fileURLToPath(new URL('../../../bindings-node/bin/tokenwarden.mjs', import.meta.url))
 
+/**
+ * Whether `tokenwarden serve` runs native serve here (the default where the binary is
+ * built: bindings-node/tokenwarden-serve.<platform> or TOKENWARDEN_SERVE_BIN) rather than
+ * the edge Worker on workerd (TOKENWARDEN_SERVE_RUNTIME=workerd).
+ */
+export const nativeServe =
+  process.env.TOKENWARDEN_SERVE_RUNTIME !== 'workerd' &&
+  (Boolean(process.env.TOKENWARDEN_SERVE_BIN) ||
+    readdirSync(fileURLToPath(new URL('../../../bindings-node/', import.meta.url))).some((f) => f.startsWith('tokenwarden-serve.')))
+
 /** A TCP port free on 127.0.0.1 right now. */
 export async function freePort() {
   const s = createServer()
