@@ -19,6 +19,17 @@ use crate::members::refused;
 /// - `sign` `{ secret, fleet, quota, lease, epoch }` → `{ handle }`
 /// - `open` `{ secret, fleet, quota, handle }` → `{ id, epoch }`
 /// - `name` `{ kind, name }` → `{}` (a fleet or quota name from a URL; 404 otherwise)
+/// - `answer` `{ route, input?, output, now?, clients? }` → `{ status, body }`: what the
+///   member route `route` answers for the coordinator's `output` to `input`
+///   ([`tokenwarden_gateway::answers`]: `lease` grant/queued/reject, the per-verb shapes)
+/// - `keepalive` `{}` → `{ afterMs, everyMs, waiting, sent }` (a waiting stream's head after
+///   `afterMs`, then one of the two SSE comments every `everyMs`)
+/// - `redirect` `{ provider, status, location? }` → `{ status, body }` (the provider's
+///   redirect answered as a 502 in its error format, never handed on)
+/// - `streamError` `{ provider, status, body }` → `{ event }` (a kept-alive stream's answer
+///   that is no stream, as one SSE error event)
+/// - `failureEvent` `{ provider, status, code, message }` → `{ event }` (a kept-alive
+///   stream that ended without an answer)
 /// - `prometheus` `{ metrics, fleet, quota }` → `{ text }` (the metrics, camelCase as the
 ///   engine's `metrics(now)` returns them with a host's names and `ceilings`, in Prometheus's
 ///   text format: [`tokenwarden_gateway::prometheus::text`]; never refused)
@@ -70,6 +81,58 @@ pub fn gateway_rule(input: &str) -> Result<String, ArgError> {
         let mut o = JsonObject::default();
         o.text("text", Some(&text));
         return Ok(o.end());
+    }
+    if op == "answer" {
+        // What a route answers for the coordinator's output (the gateway crate's shapes).
+        let route = need("route")?;
+        let out = v.get("output").filter(|o| o.is_object()).ok_or_else(|| {
+            ArgError::type_error("the answer input needs `output` (an object)".into())
+                .with_field("output")
+        })?;
+        if route == "lease" {
+            let now = v.get("now").and_then(Value::as_u64).unwrap_or(0);
+            let clients = v.get("clients").and_then(Value::as_u64).unwrap_or(1);
+            let (status, body) = tokenwarden_gateway::answers::lease_answer(out, now, clients)
+                .ok_or_else(|| {
+                    ArgError::type_error(format!(
+                        "`output` is no lease step: {}",
+                        out.get("output").unwrap_or(&Value::Null)
+                    ))
+                    .with_field("output")
+                })?;
+            return Ok(json!({ "status": status, "body": body }).to_string());
+        }
+        let input = v.get("input").unwrap_or(&Value::Null);
+        let body = tokenwarden_gateway::answers::verb_answer(route, input, out);
+        return Ok(json!({ "status": 200, "body": body }).to_string());
+    }
+    if op == "keepalive" || op == "redirect" || op == "streamError" || op == "failureEvent" {
+        use tokenwarden_gateway::proxy;
+        let status = v
+            .get("status")
+            .and_then(Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok())
+            .unwrap_or(502);
+        let out = match op {
+            "keepalive" => json!({
+                "afterMs": proxy::KEEPALIVE_AFTER_MS,
+                "everyMs": proxy::KEEPALIVE_EVERY_MS,
+                "waiting": proxy::keepalive_comment(false),
+                "sent": proxy::keepalive_comment(true),
+            }),
+            "redirect" => {
+                let (status, body) =
+                    proxy::redirect_answer(need("provider")?, status, text("location"));
+                json!({ "status": status, "body": body })
+            }
+            "streamError" => json!({
+                "event": proxy::answer_as_stream_error(need("provider")?, status, text("body").unwrap_or("").as_bytes()),
+            }),
+            _ => json!({
+                "event": proxy::failure_event(need("provider")?, status, need("code")?, need("message")?),
+            }),
+        };
+        return Ok(out.to_string());
     }
     if op == "route" {
         let read = tokenwarden_gateway::routes::route(&tokenwarden_gateway::routes::Request {

@@ -9,21 +9,7 @@
 // Writes in the same turn are coalesced, and the reply to a mutating call waits for them,
 // so an evicted or restarted object loses no lease, ticket or debt. The alarm reaps expired leases and advances the queue;
 // running it twice does nothing the second time (`handleTimeout` at a time already handled).
-import {
-  LeaseRejectedError,
-  ManualClock,
-  MemberTable,
-  Tokenwarden,
-  errorTypeFor,
-  providerErrorBody,
-  providerErrorEvent,
-  proxiedCall,
-  proxiedProvider,
-  stepOf,
-  stopStatus,
-  taskIdFor,
-  wasmEngines,
-} from 'tokenwarden-wasm'
+import { LeaseRejectedError, ManualClock, MemberTable, Tokenwarden, gatewayRule, providerErrorBody, proxiedCall, proxiedProvider, stopStatus, taskIdFor, wasmEngines } from 'tokenwarden-wasm'
 import { HttpError, parseFleets } from './auth.js'
 import { DEFAULT_MAX_PROXY_BODY_BYTES, drain, jsonObject, limitFrom, readText } from './body.js'
 import { parseExact, readState, writeChanged } from './store.js'
@@ -352,44 +338,36 @@ export class QuotaObject {
        * @param {unknown} [b]
        */
       const member = async (route, b) => this.#member(tw, route, id === undefined ? undefined : decodeURIComponent(id), who, b ?? (await body(request)))
+      /**
+       * What member route `route` answers for its output (the gateway crate's shapes; a
+       * lease as the object's id, for the Worker to sign).
+       * @param {string} route
+       * @param {{ input: unknown, out: unknown }} applied
+       */
+      const answered = (route, { input, out }) => {
+        const a = JSON.parse(gatewayRule(toJson({ op: 'answer', route, input, output: out, now: this.clock.now(), clients: this.#clientCount() })))
+        return json(a.status, route === 'lease' && a.body.lease !== undefined ? { ...a.body, epoch: this.epoch } : a.body)
+      }
       switch (`${request.method} ${op}`) {
         case 'POST handle':
           response = json(200, { ...(await member('handle')).out, epoch: this.epoch, clients: this.#clientCount() })
           break
-        case 'POST lease':
-          response = this.#lease(await member('lease'))
-          break
         case 'GET wait':
           response = await this.#wait(lease, Number(url.searchParams.get('timeout') ?? 0), who)
           break
-        case 'POST settle':
-        case 'POST interrupted':
-          response = json(200, /** @type {{ settlement: unknown }} */ ((await member(op)).out).settlement)
-          break
         case 'POST cancel':
           // (A cancel has no body.)
-          await member('cancel', {})
-          response = json(200, { cancelled: true })
+          response = answered('cancel', await member('cancel', {}))
           break
+        case 'POST lease':
+        case 'POST settle':
+        case 'POST interrupted':
         case 'POST renew':
-          response = json(200, { expiresAt: /** @type {{ expiresAt: number }} */ ((await member('renew')).out).expiresAt })
-          break
-        case 'POST response': {
-          const { out } = await member('response')
-          const r = /** @type {{ call: unknown, settled?: unknown, report: unknown }} */ (/** @type {unknown} */ (out))
-          response = json(200, { call: r.call, step: stepOf(out), settled: r.settled ?? null, report: r.report })
-          break
-        }
+        case 'POST response':
         case 'POST task':
-          response = json(200, { task: (await member('task')).input.task.task, open: true })
-          break
-        case 'POST task-failed': {
-          const { input, out } = await member('task-failed')
-          response = json(200, { task: input.task, repeats: /** @type {{ inARow: number }} */ (out).inARow })
-          break
-        }
+        case 'POST task-failed':
         case 'POST task-done':
-          response = json(200, /** @type {{ summary: unknown }} */ ((await member('task-done')).out).summary)
+          response = answered(op, await member(op))
           break
         case 'GET metrics':
           return json(200, this.#named(tw.metrics()))
@@ -521,28 +499,6 @@ export class QuotaObject {
     members.applied(toJson(out))
     this.#wake()
     return { input: read.input, out }
-  }
-
-  /**
-   * `POST /leases`: a lease request, through the core's call lifecycle. A client that keeps
-   * `call` (the state each answer returns) and sends it back with its next ask for the
-   * same model call gets the core's whole policy (give-up after `call.max_refusals`,
-   * `checkpoint`); one that does not is treated as a fresh call every time. The answer is
-   * the core's output in this route's own shape (API.md): `grant`, `queued` or `reject`.
-   */
-  #lease({ out }) {
-    const step = stepOf(out)
-    // Lease ids travel only as signed handles (`lease`), never raw in `step`.
-    const { lease: _l, ticket: _t, ...shown } = /** @type {any} */ (step)
-    const base = { call: /** @type {any} */ (out).call, step: shown, clients: this.#clientCount() }
-    if (out.output === 'send') return json(200, { kind: 'grant', lease: out.lease, epoch: this.epoch, expiresAt: out.expiresAt, ...base })
-    if (out.output === 'wait' && out.wait.ticket !== null) return json(202, { kind: 'queued', lease: out.wait.ticket, epoch: this.epoch, eta: out.wait.until, ...base })
-    const retryAt = out.output === 'wait' ? out.wait.until : null
-    const refusal = out.output === 'give_up' ? out.giveUp.refusal : out.output === 'wait' ? out.wait.refusal : null
-    // An ask is refused or given up only for a reason (a give-up for failed sends follows a response).
-    if (refusal === null) throw new Error(`internal: call_lease answered ${out.output} without a refusal`)
-    const refused = new LeaseRejectedError(refusal, retryAt, this.clock.now(), out.output === 'give_up' ? out.giveUp.reason : null)
-    return json(200, { kind: 'reject', retryable: refused.retryable, retryAt, retryAfterMs: refused.retryAfterMs, reason: refused.reason, message: refused.message, ...base })
   }
 
   /** Remote drivers seen in the last minute (at least 1: the caller). */
@@ -685,7 +641,7 @@ export class QuotaObject {
     const method = request.method
     const answer = f(upstream.href, { method, headers, ...(method === 'GET' || method === 'HEAD' ? {} : { body: text }), signal }).then((res) => noRedirect(res, provider))
     if (!wantsStream(text)) return answer.catch((e) => upstreamFailure(e, provider))
-    // A streamed call that has no answer within KEEPALIVE_AFTER_MS (waiting in line, or for a
+    // A streamed call that has no answer within KEEPALIVE.afterMs (waiting in line, or for a
     // 429 to clear) gets its response head now and SSE comments until the provider's stream
     // follows: the client sees a live connection, and a client that went away is noticed
     // when a write to it fails — the call is then withdrawn, not forwarded for nobody.
@@ -693,7 +649,7 @@ export class QuotaObject {
       (res) => ({ res }),
       (err) => ({ err }),
     )
-    let first = await Promise.race([settled, new Promise((r) => setTimeout(() => r(null), KEEPALIVE_AFTER_MS))])
+    let first = await Promise.race([settled, new Promise((r) => setTimeout(() => r(null), KEEPALIVE.afterMs))])
     // Already with the provider: its own status and headers are what the client gets.
     if (first === null && sent) first = await settled
     if (first !== null) return first.err === undefined ? first.res : upstreamFailure(first.err, provider)
@@ -701,10 +657,12 @@ export class QuotaObject {
   }
 }
 
-/** How long a streamed proxied call may go without an answer before its head is sent. */
-const KEEPALIVE_AFTER_MS = 1_000
-/** Between two keep-alive comments on a waiting stream. */
-const KEEPALIVE_EVERY_MS = 2_000
+/**
+ * A waiting stream's keep-alive (the gateway crate's rule): its head after `afterMs`, then
+ * an SSE comment every `everyMs`, `waiting` in line or `sent` to the provider.
+ * @type {{ afterMs: number, everyMs: number, waiting: string, sent: string }}
+ */
+const KEEPALIVE = JSON.parse(gatewayRule('{"op":"keepalive"}'))
 
 /** Whether a provider request body asks for a stream (`"stream": true`). */
 function wantsStream(text) {
@@ -715,13 +673,18 @@ function wantsStream(text) {
   }
 }
 
+/** One of the gateway crate's proxy rules (`redirect`, `streamError`, `failureEvent`). */
+function proxyRule(input) {
+  return JSON.parse(gatewayRule(toJson(input)))
+}
+
 /**
  * A streamed proxied call answered before its outcome is known: `200 text/event-stream`
- * at once, then an SSE comment every KEEPALIVE_EVERY_MS while it waits, then the provider's
- * stream — or, if the call ends otherwise (the provider answers an error, the core gives up,
- * the provider cannot be reached), one SSE `error` event in the provider's format, which the
- * official SDKs raise as an API error with tokenwarden's reason. A cancelled body (the
- * client is gone: a write failed) aborts `gone`, which withdraws the call.
+ * at once, then an SSE comment every `KEEPALIVE.everyMs` while it waits, then the
+ * provider's stream — or, if the call ends otherwise (the provider answers an error, the
+ * core gives up, the provider cannot be reached), one SSE `error` event in the provider's
+ * format, which the official SDKs raise as an API error with tokenwarden's reason. A
+ * cancelled body (the client is gone: a write failed) aborts `gone`, which withdraws the call.
  */
 function keptAlive(answer, provider, gone, sent) {
   const enc = new TextEncoder()
@@ -732,15 +695,15 @@ function keptAlive(answer, provider, gone, sent) {
     start(controller) {
       const ping = () => {
         try {
-          controller.enqueue(enc.encode(`: tokenwarden: ${sent() ? 'sent, waiting for the provider' : 'waiting for quota'}\n\n`))
+          controller.enqueue(enc.encode(sent() ? KEEPALIVE.sent : KEEPALIVE.waiting))
         } catch {
           clearInterval(timer)
         }
       }
       ping()
-      timer = setInterval(ping, KEEPALIVE_EVERY_MS)
-      const fail = (status, type, message) => {
-        controller.enqueue(enc.encode(sseError(provider, status, type, message)))
+      timer = setInterval(ping, KEEPALIVE.everyMs)
+      const end = (event) => {
+        controller.enqueue(enc.encode(event))
         controller.close()
       }
       answer.then(
@@ -769,14 +732,13 @@ function keptAlive(answer, provider, gone, sent) {
           // An answer that is not a stream (an error, or JSON though a stream was asked):
           // its error in the provider's event format.
           const raw = await res.text().catch(() => '')
-          const parsed = errorOf(raw)
-          fail(res.status, parsed?.type ?? errorTypeFor(res.status), parsed?.message ?? `the provider answered ${res.status}${raw === '' ? '' : `: ${raw.slice(0, 512)}`}`)
+          end(proxyRule({ op: 'streamError', provider, status: res.status, body: raw }).event)
         },
         (err) => {
           clearInterval(timer)
           if (gone.signal.aborted) return
           const e = failureOf(err)
-          fail(e.status, e.type, e.message)
+          end(proxyRule({ op: 'failureEvent', provider, status: e.status, code: e.code, message: e.message }).event)
         },
       )
     },
@@ -789,66 +751,45 @@ function keptAlive(answer, provider, gone, sent) {
   return new Response(body, { status: 200, headers: { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'x-tokenwarden-kept-alive': '1' } })
 }
 
-/** The provider's error `{ type, message }` in an error body (either provider's format), or null. */
-function errorOf(raw) {
-  try {
-    const j = JSON.parse(raw)
-    const e = j?.error
-    if (e !== null && typeof e === 'object' && typeof e.message === 'string') return { type: typeof e.type === 'string' ? e.type : null, message: e.message }
-  } catch {
-    // not JSON
-  }
-  return null
-}
-
-/** One SSE error event in the provider's stream format (the provider crate's rule). */
-function sseError(provider, status, type, message, code) {
-  return providerErrorEvent(provider, status, message, { error: code ?? type, message }, type)
-}
-
 /**
- * What a failed proxied call is answered: `{ status, type, message }`. The provider not
+ * What a failed proxied call is answered: `{ status, code, message }`. The provider not
  * reached is 502, an upstream timeout 504; a refusal or another tokenwarden error is what
  * errorResponse makes of it.
  */
 function failureOf(err) {
   if (err?.upstream === true || err?.code === 'upstream_timeout') {
-    const { status } = stopStatus(err?.upstream === true ? 'unreachable' : 'timed_out', null)
-    return { status, type: errorTypeFor(status), message: `tokenwarden: ${err.message}` }
+    const unreachable = err?.upstream === true
+    const { status } = stopStatus(unreachable ? 'unreachable' : 'timed_out', null)
+    return { status, code: unreachable ? 'upstream_unreachable' : 'upstream_timeout', message: String(err.message) }
   }
   const { status, body } = statusOf(err)
-  return { status, type: errorTypeFor(status), message: `tokenwarden: ${body.message}` }
+  return { status, code: String(body.error), message: String(body.message) }
 }
 
-/**
- * A proxied call that failed without an answer from the provider: 502 (not reached) or 504
- * (timed out) in the provider's JSON error format; anything else goes to errorResponse.
- */
 /**
  * A provider's redirect is not handed on (issue 43, N4): a client that follows it sends
  * what it sent here (its API key, and `x-tokenwarden-token` with the fleet's secret) to
  * wherever it points. The client gets a 502 in the provider's format naming where it
- * pointed, and no `Location`. (The wrapper did not follow it, and settled the lease as
- * nothing used.)
+ * pointed, and no `Location` (the gateway crate's rule). (The wrapper did not follow it,
+ * and settled the lease as nothing used.)
  * @param {Response} res
  * @param {import('tokenwarden-wasm').Provider} provider
  */
 function noRedirect(res, provider) {
   if (res.status < 300 || res.status > 399 || res.status === 304) return res
   res.body?.cancel().catch(() => {})
-  let where = 'elsewhere'
-  try {
-    where = new URL(res.headers.get('location') ?? '').origin
-  } catch {}
-  const message = `the provider answered ${res.status}, a redirect to ${where}: tokenwarden does not hand it on (a client following it would send its key there)`
-  return json(502, providerErrorBody(provider, 502, message, { error: 'upstream_redirect', message }))
+  const r = proxyRule({ op: 'redirect', provider, status: res.status, location: res.headers.get('location') ?? undefined })
+  return json(r.status, r.body)
 }
 
+/**
+ * A proxied call that failed without an answer from the provider: 502 (not reached) or 504
+ * (timed out) in the provider's JSON error format; anything else goes to errorResponse.
+ */
 function upstreamFailure(err, provider) {
   if (err?.upstream !== true && err?.code !== 'upstream_timeout') throw err
-  const { status, message } = failureOf(err)
-  const code = err?.upstream === true ? 'upstream_unreachable' : 'upstream_timeout'
-  return json(status, providerErrorBody(provider, status, message, { error: code, message: message.replace(/^tokenwarden: /, '') }))
+  const { status, code, message } = failureOf(err)
+  return json(status, providerErrorBody(provider, status, `tokenwarden: ${message}`, { error: code, message }))
 }
 
 async function body(request) {

@@ -240,6 +240,126 @@ pub fn proxied_call(req: &Incoming<'_>) -> Result<ProxiedCall, Refusal> {
     })
 }
 
+/// How long a streamed proxied call may go without an answer (waiting in line, or for a 429
+/// to clear) before its head is sent and SSE comments keep the connection alive, ms.
+pub const KEEPALIVE_AFTER_MS: u64 = 1_000;
+/// Between two keep-alive comments on a waiting stream, ms.
+pub const KEEPALIVE_EVERY_MS: u64 = 2_000;
+
+/// The SSE comment a waiting stream is sent every [`KEEPALIVE_EVERY_MS`]: still in line, or
+/// sent and waiting for the provider's answer.
+#[must_use]
+pub fn keepalive_comment(sent: bool) -> &'static str {
+    if sent {
+        ": tokenwarden: sent, waiting for the provider\n\n"
+    } else {
+        ": tokenwarden: waiting for quota\n\n"
+    }
+}
+
+fn provider_named(provider: &str) -> tokenwarden_provider::estimate::Provider {
+    if provider == "openai" {
+        tokenwarden_provider::estimate::Provider::Openai
+    } else {
+        tokenwarden_provider::estimate::Provider::Anthropic
+    }
+}
+
+/// What a client is answered for the provider's redirect (issue 43, N4): not the redirect —
+/// a client following it would send its API key, and `x-tokenwarden-token` with the fleet's
+/// secret, to wherever it points — but a 502 in `provider`'s error format naming where it
+/// pointed (the origin of `location`, if it reads as a URL). Answers the status and body.
+#[must_use]
+pub fn redirect_answer(provider: &str, status: u16, location: Option<&str>) -> (u16, Value) {
+    let to = location
+        .and_then(origin_of)
+        .unwrap_or_else(|| "elsewhere".to_owned());
+    let message = format!(
+        "the provider answered {status}, a redirect to {to}: tokenwarden does not hand it on (a client following it would send its key there)"
+    );
+    let tw = serde_json::json!({ "error": "upstream_redirect", "message": message });
+    let body = tokenwarden_provider::errors::error_body(
+        provider_named(provider),
+        502,
+        None,
+        &message,
+        &tw,
+    );
+    (502, body)
+}
+
+/// `scheme://host[:port]` of an absolute URL.
+fn origin_of(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme.is_empty()
+        || !scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+    {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if host.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{}://{}",
+        scheme.to_ascii_lowercase(),
+        host.to_ascii_lowercase()
+    ))
+}
+
+/// A streamed call answered before its outcome was known (kept alive) whose answer is not
+/// a stream (an error, or JSON though a stream was asked): its error as one SSE event in
+/// `provider`'s stream format, which the official SDKs raise as an API error — the
+/// provider's own type and message where its body holds them, else its status and the
+/// start of its body.
+#[must_use]
+pub fn answer_as_stream_error(provider: &str, status: u16, body: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let err = parsed
+        .as_ref()
+        .and_then(|j| j.get("error"))
+        .filter(|e| e.get("message").is_some_and(Value::is_string));
+    let kind = err
+        .and_then(|e| e.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| tokenwarden_provider::errors::error_type(status));
+    let message = match err.and_then(|e| e.get("message")).and_then(Value::as_str) {
+        Some(m) => m.to_owned(),
+        None if body.is_empty() => format!("the provider answered {status}"),
+        None => {
+            let text = String::from_utf8_lossy(body);
+            let cut: String = text.chars().take(512).collect();
+            format!("the provider answered {status}: {cut}")
+        }
+    };
+    let tw = serde_json::json!({ "error": kind, "message": message });
+    tokenwarden_provider::errors::error_event(
+        provider_named(provider),
+        status,
+        Some(kind),
+        &message,
+        &tw,
+    )
+}
+
+/// A kept-alive streamed call that ended without an answer: one SSE error event in
+/// `provider`'s format, `code` tokenwarden's (`upstream_unreachable`, `upstream_timeout`, a
+/// refusal's), with the status its stop has.
+#[must_use]
+pub fn failure_event(provider: &str, status: u16, code: &str, message: &str) -> String {
+    let tw = serde_json::json!({ "error": code, "message": message });
+    tokenwarden_provider::errors::error_event(
+        provider_named(provider),
+        status,
+        None,
+        &format!("tokenwarden: {message}"),
+        &tw,
+    )
+}
+
 /// The provider a proxied request speaks, for answering its errors in that provider's
 /// format: `None` when its path cannot be read (answered in tokenwarden's own format).
 #[must_use]

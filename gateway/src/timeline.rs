@@ -17,7 +17,7 @@
 //! Whatever callers send, the ring holds at most [`MAX_EVENTS`] small records and the
 //! counters a fixed set of keys per pool.
 
-use alloc::collections::VecDeque;
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
@@ -79,7 +79,10 @@ fn bump(list: &mut Vec<(String, u64)>, key: String) {
 pub struct Timeline {
     ring: VecDeque<Entry>,
     /// lease → agent, of granted leases (least recently granted first).
-    lease_agent: VecDeque<(u64, u64)>,
+    lease_agent: BTreeMap<u64, u64>,
+    /// The leases of `lease_agent`, least recently granted first (an entry whose lease
+    /// left the map, or was granted again later, is skipped when it comes up).
+    lease_order: VecDeque<u64>,
     /// Per pool, in the order first counted.
     ceilings: Vec<(u32, Ceiling)>,
     since: u64,
@@ -295,7 +298,8 @@ impl Timeline {
     pub fn new(now: u64) -> Timeline {
         Timeline {
             ring: VecDeque::new(),
-            lease_agent: VecDeque::new(),
+            lease_agent: BTreeMap::new(),
+            lease_order: VecDeque::new(),
             ceilings: Vec::new(),
             since: now,
         }
@@ -352,10 +356,20 @@ impl Timeline {
     /// A call starts at `t`: lease `lease` of `agent` granted in `pool` after waiting
     /// `waited_ms` in line.
     pub fn granted(&mut self, t: u64, lease: u64, agent: u64, pool: u32, waited_ms: u64) {
-        self.lease_agent.retain(|(l, _)| *l != lease);
-        self.lease_agent.push_back((lease, agent));
-        if self.lease_agent.len() > MAX_LEASE_AGENTS {
-            self.lease_agent.pop_front();
+        self.lease_agent.insert(lease, agent);
+        self.lease_order.push_back(lease);
+        while self.lease_agent.len() > MAX_LEASE_AGENTS {
+            match self.lease_order.pop_front() {
+                Some(old) => {
+                    self.lease_agent.remove(&old);
+                }
+                None => break,
+            }
+        }
+        // Forgotten leases leave their places behind: rebuilt when they pile up.
+        if self.lease_order.len() > 2 * MAX_LEASE_AGENTS {
+            let map = &self.lease_agent;
+            self.lease_order.retain(|l| map.contains_key(l));
         }
         let mut f = Map::new();
         f.insert("waitedMs".into(), Value::from(waited_ms));
@@ -364,7 +378,7 @@ impl Timeline {
 
     /// Lease `lease` ended unsettled: its agent is no longer needed to name a 429.
     pub fn forget(&mut self, lease: u64) {
-        self.lease_agent.retain(|(l, _)| *l != lease);
+        self.lease_agent.remove(&lease);
     }
 
     /// `agent` refused at `t` in `pool` for `reason` (the core's `RejectReason` as its
@@ -417,12 +431,7 @@ impl Timeline {
             &mut self.ceiling(pool).rate_limited,
             exceeded.unwrap_or("unknown").into(),
         );
-        let agent = lease.and_then(|l| {
-            self.lease_agent
-                .iter()
-                .find(|(x, _)| *x == l)
-                .map(|(_, a)| *a)
-        });
+        let agent = lease.and_then(|l| self.agent_of(l));
         let mut f = Map::new();
         f.insert("exceeded".into(), exceeded.map_or(Value::Null, Value::from));
         f.insert(
@@ -466,10 +475,7 @@ impl Timeline {
     /// The agent of granted lease `lease`, while remembered.
     #[must_use]
     pub fn agent_of(&self, lease: u64) -> Option<u64> {
-        self.lease_agent
-            .iter()
-            .find(|(l, _)| *l == lease)
-            .map(|(_, a)| *a)
+        self.lease_agent.get(&lease).copied()
     }
 
     /// Keeps call event `ev` at `t`.

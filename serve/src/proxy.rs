@@ -20,8 +20,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use tokenwarden_gateway::proxy::{Incoming as Asked, proxied_call};
-use tokenwarden_provider::errors::{Stop, error_event, error_type};
+use tokenwarden_gateway::proxy::{self as proxy_rules, Incoming as Asked, proxied_call};
+use tokenwarden_provider::errors::Stop;
 use tokenwarden_provider::estimate::Provider;
 use tokenwarden_provider::identity::{identity, task_id_for};
 use tokenwarden_tokio::layer::TokenwardenLayer;
@@ -37,9 +37,9 @@ use crate::reply::{BoxError, Failure, Reply, json as json_reply, provider_named,
 use crate::store::Store;
 
 /// How long a streamed call may go without an answer before its head is sent.
-const KEEPALIVE_AFTER: Duration = Duration::from_millis(1_000);
+const KEEPALIVE_AFTER: Duration = Duration::from_millis(proxy_rules::KEEPALIVE_AFTER_MS);
 /// Between two keep-alive comments on a waiting stream.
-const KEEPALIVE_EVERY: Duration = Duration::from_millis(2_000);
+const KEEPALIVE_EVERY: Duration = Duration::from_millis(proxy_rules::KEEPALIVE_EVERY_MS);
 /// How long a proxied call's grant may gather with others before its write.
 const SEND_FLUSH: Duration = Duration::from_millis(50);
 /// Headers of one hop, never handed on.
@@ -312,19 +312,13 @@ fn answered(res: Answer, provider: Provider) -> Result<Reply, Failure> {
 fn handed(res: Response<MeteredBody<Incoming>>, provider: Provider) -> Reply {
     let status = res.status().as_u16();
     if (300..400).contains(&status) && status != 304 {
-        let to = res
+        let location = res
             .headers()
             .get(header::LOCATION)
-            .and_then(|l| l.to_str().ok())
-            .and_then(|l| l.parse::<Uri>().ok())
-            .and_then(|u| Some(format!("{}://{}", u.scheme_str()?, u.authority()?)))
-            .unwrap_or_else(|| "elsewhere".into());
-        let message = format!(
-            "the provider answered {status}, a redirect to {to}: tokenwarden does not hand it on (a client following it would send its key there)"
-        );
-        let body = json!({ "error": "upstream_redirect", "message": message });
-        let b = tokenwarden_provider::errors::error_body(provider, 502, None, &message, &body);
-        return json_reply(502, &b);
+            .and_then(|l| l.to_str().ok());
+        let (status, body) =
+            proxy_rules::redirect_answer(provider_name(provider), status, location);
+        return json_reply(status, &body);
     }
     let (mut head, body) = res.into_parts();
     for h in HOP {
@@ -346,18 +340,15 @@ async fn kept_alive(
         tokio::select! {
             res = &mut answer => break res,
             _ = ping.tick() => {
-                let what = if sent.load(Ordering::Relaxed) { "sent, waiting for the provider" } else { "waiting for quota" };
-                if tx.send(Ok(Frame::data(Bytes::from(format!(": tokenwarden: {what}\n\n"))))).await.is_err() {
+                let comment = proxy_rules::keepalive_comment(sent.load(Ordering::Relaxed));
+                if tx.send(Ok(Frame::data(Bytes::from_static(comment.as_bytes())))).await.is_err() {
                     // The client is gone: dropping the call withdraws it.
                     return;
                 }
             }
         }
     };
-    let event = |status: u16, kind: Option<&str>, message: &str, code: &str| {
-        let tw = json!({ "error": code, "message": message });
-        Bytes::from(error_event(provider, status, kind, message, &tw))
-    };
+    let name = provider_name(provider);
     let frame = match res {
         Ok(res) => {
             let streams = res
@@ -382,34 +373,14 @@ async fn kept_alive(
                 .await
                 .map(|c| c.to_bytes())
                 .unwrap_or_default();
-            let parsed: Option<Value> = serde_json::from_slice(&raw).ok();
-            let err = parsed
-                .as_ref()
-                .and_then(|j| j.get("error"))
-                .filter(|e| e.get("message").is_some_and(Value::is_string));
-            let kind = err
-                .and_then(|e| e.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or(error_type(status));
-            let message = match err.and_then(|e| e.get("message")).and_then(Value::as_str) {
-                Some(m) => m.to_owned(),
-                None if raw.is_empty() => format!("the provider answered {status}"),
-                None => format!(
-                    "the provider answered {status}: {}",
-                    String::from_utf8_lossy(&raw[..raw.len().min(512)])
-                ),
-            };
-            event(status, Some(kind), &message, kind)
+            Bytes::from(proxy_rules::answer_as_stream_error(name, status, &raw))
         }
-        Err(e) => match failure_of(&e) {
-            Some((stop, code, message)) => event(
-                stop.status(),
-                None,
-                &format!("tokenwarden: {message}"),
-                code,
-            ),
-            None => event(500, None, &format!("tokenwarden: {e}"), "internal"),
-        },
+        Err(e) => Bytes::from(match failure_of(&e) {
+            Some((stop, code, message)) => {
+                proxy_rules::failure_event(name, stop.status(), code, &message)
+            }
+            None => proxy_rules::failure_event(name, 500, "internal", &e.to_string()),
+        }),
     };
     let _ = tx.send(Ok(Frame::data(frame))).await;
 }
@@ -436,5 +407,13 @@ impl Body for KeptAlive {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.rx.poll_recv(cx)
+    }
+}
+
+/// The name of a provider, as the gateway's rules take it.
+fn provider_name(p: Provider) -> &'static str {
+    match p {
+        Provider::Anthropic => "anthropic",
+        Provider::Openai => "openai",
     }
 }
