@@ -286,6 +286,32 @@ impl MemberTable {
         self.inner.name_of(id).map(String::from)
     }
 
+    /// Remembers remote driver `client` seen at `now` (Unix ms): how many processes share
+    /// the quota (at least 1). See [`Members::seen`].
+    pub fn seen(&mut self, client: Option<&str>, now: f64) -> f64 {
+        let now = crate::u64_from_f64(now, "now").unwrap_or(0);
+        #[allow(clippy::cast_precision_loss)]
+        let n = self.inner.seen(client, now) as f64;
+        n
+    }
+
+    /// The metrics (JSON text, camelCase) with the agents' names and, when given, the
+    /// ceilings (JSON text): JSON text. See [`Members::name_metrics`].
+    pub fn named_metrics(&self, metrics: &str, ceilings: Option<&str>) -> Result<String, ArgError> {
+        let mut m: Value = serde_json::from_str(metrics).map_err(|e| {
+            ArgError::type_error(format!("the metrics are not JSON: {e}")).with_field("metrics")
+        })?;
+        let c = match ceilings {
+            None => None,
+            Some(t) => Some(serde_json::from_str(t).map_err(|e| {
+                ArgError::type_error(format!("the ceilings are not JSON: {e}"))
+                    .with_field("ceilings")
+            })?),
+        };
+        self.inner.name_metrics(&mut m, c);
+        Ok(m.to_string())
+    }
+
     /// The agent names' store writes since the last call: `[[id, name or null], …]` JSON.
     pub fn take_name_writes(&mut self) -> String {
         let writes: Vec<Value> = self

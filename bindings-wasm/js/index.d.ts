@@ -112,6 +112,10 @@ export declare class MemberTable {
   nameOf(id: number): string | undefined
   /** `[[id, name | null], …]` to store since the last call. */
   takeNameWrites(): string
+  /** A remote driver (`x-tokenwarden-client`) seen at `now`: how many share the quota (at least 1). */
+  seen(client: string | undefined, now: number): number
+  /** The metrics (JSON text) with the agents' names and the ceilings (JSON text), as JSON text. */
+  namedMetrics(metrics: string, ceilings?: string): string
   /** `[[id, record], …]` to store. */
   records(): string
   /** Ends every record (a reset); how many there were. */

@@ -773,6 +773,19 @@ impl MemberTable {
         self.inner.name_of(id)
     }
 
+    /// Remembers remote driver `client` (`x-tokenwarden-client`) seen at `now`: how many
+    /// processes share the quota (at least 1).
+    pub fn seen(&mut self, client: Option<String>, now: f64) -> f64 {
+        self.inner.seen(client.as_deref(), now)
+    }
+
+    /// The metrics (JSON text) with each agent's name (and a subagent's family's) and the
+    /// ceilings (JSON text) when given.
+    #[wasm_bindgen(js_name = namedMetrics)]
+    pub fn named_metrics(&self, metrics: &str, ceilings: Option<String>) -> Result<String, Thrown> {
+        Ok(self.inner.named_metrics(metrics, ceilings.as_deref())?)
+    }
+
     /// The names to store since the last call: `[[id, name or null], …]` JSON.
     #[wasm_bindgen(js_name = takeNameWrites)]
     pub fn take_name_writes(&mut self) -> String {

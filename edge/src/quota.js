@@ -16,9 +16,6 @@ import { parseExact, readState, writeChanged } from './store.js'
 import { Timeline } from './timeline.js'
 import { WaitLog } from './waitlog.js'
 
-/** Processes remembered per quota, and for how long after they were last seen. */
-const MAX_CLIENTS = 1024
-const CLIENT_TTL_MS = 60_000
 /** A snapshot up to this size is stored whole, as text in the head value. */
 const INLINE_SNAPSHOT_BYTES = 32 * 1024
 /**
@@ -136,8 +133,6 @@ export class QuotaObject {
     this.members = null
     /** Whether the member table's agent ids are keyed by the fleet's secret yet. */
     this.keyed = false
-    /** Remote drivers' process ids → when last seen (oldest first). */
-    this.clients = new Map()
     /** lease id → callbacks waiting for its grant (long polls) */
     this.waiters = new Map()
     /** The next write, while one is due: { promise, resolve, at (Unix ms), timer }. */
@@ -313,7 +308,6 @@ export class QuotaObject {
     const url = new URL(request.url)
     const fleet = request.headers.get('x-tw-fleet')
     const quota = request.headers.get('x-tw-quota')
-    this.#seen(request.headers.get('x-tw-client'))
     try {
       const tw = this.#driver(fleet, quota)
       const members = /** @type {import('tokenwarden-wasm').MemberTable} */ (this.members)
@@ -322,6 +316,9 @@ export class QuotaObject {
         this.keyed = true
         this.storedNames = new Map()
       }
+      // Remote drivers seen in the last minute (the member table's count, at least 1): their
+      // fallback while the limiter is unreachable is that share of the quota.
+      const clients = members.seen(request.headers.get('x-tw-client') ?? undefined, this.clock.now())
       // Set by the Worker for an agent credential: the one agent this caller may act for.
       // Per request, never on `this`: calls interleave while they await.
       const name = request.headers.get('x-tw-agent')
@@ -345,12 +342,12 @@ export class QuotaObject {
        * @param {{ input: unknown, out: unknown }} applied
        */
       const answered = (route, { input, out }) => {
-        const a = JSON.parse(gatewayRule(toJson({ op: 'answer', route, input, output: out, now: this.clock.now(), clients: this.#clientCount() })))
+        const a = JSON.parse(gatewayRule(toJson({ op: 'answer', route, input, output: out, now: this.clock.now(), clients: clients })))
         return json(a.status, route === 'lease' && a.body.lease !== undefined ? { ...a.body, epoch: this.epoch } : a.body)
       }
       switch (`${request.method} ${op}`) {
         case 'POST handle':
-          response = json(200, { ...(await member('handle')).out, epoch: this.epoch, clients: this.#clientCount() })
+          response = json(200, { ...(await member('handle')).out, epoch: this.epoch, clients: clients })
           break
         case 'GET wait':
           response = await this.#wait(lease, Number(url.searchParams.get('timeout') ?? 0), who)
@@ -412,36 +409,16 @@ export class QuotaObject {
   }
 
   /**
-   * Remembers a remote driver's process (bounded: at most MAX_CLIENTS, each forgotten a
-   * minute after it was last seen), so lease answers can say how many processes share the
-   * quota: their fallback while the limiter is unreachable is that share of it.
-   */
-  #seen(client) {
-    const now = this.clock.now()
-    if (client !== null) {
-      this.clients.delete(client)
-      this.clients.set(client, now)
-      if (this.clients.size > MAX_CLIENTS) this.clients.delete(this.clients.keys().next().value)
-    }
-    for (const [c, at] of this.clients) {
-      if (now - at <= CLIENT_TTL_MS) break
-      this.clients.delete(c)
-    }
-  }
-
-  /**
    * The metrics with each agent's name beside its id (`name`: the name the id was made from,
-   * or null for a numeric agent or one not seen since the object started).
+   * or null for a numeric agent or one not seen since the object started; a subagent's
+   * family by its root's name, `familyName`) and the ceilings hit since the object started
+   * (429s by the provider's limit type, refusals by reason: the timeline's): the member
+   * table's rule.
    */
   #named(metrics) {
-    // A subagent's family by its root's name too (`familyName`).
-    const nameOf = (id) => this.#nameOf(id)
-    if (Array.isArray(metrics?.agents))
-      metrics.agents = metrics.agents.map((a) => ({ ...a, name: nameOf(a.agent), ...(a.family === undefined || a.family === null ? {} : { familyName: nameOf(a.family) }) }))
-    // The ceilings hit since the object started: 429s by the provider's limit type,
-    // refusals by reason (timeline.js).
-    if (metrics !== null && typeof metrics === 'object') metrics.ceilings = this.timeline.ceilings((metrics.pools ?? []).map((p) => String(p.name)))
-    return metrics
+    const members = /** @type {import('tokenwarden-wasm').MemberTable} */ (this.members)
+    const ceilings = this.timeline.ceilings((metrics?.pools ?? []).map((p) => String(p.name)))
+    return JSON.parse(members.namedMetrics(toJson(metrics), toJson(ceilings)))
   }
 
   /** The name agent `id` was made from, if the member table remembers it. */
@@ -499,11 +476,6 @@ export class QuotaObject {
     members.applied(toJson(out))
     this.#wake()
     return { input: read.input, out }
-  }
-
-  /** Remote drivers seen in the last minute (at least 1: the caller). */
-  #clientCount() {
-    return Math.max(1, this.clients.size)
   }
 
   /**

@@ -18,6 +18,7 @@
 //! An agent credential is a [`Who`]: it acts only for its own agent (a request naming another
 //! is 403) and only on its own agent's leases and tasks. The fleet's secret acts for any.
 
+use alloc::collections::VecDeque;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -77,6 +78,11 @@ pub const MAX_WAIT_MS: u64 = 30_000;
 
 /// At most this many header pairs in a report, each name and value at most 8 KiB.
 pub const MAX_HEADER_PAIRS: usize = 256;
+/// Remote drivers remembered per quota ([`Members::seen`]).
+pub const MAX_CLIENTS: usize = 1024;
+/// How long a remote driver is remembered after it was last seen, ms.
+pub const CLIENT_TTL_MS: u64 = 60_000;
+
 /// The longest header name or value in a report (characters).
 pub const MAX_HEADER_BYTES: usize = 8192;
 
@@ -308,6 +314,8 @@ pub struct Members {
     names: AgentNames,
     pools: Vec<String>,
     wakes: Vec<u64>,
+    /// Remote drivers' process ids and when each was last seen (oldest first).
+    clients: VecDeque<(String, u64)>,
 }
 
 impl Members {
@@ -320,6 +328,7 @@ impl Members {
             names: AgentNames::new(secret),
             pools,
             wakes: Vec::new(),
+            clients: VecDeque::new(),
         }
     }
 
@@ -395,6 +404,61 @@ impl Members {
 
     fn remove(&mut self, id: u64) -> Option<Record> {
         self.find(id).ok().map(|i| self.leases.remove(i).1)
+    }
+
+    /// Remembers the remote driver `client` (an `x-tokenwarden-client` id of 1 to 64
+    /// characters `[A-Za-z0-9_-]`; anything else is not counted) seen at `now`, forgetting
+    /// those not seen for [`CLIENT_TTL_MS`] and the oldest past [`MAX_CLIENTS`]; answers how
+    /// many processes share the quota (at least 1: the caller). A remote driver's fallback
+    /// while the limiter is unreachable is that share of it.
+    pub fn seen(&mut self, client: Option<&str>, now: u64) -> u64 {
+        let client = client.filter(|c| {
+            (1..=64).contains(&c.len())
+                && c.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+        if let Some(c) = client {
+            self.clients.retain(|(k, _)| k != c);
+            self.clients.push_back((c.to_string(), now));
+            if self.clients.len() > MAX_CLIENTS {
+                self.clients.pop_front();
+            }
+        }
+        while self
+            .clients
+            .front()
+            .is_some_and(|(_, at)| now.saturating_sub(*at) > CLIENT_TTL_MS)
+        {
+            self.clients.pop_front();
+        }
+        self.clients.len().max(1) as u64
+    }
+
+    /// The coordinator's metrics (camelCase JSON) with each agent's name beside its id
+    /// (`name`: the name the id was made from, or null for a numeric agent or one not seen
+    /// since the table started), a subagent's family by its root's name (`familyName`), and
+    /// `ceilings` (a host's timeline's counters) when given.
+    pub fn name_metrics(&self, metrics: &mut Value, ceilings: Option<Value>) {
+        if let Some(agents) = metrics.get_mut("agents").and_then(Value::as_array_mut) {
+            for a in agents {
+                let name = a
+                    .get("agent")
+                    .and_then(Value::as_u64)
+                    .and_then(|id| self.name_of(id));
+                let name = name.map_or(Value::Null, Value::from);
+                let family = a.get("family").and_then(Value::as_u64);
+                if let Some(m) = a.as_object_mut() {
+                    m.insert("name".into(), name);
+                    if let Some(f) = family {
+                        let n = self.name_of(f).map_or(Value::Null, Value::from);
+                        m.insert("familyName".into(), n);
+                    }
+                }
+            }
+        }
+        if let (Some(c), Some(m)) = (ceilings, metrics.as_object_mut()) {
+            m.insert("ceilings".into(), c);
+        }
     }
 
     /// Ends every record (a reset): every long poll is answered now. Answers how many

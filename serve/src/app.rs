@@ -226,14 +226,12 @@ impl App {
                 "no such quota in this fleet",
             )));
         };
+        // A remote driver names its process (only an authenticated caller is counted: a
+        // secretless one cannot inflate the count).
         let client = if caller.open {
             None
         } else {
-            header_str(h, "x-tokenwarden-client").filter(|c| {
-                (1..=64).contains(&c.len())
-                    && c.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            })
+            header_str(h, "x-tokenwarden-client")
         };
         let now = unix_now();
         let clients = q.seen(client, now);
@@ -523,26 +521,15 @@ fn pool_names(q: &Quota) -> Vec<String> {
 }
 
 /// The coordinator's metrics (camelCase), each agent's name beside its id, and the
-/// ceilings hit (429s by limit, refusals by reason: the timeline's counters).
+/// ceilings hit (429s by limit, refusals by reason: the timeline's counters): the member
+/// table's rule.
 fn metrics(q: &Quota, live: &Live) -> Value {
     let m = live
         .tw
         .inspect(|c, now| serde_json::to_value(c.metrics(now)).map(camel_keys));
     let mut m = m.unwrap_or(Value::Null);
-    if m.is_object() {
-        m["ceilings"] = q.side().timeline.ceilings(&pool_names(q));
-    }
-    if let Some(agents) = m.get_mut("agents").and_then(Value::as_array_mut) {
-        for a in agents {
-            let name = a
-                .get("agent")
-                .and_then(Value::as_u64)
-                .and_then(|id| q.name_of(id));
-            a["name"] = name.map_or(Value::Null, Value::from);
-            if let Some(fam) = a.get("family").and_then(Value::as_u64) {
-                a["familyName"] = q.name_of(fam).map_or(Value::Null, Value::from);
-            }
-        }
-    }
+    let side = q.side();
+    let ceilings = side.timeline.ceilings(&pool_names(q));
+    side.members.name_metrics(&mut m, Some(ceilings));
     m
 }

@@ -6,7 +6,7 @@
 //! after: the table is kept inside [`Tokenwarden::with_coordinator`] and from the host's
 //! event hook, both of which hold the coordinator.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -23,10 +23,6 @@ use tokio::sync::oneshot;
 
 use crate::store::{BACKGROUND, Saved, Store};
 
-/// Remote drivers remembered per quota, and for how long after they were last seen.
-const MAX_CLIENTS: usize = 1024;
-const CLIENT_TTL_MS: u64 = 60_000;
-
 /// The coordinator of the quota's current epoch (a reset starts another).
 #[derive(Clone)]
 pub(crate) struct Live {
@@ -41,8 +37,6 @@ pub(crate) struct Side {
     pub(crate) members: Members,
     /// Long polls by ticket.
     polls: BTreeMap<u64, Vec<oneshot::Sender<()>>>,
-    /// Remote drivers' process ids and when last seen (oldest first).
-    clients: VecDeque<(String, u64)>,
     /// The agent names the table remembers (what it told to write), id → name.
     names: BTreeMap<u64, String>,
     /// Recent call events and the ceilings hit, in memory only.
@@ -176,7 +170,6 @@ impl Quota {
         let side = Arc::new(Mutex::new(Side {
             members: Members::new(secret, pools),
             polls: BTreeMap::new(),
-            clients: VecDeque::new(),
             names: BTreeMap::new(),
             timeline: Timeline::new(now),
             waitlog: wait_log.then(|| WaitLog::new(now)),
@@ -361,26 +354,10 @@ impl Quota {
         }
     }
 
-    /// Remembers a remote driver's process (bounded: at most [`MAX_CLIENTS`], each
-    /// forgotten a minute after it was last seen); answers how many share the quota (at
-    /// least 1: the caller).
+    /// Remembers a remote driver's process (the member table's rule); answers how many
+    /// share the quota (at least 1: the caller).
     pub(crate) fn seen(&self, client: Option<&str>, now: u64) -> u64 {
-        let mut side = self.side();
-        let clients = &mut side.clients;
-        if let Some(c) = client {
-            clients.retain(|(k, _)| k != c);
-            clients.push_back((c.to_owned(), now));
-            if clients.len() > MAX_CLIENTS {
-                clients.pop_front();
-            }
-        }
-        while clients
-            .front()
-            .is_some_and(|(_, at)| now.saturating_sub(*at) > CLIENT_TTL_MS)
-        {
-            clients.pop_front();
-        }
-        clients.len().max(1) as u64
+        self.side().members.seen(client, now)
     }
 
     /// The id of agent `name` (keyed by the fleet's secret), its name remembered.
@@ -389,11 +366,6 @@ impl Quota {
         let id = side.members.names().id(name);
         side.settle();
         id
-    }
-
-    /// The name agent `id` was made from, if remembered.
-    pub(crate) fn name_of(&self, id: u64) -> Option<String> {
-        self.side().members.name_of(id).map(str::to_owned)
     }
 
     /// The operator's reset: the quota starts afresh from its configuration (a new epoch);
