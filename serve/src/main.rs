@@ -25,6 +25,11 @@ use crate::app::{App, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, Opti
 use crate::quota::Quota;
 use crate::store::{Store, write_private};
 
+/// mimalloc: allocation and free are a fifth of serve's CPU on glibc's malloc at
+/// saturation (a call allocates its headers, bodies and JSON values many times over).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const HELP: &str = "usage: tokenwarden serve [--config tokenwarden.json] [--port 8787] [--host 127.0.0.1] [--data DIR]
        tokenwarden --version
 
