@@ -30,6 +30,8 @@ use crate::members::refused;
 ///   that is no stream, as one SSE error event)
 /// - `failureEvent` `{ provider, status, code, message }` → `{ event }` (a kept-alive
 ///   stream that ended without an answer)
+/// - `ceiling` `{ pool? }` → `{ text }` (what a pool's metrics say holds it: the wait log's
+///   words), `printable` `{ text }` → `{ text }` (control characters escaped)
 /// - `prometheus` `{ metrics, fleet, quota }` → `{ text }` (the metrics, camelCase as the
 ///   engine's `metrics(now)` returns them with a host's names and `ceilings`, in Prometheus's
 ///   text format: [`tokenwarden_gateway::prometheus::text`]; never refused)
@@ -133,6 +135,15 @@ pub fn gateway_rule(input: &str) -> Result<String, ArgError> {
             }),
         };
         return Ok(out.to_string());
+    }
+    if op == "ceiling" {
+        let pool = v.get("pool").filter(|p| p.is_object());
+        let text = tokenwarden_gateway::waitlog::ceiling_of(pool);
+        return Ok(json!({ "text": text }).to_string());
+    }
+    if op == "printable" {
+        let text = tokenwarden_gateway::waitlog::printable(need("text")?);
+        return Ok(json!({ "text": text }).to_string());
     }
     if op == "route" {
         let read = tokenwarden_gateway::routes::route(&tokenwarden_gateway::routes::Request {

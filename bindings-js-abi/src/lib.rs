@@ -468,6 +468,7 @@ pub mod exchange;
 pub mod gateway;
 pub mod members;
 pub mod timeline;
+pub mod waitlog;
 
 pub mod io {
     //! The register file of the hot calls.

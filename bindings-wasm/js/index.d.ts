@@ -152,6 +152,23 @@ export declare class Timeline {
 }
 
 /**
+ * The operator's wait lines (the gateway crate's `waitlog`: a wait over 3 s, its end, a
+ * summary once a minute), told the driver's call events; each method answers the lines to
+ * print. `metrics` (the driver's `metrics()` as JSON text) is read only where
+ * `wantsMetrics` said a line needs it.
+ */
+export declare class WaitLog {
+  constructor(now: number)
+  wantsMetrics(now: number, waitMs: number): boolean
+  queued(now: number, lease: number, name: string, pool: number, agent: number, eta: number, etaMs: number, checkpoint: boolean, metrics?: string): string[]
+  granted(now: number, lease: number, waitedMs: number, metrics?: string): string[]
+  waiting(now: number, name: string, pool: number, agent: number, delayMs: number, message: string, metrics?: string): string[]
+  rateLimited(now: number, metrics?: string): string[]
+  rejected(now: number, metrics?: string): string[]
+  free(): void
+}
+
+/**
  * The gateway crate's rules for a host of the HTTP API (the edge Worker), one JSON text in
  * and out: `op` `route` (`{ method, path, query?, accept?, upgrade? }` → the route: `{ route:
  * 'health' }`, `{ route: 'credential', fleet, agent }` or `{ route: 'quota', fleet, quota,

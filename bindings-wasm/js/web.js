@@ -10,6 +10,8 @@ export { WasmEngine } from './engine.js'
 export const MemberTable = wasm.MemberTable
 /** A quota's recent call events and ceilings, for a gateway's host (the gateway crate's timeline; see index.d.ts). */
 export const Timeline = wasm.Timeline
+/** The operator's wait lines (the gateway crate's wait log; see index.d.ts). */
+export const WaitLog = wasm.WaitLog
 /** The gateway crate's rules without state (routes, authentication), one JSON text in and out (see index.d.ts). */
 export const gatewayRule = wasm.gatewayRule
 /** The tokenizers (the ranks fetched from `data/` beside this file when first needed). */

@@ -880,6 +880,104 @@ impl Timeline {
     }
 }
 
+/// The operator's wait lines (the gateway crate's wait log, for `tokenwarden serve` on
+/// workerd): told the driver's call events, it answers the lines to print. A method's
+/// `metrics` (JSON text) is read only where `wantsMetrics` said a line needs them.
+#[wasm_bindgen(js_name = WaitLog)]
+pub struct WaitLog {
+    inner: tokenwarden_js_abi::waitlog::WaitLog,
+}
+
+#[wasm_bindgen(js_class = WaitLog)]
+impl WaitLog {
+    /// A log whose first minute starts at `now` (Unix ms).
+    #[wasm_bindgen(constructor)]
+    pub fn new(now: f64) -> WaitLog {
+        WaitLog {
+            inner: tokenwarden_js_abi::waitlog::WaitLog::new(now),
+        }
+    }
+
+    /// Whether a line at `now` about a wait of `waitMs` (0: no wait) reads the metrics.
+    #[wasm_bindgen(js_name = wantsMetrics)]
+    pub fn wants_metrics(&self, now: f64, wait_ms: f64) -> bool {
+        self.inner.wants_metrics(now, wait_ms)
+    }
+
+    /// A ticket queued: the lines to print.
+    #[allow(clippy::too_many_arguments)]
+    pub fn queued(
+        &mut self,
+        now: f64,
+        lease: f64,
+        name: &str,
+        pool: f64,
+        agent: f64,
+        eta: f64,
+        eta_ms: f64,
+        checkpoint: bool,
+        metrics: Option<String>,
+    ) -> Vec<String> {
+        self.inner.queued(
+            now,
+            lease,
+            name,
+            pool,
+            agent,
+            eta,
+            eta_ms,
+            checkpoint,
+            metrics.as_deref(),
+        )
+    }
+
+    /// A lease granted after `waitedMs` in line.
+    pub fn granted(
+        &mut self,
+        now: f64,
+        lease: f64,
+        waited_ms: f64,
+        metrics: Option<String>,
+    ) -> Vec<String> {
+        self.inner
+            .granted(now, lease, waited_ms, metrics.as_deref())
+    }
+
+    /// A call waits `delayMs` after a 429 or an overload (`message`: what it says of it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn waiting(
+        &mut self,
+        now: f64,
+        name: &str,
+        pool: f64,
+        agent: f64,
+        delay_ms: f64,
+        message: &str,
+        metrics: Option<String>,
+    ) -> Vec<String> {
+        self.inner.waiting(
+            now,
+            name,
+            pool,
+            agent,
+            delay_ms,
+            message,
+            metrics.as_deref(),
+        )
+    }
+
+    /// A 429 reported.
+    #[wasm_bindgen(js_name = rateLimited)]
+    pub fn rate_limited(&mut self, now: f64, metrics: Option<String>) -> Vec<String> {
+        self.inner.rate_limited(now, metrics.as_deref())
+    }
+
+    /// A refusal.
+    pub fn rejected(&mut self, now: f64, metrics: Option<String>) -> Vec<String> {
+        self.inner.rejected(now, metrics.as_deref())
+    }
+}
+
 /// The gateway's rules without state (the routes; fleet secrets, agent credentials, the
 /// admin secret, lease handles), one JSON text in and out (see `tokenwarden_js_abi::gateway::gateway_rule`).
 #[wasm_bindgen(js_name = gatewayRule)]

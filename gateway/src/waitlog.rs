@@ -174,12 +174,19 @@ impl WaitLog {
     /// the minute's summary due. (A host computes them only then.)
     #[must_use]
     pub fn needs_look(&self, ev: &CallEvent, now: u64) -> bool {
-        now.saturating_sub(self.minute.start) >= SUMMARY_MS
-            || match ev {
-                CallEvent::Queued { eta, .. } => eta.saturating_sub(now) >= LONG_WAIT_MS,
-                CallEvent::Waiting { until, .. } => until.saturating_sub(now) >= LONG_WAIT_MS,
-                _ => false,
-            }
+        let wait_ms = match ev {
+            CallEvent::Queued { eta, .. } => eta.saturating_sub(now),
+            CallEvent::Waiting { until, .. } => until.saturating_sub(now),
+            _ => 0,
+        };
+        self.wants_metrics(now, wait_ms)
+    }
+
+    /// Whether a line at `now` about a wait of `wait_ms` (0 for an event that is no wait)
+    /// may read the metrics: a long wait, or the minute's summary due.
+    #[must_use]
+    pub fn wants_metrics(&self, now: u64, wait_ms: u64) -> bool {
+        now.saturating_sub(self.minute.start) >= SUMMARY_MS || wait_ms >= LONG_WAIT_MS
     }
 
     /// Call event `ev` at `now`, of the agent named `name` (a queued ticket's, a waiting

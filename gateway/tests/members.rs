@@ -391,7 +391,11 @@ fn remote_drivers_are_counted_bounded_and_forgotten_after_a_minute() {
     assert_eq!(m.seen(None, 0), 1, "the caller at least");
     assert_eq!(m.seen(Some("proc-a"), 0), 1);
     assert_eq!(m.seen(Some("proc-b"), 1_000), 2);
-    assert_eq!(m.seen(Some("not a valid id!"), 1_000), 2, "an id out of shape is not counted");
+    assert_eq!(
+        m.seen(Some("not a valid id!"), 1_000),
+        2,
+        "an id out of shape is not counted"
+    );
     assert_eq!(m.seen(Some("proc-a"), 30_000), 2, "seen again: still one");
     assert_eq!(m.seen(None, 61_500), 1, "proc-b not seen for over a minute");
     for i in 0..2_000 {
@@ -410,7 +414,11 @@ fn metrics_name_their_agents_and_carry_the_ceilings() {
     ] });
     m.name_metrics(&mut metrics, Some(json!({ "since": 0, "pools": [] })));
     assert_eq!(metrics["agents"][0]["name"], "alice");
-    assert_eq!(metrics["agents"][1]["name"], Value::Null, "a numeric agent has no name");
+    assert_eq!(
+        metrics["agents"][1]["name"],
+        Value::Null,
+        "a numeric agent has no name"
+    );
     assert_eq!(metrics["agents"][1]["familyName"], "alice");
     assert!(metrics["agents"][0].get("familyName").is_none());
     assert_eq!(metrics["ceilings"]["pools"], json!([]));
