@@ -8,7 +8,7 @@ use tokenwarden_gateway::timeline::Timeline as Inner;
 /// A whole non-negative number from JavaScript (ids, instants, durations); 0 for anything
 /// else (a driver's own figures are never negative or fractional).
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-fn whole(v: f64) -> u64 {
+pub(crate) fn whole(v: f64) -> u64 {
     if v.is_finite() && v >= 0.0 {
         v as u64
     } else {
@@ -16,7 +16,8 @@ fn whole(v: f64) -> u64 {
     }
 }
 
-fn pool(v: f64) -> u32 {
+/// A pool's index from JavaScript.
+pub(crate) fn pool(v: f64) -> u32 {
     u32::try_from(whole(v)).unwrap_or(u32::MAX)
 }
 

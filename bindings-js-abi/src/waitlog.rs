@@ -5,19 +5,7 @@
 use serde_json::Value;
 use tokenwarden_gateway::waitlog::{Look, WaitLog as Inner};
 
-/// A whole non-negative number from JavaScript; 0 for anything else.
-#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-fn whole(v: f64) -> u64 {
-    if v.is_finite() && v >= 0.0 {
-        v as u64
-    } else {
-        0
-    }
-}
-
-fn pool(v: f64) -> u32 {
-    u32::try_from(whole(v)).unwrap_or(u32::MAX)
-}
+use crate::timeline::{pool, whole};
 
 /// [`WaitLog`](Inner) at the JavaScript boundary.
 #[derive(Debug)]

@@ -257,14 +257,6 @@ pub fn keepalive_comment(sent: bool) -> &'static str {
     }
 }
 
-fn provider_named(provider: &str) -> tokenwarden_provider::estimate::Provider {
-    if provider == "openai" {
-        tokenwarden_provider::estimate::Provider::Openai
-    } else {
-        tokenwarden_provider::estimate::Provider::Anthropic
-    }
-}
-
 /// What a client is answered for the provider's redirect (issue 43, N4): not the redirect —
 /// a client following it would send its API key, and `x-tokenwarden-token` with the fleet's
 /// secret, to wherever it points — but a 502 in `provider`'s error format naming where it
@@ -279,13 +271,20 @@ pub fn redirect_answer(provider: &str, status: u16, location: Option<&str>) -> (
     );
     let tw = serde_json::json!({ "error": "upstream_redirect", "message": message });
     let body = tokenwarden_provider::errors::error_body(
-        provider_named(provider),
+        provider_of_name(provider),
         502,
         None,
         &message,
         &tw,
     );
     (502, body)
+}
+
+/// The provider of a proxied call by its name (`proxied_call`'s `provider`): Anthropic's
+/// format for anything else.
+fn provider_of_name(provider: &str) -> tokenwarden_provider::estimate::Provider {
+    tokenwarden_provider::estimate::Provider::from_name(provider)
+        .unwrap_or(tokenwarden_provider::estimate::Provider::Anthropic)
 }
 
 /// `scheme://host[:port]` of an absolute URL.
@@ -337,7 +336,7 @@ pub fn answer_as_stream_error(provider: &str, status: u16, body: &[u8]) -> Strin
     };
     let tw = serde_json::json!({ "error": kind, "message": message });
     tokenwarden_provider::errors::error_event(
-        provider_named(provider),
+        provider_of_name(provider),
         status,
         Some(kind),
         &message,
@@ -352,7 +351,7 @@ pub fn answer_as_stream_error(provider: &str, status: u16, body: &[u8]) -> Strin
 pub fn failure_event(provider: &str, status: u16, code: &str, message: &str) -> String {
     let tw = serde_json::json!({ "error": code, "message": message });
     tokenwarden_provider::errors::error_event(
-        provider_named(provider),
+        provider_of_name(provider),
         status,
         None,
         &format!("tokenwarden: {message}"),

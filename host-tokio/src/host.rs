@@ -133,8 +133,13 @@ impl Builder {
     /// A coordinator for `config` (its pools, limits and policy).
     #[must_use]
     pub fn new(config: Config) -> Builder {
+        Builder::starting(Start::Config(Box::new(config)))
+    }
+
+    /// A builder with the defaults, the coordinator to start from `start`.
+    fn starting(start: Start) -> Builder {
         Builder {
-            start: Start::Config(Box::new(config)),
+            start,
             seed: None,
             estimator: Options::default(),
             timeouts: Timeouts::default(),
@@ -148,15 +153,7 @@ impl Builder {
     /// instants on the same clock as this host's ([`Builder::clock_origin`]).
     #[must_use]
     pub fn restored(coordinator: Coordinator) -> Builder {
-        Builder {
-            start: Start::Restored(Box::new(coordinator)),
-            seed: None,
-            estimator: Options::default(),
-            timeouts: Timeouts::default(),
-            origin: Millis(0),
-            on_event: None,
-            on_output: None,
-        }
+        Builder::starting(Start::Restored(Box::new(coordinator)))
     }
 
     /// Tells `hook` every input the calls of this host apply (leases asked, answers

@@ -205,7 +205,7 @@ impl App {
                     &path["/proxy".len()..],
                     h.contains_key("anthropic-version"),
                 )
-                .map(crate::reply::provider_named)
+                .and_then(tokenwarden_provider::estimate::Provider::from_name)
             }
             _ => None,
         };

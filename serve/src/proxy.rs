@@ -33,7 +33,7 @@ use tower_service::Service;
 
 use crate::app::read_body;
 use crate::quota::{Live, Quota};
-use crate::reply::{BoxError, Failure, Reply, json as json_reply, provider_named, refusal};
+use crate::reply::{BoxError, Failure, Reply, json as json_reply, refusal};
 use crate::store::Store;
 
 /// How long a streamed call may go without an answer before its head is sent.
@@ -168,7 +168,7 @@ pub(crate) async fn call(
         secrets,
         credential: who,
     })?;
-    let provider = provider_named(read.provider);
+    let provider = Provider::from_name(read.provider).unwrap_or(Provider::Anthropic);
     let text = read_body(
         body,
         headers
@@ -316,8 +316,7 @@ fn handed(res: Response<MeteredBody<Incoming>>, provider: Provider) -> Reply {
             .headers()
             .get(header::LOCATION)
             .and_then(|l| l.to_str().ok());
-        let (status, body) =
-            proxy_rules::redirect_answer(provider_name(provider), status, location);
+        let (status, body) = proxy_rules::redirect_answer(provider.name(), status, location);
         return json_reply(status, &body);
     }
     let (mut head, body) = res.into_parts();
@@ -348,7 +347,7 @@ async fn kept_alive(
             }
         }
     };
-    let name = provider_name(provider);
+    let name = provider.name();
     let frame = match res {
         Ok(res) => {
             let streams = res
@@ -407,13 +406,5 @@ impl Body for KeptAlive {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         self.rx.poll_recv(cx)
-    }
-}
-
-/// The name of a provider, as the gateway's rules take it.
-fn provider_name(p: Provider) -> &'static str {
-    match p {
-        Provider::Anthropic => "anthropic",
-        Provider::Openai => "openai",
     }
 }

@@ -130,12 +130,3 @@ impl Failure {
         res
     }
 }
-
-/// The provider of a name (`anthropic`, `openai`).
-pub(crate) fn provider_named(name: &str) -> Provider {
-    if name == "openai" {
-        Provider::Openai
-    } else {
-        Provider::Anthropic
-    }
-}
