@@ -57,7 +57,29 @@ struct Entry {
     agent: Option<u64>,
     pool: u32,
     /// `kind` and the kind's own fields.
-    fields: Map<String, Value>,
+    fields: Fields,
+}
+
+/// An event's own fields: a grant's (one on every call, kept without a map) or a map.
+#[derive(Clone, Debug)]
+enum Fields {
+    Send { waited_ms: u64 },
+    Map(Map<String, Value>),
+}
+
+impl Fields {
+    /// `{ kind, … }`.
+    fn to_map(&self) -> Map<String, Value> {
+        match self {
+            Fields::Send { waited_ms } => {
+                let mut m = Map::new();
+                m.insert("waitedMs".into(), Value::from(*waited_ms));
+                m.insert("kind".into(), Value::from("send"));
+                m
+            }
+            Fields::Map(m) => m.clone(),
+        }
+    }
 }
 
 /// Counters of one pool.
@@ -331,6 +353,10 @@ impl Timeline {
         mut fields: Map<String, Value>,
     ) {
         fields.insert("kind".into(), Value::from(kind));
+        self.keep(t, agent, pool, Fields::Map(fields));
+    }
+
+    fn keep(&mut self, t: u64, agent: Option<u64>, pool: u32, fields: Fields) {
         if self.ring.len() == MAX_EVENTS {
             self.ring.pop_front();
         }
@@ -371,9 +397,7 @@ impl Timeline {
             let map = &self.lease_agent;
             self.lease_order.retain(|l| map.contains_key(l));
         }
-        let mut f = Map::new();
-        f.insert("waitedMs".into(), Value::from(waited_ms));
-        self.push(t, "send", Some(agent), pool, f);
+        self.keep(t, Some(agent), pool, Fields::Send { waited_ms });
     }
 
     /// Lease `lease` ended unsettled: its agent is no longer needed to name a 429.
@@ -534,7 +558,7 @@ impl Timeline {
             .iter()
             .filter(|e| e.t >= from)
             .map(|e| {
-                let mut m = e.fields.clone();
+                let mut m = e.fields.to_map();
                 m.insert("t".into(), Value::from(e.t));
                 m.insert(
                     "agent".into(),

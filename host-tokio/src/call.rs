@@ -8,7 +8,7 @@ use tokenwarden_core::{
     AgentId, Answer, Call, Input, LeaseError, LeaseId, LeaseRequest, Millis, Output, PoolId, Role,
     TaskId, Wait, WaitReason,
 };
-use tokenwarden_provider::estimate::{CallShape, Provider, call_shape, prompt_tokens};
+use tokenwarden_provider::estimate::{CallShape, Parsed, Provider, call_shape, prompt_tokens};
 use tokenwarden_provider::send::{Send, SendAction};
 use tokenwarden_provider::{Api, Usage, model_call};
 
@@ -199,20 +199,21 @@ pub(crate) fn prepare(
     let Some(text) = body.and_then(|b| std::str::from_utf8(b).ok()) else {
         return Prepared::Unleased;
     };
-    let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(text) else {
+    let Ok(parsed) = Parsed::new(text) else {
         return Prepared::Unleased;
     };
     let provider = match api.provider() {
         "anthropic" => Provider::Anthropic,
         _ => Provider::Openai,
     };
-    let shape = call_shape(provider, &serde_json::Value::Object(map));
+    let shape = call_shape(provider, parsed.body());
     Prepared::Call(Box::new(Governed {
         shared: Arc::clone(tw.shared()),
         agent: agent.clone(),
         api,
         provider,
         text: text.into(),
+        parsed,
         shape,
         pool: None,
         state: Call::new(),
@@ -230,6 +231,8 @@ pub(crate) struct Governed {
     api: Api,
     provider: Provider,
     text: Arc<str>,
+    /// The body parsed once, with what its estimates made of it.
+    parsed: Parsed,
     shape: CallShape,
     pool: Option<PoolId>,
     state: Call,
@@ -307,9 +310,7 @@ impl Governed {
             let now = self.shared.now();
             let (estimate_id, estimate) = {
                 let mut est = ready_estimator(&self.shared, self.provider, &self.shape.model);
-                // The text parsed as a JSON object above: the estimate cannot refuse it.
-                est.estimate_text(now.0, self.provider, &self.shape.model, &self.text)
-                    .unwrap_or_default()
+                est.estimate_parsed(now.0, self.provider, &self.shape.model, &mut self.parsed)
             };
             let request = LeaseRequest {
                 agent: self.agent.id,

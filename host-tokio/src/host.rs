@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -240,6 +241,7 @@ impl Builder {
             }),
             estimator: Mutex::new(estimator),
             wake: Notify::new(),
+            armed: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             origin: self.origin,
             manual,
@@ -363,6 +365,10 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) estimator: Mutex<Estimator>,
     wake: Notify,
+    /// The core's deadline the clock task sleeps until (`u64::MAX`: none), written and read
+    /// under the state's lock: an input wakes the clock task only when it brings the next
+    /// deadline earlier, not on every call (each wake is a switch to another thread).
+    armed: AtomicU64,
     epoch: Instant,
     /// The core's time at `epoch`.
     origin: Millis,
@@ -476,15 +482,27 @@ impl Shared {
             }
             let _ = self.events.send(event);
         }
-        self.wake.notify_one();
+        let next = st.coord.poll_timeout().map_or(u64::MAX, |t| t.0);
+        if next < self.armed.load(Ordering::Relaxed) {
+            self.armed.store(next, Ordering::Relaxed);
+            self.wake.notify_one();
+        }
     }
 }
 
-/// The clock task: wakes at the core's next deadline (or when an input may have moved it),
-/// tells the core the time, and hands out what it granted.
+/// The clock task: wakes at the core's next deadline (or when an input brought it earlier),
+/// tells the core the time, and hands out what it granted. A deadline that moved later
+/// wakes it early, once: it reads the new one and sleeps again.
 async fn clock(shared: Arc<Shared>) {
     loop {
-        let next = shared.lock().coord.poll_timeout();
+        let next = {
+            let st = shared.lock();
+            let next = st.coord.poll_timeout();
+            shared
+                .armed
+                .store(next.map_or(u64::MAX, |t| t.0), Ordering::Relaxed);
+            next
+        };
         let woken = shared.wake.notified();
         match next {
             Some(at) => {
@@ -518,9 +536,13 @@ pub(crate) fn ready_estimator<'a>(
     provider: Provider,
     model: &str,
 ) -> MutexGuard<'a, Estimator> {
-    let need = shared.estimator().needs_tokenizer(provider, model);
+    let est = shared.estimator();
+    let Some(need) = est.needs_tokenizer(provider, model) else {
+        return est;
+    };
+    drop(est);
     // Without the ranks (never, for the embedded ones) the estimate goes by the byte rule.
-    let bpe = need.and_then(tokenizer);
+    let bpe = tokenizer(need);
     let mut est = shared.estimator();
     if let Some(bpe) = bpe {
         est.use_tokenizer(bpe);

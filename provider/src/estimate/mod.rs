@@ -377,8 +377,45 @@ pub struct Estimator {
 /// A body estimated from its text, and what its estimates made of it.
 struct Recent {
     text: String,
+    parsed: Parsed,
+}
+
+/// A request body parsed once for its estimates (see [`Estimator::estimate_parsed`]): a
+/// host that keeps it for the life of a call does not parse or analyze the body again when
+/// the call is asked again (after a wait, a refusal, a 429).
+pub struct Parsed {
     body: Value,
     memo: Memo,
+}
+
+impl fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Parsed").finish_non_exhaustive()
+    }
+}
+
+impl Parsed {
+    /// `text` parsed.
+    ///
+    /// # Errors
+    ///
+    /// The text is not a JSON object (`Err` with why).
+    pub fn new(text: &str) -> Result<Parsed, String> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(body @ Value::Object(_)) => Ok(Parsed {
+                body,
+                memo: Memo::default(),
+            }),
+            Ok(_) => Err("the request body must be a JSON object".into()),
+            Err(e) => Err(alloc::format!("the request body is not JSON: {e}")),
+        }
+    }
+
+    /// The body (a JSON object).
+    #[must_use]
+    pub fn body(&self) -> &Value {
+        &self.body
+    }
 }
 
 /// What estimates of one body made of it, for the next estimate of the same body: its
@@ -515,20 +552,12 @@ impl Estimator {
     ) -> Result<(u64, Estimate), String> {
         let mut recent = match self.recent.iter().position(|r| r.text == text) {
             Some(i) => self.recent.remove(i).unwrap_or_else(|| unreachable!()),
-            None => {
-                let body = match serde_json::from_str::<Value>(text) {
-                    Ok(v @ Value::Object(_)) => v,
-                    Ok(_) => return Err("the request body must be a JSON object".into()),
-                    Err(e) => return Err(alloc::format!("the request body is not JSON: {e}")),
-                };
-                Recent {
-                    text: String::new(),
-                    body,
-                    memo: Memo::default(),
-                }
-            }
+            None => Recent {
+                text: String::new(),
+                parsed: Parsed::new(text)?,
+            },
         };
-        let out = self.estimate_with(now, provider, model, &recent.body, &mut recent.memo);
+        let out = self.estimate_parsed(now, provider, model, &mut recent.parsed);
         if text.len() <= RECENT_BYTES {
             if recent.text.is_empty() {
                 recent.text = text.into();
@@ -539,6 +568,18 @@ impl Estimator {
             }
         }
         Ok(out)
+    }
+
+    /// [`Estimator::estimate`] of a body its caller parsed once ([`Parsed::new`]) and keeps
+    /// while it asks again: what was made of it is kept in `parsed`.
+    pub fn estimate_parsed(
+        &mut self,
+        now: u64,
+        provider: Provider,
+        model: &str,
+        parsed: &mut Parsed,
+    ) -> (u64, Estimate) {
+        self.estimate_with(now, provider, model, &parsed.body, &mut parsed.memo)
     }
 
     fn estimate_with(
