@@ -45,7 +45,6 @@ pub(crate) struct App {
     pub(crate) fleets: Fleets,
     pub(crate) quotas: BTreeMap<(String, String), Arc<Quota>>,
     pub(crate) options: Options,
-    pub(crate) upstream: Upstream,
 }
 
 /// The Unix time, ms.
@@ -387,7 +386,7 @@ impl App {
                     .unwrap_or_default();
                 let max = self.options.max_proxy_body;
                 proxy::call(
-                    &self.upstream,
+                    &Upstream::here(),
                     q,
                     &live,
                     parts,

@@ -61,7 +61,16 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    pub(crate) fn new() -> Upstream {
+    /// This thread's client: each serving thread keeps its own connections to the
+    /// providers, so a call's answer comes back on the thread that sent it.
+    pub(crate) fn here() -> Upstream {
+        thread_local! {
+            static HERE: Upstream = Upstream::new();
+        }
+        HERE.with(Upstream::clone)
+    }
+
+    fn new() -> Upstream {
         // Small writes go out at once (a request head, then its body).
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
@@ -152,14 +161,15 @@ pub(crate) async fn call(
             "this quota has no upstream configured for proxy mode",
         ));
     };
-    let owned: Vec<(String, String)> = parts
+    // The headers as text (one that is not is not handed on), and as they came.
+    let given: Vec<(&HeaderName, &HeaderValue)> = parts
         .headers
         .iter()
-        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .filter(|(_, v)| v.to_str().is_ok())
         .collect();
-    let headers: Vec<(&str, &str)> = owned
+    let headers: Vec<(&str, &str)> = given
         .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .map(|(n, v)| (n.as_str(), v.to_str().unwrap_or_default()))
         .collect();
     let read = proxied_call(&Asked {
         rest: &path["/proxy".len()..],
@@ -216,13 +226,8 @@ pub(crate) async fn call(
         })?;
     let mut req = Request::builder().method(parts.method.clone()).uri(uri);
     for i in &read.headers {
-        let (n, v) = headers[*i];
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(n.as_bytes()),
-            HeaderValue::from_str(v),
-        ) {
-            req = req.header(n, v);
-        }
+        let (n, v) = given[*i];
+        req = req.header(n, v);
     }
     let stream = wants_stream(&text);
     let req = req.body(Full::new(text)).map_err(|e| {
