@@ -1,8 +1,8 @@
-// Real Claude Code through `tokenwarden serve` (issue 27, items 4 and 6): five headless
-// `claude -p` processes at once (the @anthropic-ai/claude-code native binary, pinned in
+// Real Claude Code through `tokenwarden serve` (issue 27, items 4 and 6; issue 43's ×12): twelve
+// headless `claude -p` processes at once (the @anthropic-ai/claude-code native binary, pinned in
 // package.json), each with its own HOME, against the mock provider, which answers each
-// conversation's first call with a tool_use of Bash and the next with text. Three name
-// themselves by base URL (`/agents/cc-<i>/worker/anthropic`), two share the `/proxy` base
+// conversation's first call with a tool_use of Bash and the next with text. Six name
+// themselves by base URL (`/agents/cc-<i>/worker/anthropic`), six share the `/proxy` base
 // URL and are named by their session header (`--session-id`). Each must exit 0 having run
 // the tool, with no 429 reaching it (the mock's concurrency is the quota's, so a call the
 // limiter let through early would meet one), every lease settled and the names in
@@ -18,7 +18,9 @@ import { startMockProvider } from 'tokenwarden-testing/mock-provider'
 import { claudeBinary, freePort, runClaude, serve, stop } from './support.mjs'
 
 const SECRET = 'serve-claude-code-secret-0123456789'
-const AGENTS = 5
+const AGENTS = 12
+/** The first NAMED name themselves by base URL; the rest share `/proxy`, named by session. */
+const NAMED = 6
 
 
 const claude = process.env.WORKERD ? claudeBinary() : { bin: null }
@@ -29,7 +31,7 @@ if (claude.bin === null && process.env.WORKERD) console.error(`\n*** SKIPPED: th
 
 
 
-describe('Claude Code × 5 through tokenwarden serve', { skip }, () => {
+describe(`Claude Code × ${AGENTS} through tokenwarden serve`, { skip }, () => {
   let mock
   let data
   let server
@@ -67,13 +69,14 @@ describe('Claude Code × 5 through tokenwarden serve', { skip }, () => {
   })
 
   test(`${AGENTS} headless claude -p in parallel: each runs Bash and finishes, 0 429s, every lease settled, names in /metrics`, { timeout: 150_000 }, async () => {
-    const sessions = ['5e55a0a0-0000-4000-8000-000000000001', '5e55a0a0-0000-4000-8000-000000000002']
+    const sessions = Array.from({ length: AGENTS - NAMED }, (_, i) => `5e55a0a0-0000-4000-8000-${String(i + 1).padStart(12, '0')}`)
+    const named = Array.from({ length: NAMED }, (_, i) => `cc-${i}`)
     const runs = await Promise.all(
       Array.from({ length: AGENTS }, (_, i) => {
         const dir = join(data, `agent-${i}`)
         mkdirSync(dir)
-        // Three by base URL, two on the shared one, named by their session.
-        return i < 3 ? runClaude(claude.bin, dir, `${quota()}/agents/cc-${i}/worker/anthropic`) : runClaude(claude.bin, dir, `${quota()}/proxy`, { extra: ['--session-id', sessions[i - 3]] })
+        // NAMED by base URL, the rest on the shared one, named by their session.
+        return i < NAMED ? runClaude(claude.bin, dir, `${quota()}/agents/cc-${i}/worker/anthropic`) : runClaude(claude.bin, dir, `${quota()}/proxy`, { extra: ['--session-id', sessions[i - NAMED]] })
       }),
     )
     for (const [i, r] of runs.entries()) {
@@ -103,11 +106,11 @@ describe('Claude Code × 5 through tokenwarden serve', { skip }, () => {
       m = await metrics()
     }
     assert.equal(m.liveLeases, 0)
-    assert.deepEqual(m.agents.map((a) => a.name).sort(), ['cc-0', 'cc-1', 'cc-2', ...sessions].sort())
+    assert.deepEqual(m.agents.map((a) => a.name).sort(), [...named, ...sessions].sort())
     const settled = m.agents.reduce((n, a) => n + Number(a.settled), 0)
     assert.equal(settled, messages.length, 'one settled lease per call')
     const text = await metrics('?format=prometheus')
-    for (const name of ['cc-0', 'cc-1', 'cc-2', ...sessions]) assert.match(text, new RegExp(`^tokenwarden_agent_settled_total\\{fleet="ci",quota="anthropic",agent="${name}"\\} [1-9]`, 'm'))
+    for (const name of [...named, ...sessions]) assert.match(text, new RegExp(`^tokenwarden_agent_settled_total\\{fleet="ci",quota="anthropic",agent="${name}"\\} [1-9]`, 'm'))
   })
 
   test('the Anthropic SDK: messages.countTokens and models.list pass through serve', async () => {

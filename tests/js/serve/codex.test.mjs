@@ -1,10 +1,10 @@
-// Real Codex CLI through `tokenwarden serve` (issue 27, item 1): three headless `codex exec`
-// processes at once (@openai/codex, pinned in package.json; its native binary comes in the
+// Real Codex CLI through `tokenwarden serve` (issue 27, item 1; issue 43's ×6): six headless
+// `codex exec` processes at once (@openai/codex, pinned in package.json; its native binary comes in the
 // per-platform package), each with its own HOME and CODEX_HOME, against the mock provider's
 // Responses API. Codex speaks only `POST <base>/responses` (streamed); where WebSockets are
 // on (the built-in OpenAI provider, or a custom one with `supports_websockets = true`) it
 // first asks for the Responses WebSocket, which serve refuses with 426 — Codex then falls
-// back to HTTP streaming at once (one attempt, no "Reconnecting…" retries). Two of the three
+// back to HTTP streaming at once (one attempt, no "Reconnecting…" retries). Four of the six
 // take that path. Each exec must exit 0 with the mock's reply; the provider must have seen
 // only `/v1/responses` calls, each answered 200 (no 429: the mock's concurrency is the
 // quota's, so a call the limiter let through early would meet one), every one leased and
@@ -20,7 +20,7 @@ import { codexCli, freePort, runCodexExec, serve, stop } from './support.mjs'
 
 const SECRET = 'serve-codex-secret-0123456789'
 const MODEL = 'gpt-5-mock'
-const AGENTS = 3
+const AGENTS = 6
 const REPLY = 'mock reply from the local provider with some plain words mock reply'
 
 const codex = process.env.WORKERD ? codexCli() : { js: null }
@@ -59,11 +59,7 @@ describe(`Codex CLI × ${AGENTS} through tokenwarden serve`, { skip }, () => {
   })
 
   test(`${AGENTS} headless codex exec in parallel: each completes, the WebSocket refused and HTTP used at once, only leased /v1/responses calls, 0 429s, every lease settled`, { timeout: 150_000 }, async () => {
-    const kinds = [
-      { provider: 'custom', websockets: true },
-      { provider: 'builtin' },
-      { provider: 'custom', websockets: false },
-    ]
+    const kinds = Array.from({ length: AGENTS }, (_, i) => [{ provider: 'custom', websockets: true }, { provider: 'builtin' }, { provider: 'custom', websockets: false }][i % 3])
     const runs = await Promise.all(
       kinds.map((kind, i) => {
         const dir = join(data, `agent-${i}`)
@@ -105,7 +101,7 @@ describe(`Codex CLI × ${AGENTS} through tokenwarden serve`, { skip }, () => {
     }
     assert.equal(m.liveLeases, 0)
     assert.equal(Number(m.pools[0].counters.settled), mock.log.length, 'one settled lease per call the provider saw')
-    assert.deepEqual(m.agents.map((a) => a.name).sort(), ['codex-0', 'codex-1', 'codex-2'])
+    assert.deepEqual(m.agents.map((a) => a.name).sort(), kinds.map((_, i) => `codex-${i}`).sort())
     for (const a of m.agents) assert.ok(Number(a.settled) >= 1, `${a.name} settled ${a.settled}`)
     console.log(`# codex ${codex.version}: ${mock.log.length} calls, runs ${runs.map((r) => Math.round(r.ms)).join(' / ')} ms, peak in flight ${mock.stats().peakInFlight}/2`)
   })
