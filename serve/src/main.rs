@@ -453,6 +453,9 @@ async fn upstreams_resolve(fleets: &Fleets, source: &str) -> Result<(), Exit> {
 fn threads() -> Result<usize, Exit> {
     match std::env::var("TOKENWARDEN_THREADS") {
         Err(_) => Ok(std::thread::available_parallelism().map_or(1, std::num::NonZero::get)),
+        Ok(v) if v.is_empty() => {
+            Ok(std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+        }
         Ok(v) => v
             .parse::<usize>()
             .ok()

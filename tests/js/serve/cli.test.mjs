@@ -22,9 +22,9 @@ const READY = 'Ctrl-C stops it'
  * group of its own, so that Ctrl-C can be sent as a terminal sends it: to the CLI and
  * workerd together.
  */
-function spawnCli(args, umask) {
+function spawnCli(args, umask, env) {
   const argv = [cli, ...args]
-  const options = { stdio: ['ignore', 'pipe', 'pipe'], detached: true }
+  const options = { stdio: /** @type {const} */ (['ignore', 'pipe', 'pipe']), detached: true, ...(env === undefined ? {} : { env: { ...process.env, ...env } }) }
   return umask === undefined ? spawn(process.execPath, argv, options) : spawn('sh', ['-c', `umask ${umask}; exec "$0" "$@"`, process.execPath, ...argv], options)
 }
 
@@ -42,8 +42,8 @@ function ctrlC(child) {
  * serving (its banner, or the line it prints when workerd runs without answering) is stopped
  * with Ctrl-C and has `started` true.
  */
-function run(args, { umask } = {}) {
-  const child = spawnCli(args, umask)
+function run(args, { umask, env } = {}) {
+  const child = spawnCli(args, umask, env)
   let stdout = ''
   let stderr = ''
   let started = false
@@ -194,6 +194,17 @@ describe('tokenwarden serve: command line, config checks, files', { skip, timeou
       assert.equal(existsSync(join(data, 'workerd.capnp')), false, 'no workerd config was written')
     })
   }
+
+  test('native serve: TOKENWARDEN_THREADS out of 1..1024 is one line naming it, exit 2; 1 serves', { skip: nativeServe ? false : 'native serve only' }, async () => {
+    for (const v of ['0', 'two', '1025']) {
+      const r = await run(['serve', '--config', configFile(), '--port', '0', '--data', join(dir, `threads-${v}`)], { env: { TOKENWARDEN_THREADS: v } })
+      assert.equal(r.started, false, `it started: ${r.stdout}`)
+      assert.equal(r.code, 2, r.stderr)
+      assert.equal(r.stderr, `tokenwarden: TOKENWARDEN_THREADS must be a whole number from 1 to 1024, got "${v}"\n`)
+    }
+    const one = await run(['serve', '--config', configFile(), '--port', '0', '--data', join(dir, 'threads-1')], { env: { TOKENWARDEN_THREADS: '1' } })
+    assert.equal(one.started, true, one.stderr)
+  })
 
   test('a --data that cannot be made (under /proc) is one line, at once: it hung in mkdir', async () => {
     const started = Date.now()
