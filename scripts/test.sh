@@ -176,7 +176,7 @@ step "edge limiter under workerd: API, auth and isolation, persistence across a 
 step "the same edge suite against native tokenwarden serve (the Rust gateway on hyper and the tokio host, in place of the Worker on workerd)"
 (cd edge && TOKENWARDEN_SERVE_BIN="$NATIVE_SERVE" node_suite "edge suite, native serve" "$NODE24" test/*.test.mjs)
 
-step "tokenwarden serve (native): curl, the official Python SDKs (anthropic, openai), 5 headless Claude Code and 3 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C; then its command line and restarts on workerd (--runtime workerd)"
+step "tokenwarden serve (native): curl, the official Python SDKs (anthropic, openai), 12 headless Claude Code and 6 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C; then its command line and restarts on workerd (--runtime workerd)"
 command -v curl >/dev/null || { if [ "$(id -u)" = 0 ]; then apt-get install -y -qq curl >/dev/null; else sudo apt-get install -y -qq curl >/dev/null; fi; }
 venv=target/serve-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"

@@ -22,6 +22,8 @@ use crate::members::refused;
 /// - `answer` `{ route, input?, output, now?, clients? }` → `{ status, body }`: what the
 ///   member route `route` answers for the coordinator's `output` to `input`
 ///   ([`tokenwarden_gateway::answers`]: `lease` grant/queued/reject, the per-verb shapes)
+/// - `limits` `{}` → `{ body, proxyBody }` (the bytes an API request's body and a proxied
+///   one are read up to by default: [`tokenwarden_gateway::routes::MAX_BODY_BYTES`], …)
 /// - `keepalive` `{}` → `{ afterMs, everyMs, waiting, sent }` (a waiting stream's head after
 ///   `afterMs`, then one of the two SSE comments every `everyMs`)
 /// - `redirect` `{ provider, status, location? }` → `{ status, body }` (the provider's
@@ -107,6 +109,12 @@ pub fn gateway_rule(input: &str) -> Result<String, ArgError> {
         let input = v.get("input").unwrap_or(&Value::Null);
         let body = tokenwarden_gateway::answers::verb_answer(route, input, out);
         return Ok(json!({ "status": 200, "body": body }).to_string());
+    }
+    if op == "limits" {
+        use tokenwarden_gateway::routes::{MAX_BODY_BYTES, MAX_PROXY_BODY_BYTES};
+        return Ok(
+            json!({ "body": MAX_BODY_BYTES, "proxyBody": MAX_PROXY_BODY_BYTES }).to_string(),
+        );
     }
     if op == "keepalive" || op == "redirect" || op == "streamError" || op == "failureEvent" {
         use tokenwarden_gateway::proxy;

@@ -1,12 +1,15 @@
 // Request bodies, read with a bound: a client cannot make the limiter buffer or parse more
 // than the configured size (413 beyond it), and provider requests in proxy mode have a
 // bound of their own (prompts can be large).
+import { gatewayRule } from 'tokenwarden-wasm'
 import { HttpError } from './auth.js'
 
+/** The gateway crate's defaults: `body` and `proxyBody` bytes. */
+const LIMITS = JSON.parse(gatewayRule('{"op":"limits"}'))
 /** API bodies (leases, settles, reports): 64 KiB unless `TOKENWARDEN_MAX_BODY_BYTES` says. */
-export const DEFAULT_MAX_BODY_BYTES = 64 * 1024
+export const DEFAULT_MAX_BODY_BYTES = Number(LIMITS.body)
 /** Proxied provider requests: 32 MiB (Anthropic's own request limit) unless `TOKENWARDEN_MAX_PROXY_BODY_BYTES` says. */
-export const DEFAULT_MAX_PROXY_BODY_BYTES = 32 * 1024 * 1024
+export const DEFAULT_MAX_PROXY_BODY_BYTES = Number(LIMITS.proxyBody)
 
 /** The configured limit named `name` in `env`, or `fallback`; a bad value is an error naming it. */
 export function limitFrom(env, name, fallback) {

@@ -28,6 +28,14 @@ use alloc::vec::Vec;
 use crate::Refusal;
 use crate::auth::{check_name, is_credential};
 
+/// An API request's body (a lease, a settle, a report) is read up to this many bytes unless
+/// the host is configured otherwise (`TOKENWARDEN_MAX_BODY_BYTES`); past it, 413.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// A proxied provider request's body: up to 32 MiB (Anthropic's own request limit) unless
+/// the host is configured otherwise (`TOKENWARDEN_MAX_PROXY_BODY_BYTES`); past it, 413 and
+/// nothing forwarded.
+pub const MAX_PROXY_BODY_BYTES: usize = 32 * 1024 * 1024;
+
 /// A request's route.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route {

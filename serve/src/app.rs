@@ -22,10 +22,11 @@ use crate::proxy::{self, Upstream};
 use crate::quota::{Live, Quota};
 use crate::reply::{Failure, Reply, json, refusal};
 
-/// A request body (not a proxied one) read whole up to this many bytes.
-pub(crate) const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024;
-/// A proxied request body read whole up to this many bytes.
-pub(crate) const DEFAULT_MAX_PROXY_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// A request body (not a proxied one) read whole up to this many bytes, and a proxied one:
+/// the gateway crate's defaults.
+pub(crate) use tokenwarden_gateway::routes::{
+    MAX_BODY_BYTES as DEFAULT_MAX_BODY_BYTES, MAX_PROXY_BODY_BYTES as DEFAULT_MAX_PROXY_BODY_BYTES,
+};
 /// What is read of a body no route takes, so the connection stays usable.
 const DRAIN_BYTES: usize = 1024 * 1024;
 
