@@ -452,11 +452,7 @@ async fn upstreams_resolve(fleets: &Fleets, source: &str) -> Result<(), Exit> {
 /// How many threads serve: one per core unless `TOKENWARDEN_THREADS` says (1 to 1,024).
 fn threads() -> Result<usize, Exit> {
     match std::env::var("TOKENWARDEN_THREADS") {
-        Err(_) => Ok(std::thread::available_parallelism().map_or(1, std::num::NonZero::get)),
-        Ok(v) if v.is_empty() => {
-            Ok(std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
-        }
-        Ok(v) => v
+        Ok(v) if !v.is_empty() => v
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=1024).contains(n))
@@ -465,6 +461,7 @@ fn threads() -> Result<usize, Exit> {
                     "TOKENWARDEN_THREADS must be a whole number from 1 to 1024, got {v:?}"
                 ))
             }),
+        _ => Ok(std::thread::available_parallelism().map_or(1, std::num::NonZero::get)),
     }
 }
 
