@@ -164,7 +164,7 @@ if ! command -v chromium >/dev/null; then
 fi
 (cd bindings-wasm && node_suite "wasm in Chromium and workerd" node test/browser.test.mjs test/workerd.test.mjs)
 
-step "native addon cross-built for linux-arm64-gnu (loaded and driven under qemu) and linux-x64-musl (loaded by musl's dynamic linker), with zig"
+step "native addon and native serve cross-built with zig for linux-arm64-gnu (run under qemu) and linux-x64-musl (addon loaded by musl's dynamic linker, serve run here)"
 ./scripts/cross-build.sh
 
 step "npm packages as users install them: packed tarballs (scripts/pack.mjs) in an empty project — native engine then WebAssembly on Node 24 / 22 / $(node --version), tokenwarden-wasm in Chromium and workerd"

@@ -66,6 +66,8 @@ tw.close()
 
 let mock
 let tarballs
+/** @type {Record<string, string>} package name → its packed tarball */
+let tgz
 let bundled
 let project
 
@@ -86,7 +88,7 @@ async function run(major, cwd = project) {
 before(() => {
   tarballs = mkdtempSync(join(tmpdir(), 'tokenwarden-tarballs-'))
   execFileSync(process.execPath, [join(root, 'scripts/pack.mjs'), '--out', tarballs], { stdio: ['ignore', 'ignore', 'inherit'], timeout: 300_000 })
-  const tgz = Object.fromEntries(readdirSync(tarballs).map((f) => [f.replace(/-\d+\.\d+\.\d+\.tgz$/, ''), join(tarballs, f)]))
+  tgz = Object.fromEntries(readdirSync(tarballs).map((f) => [f.replace(/-\d+\.\d+\.\d+\.tgz$/, ''), join(tarballs, f)]))
   for (const name of ['tokenwarden', 'tokenwarden-driver', 'tokenwarden-wasm', 'tokenwarden-bundled', ...PLATFORMS]) assert.ok(tgz[name], `scripts/pack.mjs packed no ${name} (scripts/cross-build.sh builds the other platforms' addons)`)
   bundled = tgz['tokenwarden-bundled']
   project = mkdtempSync(join(tmpdir(), 'tokenwarden-user-'))
@@ -220,6 +222,12 @@ describe('the packed tarballs in an empty project', () => {
 
   test('install the addon as its own per-platform package (only this platform\'s), and nothing from the repository', () => {
     assert.ok(PLATFORMS.length >= 3 && PLATFORMS.includes(PLATFORM), PLATFORMS.join(', '))
+    // Every platform package carries its native `tokenwarden serve` (scripts/cross-build.sh
+    // builds and runs the arm64 and musl ones), so `npx tokenwarden serve` needs no workerd there.
+    for (const name of PLATFORMS) {
+      const files = execFileSync('tar', ['-tzf', tgz[name]], { encoding: 'utf8' }).split('\n')
+      assert.ok(files.includes('package/tokenwarden-serve'), `${name} carries no tokenwarden-serve: ${files.join(' ')}`)
+    }
     const installed = readdirSync(join(project, 'node_modules')).filter((n) => n.startsWith('tokenwarden'))
     assert.deepEqual(installed.sort(), ['tokenwarden', 'tokenwarden-driver', PLATFORM, 'tokenwarden-wasm'].sort())
     const lock = readFileSync(join(project, 'package-lock.json'), 'utf8')
