@@ -32,6 +32,10 @@ use crate::members::refused;
 ///   that is no stream, as one SSE error event)
 /// - `failureEvent` `{ provider, status, code, message }` → `{ event }` (a kept-alive
 ///   stream that ended without an answer)
+/// - `status` `{ code }` → `{ status }` (the HTTP status for an engine error's code, null
+///   for none of them: [`tokenwarden_gateway::Refusal::status_of`])
+/// - `clockAdvance` `{ body }` → `{ ms }` (tests only: how far `POST …/admin/clock` moves
+///   a quota's clock; [`tokenwarden_gateway::routes::clock_advance`])
 /// - `ceiling` `{ pool? }` → `{ text }` (what a pool's metrics say holds it: the wait log's
 ///   words), `printable` `{ text }` → `{ text }` (control characters escaped)
 /// - `prometheus` `{ metrics, fleet, quota }` → `{ text }` (the metrics, camelCase as the
@@ -143,6 +147,25 @@ pub fn gateway_rule(input: &str) -> Result<String, ArgError> {
             }),
         };
         return Ok(out.to_string());
+    }
+    if op == "status" {
+        let status = tokenwarden_gateway::Refusal::status_of(need("code")?);
+        return Ok(json!({ "status": status }).to_string());
+    }
+    if op == "clockAdvance" {
+        let body = match v.get("body") {
+            Some(Value::Object(m)) => m.clone(),
+            _ => {
+                return Err(ArgError::type_error(
+                    "clockAdvance needs `body`, the request's JSON object".into(),
+                )
+                .with_field("body"));
+            }
+        };
+        return Ok(match tokenwarden_gateway::routes::clock_advance(&body) {
+            Ok(ms) => json!({ "ms": ms }).to_string(),
+            Err(r) => refused(&r),
+        });
     }
     if op == "ceiling" {
         let pool = v.get("pool").filter(|p| p.is_object());

@@ -1720,8 +1720,9 @@ pub fn check_fleets(text: &str, serve_file: bool) -> Result<String, ArgError> {
 /// values in turn, joined by line feeds (which neither may hold: one string crosses the
 /// boundary, not one per name and value), `secrets` the fleet's, `credential` the agent of
 /// the caller's credential. Answers JSON text: `{"call":{provider, path, query, headers,
-/// agent, role, task, unblocks, failureSignature}}`, `headers` the places of the pairs to
-/// send, or `{"refused":{status, error, message, field?}}` for the host to answer.
+/// name, family, role, task, unblocks, failureSignature}}`, `headers` the places of the
+/// pairs to send, `name` who the call is and `family` its family's root (a subagent's), or
+/// `{"refused":{status, error, message, field?}}` for the host to answer.
 pub fn proxied_call(
     rest: &str,
     search: &str,
@@ -1756,7 +1757,8 @@ pub fn proxied_call(
             "path": c.path,
             "query": c.query,
             "headers": c.headers,
-            "agent": c.agent,
+            "name": c.name,
+            "family": c.family,
             "role": c.role,
             "task": c.task,
             "unblocks": c.unblocks,

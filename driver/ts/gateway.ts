@@ -46,8 +46,14 @@ export interface ProxiedCall {
   query: string
   /** The headers to send: the provider's and the client's own, none holding a secret. */
   headers: [string, string][]
-  /** The agent named (the credential's, or the path's or `x-tokenwarden-agent`). */
-  agent: string | null
+  /**
+   * Who the call is: by its client's session headers (Claude Code's, Codex's; under a named
+   * agent a subagent is its child, `alice/<id>`), else the agent named (the credential's, the
+   * path's or `x-tokenwarden-agent`), else `proxy`.
+   */
+  name: string
+  /** Its family's root when it is a subagent (a family shares one place in the fair order). */
+  family: string | null
   /** The role named, `auto` when none is. */
   role: 'planner' | 'reviewer' | 'worker' | 'auto'
   /** The task named (an id or a name, as given). */

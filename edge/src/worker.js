@@ -5,7 +5,8 @@ import { HttpError, agentCredential, authenticate, authenticateAdmin, openHandle
 import { DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, drain, jsonObject, limitFrom, readText } from './body.js'
 import { dashboardCsp, dashboardHtml } from './dashboard.js'
 import { PROMETHEUS_CONTENT_TYPE, prometheusText } from './prometheus.js'
-import { QuotaObject, errorResponse, json } from './quota.js'
+import { QuotaObject } from './quota.js'
+import { errorResponse, json } from './reply.js'
 import { proxiedProvider } from 'tokenwarden-wasm'
 
 export { QuotaObject }

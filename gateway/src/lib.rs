@@ -84,4 +84,19 @@ impl Refusal {
         self.field = Some(field.into());
         self
     }
+
+    /// The HTTP status the API answers for an error of the engine's with stable `code` (the
+    /// core's refusals, and `aborted`: the client went away, 499); `None` for a code that is
+    /// not one (an internal error, 500).
+    #[must_use]
+    pub fn status_of(code: &str) -> Option<u16> {
+        Some(match code {
+            "unknown_lease" | "unknown_task" => 404,
+            "not_granted" | "too_many_tasks" => 409,
+            "forbidden" => 403,
+            "unknown_pool" | "too_large" | "invalid_argument" => 400,
+            "aborted" => 499,
+            _ => return None,
+        })
+    }
 }

@@ -1277,12 +1277,7 @@ fn refusal_of(e: JsonError) -> Refusal {
 impl From<LeaseError> for Refusal {
     /// The core's refusal of a member's input, with the HTTP status the API gives it.
     fn from(e: LeaseError) -> Refusal {
-        let status = match e {
-            LeaseError::UnknownLease | LeaseError::UnknownTask => 404,
-            LeaseError::NotGranted | LeaseError::TooManyTasks => 409,
-            LeaseError::Forbidden => 403,
-            _ => 400,
-        };
+        let status = Refusal::status_of(e.code()).unwrap_or(400);
         let field = match &e {
             LeaseError::TooLarge { field } => Some(crate::json::camel(field)),
             _ => None,

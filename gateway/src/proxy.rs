@@ -57,6 +57,7 @@ use alloc::vec::Vec;
 
 use serde_json::Value;
 use tokenwarden_core::Role;
+use tokenwarden_provider::identity::identity;
 
 use crate::Refusal;
 
@@ -100,6 +101,13 @@ pub struct ProxiedCall {
     pub headers: Vec<usize>,
     /// The agent named (the credential's, or the path's or header's), if any.
     pub agent: Option<String>,
+    /// Who the call is: by the client's session headers (Claude Code's, Codex's; under a
+    /// named agent, a subagent is a child of it, `alice/<id>`), else the agent named, else
+    /// [`UNNAMED_AGENT`].
+    pub name: String,
+    /// The root of the call's family when it is a subagent (by default a family shares one
+    /// place in the fair order).
+    pub family: Option<String>,
     /// The role named, [`Role::Auto`] (the core's choice) when none is.
     pub role: Role,
     /// The task named (an id or a name, as given), if any.
@@ -109,6 +117,10 @@ pub struct ProxiedCall {
     /// The failure signature the call carries, if any.
     pub failure_signature: Option<u64>,
 }
+
+/// Who a proxied call is when neither its path, its headers, a credential nor its
+/// client's session names it.
+pub const UNNAMED_AGENT: &str = "proxy";
 
 /// The keys a proxy path may name before the provider's path.
 const PATH_KEYS: [&str; 4] = ["agent", "role", "task", "unblocks"];
@@ -227,12 +239,20 @@ pub fn proxied_call(req: &Incoming<'_>) -> Result<ProxiedCall, Refusal> {
     } else {
         format!("?{}", kept.join("&"))
     };
+    let session = identity(req.headers, agent.as_deref());
+    let family = session.as_ref().and_then(|s| s.root.clone());
+    let name = session
+        .map(|s| s.name)
+        .or_else(|| agent.clone())
+        .unwrap_or_else(|| UNNAMED_AGENT.to_owned());
     Ok(ProxiedCall {
         provider: provider_of(&path, header("anthropic-version").is_some()),
         path,
         query,
         headers,
         agent,
+        name,
+        family,
         role,
         task,
         unblocks,
@@ -713,6 +733,40 @@ mod tests {
             .unwrap()
             .failure_signature,
             Some(MAX_SAFE)
+        );
+    }
+
+    #[test]
+    fn who_the_call_is_by_name_then_session_then_the_default() {
+        let who = |rest: &str, headers: &[(&str, &str)]| {
+            let c = call(rest, "", headers).unwrap();
+            (c.name, c.family)
+        };
+        assert_eq!(who("/v1/messages", &[]), (UNNAMED_AGENT.to_owned(), None));
+        assert_eq!(
+            who("/agent/alice/v1/messages", &[]),
+            ("alice".to_owned(), None)
+        );
+        let session = [("x-claude-code-session-id", "s1")];
+        assert_eq!(who("/v1/messages", &session), ("s1".to_owned(), None));
+        let sub = [
+            ("x-claude-code-session-id", "s1"),
+            ("x-claude-code-agent-id", "a7"),
+        ];
+        // A subagent: a child of its session, or of the agent named, in that family.
+        assert_eq!(
+            who("/v1/messages", &sub),
+            ("s1/a7".to_owned(), Some("s1".to_owned()))
+        );
+        assert_eq!(
+            who("/agent/alice/v1/messages", &sub),
+            ("alice/a7".to_owned(), Some("alice".to_owned()))
+        );
+        // A credential's agent names the call as the path would.
+        let c = call_as("/v1/messages", "", &sub, Some("bob")).unwrap();
+        assert_eq!(
+            (c.name.as_str(), c.family.as_deref()),
+            ("bob/a7", Some("bob"))
         );
     }
 

@@ -399,9 +399,62 @@ fn agent_path(rest: &str) -> Result<Option<(String, Option<String>)>, Refusal> {
     Ok(Some((path, credential)))
 }
 
+/// The longest a test may move a quota's clock in one `POST …/admin/clock`, ms (a day).
+pub const MAX_CLOCK_ADVANCE_MS: u64 = 86_400_000;
+
+/// The body of `POST …/admin/clock` (tests only: `TOKENWARDEN_TEST_CLOCK=1`),
+/// `{ advanceMs }`: how far to move the quota's clock, ms; 400 naming the field otherwise.
+pub fn clock_advance(body: &serde_json::Map<String, serde_json::Value>) -> Result<u64, Refusal> {
+    if let Some(k) = body.keys().find(|k| *k != "advanceMs") {
+        return Err(Refusal::new(
+            400,
+            "invalid_argument",
+            format!("unknown field `{k}` in the body"),
+        )
+        .with_field(k.as_str()));
+    }
+    body.get("advanceMs")
+        .and_then(serde_json::Value::as_u64)
+        .filter(|ms| *ms <= MAX_CLOCK_ADVANCE_MS)
+        .ok_or_else(|| {
+            Refusal::new(
+                400,
+                "invalid_argument",
+                format!("`advanceMs` must be an integer number of milliseconds from 0 to {MAX_CLOCK_ADVANCE_MS}"),
+            )
+            .with_field("advanceMs")
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clock_advance_is_a_whole_day_at_most_and_nothing_else() {
+        let body = |t: &str| {
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(t).unwrap()
+        };
+        assert_eq!(clock_advance(&body(r#"{"advanceMs":1500}"#)), Ok(1500));
+        assert_eq!(
+            clock_advance(&body(r#"{"advanceMs":86400000}"#)),
+            Ok(MAX_CLOCK_ADVANCE_MS)
+        );
+        for bad in [
+            r#"{"advanceMs":86400001}"#,
+            r#"{"advanceMs":-1}"#,
+            r#"{"advanceMs":1.5}"#,
+            r#"{}"#,
+        ] {
+            assert_eq!(
+                clock_advance(&body(bad)).unwrap_err().field.as_deref(),
+                Some("advanceMs"),
+                "{bad}"
+            );
+        }
+        let r = clock_advance(&body(r#"{"advanceMs":1,"by":2}"#)).unwrap_err();
+        assert_eq!((r.status, r.field.as_deref()), (400, Some("by")));
+    }
 
     fn get(
         method: &'static str,

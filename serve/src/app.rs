@@ -473,18 +473,7 @@ impl App {
             }
             Some(Admin::Clock) if self.options.test_clock => {
                 let b = json_object(&read_body(body, declared, self.options.max_body).await?)?;
-                if let Some(k) = b.keys().find(|k| *k != "advanceMs") {
-                    return Err(Refusal::new(
-                        400,
-                        "invalid_argument",
-                        format!("unknown field `{k}` in the body"),
-                    )
-                    .with_field(k.as_str())
-                    .into());
-                }
-                let ms = b.get("advanceMs").and_then(Value::as_u64).filter(|ms| *ms <= 86_400_000).ok_or_else(|| {
-                    Failure::from(Refusal::new(400, "invalid_argument", "`advanceMs` must be an integer number of milliseconds from 0 to 86400000".into()).with_field("advanceMs"))
-                })?;
+                let ms = routes::clock_advance(&b)?;
                 Ok(json(200, &json!({ "now": live.tw.advance(ms).0 })))
             }
             _ => Err(refusal(404, "not_found", "no such admin route; see API.md")),

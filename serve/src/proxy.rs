@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokenwarden_gateway::proxy::{self as proxy_rules, Incoming as Asked, proxied_call};
 use tokenwarden_provider::errors::Stop;
 use tokenwarden_provider::estimate::Provider;
-use tokenwarden_provider::identity::{identity, task_id_for};
+use tokenwarden_provider::identity::task_id_for;
 use tokenwarden_tokio::layer::TokenwardenLayer;
 use tokenwarden_tokio::{Agent, Error as HostError, MeteredBody};
 use tokio::sync::mpsc;
@@ -188,16 +188,8 @@ pub(crate) async fn call(
         max,
     )
     .await?;
-    // The client's session headers: who the call is when nothing above names it, and under
-    // a name, which of that agent's subagents.
-    let session = identity(&headers, read.agent.as_deref());
-    let name = session
-        .as_ref()
-        .map(|s| s.name.clone())
-        .or_else(|| read.agent.clone())
-        .unwrap_or_else(|| "proxy".into());
-    let mut agent = Agent::id(q.agent_id(&name)).role(read.role);
-    if let Some(root) = session.as_ref().and_then(|s| s.root.as_deref()) {
+    let mut agent = Agent::id(q.agent_id(&read.name)).role(read.role);
+    if let Some(root) = &read.family {
         agent = agent.family(tokenwarden_core::AgentId(q.agent_id(root)));
     }
     if let Some(t) = &read.task {

@@ -323,8 +323,13 @@ describe('parsers and the estimator', () => {
     const headers = new Headers({ 'x-api-key': 'sk-1', cookie: 'a=1', 'x-tokenwarden-token': secret, 'x-app': 'cli', 'x-tokenwarden-unblocks': '2' })
     const read = proxiedCall('/agent/al%C3%AFce/role/planner/v1/messages', `?beta=true&key=${secret.toUpperCase()}`, headers, [secret, undefined])
     assert.deepEqual(read, {
-      call: { provider: 'anthropic', path: '/v1/messages', query: '?beta=true', headers: [['x-api-key', 'sk-1'], ['x-app', 'cli']], agent: 'alïce', role: 'planner', task: null, unblocks: 2, failureSignature: null },
+      call: { provider: 'anthropic', path: '/v1/messages', query: '?beta=true', headers: [['x-api-key', 'sk-1'], ['x-app', 'cli']], name: 'alïce', family: null, role: 'planner', task: null, unblocks: 2, failureSignature: null },
     })
+    // Who the call is: a Claude Code subagent under a named agent is its child, in its family;
+    // with nothing naming it, `proxy`.
+    const sub = [['x-claude-code-session-id', 's1'], ['x-claude-code-agent-id', 'a7']]
+    assert.deepEqual(((c) => [c.name, c.family])(proxiedCall('/agent/alice/v1/messages', '', sub, []).call), ['alice/a7', 'alice'])
+    assert.deepEqual(((c) => [c.name, c.family])(proxiedCall('/v1/messages', '', [], []).call), ['proxy', null])
     assert.deepEqual(proxiedCall('/v1/messages', '', [['x-tokenwarden-agent', 'bob']], [secret], 'alice'), {
       refused: { status: 403, error: 'forbidden', message: "this credential is alice's: x-tokenwarden-agent may only name that agent" },
     })
