@@ -31,12 +31,18 @@ node_suite() {
   if [ "$rc" -ne 0 ]; then echo "FAILED: $label" >&2; return "$rc"; fi
 }
 
-step "toolchain: rustfmt, clippy, wasm32 target, nightly + cargo-fuzz; Node.js + npm"
+step "toolchain: rustfmt, clippy, wasm32 target, nightly + cargo-fuzz; Node.js + npm; redis-server"
 command -v node >/dev/null && command -v npm >/dev/null || { echo "Node.js >= 20.19 with npm is required (Node 24 is installed from npm by this script)" >&2; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 rustup target add wasm32-unknown-unknown >/dev/null
 rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+# Debian's redis-server: the cluster crate's tests and the three-instance serve suite start
+# their own on loopback (none is left running, none is used as a service).
+if ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -qq redis-server >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+  else sudo apt-get install -y -qq redis-server >/dev/null 2>&1 || { sudo apt-get update -qq && sudo apt-get install -y -qq redis-server >/dev/null; }; fi
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
