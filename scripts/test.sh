@@ -182,7 +182,7 @@ step "edge limiter under workerd: API, auth and isolation, persistence across a 
 step "the same edge suite against native tokenwarden serve (the Rust gateway on hyper and the tokio host, in place of the Worker on workerd)"
 (cd edge && TOKENWARDEN_SERVE_BIN="$NATIVE_SERVE" node_suite "edge suite, native serve" "$NODE24" test/*.test.mjs)
 
-step "tokenwarden serve (native): curl, the official Python SDKs (anthropic, openai), 12 headless Claude Code and 6 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C; then its command line and restarts on workerd (--runtime workerd)"
+step "tokenwarden serve (native): curl, the official Python SDKs (anthropic, openai), 12 headless Claude Code and 6 Codex CLI processes joining by base URL alone, a restart mid-run, Ctrl-C, three instances sharing a key through Redis (owner killed, Redis stopped); then its command line and restarts on workerd (--runtime workerd)"
 command -v curl >/dev/null || { if [ "$(id -u)" = 0 ]; then apt-get install -y -qq curl >/dev/null; else sudo apt-get install -y -qq curl >/dev/null; fi; }
 venv=target/serve-venv
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
@@ -190,7 +190,7 @@ venv=target/serve-venv
 (
   cd tests/js
   WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" \
-    node_suite "tokenwarden serve, native" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs serve/waitlog.test.mjs serve/tokenizer.test.mjs
+    node_suite "tokenwarden serve, native" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs serve/claude-code.test.mjs serve/codex.test.mjs serve/claude-fleet.test.mjs serve/waitlog.test.mjs serve/tokenizer.test.mjs serve/cluster.test.mjs
   WORKERD=$(cd ../../testing && node -p "require('workerd').default") TOKENWARDEN_PYTHON="$PWD/../../$venv/bin/python" TOKENWARDEN_SERVE_RUNTIME=workerd \
     node_suite "tokenwarden serve, workerd" "$NODE24" serve/serve.test.mjs serve/cli.test.mjs
 )

@@ -17,6 +17,28 @@
 //! owns cannot overwrite its successor's state, and since the owner answers a change only
 //! once it is saved, it cannot acknowledge one either.
 //!
+//! # Failure model
+//!
+//! - **The owner dies** (killed, its machine gone): its lease lapses within `ttl`; the next
+//!   instance to campaign takes it with a larger token, loads the last saved state and
+//!   decides from it. Everything the old owner acknowledged was saved first, so no
+//!   acknowledged lease is lost (its settle lands on the new owner) and no lease id is
+//!   handed out twice to callers who were told of it.
+//! - **A partition, or a paused owner**: the old owner stops acting at [`Term::valid_until`]
+//!   (its own monotonic clock), before the store's lease ends, so two instances never act as
+//!   owner at once unless the store's clock runs more than `1/MARGIN_DIVISOR` faster than the
+//!   owner's. If it wakes late and saves anyway, the save is [`Saved::Fenced`].
+//! - **Clock skew** between machines does not matter: an owner times its term on its own
+//!   monotonic clock from its own send time, and heartbeats are counted by the store's
+//!   clock (`TIME` in the script), not the instances'.
+//! - **The store unreachable**: no term can be renewed or taken. What a host does then is its
+//!   rule; `tokenwarden serve` grants from `1/N` of the quota per instance, `N` the
+//!   instances the last heartbeat counted, and takes the owner's state back when the store
+//!   answers.
+//! - **The store loses its data** (restarted without persistence): tokens start again from
+//!   1 and the saved state is gone; an owner of the old store cannot save (its lease key is
+//!   gone), and the next owner starts the quota from its config.
+//!
 //! [`Elector`] is the whole interface: [`RedisElector`] implements it on Redis or Valkey
 //! (a few Lua scripts, every key of a quota in one hash slot); another store (a Kubernetes
 //! Lease, a Postgres row) implements the same five calls.

@@ -301,6 +301,9 @@ impl Governed {
     pub(crate) async fn lease(&mut self) -> Result<Held, Stopped> {
         let pool = self.pool().map_err(Stopped::Refused)?;
         loop {
+            if self.shared.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Stopped::Refused(Refusal::closed(self.provider)));
+            }
             if let Some(wait) = self.checkpoint.take() {
                 self.long_wait(pool, &wait).map_err(Stopped::Failed)?;
             }

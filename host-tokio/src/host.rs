@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -242,6 +242,7 @@ impl Builder {
             estimator: Mutex::new(estimator),
             wake: Notify::new(),
             armed: AtomicU64::new(u64::MAX),
+            closed: AtomicBool::new(false),
             epoch: Instant::now(),
             origin: self.origin,
             manual,
@@ -350,6 +351,26 @@ impl Tokenwarden {
         now
     }
 
+    /// Closes the coordinator: another takes its place (its quota moved to another process,
+    /// or to a share of it). Every lease and ticket ends (the core's `restarted` with none
+    /// kept: a granted lease charged as a call cut short, a ticket withdrawn), and every call
+    /// waiting in line or asking again is answered as a limiter restarting (503, a retry
+    /// helps) instead of being granted here. Inputs given directly after it are still the
+    /// core's to answer.
+    pub fn close(&self) {
+        let shared = &self.inner.shared;
+        shared.closed.store(true, Ordering::SeqCst);
+        let mut st = shared.lock();
+        st.waiters.clear();
+        let _ = shared.handle_in(&mut st, &Input::Restarted { keep: Vec::new() });
+    }
+
+    /// Whether [`Tokenwarden::close`] was called.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.inner.shared.closed.load(Ordering::SeqCst)
+    }
+
     /// Whether the clock is moved by hand ([`Tokenwarden::advance`]).
     #[must_use]
     pub fn manual_clock(&self) -> bool {
@@ -369,6 +390,8 @@ pub(crate) struct Shared {
     /// under the state's lock: an input wakes the clock task only when it brings the next
     /// deadline earlier, not on every call (each wake is a switch to another thread).
     armed: AtomicU64,
+    /// Closed ([`Tokenwarden::close`]): a call asks no more.
+    pub(crate) closed: AtomicBool,
     epoch: Instant,
     /// The core's time at `epoch`.
     origin: Millis,

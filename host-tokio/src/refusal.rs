@@ -71,6 +71,17 @@ impl Refusal {
         }
     }
 
+    /// The coordinator was closed while the call asked or waited: another takes its place.
+    pub(crate) fn closed(provider: Provider) -> Refusal {
+        let message = "tokenwarden: this limiter handed its quota on (another instance or a share of the quota takes its place); retry".to_owned();
+        Refusal {
+            provider,
+            stop: Stop::Restarting,
+            fields: json!({ "error": "closed", "message": message }),
+            message,
+        }
+    }
+
     /// No pool serves the call's model.
     pub(crate) fn unknown_pool(provider: Provider, model: &str, pools: &str) -> Refusal {
         let message = format!(

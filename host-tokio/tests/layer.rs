@@ -545,3 +545,38 @@ async fn a_long_wait_after_a_429_is_told_to_the_hook() {
     assert_eq!(provider.seen.lock().unwrap().limited, 1);
     assert_eq!(*reasons.lock().unwrap(), vec![WaitReason::RateLimited]);
 }
+
+/// A closed coordinator (its quota handed to another): a call waiting in line is answered
+/// as a limiter restarting (503, retry), not granted later by it; a new call likewise.
+#[tokio::test(start_paused = true)]
+async fn a_call_queued_on_a_closed_coordinator_is_answered_restarting() {
+    let provider = Provider::new(1000, 10);
+    let tw = tw(1);
+    let svc = TokenwardenLayer::new(tw.clone(), Agent::named("a")).layer(provider.clone());
+    let first = svc.clone().call(call(false, 50)).await.unwrap();
+    assert_eq!(drain(first).await.0, 200);
+    // One request a minute: the second waits in line.
+    let waiting = tokio::spawn({
+        let mut svc = svc.clone();
+        async move { svc.call(call(false, 50)).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!waiting.is_finished());
+    tw.close();
+    assert!(tw.is_closed());
+    let res = waiting.await.unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["x-should-retry"], "true");
+    let (_, body) = drain(res).await;
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["tokenwarden"]["error"], "closed");
+    let res = svc.clone().call(call(false, 50)).await.unwrap();
+    assert_eq!(res.status(), 503);
+    // Sixty seconds on, nothing was granted and sent by the closed one.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(provider.seen.lock().unwrap().calls, 1);
+    assert_eq!(
+        tw.inspect(|c, _| c.metrics(tokenwarden_tokio::core::Millis(0)).pools[0].in_flight),
+        0
+    );
+}

@@ -18,6 +18,7 @@ use tokenwarden_gateway::config::Fleets;
 use tokenwarden_gateway::json::camel_keys;
 use tokenwarden_gateway::routes::{self, Admin, QuotaRoute, Route};
 
+use crate::cluster::{FORWARDED, Role, forward};
 use crate::proxy::{self, Upstream};
 use crate::quota::{Live, Quota};
 use crate::reply::{Failure, Reply, json, refusal};
@@ -192,6 +193,35 @@ impl App {
             );
             return Ok(res);
         }
+        // In a cluster, the quota's owner answers: a follower forwards the request as it came
+        // (the owner authenticates it); an owner whose term lapsed answers nothing until it
+        // knows again; with no owner known this instance answers from its share.
+        if let Some(seat) = self
+            .quotas
+            .get(&(fleet.clone(), quota.clone()))
+            .and_then(|q| q.seat.as_ref())
+        {
+            match seat.role() {
+                Role::Follower(url) if !h.contains_key(FORWARDED) => {
+                    return plain(forward(&url, parts, body, self.options.max_proxy_body).await);
+                }
+                Role::Follower(_) => {
+                    return plain(Err(refusal(
+                        503,
+                        "owner_moved",
+                        "this instance does not own the quota (it moved while the request was forwarded); retry",
+                    )));
+                }
+                Role::Owner(_) if !seat.owns() => {
+                    return plain(Err(refusal(
+                        503,
+                        "owner_lapsed",
+                        "this instance's owner lease of the quota lapsed and is being renewed or handed on; retry",
+                    )));
+                }
+                Role::Owner(_) | Role::Unknown => {}
+            }
+        }
         if let QuotaRoute::Admin(admin) = qr {
             return plain(self.admin(&fleet, &quota, admin, &presented, body, h).await);
         }
@@ -285,6 +315,11 @@ impl App {
                 let (status, mut b) = q.wait(id, who, wait_ms).await.map_err(|r| fail(r.into()))?;
                 b["lease"] = Value::from(id);
                 sign(q, &live, &mut b["lease"]);
+                // A grant is answered once it is saved, as every change a reply acknowledges
+                // is: a restart (or, in a cluster, the next owner) knows the lease.
+                if status == 200 {
+                    return Ok(self.written(q, json(status, &b)).await);
+                }
                 Ok(json(status, &b))
             }
             QuotaRoute::Cancel { handle } => {
@@ -410,8 +445,17 @@ impl App {
     /// `res` once the change it answers is on disk (an acknowledged lease is never lost).
     async fn written(&self, q: &Quota, res: Reply) -> Reply {
         let n = q.store.changed(Duration::ZERO);
-        q.store.written(n).await;
-        res
+        if q.store.written(n).await {
+            return res;
+        }
+        // In a cluster: the change was not saved under this instance's term (it ended, or the
+        // store did not answer), so it is not acknowledged.
+        refusal(
+            503,
+            "not_saved",
+            "the change could not be saved in the cluster's store under this instance's owner term; retry",
+        )
+        .reply(None)
     }
 
     fn credential(

@@ -5,6 +5,7 @@
 //! agent names) is kept under `--data`, so a restart keeps it.
 
 mod app;
+mod cluster;
 mod dashboard;
 mod proxy;
 mod quota;
@@ -16,12 +17,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokenwarden_gateway::config::{Fleets, ProxyOpen};
 
 use crate::app::{App, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROXY_BODY_BYTES, Options, unix_now};
+use crate::cluster::{Cluster, Role, Seat};
 use crate::quota::Quota;
 use crate::store::{Store, write_private};
 
@@ -45,6 +48,10 @@ Runs the limiter on this machine and prints the base URLs agents use:
   --host ADDR    default 127.0.0.1; a fleet with \"proxy_open\": true is refused on any other
   --data DIR     state (leases, tickets, debt, agent names) and the default fleet's secret,
                  owner-only (0700/0600); default ./.tokenwarden
+  --cluster URL  share the key with other instances: one owner per quota, elected in
+                 Redis or Valkey at URL (redis://[[user]:password@]host[:port][/db]); the
+                 others forward to it. Needs --config (every instance the same file)
+  --advertise U  how the other instances reach this one (default http://<host>:<port>)
   --version      print the version and exit
 
 Waits longer than a few seconds are printed here (who waits, on which pool and ceiling,
@@ -52,7 +59,8 @@ for how long), with a summary once a minute; TOKENWARDEN_WAIT_LOG=0 turns that o
 
 Environment: TOKENWARDEN_MAX_BODY_BYTES (API bodies, default 65536),
 TOKENWARDEN_MAX_PROXY_BODY_BYTES (proxied bodies, default 33554432),
-TOKENWARDEN_THREADS (serving threads, default one per core).";
+TOKENWARDEN_THREADS (serving threads, default one per core), TOKENWARDEN_OWNER_TTL_MS
+(a cluster's owner lease, default 3000, 300 to 60000).";
 
 /// How the run ends early: exit 2 for bad input (arguments, config), 1 for the machine.
 struct Exit(u8, String);
@@ -70,6 +78,10 @@ struct Args {
     port: u16,
     host: IpAddr,
     data: PathBuf,
+    /// `--cluster`: the shared store's URL.
+    cluster: Option<String>,
+    /// `--advertise`: how the other instances reach this one.
+    advertise: Option<String>,
 }
 
 enum Command {
@@ -97,6 +109,8 @@ fn parse_args(argv: &[String]) -> Result<Command, Exit> {
         port: 8787,
         host: IpAddr::from([127, 0, 0, 1]),
         data: PathBuf::from(".tokenwarden"),
+        cluster: None,
+        advertise: None,
     };
     let mut rest = argv[1..].iter();
     while let Some(flag) = rest.next() {
@@ -110,6 +124,8 @@ fn parse_args(argv: &[String]) -> Result<Command, Exit> {
             "--version" => return Ok(version()),
             "--config" => args.config = Some(PathBuf::from(value()?)),
             "--data" => args.data = PathBuf::from(value()?),
+            "--cluster" => args.cluster = Some(value()?),
+            "--advertise" => args.advertise = Some(value()?),
             "--host" => {
                 let v = value()?;
                 args.host = if v == "localhost" {
@@ -234,8 +250,16 @@ fn file_name(s: &str) -> String {
         .collect()
 }
 
-fn banner(fleets: &Fleets, origin: &str) -> String {
+fn banner(fleets: &Fleets, origin: &str, cluster: Option<&Cluster>) -> String {
     let mut lines = vec![format!("tokenwarden serve: the limiter on {origin}")];
+    if let Some(c) = cluster {
+        lines.push(format!(
+            "cluster: one owner per quota elected in {} (owner lease {} ms); the others reach this instance at {}",
+            c.shown,
+            c.ttl.as_millis(),
+            c.advertise
+        ));
+    }
     for (fleet, f) in &fleets.fleets {
         for (quota, q) in &f.quotas {
             let base = format!("{origin}/v1/fleets/{fleet}/quotas/{quota}");
@@ -263,9 +287,11 @@ fn banner(fleets: &Fleets, origin: &str) -> String {
         }
     }
     lines.push(String::new());
-    lines.push(
-        "Ctrl-C stops it; leases, tickets and debt are kept on disk for the next start.".into(),
-    );
+    lines.push(if cluster.is_some() {
+        "Ctrl-C stops it; the quotas it owns are saved in the cluster's store and handed on.".into()
+    } else {
+        "Ctrl-C stops it; leases, tickets and debt are kept on disk for the next start.".into()
+    });
     lines.join("\n")
 }
 
@@ -309,6 +335,25 @@ async fn serve(args: Args) -> Result<(), Exit> {
         )?,
     };
     let threads = threads()?;
+    if args.cluster.is_some() && args.config.is_none() {
+        return Err(bad(
+            "--cluster needs --config: every instance of a cluster serves the same fleets with the same secrets (give each the same file)",
+        ));
+    }
+    if args.advertise.is_some() && args.cluster.is_none() {
+        return Err(bad("--advertise is for a cluster: give --cluster too"));
+    }
+    let ttl = owner_ttl()?;
+    let elector = match &args.cluster {
+        None => None,
+        Some(url) => Some(
+            tokenwarden_cluster::RedisElector::new(
+                url,
+                (ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)),
+            )
+            .map_err(|e| bad(format!("--cluster: {e}")))?,
+        ),
+    };
     let addr = SocketAddr::new(args.host, args.port);
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| match e.kind() {
         std::io::ErrorKind::AddrInUse => machine(format!("port {} on {} is in use (EADDRINUSE); pick another with --port", args.port, args.host)),
@@ -333,17 +378,61 @@ async fn serve(args: Args) -> Result<(), Exit> {
     })?;
     let state_dir = args.data.join("storage");
     private_dir(&state_dir)?;
+    let origin = if local.is_ipv6() {
+        format!("http://[{}]:{}", local.ip(), local.port())
+    } else {
+        format!("http://{local}")
+    };
+    let cluster = match (elector, &args.cluster) {
+        (Some(elector), Some(url)) => {
+            let advertise = match &args.advertise {
+                Some(a) => {
+                    let a = a.trim_end_matches('/').to_owned();
+                    if !a.starts_with("http://") || a.len() <= "http://".len() || a.contains('#') {
+                        return Err(bad(format!(
+                            "--advertise must be this instance's base URL as the others reach it, http://host:port, got {a:?}"
+                        )));
+                    }
+                    a
+                }
+                None if args.host.is_unspecified() => {
+                    return Err(bad(format!(
+                        "--host {} listens on every address: give --advertise, the URL the other instances reach this one at",
+                        args.host
+                    )));
+                }
+                None => origin.clone(),
+            };
+            let t = tokenwarden_cluster::resp::Target::parse(url).map_err(bad)?;
+            let mut nonce = [0u8; 8];
+            let _ = getrandom::fill(&mut nonce);
+            Some(Arc::new(Cluster {
+                elector: Arc::new(elector),
+                shown: format!("redis://{}:{}/{}", t.host, t.port, t.db),
+                me: format!("{advertise}#{:016x}", u64::from_le_bytes(nonce)),
+                advertise,
+                ttl,
+            }))
+        }
+        _ => None,
+    };
     let now = unix_now();
     // Waits are printed where the operator looks (this terminal) unless asked not to.
     let wait_log = std::env::var("TOKENWARDEN_WAIT_LOG").map_or(true, |v| v != "0");
     let mut quotas = BTreeMap::new();
     for (fleet, f) in &fleets.fleets {
         for (name, q) in &f.quotas {
-            let store = Store::new(state_dir.join(format!(
-                "{}.{}.json",
-                file_name(fleet),
-                file_name(name)
-            )));
+            let seat = cluster
+                .as_ref()
+                .map(|c| Arc::new(Seat::new(Arc::clone(c), fleet, name)));
+            let store = match &seat {
+                Some(seat) => Store::cluster(Arc::clone(seat)),
+                None => Store::new(state_dir.join(format!(
+                    "{}.{}.json",
+                    file_name(fleet),
+                    file_name(name)
+                ))),
+            };
             let quota =
                 Quota::open(fleet, name, q, &f.secret, store, now, wait_log).map_err(machine)?;
             quotas.insert((fleet.clone(), name.clone()), quota);
@@ -356,17 +445,39 @@ async fn serve(args: Args) -> Result<(), Exit> {
             store.run(|| weak.upgrade().map(|q| q.saved())).await;
         });
     }
+    // In a cluster, each quota's first campaign before serving: the instance starts knowing
+    // whether it owns the quota or whom to forward to. One that has never reached the
+    // store grants nothing: it waits for it (it would not know its share of the quota).
+    if let Some(c) = &cluster {
+        let mut said = false;
+        for q in quotas.values() {
+            let Some(seat) = &q.seat else { continue };
+            loop {
+                cluster::first(seat, q).await;
+                if !matches!(seat.role(), Role::Unknown) {
+                    break;
+                }
+                if !said {
+                    eprintln!(
+                        "tokenwarden serve: waiting for the cluster's store at {} (Ctrl-C stops)",
+                        c.shown
+                    );
+                    said = true;
+                }
+                tokio::select! {
+                    () = shutdown() => return Ok(()),
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+            tokio::spawn(cluster::run(Arc::clone(seat), Arc::downgrade(q)));
+        }
+    }
     let app = Arc::new(App {
         fleets,
         quotas,
         options,
     });
-    let origin = if local.is_ipv6() {
-        format!("http://[{}]:{}", local.ip(), local.port())
-    } else {
-        format!("http://{local}")
-    };
-    println!("{}", banner(&app.fleets, &origin));
+    println!("{}", banner(&app.fleets, &origin, cluster.as_deref()));
     // One runtime per core, each on its own thread, accepting from the one listening
     // socket: a connection's request, its provider call and its answer stay on the thread
     // that accepted it (a task moved between threads costs a wake-up of another thread,
@@ -405,9 +516,15 @@ async fn serve(args: Args) -> Result<(), Exit> {
             eprintln!("tokenwarden: a serving thread stopped: {e}");
         }
     }
-    // Everything acknowledged is on disk already; what changed since is written now.
+    // Everything acknowledged is on disk already; what changed since is written now. In a
+    // cluster the owner saves it in the store and gives its term up (another instance takes
+    // over at once).
     for q in app.quotas.values() {
-        if let Err(e) = q.store.write_now(&q.saved()) {
+        if let Some(seat) = &q.seat {
+            cluster::leave(seat, q).await;
+            continue;
+        }
+        if let Err(e) = q.store.write_now(&q.saved()).await {
             eprintln!(
                 "tokenwarden: cannot write the state of {}/{}: {e}",
                 q.fleet, q.name
@@ -446,6 +563,23 @@ async fn upstreams_resolve(fleets: &Fleets, source: &str) -> Result<(), Exit> {
         }
     }
     Ok(())
+}
+
+/// A cluster's owner lease: `TOKENWARDEN_OWNER_TTL_MS` (300 to 60,000), default 3 s.
+fn owner_ttl() -> Result<Duration, Exit> {
+    match std::env::var("TOKENWARDEN_OWNER_TTL_MS") {
+        Ok(v) if !v.is_empty() => v
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (300..=60_000).contains(n))
+            .map(Duration::from_millis)
+            .ok_or_else(|| {
+                bad(format!(
+                    "TOKENWARDEN_OWNER_TTL_MS must be a whole number of milliseconds from 300 to 60000, got {v:?}"
+                ))
+            }),
+        _ => Ok(Duration::from_secs(3)),
+    }
 }
 
 /// Ctrl-C or SIGTERM.

@@ -70,6 +70,14 @@ impl Upstream {
         HERE.with(Upstream::clone)
     }
 
+    /// Sends `req` on this thread's connections (another instance's, for a forwarded call).
+    pub(crate) async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+        self.client.request(req).await
+    }
+
     fn new() -> Upstream {
         // Small writes go out at once (a request head, then its body).
         let mut http = HttpConnector::new();

@@ -87,6 +87,21 @@ impl Side {
         }
     }
 
+    /// The member table and names as `saved` holds them (keyed by `secret`); answers the
+    /// leases and tickets it holds, for the core's `restarted` to keep.
+    fn restore(&mut self, secret: &str, saved: &Saved) -> Vec<u64> {
+        let records: Vec<(u64, Record)> = saved
+            .leases
+            .iter()
+            .filter_map(|(id, r)| Some((*id, Record::from_json(r)?)))
+            .collect();
+        let keep = records.iter().map(|(id, _)| *id).collect();
+        self.members.restore(records);
+        self.members.key(secret, saved.names.iter().cloned());
+        self.names = saved.names.iter().cloned().collect();
+        keep
+    }
+
     /// Answers the long polls the table says are due; keeps the names it learned.
     fn settle(&mut self) {
         for id in self.members.take_wakes() {
@@ -112,6 +127,8 @@ pub(crate) struct Quota {
     live: Mutex<Live>,
     side: Arc<Mutex<Side>>,
     pub(crate) store: Arc<Store>,
+    /// Its place in a cluster (`serve --cluster`), if this instance is in one.
+    pub(crate) seat: Option<Arc<crate::cluster::Seat>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -180,17 +197,7 @@ impl Quota {
                 let c = Coordinator::restore_json(&s.snapshot).map_err(|e| {
                     format!("the stored state of quota {fleet}/{name} cannot be restored: {e}")
                 })?;
-                let records: Vec<(u64, Record)> = s
-                    .leases
-                    .iter()
-                    .filter_map(|(id, r)| Some((*id, Record::from_json(r)?)))
-                    .collect();
-                let keep: Vec<u64> = records.iter().map(|(id, _)| *id).collect();
-                let mut sd = lock(&side);
-                sd.members.restore(records);
-                sd.members.key(secret, s.names.iter().cloned());
-                sd.names = s.names.into_iter().collect();
-                drop(sd);
+                let keep = lock(&side).restore(secret, &s);
                 (Some(c), s.epoch, keep)
             }
             None => (None, new_epoch(now), Vec::new()),
@@ -204,6 +211,7 @@ impl Quota {
             secret: secret.to_owned(),
             live: Mutex::new(Live { tw, epoch }),
             side,
+            seat: store.seat(),
             store,
         });
         if restored {
@@ -385,6 +393,41 @@ impl Quota {
         };
         self.store.remove();
         Ok(ended)
+    }
+
+    /// Starts the quota afresh in a cluster: from `saved` (the last owner's state, this
+    /// instance taking over), or from its config with every limit divided by `share` (this
+    /// instance on its own while no owner is known, or a follower). The coordinator it had
+    /// is closed first: calls waiting on it are answered 503 (retry), its leases end, and
+    /// nothing it does after reaches the new one's tables.
+    pub(crate) fn replace(&self, saved: Option<Saved>, share: u32, now: u64) -> Result<(), String> {
+        self.live().tw.close();
+        let (coordinator, epoch, keep) = match saved {
+            Some(s) => {
+                let c = Coordinator::restore_json(&s.snapshot)
+                    .map_err(|e| format!("the saved state cannot be restored: {e}"))?;
+                let mut side = self.side();
+                side.members.clear();
+                let keep = side.restore(&self.secret, &s);
+                side.settle();
+                (Some(c), s.epoch, Some(keep))
+            }
+            None => {
+                let mut side = self.side();
+                side.members.clear();
+                side.settle();
+                (None, new_epoch(now), None)
+            }
+        };
+        let mut conf = self.conf.clone();
+        conf.config.share = share.max(1);
+        let tw = build(&conf, coordinator, now, &self.side, &self.store)?;
+        if let Some(keep) = keep {
+            let keep = keep.into_iter().map(tokenwarden_core::LeaseId).collect();
+            let _ = tw.handle(&Input::Restarted { keep });
+        }
+        *lock(&self.live) = Live { tw, epoch };
+        Ok(())
     }
 
     /// The fleet's secret (agent ids and lease handles are keyed by it).

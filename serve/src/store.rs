@@ -4,10 +4,15 @@
 //! write starts shares it. A reply that must not be lost (every mutating API call) waits
 //! for the write that carries its change; background changes (a grant from the line, an
 //! expiry, a proxied call settling) wait up to [`BACKGROUND`] for others.
+//!
+//! In a cluster (`serve --cluster`) the state is saved in the shared store instead, under
+//! the quota's owner term ([`crate::cluster::Seat::save`]): a save the store refuses (the
+//! term is over) fails the replies that wait for it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -31,6 +36,16 @@ pub(crate) struct Saved {
 }
 
 impl Saved {
+    /// The state as the shared store keeps it (the file's format).
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        self.to_json().to_string().into_bytes()
+    }
+
+    /// The state from the shared store's bytes; `None` if they are not this format.
+    pub(crate) fn from_bytes(bytes: &[u8]) -> Option<Saved> {
+        Saved::from_json(&serde_json::from_slice(bytes).ok()?)
+    }
+
     fn to_json(&self) -> Value {
         json!({
             "version": 1,
@@ -63,13 +78,24 @@ impl Saved {
     }
 }
 
-/// One quota's file and its writes.
+/// Where a quota's state goes.
+#[derive(Debug)]
+enum Backend {
+    /// A file of this machine.
+    File(PathBuf),
+    /// The cluster's shared store, under the quota's owner term.
+    Cluster(Arc<crate::cluster::Seat>),
+}
+
+/// One quota's file (or place in the cluster's store) and its writes.
 #[derive(Debug)]
 pub(crate) struct Store {
-    path: PathBuf,
+    backend: Backend,
     due: Mutex<Due>,
     notify: Notify,
     written: watch::Sender<u64>,
+    /// Whether the last write landed.
+    ok: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -83,33 +109,44 @@ struct Due {
 impl Store {
     /// The store of the file at `path`.
     pub(crate) fn new(path: PathBuf) -> Store {
+        Store::on(Backend::File(path))
+    }
+
+    /// The store of a quota of a cluster, saved under `seat`'s owner term.
+    pub(crate) fn cluster(seat: Arc<crate::cluster::Seat>) -> Store {
+        Store::on(Backend::Cluster(seat))
+    }
+
+    fn on(backend: Backend) -> Store {
         Store {
-            path,
+            backend,
             due: Mutex::new(Due::default()),
             notify: Notify::new(),
             written: watch::channel(0).0,
+            ok: AtomicBool::new(true),
         }
     }
 
-    /// What the file holds; `Ok(None)` when there is no file yet.
+    /// What the file holds; `Ok(None)` when there is no file yet (or in a cluster, where
+    /// the state comes from the shared store when this instance becomes the owner).
     pub(crate) fn read(&self) -> Result<Option<Saved>, String> {
-        let text = match std::fs::read_to_string(&self.path) {
+        let Backend::File(path) = &self.backend else {
+            return Ok(None);
+        };
+        let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(format!("cannot read {}: {e}", self.path.display())),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         };
         let v: Value = serde_json::from_str(&text).map_err(|e| {
             format!(
                 "{} is not the state this program writes: {e}",
-                self.path.display()
+                path.display()
             )
         })?;
-        Saved::from_json(&v).map(Some).ok_or_else(|| {
-            format!(
-                "{} is not the state this program writes",
-                self.path.display()
-            )
-        })
+        Saved::from_json(&v)
+            .map(Some)
+            .ok_or_else(|| format!("{} is not the state this program writes", path.display()))
     }
 
     /// A change to write within `delay`: answers the change's number ([`Store::written`]).
@@ -124,10 +161,12 @@ impl Store {
         due.wanted
     }
 
-    /// Until change `n` is on disk.
-    pub(crate) async fn written(&self, n: u64) {
+    /// Until change `n` is written; whether it landed (in a cluster: not if the owner term
+    /// ended first).
+    pub(crate) async fn written(&self, n: u64) -> bool {
         let mut rx = self.written.subscribe();
         let _ = rx.wait_for(|w| *w >= n).await;
+        self.ok.load(Ordering::SeqCst)
     }
 
     /// The writer: writes what `state` answers each time a change falls due, one write at
@@ -150,29 +189,55 @@ impl Store {
                 due.at = None;
                 due.wanted
             };
-            if let Some(saved) = state() {
-                let path = self.path.clone();
-                let text = saved.to_json().to_string();
-                let wrote =
-                    tokio::task::spawn_blocking(move || write_private(&path, text.as_bytes()))
-                        .await;
-                if let Ok(Err(e)) | Err(e) = wrote.map_err(|e| std::io::Error::other(e.to_string()))
-                {
-                    eprintln!("tokenwarden: cannot write {}: {e}", self.path.display());
+            let ok = match (state(), &self.backend) {
+                (None, _) => true,
+                (Some(saved), Backend::File(path)) => {
+                    let (to, text) = (path.clone(), saved.to_json().to_string());
+                    let wrote =
+                        tokio::task::spawn_blocking(move || write_private(&to, text.as_bytes()))
+                            .await;
+                    if let Ok(Err(e)) | Err(e) =
+                        wrote.map_err(|e| std::io::Error::other(e.to_string()))
+                    {
+                        eprintln!("tokenwarden: cannot write {}: {e}", path.display());
+                    }
+                    true
                 }
-            }
+                (Some(saved), Backend::Cluster(seat)) => seat.save(&saved.to_bytes()).await,
+            };
+            self.ok.store(ok, Ordering::SeqCst);
             self.written.send_replace(n);
         }
     }
 
     /// Writes `saved` now (at shutdown).
-    pub(crate) fn write_now(&self, saved: &Saved) -> std::io::Result<()> {
-        write_private(&self.path, saved.to_json().to_string().as_bytes())
+    pub(crate) async fn write_now(&self, saved: &Saved) -> Result<(), String> {
+        match &self.backend {
+            Backend::File(path) => write_private(path, saved.to_json().to_string().as_bytes())
+                .map_err(|e| format!("cannot write {}: {e}", path.display())),
+            Backend::Cluster(seat) => {
+                if seat.save(&saved.to_bytes()).await {
+                    Ok(())
+                } else {
+                    Err("not saved in the cluster's store (this instance does not own the quota now)".into())
+                }
+            }
+        }
     }
 
-    /// Deletes the file (a reset).
+    /// The quota's place in the cluster, if its state is saved there.
+    pub(crate) fn seat(&self) -> Option<Arc<crate::cluster::Seat>> {
+        match &self.backend {
+            Backend::Cluster(seat) => Some(Arc::clone(seat)),
+            Backend::File(_) => None,
+        }
+    }
+
+    /// Deletes the file (a reset). In a cluster the next change saves the new state.
     pub(crate) fn remove(&self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Backend::File(path) = &self.backend {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 

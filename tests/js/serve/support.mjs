@@ -1,6 +1,6 @@
 // What the serve suites and measurements share: a free loopback port, `tokenwarden serve`
 // started and stopped as its users do (Ctrl-C), and headless Claude Code runs.
-import { execFileSync, spawn } from 'node:child_process'
+import { execFile, execFileSync, spawn } from 'node:child_process'
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { createServer } from 'node:net'
@@ -208,4 +208,21 @@ function runChild(cmd, args, { cwd, env, timeoutMs }) {
       resolve({ code, signal, stdout, stderr, ms: performance.now() - started })
     })
   })
+}
+
+/**
+ * redis-server (`TOKENWARDEN_REDIS_SERVER` for another, e.g. valkey-server) on loopback port
+ * `port`, without persistence; resolves with its child once it answers PING (redis-cli).
+ */
+export async function startRedis(port) {
+  const bin = process.env.TOKENWARDEN_REDIS_SERVER ?? 'redis-server'
+  const child = spawn(bin, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' })
+  child.on('error', () => {})
+  for (let i = 0; i < 200; i++) {
+    const pong = await new Promise((resolve) => execFile('redis-cli', ['-p', String(port), 'ping'], (err, out) => resolve(!err && out.trim() === 'PONG')))
+    if (pong) return child
+    await new Promise((r) => setTimeout(r, 25))
+  }
+  child.kill('SIGKILL')
+  throw new Error(`${bin} did not answer on 127.0.0.1:${port} (install it: apt-get install redis-server; scripts/test.sh does)`)
 }
