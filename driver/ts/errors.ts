@@ -10,7 +10,8 @@ export type EngineErrorCode = (typeof ENGINE_ERROR_CODES)[number]
  * one); the driver adds its own four.
  */
 /** `engine_unavailable`: the engine asked for cannot load on this platform (no prebuilt binary). */
-export type ErrorCode = EngineErrorCode | 'rejected' | 'aborted' | 'closed' | 'rate_limited' | 'engine_unavailable' | 'checkpoint_corrupt' | 'upstream_timeout'
+/** `limiter_unreachable`: a remote driver's limiter has never answered, so it leases nothing locally (its share is not known). */
+export type ErrorCode = EngineErrorCode | 'rejected' | 'aborted' | 'closed' | 'rate_limited' | 'engine_unavailable' | 'checkpoint_corrupt' | 'upstream_timeout' | 'limiter_unreachable'
 
 /** An error from tokenwarden, with a stable machine-readable `code`. */
 export class TokenwardenError extends Error {

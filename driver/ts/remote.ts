@@ -48,15 +48,22 @@ export interface RemoteOptions {
   /** The fleet's bearer secret. */
   secret: string
   /**
-   * The local engine: the parser of provider headers, and the fallback coordinator while
-   * the limiter is unreachable. Give it the quota's configuration. Better, give a factory
-   * (`nativeEngines`, `wasmEngines`) and `config`: then the fallback is built at the first
-   * failure with every limit divided by the number of processes the limiter last saw on the
-   * quota, so N processes failing open together admit about the quota, not N times it.
+   * The engines (`nativeEngines`, `wasmEngines`): the local engine (the parser of provider
+   * headers) is made from them with `config`, and, while the limiter is unreachable, a
+   * fallback coordinator holding a share of the quota — every limit divided by the number
+   * of processes the limiter last saw on it — so N processes failing open together admit
+   * about the quota, never N times it.
    */
-  engine: Engine | EngineFactory
-  /** The quota's core configuration, when `engine` is a factory. */
-  config?: object
+  engine: EngineFactory
+  /** The quota's core configuration (as the limiter has it). */
+  config: object
+  /**
+   * How many processes share the quota, for the fallback's share while the limiter has not
+   * answered yet (1 to 4096). Without it a process that never reached the limiter leases
+   * nothing locally (`limiter_unreachable`): it would not know its share. Once the limiter
+   * answers, the count it reports is used.
+   */
+  processes?: number
   clock?: Clock
   estimator?: Estimator
   /** The `fetch` used to reach the limiter (default `globalThis.fetch`). */
@@ -149,32 +156,39 @@ export class RemoteLease extends Lease {
  *
  * ```js
  * const tw = new RemoteTokenwarden({ url, fleet: 'fleet-a', quota: 'anthropic-main', secret,
- *                                    engine: nativeEngines.create(config, seed, 0) })
+ *                                    engine: nativeEngines, config })
  * const client = new Anthropic({ fetch: tw.fetch({ agent: 'planner' }), maxRetries: 0 })
  * tw.on('fail_open', (e) => console.warn(e.message))
  * ```
  */
 export class RemoteTokenwarden extends Tokenwarden {
-  readonly #o: Required<Omit<RemoteOptions, 'engine' | 'config' | 'clock' | 'estimator' | 'fetch'>> & { fetch: typeof fetch }
+  readonly #o: Required<Omit<RemoteOptions, 'engine' | 'config' | 'processes' | 'clock' | 'estimator' | 'fetch'>> & { fetch: typeof fetch }
   #downSince: number | null = null
   /** This process, to the limiter: it counts the processes sharing the quota. */
   readonly #client = randomId()
-  /** Processes the limiter last saw on the quota (this one included). */
-  #clients = 1
-  readonly #factory: { engines: EngineFactory; config: object } | null
+  /** Processes the limiter last saw on the quota (this one included); `processes` or null until it answers. */
+  #clients: number | null
+  readonly #factory: { engines: EngineFactory; config: object }
   /** The fallback while failed open, when built as a share of the quota. */
   #fallback: ShareTokenwarden | null = null
 
   constructor(options: RemoteOptions) {
-    const factory = isFactory(options.engine)
-    if (factory && options.config === undefined) throw new TypeError('`config` is required when `engine` is a factory')
+    if (!isFactory(options.engine as Engine | EngineFactory)) {
+      throw new TypeError(
+        'RemoteTokenwarden needs `engine` as engines (nativeEngines or wasmEngines) with `config`, not an engine instance: while the limiter is unreachable it leases from a share of the quota (1/N of every limit), never the whole quota in each process',
+      )
+    }
+    if (options.config === undefined || options.config === null) throw new TypeError("RemoteTokenwarden needs `config`: the quota's core configuration")
+    const p = options.processes
+    if (p !== undefined && !(Number.isSafeInteger(p) && p >= 1 && p <= 4096)) throw new TypeError(`\`processes\` must be a whole number from 1 to 4096, got ${String(p)}`)
     super({
       engine: options.engine,
-      ...(options.config === undefined ? {} : { config: options.config }),
+      config: options.config,
       ...(options.clock === undefined ? {} : { clock: options.clock }),
       ...(options.estimator === undefined ? {} : { estimator: options.estimator }),
     })
-    this.#factory = factory ? { engines: options.engine as EngineFactory, config: options.config as object } : null
+    this.#factory = { engines: options.engine, config: options.config }
+    this.#clients = p ?? null
     this.#o = {
       url: options.url.replace(/\/+$/, ''),
       fleet: options.fleet,
@@ -230,21 +244,35 @@ export class RemoteTokenwarden extends Tokenwarden {
   #failOpen(e: Unreachable): void {
     if (this.#downSince !== null) return
     this.#downSince = this.clock.now()
+    this.#why = e.message
     const n = this.#clients
-    let share: string
-    if (this.#factory === null) {
-      share = 'the whole quota (give `engine` as a factory with `config` to fall back to a share)'
-    } else {
-      if (this.#fallback === null || this.#fallback.share !== n) {
-        this.#fallback = new ShareTokenwarden(this.#factory.engines, shareOf(this.#factory.config, n), this.clock, this.estimator, n)
-      }
-      share = n === 1 ? 'the whole quota (the limiter saw no other process on it)' : `1/${n} of the quota (the limiter last saw ${n} processes on it)`
+    if (n === null) {
+      this.emit('fail_open', {
+        reason: 'unreachable',
+        share: 0,
+        message: `${e.message}; it has not answered yet, so how many processes share the quota is not known: nothing is leased here until it answers (give \`processes\` to lease 1/processes meanwhile)`,
+      })
+      return
     }
-    this.emit('fail_open', { reason: 'unreachable', share: this.#factory === null ? 1 : 1 / n, message: `${e.message}; leasing locally at ${share} until it answers again` })
+    if (this.#fallback === null || this.#fallback.share !== n) {
+      this.#fallback?.close()
+      this.#fallback = new ShareTokenwarden(this.#factory.engines, shareOf(this.#factory.config, n), this.clock, this.estimator, n)
+    }
+    const share = n === 1 ? 'the whole quota (the limiter saw no other process on it)' : `1/${n} of the quota (the limiter last saw ${n} processes on it)`
+    this.emit('fail_open', { reason: 'unreachable', share: 1 / n, message: `${e.message}; leasing locally at ${share} until it answers again` })
   }
 
-  /** The coordinator while failed open: the share-sized fallback, or null for this driver's own engine. */
-  #local(): Tokenwarden | null {
+  /** Why the limiter was last unreachable. */
+  #why = ''
+
+  /** The coordinator while failed open: the share-sized fallback (none before the limiter ever answered). */
+  #local(): Tokenwarden {
+    if (this.#fallback === null) {
+      throw new TokenwardenError(
+        'limiter_unreachable',
+        `${this.#why}; it has not answered yet, so this process's share of the quota is not known and nothing is leased here (give \`processes\` to lease 1/processes meanwhile)`,
+      )
+    }
     return this.#fallback
   }
 
@@ -253,7 +281,13 @@ export class RemoteTokenwarden extends Tokenwarden {
   }
 
   override acquire(request: LeaseRequest, options?: AcquireOptions): Promise<Lease> {
-    const local = (): Promise<Lease> => this.#local()?.acquire(request, options) ?? super.acquire(request, options)
+    const local = (): Promise<Lease> => {
+      try {
+        return this.#local().acquire(request, options)
+      } catch (e) {
+        return Promise.reject(e)
+      }
+    }
     if (!this.#remoteUsable()) return local()
     return this.#remoteAcquire(request, options).catch((e: unknown) => {
       if (e instanceof Unreachable) {
@@ -270,7 +304,7 @@ export class RemoteTokenwarden extends Tokenwarden {
    * the limiter cannot be reached.
    */
   override callLease(call: CallState, request: LeaseRequest, options?: AcquireOptions): CallAsk | Promise<CallAsk> {
-    const local = (): CallAsk | Promise<CallAsk> => this.#local()?.callLease(call, request, options) ?? super.callLease(call, request, options)
+    const local = (): CallAsk | Promise<CallAsk> => this.#local().callLease(call, request, options)
     if (!this.#remoteUsable()) return local()
     return this.#remoteCallLease(call, request, options).catch((e: unknown) => {
       if (e instanceof Unreachable) {
@@ -485,15 +519,9 @@ export class RemoteTokenwarden extends Tokenwarden {
     return summary
   }
 
-  /** The local coordinator's task operations: the share fallback, or this driver's own engine. */
+  /** The local coordinator's task operations while failed open: the share fallback's. */
   #base(): TaskOps {
-    const share = this.#local()
-    if (share !== null) return share
-    return {
-      openTask: (spec) => super.openTask(spec),
-      taskFailed: (t, sig) => super.taskFailed(t, sig),
-      endTask: (t, o) => super.endTask(t, o),
-    }
+    return this.#local()
   }
 
   /** A task input at the limiter (its output, `read`), or locally while it cannot be reached. */

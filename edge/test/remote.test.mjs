@@ -77,7 +77,8 @@ test('leases through the Worker, fails open when it is down, and comes back', as
     fleet: 'f',
     quota: 'q',
     secret: SECRET,
-    engine: nativeEngines.create({ pools: [POOL] }, 1, Math.floor(performance.now())),
+    engine: nativeEngines,
+    config: { pools: [POOL] },
     timeoutMs: 1000,
     retryRemoteMs: 300,
   })
@@ -95,14 +96,17 @@ test('leases through the Worker, fails open when it is down, and comes back', as
   )
   assert.ok(!tw.failedOpen)
 
-  // 2. The Worker goes down mid-run: calls go on, leased locally, with one fail_open event.
+  // 2. The Worker goes down mid-run: calls go on, leased locally (at the whole quota: the
+  // limiter saw this process alone), with one fail_open event.
   await worker.mf.dispose()
+  const before = mock.stats().completed
   assert.deepEqual(await fleet(tw, 4, 2), [], 'no error reaches agent code')
   const open = events.filter((e) => e.name === 'fail_open')
   assert.equal(open.length, 1)
-  assert.match(open[0].message, /did not answer.*leasing locally/)
+  assert.match(open[0].message, /did not answer.*leasing locally at the whole quota \(the limiter saw no other process/)
+  assert.equal(open[0].share, 1)
   assert.ok(tw.failedOpen)
-  assert.equal(Number(tw.engine.metrics(Math.floor(performance.now())).pools[0].counters.settled) >= 8, true, 'the local engine served them')
+  assert.equal(mock.stats().completed - before, 8, 'the local share served them')
 
   // 3. The Worker is back (same storage): the next call after retryRemoteMs goes to it.
   worker = await startWorker({ outdir, persist, fleets, port })
@@ -132,7 +136,7 @@ test('an aborted queued acquire stops its long poll at once; refusals emit rejec
       open--
     }
   }
-  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'q', secret: SECRET, engine: nativeEngines.create({ pools: [POOL] }, 1, 0), fetch: counting, pollMs: 20_000 })
+  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'q', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, fetch: counting, pollMs: 20_000 })
   const events = []
   for (const name of ['queued', 'granted', 'rejected', 'settled']) tw.on(name, (e) => events.push({ name, ...e }))
   const held = []
@@ -174,7 +178,7 @@ test('an aborted queued acquire stops its long poll at once; refusals emit rejec
 })
 
 test("a provider's answer is decided by the limiter's core while it answers, not by the local engine", async () => {
-  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'strict', secret: SECRET, engine: nativeEngines.create({ pools: [POOL] }, 1, 0) })
+  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'strict', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] } })
   const errors = []
   tw.on('remote_error', (e) => errors.push(e))
   const sent = mock.log.length
@@ -202,8 +206,8 @@ test('the remote driver is an engine over HTTP: every input is one POST …/hand
     seen.push({ method: init?.method ?? 'GET', path: url.pathname.replace(/^\/v1\/fleets\/f\/quotas\/q/, ''), op: typeof init?.body === 'string' ? JSON.parse(init.body).op : null })
     return fetch(input, init)
   }
-  const local = nativeEngines.create({ pools: [POOL] }, 1, 0)
-  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'q', secret: SECRET, engine: local, fetch: recording })
+  const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'q', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, fetch: recording })
+  const local = tw.engine
   const errors = []
   tw.on('remote_error', (e) => errors.push(e))
   assert.deepEqual(await fleet(tw, 2, 2), [])
@@ -224,7 +228,7 @@ test('the remote driver is an engine over HTTP: every input is one POST …/hand
   const ops = new Set(seen.map((r) => r.op).filter((op) => op !== null))
   for (const op of ['call_lease', 'call_response', 'settle', 'request_lease', 'renew', 'cancel', 'call_interrupted', 'open_task', 'task_failed', 'end_task'])
     assert.ok(ops.has(op), `${op} went to the limiter`)
-  // The local engine took the providers' headers in (it is the fallback) but granted nothing.
+  // The local engine took the providers' headers in but granted nothing.
   const counters = local.metrics(0).pools[0].counters
   for (const k of ['grantedNow', 'grantedFromQueue', 'queued', 'rejected', 'settled']) assert.equal(Number(counters[k]), 0, `local ${k}`)
   assert.equal(Number(counters.rateLimited), 1, `the local engine saw the 429: ${JSON.stringify(counters)}`)
@@ -255,4 +259,29 @@ test('failing open, each of N processes leases locally at 1/N of the quota, and 
     b.close()
     worker = await startWorker({ outdir, persist, fleets, port })
   }
+})
+
+test('a process that never reached the limiter leases nothing locally, unless told how many share the quota; an engine instance is refused', async () => {
+  // Port 1 on loopback: nothing listens, the connection is refused at once.
+  const down = { url: 'http://127.0.0.1:1', fleet: 'f', quota: 'q', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, timeoutMs: 500 }
+  const alone = new RemoteTokenwarden(down)
+  const opened = []
+  alone.on('fail_open', (e) => opened.push(e))
+  await assert.rejects(alone.acquire({ agent: 1, pool: 0, inputTokens: 100, maxTokens: 10 }), (e) => e.code === 'limiter_unreachable' && /processes/.test(e.message))
+  assert.equal(opened.length, 1)
+  assert.equal(opened[0].share, 0)
+  alone.close()
+  // Told: 1/4 of the quota, never the whole of it.
+  const told = new RemoteTokenwarden({ ...down, processes: 4 })
+  const shares = []
+  told.on('fail_open', (e) => shares.push(e.share))
+  const l = await told.acquire({ agent: 1, pool: 0, inputTokens: 100, maxTokens: 10 })
+  l.settle({ inputTokens: 100 })
+  assert.deepEqual(shares, [0.25])
+  // A quarter of the pool's input tokens cannot hold what half of them asks.
+  const half = Math.floor(POOL.input_tokens_per_minute / 2)
+  await assert.rejects(told.acquire({ agent: 1, pool: 0, inputTokens: half, maxTokens: 10 }), (e) => e.code === 'rejected')
+  told.close()
+  assert.throws(() => new RemoteTokenwarden({ ...down, engine: nativeEngines.create({ pools: [POOL] }, 1, 0) }), /`engine` as engines.*not an engine instance/)
+  assert.throws(() => new RemoteTokenwarden({ ...down, processes: 0 }), /processes.*1 to 4096/)
 })

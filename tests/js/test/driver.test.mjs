@@ -397,7 +397,7 @@ describe('RemoteLease.renew', () => {
 
   test('RemoteLease.renew posts the renew input with its handle and takes the limiter expiresAt', async () => {
     const { calls, fetch } = stub()
-    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines.create(REMOTE_CONFIG, 1, 0), clock: new ManualClock(0), fetch })
+    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines, config: REMOTE_CONFIG, clock: new ManualClock(0), fetch })
     const lease = await tw.acquire({ agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 })
     assert.equal(lease.handle, HANDLE)
     assert.equal(lease.expiresAt, 120_000)
@@ -413,7 +413,7 @@ describe('RemoteLease.renew', () => {
   })
 
   test('handle is not the remote driver\'s: it throws rather than act on the local engine', () => {
-    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines.create(REMOTE_CONFIG, 1, 0), clock: new ManualClock(0), fetch: stub().fetch })
+    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines, config: REMOTE_CONFIG, clock: new ManualClock(0), fetch: stub().fetch })
     assert.throws(() => tw.handle({ op: 'request_lease', request: { agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 } }), { code: 'invalid_argument', message: /typed methods/ })
     assert.equal(Number(tw.engine.metrics(0).pools[0].counters.grantedNow), 0)
     tw.close()
@@ -421,7 +421,7 @@ describe('RemoteLease.renew', () => {
 
   test('a renewal the limiter refuses rejects with its code', async () => {
     const { fetch } = stub()
-    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines.create(REMOTE_CONFIG, 1, 0), clock: new ManualClock(0), fetch })
+    const tw = new RemoteTokenwarden({ url: 'http://limiter.test', fleet: 'f', quota: 'q', secret: 's', engine: nativeEngines, config: REMOTE_CONFIG, clock: new ManualClock(0), fetch })
     const lease = await tw.acquire({ agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 })
     // Settled elsewhere (another process holding the handle): the limiter says so.
     const other = await tw.acquire({ agent: 1, pool: 0, inputTokens: 1, maxTokens: 1 })
