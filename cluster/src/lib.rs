@@ -35,9 +35,21 @@
 //!   rule; `tokenwarden serve` grants from `1/N` of the quota per instance, `N` the
 //!   instances the last heartbeat counted, and takes the owner's state back when the store
 //!   answers.
-//! - **The store loses its data** (restarted without persistence): tokens start again from
-//!   1 and the saved state is gone; an owner of the old store cannot save (its lease key is
-//!   gone), and the next owner starts the quota from its config.
+//! - **The store loses its data** (restarted without persistence, or failed over to a
+//!   replica that had not seen the last writes): the owner lease can be given again while
+//!   the old owner still believes in its term, so for up to one term two instances act as
+//!   owner. The old one cannot save (its lease key is gone or not its own): its next reply
+//!   that waits for a save fails, and it stops at its term's end; calls it sent meanwhile
+//!   were not counted by the new owner. The next owner starts from the state the store has
+//!   (none: the quota's config). Run the store with persistence, and one primary.
+//! - **A partial partition** (an instance cut off from the store, the owner not): the cut-off
+//!   instance grants from its share while the owner grants the whole quota, so the key sees
+//!   up to `1 + 1/N` of its limits until the store answers that instance again.
+//! - **Calls in flight** when a term ends (its owner lapsed rather than died) run to their
+//!   end; the next owner does not count them.
+//!
+//! [`RedisElector`] speaks to one server: the keys are tagged for one Redis Cluster slot,
+//! but the client does not follow a cluster's `MOVED` and `ASK` redirects.
 //!
 //! [`Elector`] is the whole interface: [`RedisElector`] implements it on Redis or Valkey
 //! (a few Lua scripts, every key of a quota in one hash slot); another store (a Kubernetes

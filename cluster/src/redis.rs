@@ -3,7 +3,8 @@
 //!
 //! A quota's records, all under its [`QuotaKey`] (one hash slot):
 //! - `…:owner`: `"<token> <owner id>"`, with the owner lease's expiry (`PX`);
-//! - `…:token`: the last token given (`INCR`): a new owner's is one more;
+//! - `…:token`: the last token given (`INCR`): a new owner's is one more (and more than
+//!   the saved state's, should this key be lost on its own);
 //! - `…:state`: a hash, `token` (the saver's) and `body` (the state);
 //! - `…:members`: a sorted set, instance id → its last heartbeat, by the server's `TIME`.
 
@@ -14,8 +15,9 @@ use tokio::time::Instant;
 use crate::resp::{Client, Reply, Target};
 use crate::{Elector, Pending, QuotaKey, Saved, StoreError, Stored, Term, term_end};
 
-/// Takes or renews the owner lease. KEYS: owner, token. ARGV: me, ttl ms.
-/// Answers `{mine, token, owner, pttl}`.
+/// Takes or renews the owner lease. KEYS: owner, token, state. ARGV: me, ttl ms.
+/// Answers `{mine, token, owner, pttl}`. A new token is above the last given and above
+/// the last saved state's (should the counter alone have been lost: evicted, deleted).
 const CAMPAIGN: &str = r"
 local cur = redis.call('GET', KEYS[1])
 if cur then
@@ -29,6 +31,11 @@ if cur then
   return {0, tok, who, redis.call('PTTL', KEYS[1])}
 end
 local tok = redis.call('INCR', KEYS[2])
+local saved = tonumber(redis.call('HGET', KEYS[3], 'token') or '0')
+if saved >= tok then
+  tok = saved + 1
+  redis.call('SET', KEYS[2], tok)
+end
 redis.call('SET', KEYS[1], tok .. ' ' .. ARGV[1], 'PX', ARGV[2])
 return {1, tok, ARGV[1], tonumber(ARGV[2])}
 ";
@@ -115,7 +122,7 @@ impl Elector for RedisElector {
             let r = self
                 .eval(
                     CAMPAIGN,
-                    &[&quota.of("owner"), &quota.of("token")],
+                    &[&quota.of("owner"), &quota.of("token"), &quota.of("state")],
                     &[me.as_bytes(), ttl_ms.as_bytes()],
                 )
                 .await?;

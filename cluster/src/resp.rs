@@ -54,7 +54,11 @@ impl Target {
             return Err(if url.starts_with("rediss://") {
                 "rediss:// (TLS) is not supported: reach Redis over loopback or a private network, or through a TLS tunnel (stunnel, spiped) on this machine".to_owned()
             } else {
-                format!("a Redis URL starts with redis://, got {url:?}")
+                format!(
+                    "a Redis URL starts with redis://, not {:?}",
+                    url.split_once("://")
+                        .map_or("(no scheme)", |(scheme, _)| scheme)
+                )
             });
         };
         let (auth, rest) = match rest.rsplit_once('@') {
@@ -80,16 +84,16 @@ impl Target {
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() || port == 0 {
-            return Err(format!("the Redis URL names no host and port: {url:?}"));
+            return Err("the Redis URL names no host and port (redis://host:port)".to_owned());
         }
         let (user, password) = match auth {
             None => (None, None),
             Some(a) => match a.split_once(':') {
                 Some((u, p)) => (
-                    (!u.is_empty()).then(|| u.to_owned()),
-                    (!p.is_empty()).then(|| p.to_owned()),
+                    (!u.is_empty()).then(|| unescape(u)).transpose()?,
+                    (!p.is_empty()).then(|| unescape(p)).transpose()?,
                 ),
-                None => (Some(a.to_owned()).filter(|u| !u.is_empty()), None),
+                None => ((!a.is_empty()).then(|| unescape(a)).transpose()?, None),
             },
         };
         Ok(Target {
@@ -100,6 +104,31 @@ impl Target {
             db,
         })
     }
+}
+
+/// A URL's user or password with its `%XX` escapes decoded.
+fn unescape(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or(
+                    "the Redis URL's user or password holds a % not followed by two hex digits",
+                )?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out)
+        .map_err(|_| "the Redis URL's user or password is not UTF-8 once decoded".to_owned())
 }
 
 /// A reply.
@@ -160,19 +189,24 @@ impl Client {
         }
     }
 
-    /// Sends one command (its arguments as bytes) and reads its reply. An error reply is
-    /// `Err(Error::Server)`; after any other failure the connection is dropped.
+    /// Sends one command (its arguments as bytes) and reads its reply, within the timeout
+    /// (waiting for the connection included). An error reply is `Err(Error::Server)`. The
+    /// connection is taken out while the call runs and put back only once its reply was
+    /// read whole, so a call that failed, timed out or was dropped half way leaves none
+    /// out of step behind: the next call dials again.
     pub async fn call(&self, args: &[&[u8]]) -> Result<Reply, Error> {
-        let mut conn = self.conn.lock().await;
-        let res = tokio::time::timeout(self.timeout, async {
-            if conn.is_none() {
-                *conn = Some(self.dial().await?);
-            }
-            let Some(c) = conn.as_mut() else {
-                return Err(Error::Unreachable("no connection".into()));
+        tokio::time::timeout(self.timeout, async {
+            let mut slot = self.conn.lock().await;
+            let mut c = match slot.take() {
+                Some(c) => c,
+                None => self.dial().await?,
             };
-            send(c, args).await?;
-            read(c, 0).await
+            send(&mut c, args).await?;
+            let res = read(&mut c, 0).await;
+            if matches!(res, Ok(_) | Err(Error::Server(_))) {
+                *slot = Some(c);
+            }
+            res
         })
         .await
         .unwrap_or_else(|_| {
@@ -180,11 +214,7 @@ impl Client {
                 "no answer within {} ms",
                 self.timeout.as_millis()
             )))
-        });
-        if matches!(res, Err(Error::Unreachable(_) | Error::Protocol(_))) {
-            *conn = None;
-        }
-        res
+        })
     }
 
     async fn dial(&self) -> Result<BufStream<TcpStream>, Error> {
@@ -263,6 +293,8 @@ fn read(
         let (kind, rest) = l.split_at(l.chars().next().map_or(0, char::len_utf8));
         match kind {
             "+" => Ok(Reply::Simple(rest.to_owned())),
+            // An error inside an array leaves the rest unread: the connection is dropped.
+            "-" if depth > 0 => Err(Error::Protocol(format!("an error inside an array: {rest}"))),
             "-" => Err(Error::Server(rest.to_owned())),
             ":" => Ok(Reply::Int(number(rest)?)),
             "$" => {
@@ -274,10 +306,17 @@ fn read(
                 if n > MAX_BULK {
                     return Err(Error::Protocol(format!("a bulk string of {n} bytes")));
                 }
-                let mut buf = vec![0; n + 2];
-                c.read_exact(&mut buf).await.map_err(|e| broken(&e))?;
-                if !buf.ends_with(b"\r\n") {
-                    return Err(Error::Protocol("a bulk string without CRLF".into()));
+                // Read as it comes: a length alone allocates nothing large.
+                let mut buf = Vec::with_capacity(n.min(64 * 1024) + 2);
+                (&mut *c)
+                    .take(n as u64 + 2)
+                    .read_to_end(&mut buf)
+                    .await
+                    .map_err(|e| broken(&e))?;
+                if buf.len() != n + 2 || !buf.ends_with(b"\r\n") {
+                    return Err(Error::Protocol(
+                        "a bulk string cut short or without CRLF".into(),
+                    ));
                 }
                 buf.truncate(n);
                 Ok(Reply::Bulk(buf))
@@ -293,7 +332,7 @@ fn read(
                         "an array of {n} elements at depth {depth}"
                     )));
                 }
-                let mut items = Vec::with_capacity(n);
+                let mut items = Vec::with_capacity(n.min(64));
                 for _ in 0..n {
                     items.push(read(c, depth + 1).await?);
                 }
@@ -317,15 +356,26 @@ mod tests {
             (t.host.as_str(), t.port, t.user, t.password.as_deref(), t.db),
             ("localhost", 6379, None, Some("s3cret"), 2)
         );
-        let t = Target::parse("redis://ops:p%w@[::1]:7000").unwrap();
+        let t = Target::parse("redis://ops:p%40ss@[::1]:7000").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("::1", 7000));
-        assert_eq!(t.user.as_deref(), Some("ops"));
+        assert_eq!(
+            (t.user.as_deref(), t.password.as_deref()),
+            (Some("ops"), Some("p@ss"))
+        );
         assert!(
-            !format!("{t:?}").contains("p%w"),
+            !format!("{t:?}").contains("p@ss"),
             "the password is never printed"
         );
+        for secretly in [
+            "http://:hunter2@x",
+            "redis://:hunter2@:0",
+            "redis://:hunter2%zz@x",
+        ] {
+            let e = Target::parse(secretly).unwrap_err();
+            assert!(!e.contains("hunter2"), "{e}");
+        }
         for (bad, says) in [
-            ("http://x", "starts with redis://"),
+            ("http://x", "starts with redis://, not \"http\""),
             ("rediss://x", "TLS"),
             ("redis://x:0", "no host and port"),
             ("redis://x:port", "port must be"),

@@ -153,6 +153,15 @@ async fn a_stale_owner_cannot_save_over_its_successor() {
     // A lapsed owner that campaigns again gets a new term, a new token.
     let again = b.campaign(&q, "b", TTL).await.unwrap();
     assert!(again.mine && again.token == new.token + 1);
+    // The token counter lost on its own (evicted, deleted): the next term is still above
+    // the saved state's, so its saves are not fenced by it.
+    b.save(&q, &again, b"state 3").await.unwrap();
+    let token_key = q.of("token");
+    let deleted = std::process::Command::new("redis-cli")
+        .args(["-p", &s.port.to_string(), "DEL", &token_key])
+        .output()
+        .expect("redis-cli");
+    assert_eq!(String::from_utf8_lossy(&deleted.stdout).trim(), "1");
     // Resigning hands over at once.
     a.resign(&q, &again).await.unwrap(); // not a's to resign: the term is b's, held as b
     b.resign(&q, &again).await.unwrap();

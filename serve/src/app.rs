@@ -291,7 +291,7 @@ impl App {
                     sign(q, &live, &mut w["ticket"]);
                 }
                 out["clients"] = Value::from(clients);
-                Ok(self.written(q, json(200, &out)).await)
+                Ok(self.written(q, &live, json(200, &out)).await)
             }
             QuotaRoute::Lease => {
                 let b = json_object(&read_body(body, declared, max).await.map_err(fail)?)
@@ -308,7 +308,7 @@ impl App {
                     )));
                 };
                 sign(q, &live, &mut answer["lease"]);
-                Ok(self.written(q, json(status, &answer)).await)
+                Ok(self.written(q, &live, json(status, &answer)).await)
             }
             QuotaRoute::Wait { handle, wait_ms } => {
                 let id = opened(q, &live, &handle).map_err(fail)?;
@@ -318,7 +318,7 @@ impl App {
                 // A grant is answered once it is saved, as every change a reply acknowledges
                 // is: a restart (or, in a cluster, the next owner) knows the lease.
                 if status == 200 {
-                    return Ok(self.written(q, json(status, &b)).await);
+                    return Ok(self.written(q, &live, json(status, &b)).await);
                 }
                 Ok(json(status, &b))
             }
@@ -327,7 +327,7 @@ impl App {
                 q.member(&live, "cancel", Some(&Value::from(id)), who, &json!({}))
                     .map_err(|r| fail(r.into()))?;
                 Ok(self
-                    .written(q, json(200, &json!({ "cancelled": true })))
+                    .written(q, &live, json(200, &json!({ "cancelled": true })))
                     .await)
             }
             QuotaRoute::OnLease { handle, verb } => {
@@ -339,7 +339,7 @@ impl App {
                     .member(&live, route, Some(&Value::from(id)), who, &Value::Object(b))
                     .map_err(|r| fail(r.into()))?;
                 Ok(self
-                    .written(q, json(200, &verb_answer(route, &input, &out)))
+                    .written(q, &live, json(200, &verb_answer(route, &input, &out)))
                     .await)
             }
             QuotaRoute::OpenTask | QuotaRoute::OnTask { .. } => {
@@ -356,7 +356,7 @@ impl App {
                     .member(&live, route, id.as_ref(), who, &Value::Object(b))
                     .map_err(|r| fail(r.into()))?;
                 Ok(self
-                    .written(q, json(200, &verb_answer(route, &input, &out)))
+                    .written(q, &live, json(200, &verb_answer(route, &input, &out)))
                     .await)
             }
             QuotaRoute::Response => {
@@ -373,7 +373,7 @@ impl App {
                     .member(&live, "response", None, who, &Value::Object(b))
                     .map_err(|r| fail(r.into()))?;
                 Ok(self
-                    .written(q, json(200, &verb_answer("response", &input, &out)))
+                    .written(q, &live, json(200, &verb_answer("response", &input, &out)))
                     .await)
             }
             QuotaRoute::Metrics { prometheus } => {
@@ -442,10 +442,14 @@ impl App {
         }
     }
 
-    /// `res` once the change it answers is on disk (an acknowledged lease is never lost).
-    async fn written(&self, q: &Quota, res: Reply) -> Reply {
+    /// `res` once the change it answers, made on `live`'s coordinator, is on disk (an
+    /// acknowledged lease is never lost). The writes save the whole state, so a write that
+    /// lands after the change carries it — unless `live` was replaced meanwhile (a reset,
+    /// or in a cluster another term or a share), which makes the change not acknowledged.
+    async fn written(&self, q: &Quota, live: &Live, res: Reply) -> Reply {
         let n = q.store.changed(Duration::ZERO);
-        if q.store.written(n).await {
+        let saved = q.store.written(n).await;
+        if saved && !live.tw.is_closed() {
             return res;
         }
         // In a cluster: the change was not saved under this instance's term (it ended, or the
@@ -453,7 +457,7 @@ impl App {
         refusal(
             503,
             "not_saved",
-            "the change could not be saved in the cluster's store under this instance's owner term; retry",
+            "the change could not be saved under this instance's state of the quota (replaced, or in a cluster its owner term ended or the store did not answer); retry",
         )
         .reply(None)
     }
@@ -501,8 +505,13 @@ impl App {
                 let ended = q
                     .reset(unix_now())
                     .map_err(|e| refusal(500, "internal", e))?;
+                let fresh = q.live();
                 Ok(self
-                    .written(q, json(200, &json!({ "reset": true, "ended": ended })))
+                    .written(
+                        q,
+                        &fresh,
+                        json(200, &json!({ "reset": true, "ended": ended })),
+                    )
                     .await)
             }
             Some(Admin::Hold) => {
@@ -511,6 +520,7 @@ impl App {
                 Ok(self
                     .written(
                         q,
+                        &live,
                         json(200, &json!({ "held": true, "pool": pool, "until": until })),
                     )
                     .await)

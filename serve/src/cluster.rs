@@ -70,6 +70,10 @@ pub(crate) struct Seat {
     /// `fleet/quota`, for what is printed.
     name: String,
     role: Mutex<Role>,
+    /// Held while the quota's coordinator is replaced and its role set, and while the
+    /// writer reads the term and takes the snapshot it saves under it: a snapshot is never
+    /// saved under a term it is not of.
+    transition: Mutex<()>,
     /// A save was refused: the term is over whatever the clock says.
     fenced: AtomicBool,
     /// The instances alive at the last heartbeat (at least 1).
@@ -90,6 +94,7 @@ impl Seat {
             key: QuotaKey::new(fleet, quota),
             name: format!("{fleet}/{quota}"),
             role: Mutex::new(Role::Unknown),
+            transition: Mutex::new(()),
             fenced: AtomicBool::new(false),
             alive: AtomicU64::new(1),
             wake: Notify::new(),
@@ -113,17 +118,25 @@ impl Seat {
             && !self.fenced.load(Ordering::SeqCst)
     }
 
-    /// Saves the quota's state under this instance's term. Answers whether a reply that
-    /// waits for it may be given: saved as owner, or nothing to save (no owner known: the
-    /// state is this instance's share alone); not when the term is over or the store did
-    /// not answer.
-    pub(crate) async fn save(&self, state: &[u8]) -> bool {
-        let term = match self.role() {
-            Role::Owner(t) if t.owns(Instant::now()) => t,
-            Role::Unknown => return true,
-            _ => return false,
+    /// Saves the quota's state (`state`: its snapshot now) under this instance's term, read
+    /// with it. Answers whether a reply that waits for it may be given: saved as owner, or
+    /// nothing to save (no owner known: the state is this instance's share alone); not
+    /// when the term is over or the store did not answer.
+    pub(crate) async fn save(&self, state: impl FnOnce() -> Option<Vec<u8>>) -> bool {
+        let (term, bytes) = {
+            let _t = self
+                .transition
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let term = match self.role() {
+                Role::Owner(t) if t.owns(Instant::now()) => t,
+                Role::Unknown => return true,
+                _ => return false,
+            };
+            let Some(bytes) = state() else { return true };
+            (term, bytes)
         };
-        match self.cluster.elector.save(&self.key, &term, state).await {
+        match self.cluster.elector.save(&self.key, &term, &bytes).await {
             Ok(Landed::Written) => true,
             Ok(Landed::Fenced) => {
                 eprintln!(
@@ -167,17 +180,17 @@ async fn step(seat: &Seat, q: &Quota) -> Duration {
                                 seat.name
                             );
                         }
-                        if let Err(e) = q.replace(saved, 1, unix_now()) {
+                        let token = term.token;
+                        if let Err(e) = seat.become_(q, saved, 1, Role::Owner(term.clone())) {
                             eprintln!("tokenwarden: quota {}: cannot take over: {e}", seat.name);
                             let _ = c.elector.resign(&seat.key, &term).await;
                             return third;
                         }
                         seat.fenced.store(false, Ordering::SeqCst);
                         println!(
-                            "tokenwarden: quota {}: this instance owns the quota (term {})",
-                            seat.name, term.token
+                            "tokenwarden: quota {}: this instance owns the quota (term {token})",
+                            seat.name
                         );
-                        seat.set(Role::Owner(term));
                         // The state restored is saved under the new term at once.
                         q.store.changed(Duration::ZERO);
                     }
@@ -198,17 +211,20 @@ async fn step(seat: &Seat, q: &Quota) -> Duration {
                 .map_or(term.owner.as_str(), |(u, _)| u)
                 .to_owned();
             if !matches!(&before, Role::Follower(u) if *u == url) {
-                if !matches!(before, Role::Follower(_)) {
-                    // What this instance granted on its own ends here (calls waiting on it are
-                    // answered 503); the owner's state is the quota's.
-                    let share = seat.alive.load(Ordering::SeqCst);
-                    let _ = q.replace(None, share_of(share), unix_now());
-                }
                 println!(
                     "tokenwarden: quota {}: the quota's owner is {url} (term {})",
                     seat.name, term.token
                 );
-                seat.set(Role::Follower(url));
+                if matches!(before, Role::Follower(_)) {
+                    seat.set(Role::Follower(url));
+                } else {
+                    // What this instance granted on its own ends here (calls waiting on it are
+                    // answered 503); the owner's state is the quota's.
+                    let n = share_of(seat.alive.load(Ordering::SeqCst));
+                    if let Err(e) = seat.become_(q, None, n, Role::Follower(url)) {
+                        eprintln!("tokenwarden: quota {}: {e}", seat.name);
+                    }
+                }
             }
         }
         Err(e) => {
@@ -218,15 +234,7 @@ async fn step(seat: &Seat, q: &Quota) -> Duration {
                 Role::Follower(_) => false,
             };
             if !keep {
-                let n = seat.alive.load(Ordering::SeqCst);
-                if let Err(e) = q.replace(None, share_of(n), unix_now()) {
-                    eprintln!("tokenwarden: quota {}: {e}", seat.name);
-                }
-                eprintln!(
-                    "tokenwarden: quota {}: no owner known ({e}); granting 1/{n} of the quota here until one is",
-                    seat.name
-                );
-                seat.set(Role::Unknown);
+                seat.on_its_own(q, &e.to_string());
             }
         }
     }
@@ -239,15 +247,68 @@ async fn step(seat: &Seat, q: &Quota) -> Duration {
     }
 }
 
+impl Seat {
+    /// Replaces the quota's coordinator (`saved`: the owner's state; else a fresh one of
+    /// `share`) and takes `role`, in one step for the writer.
+    fn become_(
+        &self,
+        q: &Quota,
+        saved: Option<Saved>,
+        share: u32,
+        role: Role,
+    ) -> Result<(), String> {
+        let _t = self
+            .transition
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let done = q.replace(saved, share, unix_now());
+        self.set(if done.is_ok() { role } else { Role::Unknown });
+        done
+    }
+
+    /// No owner known (`why`): this instance grants from its share of the quota.
+    fn on_its_own(&self, q: &Quota, why: &str) {
+        let n = self.alive.load(Ordering::SeqCst);
+        if let Err(e) = self.become_(q, None, share_of(n), Role::Unknown) {
+            eprintln!("tokenwarden: quota {}: {e}", self.name);
+        }
+        eprintln!(
+            "tokenwarden: quota {}: no owner known ({why}); granting 1/{n} of the quota here until one is",
+            self.name
+        );
+    }
+}
+
 fn share_of(n: u64) -> u32 {
     u32::try_from(n.clamp(1, 4096)).unwrap_or(1)
 }
 
-/// Campaigns for quota `q`'s seat until the quota is gone.
+/// Campaigns for quota `q`'s seat until the quota is gone. An owner whose term ends before
+/// a campaign renews it (the store slow or cut off) stops at the term's end, not when the
+/// campaign gives up.
 pub(crate) async fn run(seat: Arc<Seat>, q: Weak<Quota>) {
     loop {
         let Some(quota) = q.upgrade() else { return };
-        let next = step(&seat, &quota).await;
+        let end = match seat.role() {
+            Role::Owner(t) => Some(t.valid_until),
+            _ => None,
+        };
+        let next = {
+            let stepping = step(&seat, &quota);
+            tokio::pin!(stepping);
+            match end {
+                None => stepping.await,
+                Some(end) => tokio::select! {
+                    next = &mut stepping => next,
+                    () = tokio::time::sleep_until(end) => {
+                        if matches!(seat.role(), Role::Owner(t) if t.valid_until <= Instant::now()) {
+                            seat.on_its_own(&quota, "the owner lease was not renewed in time");
+                        }
+                        stepping.await
+                    }
+                },
+            }
+        };
         drop(quota);
         tokio::select! {
             () = tokio::time::sleep(next) => {}
@@ -266,27 +327,33 @@ pub(crate) async fn first(seat: &Seat, q: &Quota) {
 pub(crate) async fn leave(seat: &Seat, q: &Quota) {
     let c = &seat.cluster;
     if let Role::Owner(term) = seat.role() {
-        if seat.owns() {
-            let _ = seat.save(&q.saved().to_bytes()).await;
-        }
+        let _ = seat.save(|| Some(q.saved().to_bytes())).await;
         let _ = c.elector.resign(&seat.key, &term).await;
     }
     let _ = c.elector.leave(&seat.key, &c.me).await;
 }
 
-/// The hop-by-hop headers, which a forwarded request and its answer do not carry on.
-fn hop_by_hop(name: &header::HeaderName) -> bool {
+/// The hop-by-hop headers, which a forwarded request and its answer do not carry on: the
+/// standard ones, `host`, and any `headers` name in `Connection`.
+fn hop_by_hop(name: &header::HeaderName, headers: &http::HeaderMap) -> bool {
     matches!(
         name.as_str(),
         "connection"
             | "keep-alive"
             | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
             | "te"
             | "trailer"
             | "transfer-encoding"
             | "upgrade"
             | "host"
-    )
+    ) || headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(name.as_str()))
 }
 
 /// Forwards a request of the quota to its owner at `url` and hands its answer back as it
@@ -308,7 +375,7 @@ pub(crate) async fn forward(
     );
     let mut req = Request::builder().method(parts.method.clone()).uri(&target);
     for (name, value) in &parts.headers {
-        if !hop_by_hop(name) {
+        if !hop_by_hop(name, &parts.headers) {
             req = req.header(name, value);
         }
     }
@@ -327,7 +394,7 @@ pub(crate) async fn forward(
     let hop: Vec<header::HeaderName> = head
         .headers
         .keys()
-        .filter(|n| hop_by_hop(n))
+        .filter(|n| hop_by_hop(n, &head.headers))
         .cloned()
         .collect();
     for n in hop {

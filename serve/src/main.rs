@@ -448,6 +448,7 @@ async fn serve(args: Args) -> Result<(), Exit> {
     // In a cluster, each quota's first campaign before serving: the instance starts knowing
     // whether it owns the quota or whom to forward to. One that has never reached the
     // store grants nothing: it waits for it (it would not know its share of the quota).
+    let mut campaigns = Vec::new();
     if let Some(c) = &cluster {
         let mut said = false;
         for q in quotas.values() {
@@ -469,7 +470,10 @@ async fn serve(args: Args) -> Result<(), Exit> {
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
             }
-            tokio::spawn(cluster::run(Arc::clone(seat), Arc::downgrade(q)));
+            campaigns.push(tokio::spawn(cluster::run(
+                Arc::clone(seat),
+                Arc::downgrade(q),
+            )));
         }
     }
     let app = Arc::new(App {
@@ -518,7 +522,13 @@ async fn serve(args: Args) -> Result<(), Exit> {
     }
     // Everything acknowledged is on disk already; what changed since is written now. In a
     // cluster the owner saves it in the store and gives its term up (another instance takes
-    // over at once).
+    // over at once). The campaigns stop first: none takes a term back after it is given up.
+    for task in &campaigns {
+        task.abort();
+    }
+    for task in campaigns {
+        let _ = task.await;
+    }
     for q in app.quotas.values() {
         if let Some(seat) = &q.seat {
             cluster::leave(seat, q).await;

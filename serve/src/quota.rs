@@ -7,6 +7,7 @@
 //! event hook, both of which hold the coordinator.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -129,6 +130,9 @@ pub(crate) struct Quota {
     pub(crate) store: Arc<Store>,
     /// Its place in a cluster (`serve --cluster`), if this instance is in one.
     pub(crate) seat: Option<Arc<crate::cluster::Seat>>,
+    /// The share of the quota the coordinator holds (1 but while a cluster's instance knows
+    /// no owner, or follows one): a reset keeps it.
+    share: AtomicU32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -158,6 +162,15 @@ fn base36(mut n: u64) -> String {
     }
     out.reverse();
     String::from_utf8(out).unwrap_or_default()
+}
+
+/// A request applied to a coordinator that was replaced while it was read.
+fn replaced() -> Refusal {
+    Refusal::new(
+        503,
+        "closed",
+        "this quota's state was replaced while the request was read (a reset, or in a cluster another owner term or a share of the quota); retry".into(),
+    )
 }
 
 /// The core's timeouts for a quota's (the host's defaults where it names none).
@@ -212,6 +225,7 @@ impl Quota {
             live: Mutex::new(Live { tw, epoch }),
             side,
             seat: store.seat(),
+            share: AtomicU32::new(1),
             store,
         });
         if restored {
@@ -273,6 +287,11 @@ impl Quota {
         body: &Value,
     ) -> Result<(Value, Value), Refusal> {
         let out = live.tw.with_coordinator(|c, now| {
+            // Replaced while the request was read (a reset, or in a cluster another term or
+            // a share): the closed coordinator decides nothing more.
+            if live.tw.is_closed() {
+                return Err(replaced());
+            }
             let mut side = self.side();
             let who = who.map(|n| side.members.who(n));
             let checked = side.members.route(route, id, who.as_ref(), body);
@@ -294,6 +313,9 @@ impl Quota {
     /// The operator's hold (`{ pool?, forMs }`): the pool's name and until when.
     pub(crate) fn hold(&self, live: &Live, body: &Value) -> Result<(String, u64), Refusal> {
         live.tw.with_coordinator(|c, now| {
+            if live.tw.is_closed() {
+                return Err(replaced());
+            }
             let input = self.side().members.hold(body, now)?;
             match c.handle(now, &input).map_err(Refusal::from)? {
                 Output::Held { pool, until } => {
@@ -379,7 +401,9 @@ impl Quota {
     /// The operator's reset: the quota starts afresh from its configuration (a new epoch);
     /// every lease and ticket ends (long polls answer 404). Answers how many ended.
     pub(crate) fn reset(&self, now: u64) -> Result<usize, String> {
-        let tw = build(&self.conf, None, now, &self.side, &self.store)?;
+        let tw = build(&self.shared_conf(), None, now, &self.side, &self.store)?;
+        // The old coordinator decides nothing more (calls waiting on it are answered 503).
+        self.live().tw.close();
         let ended = {
             let mut side = self.side();
             let n = side.members.clear();
@@ -401,33 +425,39 @@ impl Quota {
     /// is closed first: calls waiting on it are answered 503 (retry), its leases end, and
     /// nothing it does after reaches the new one's tables.
     pub(crate) fn replace(&self, saved: Option<Saved>, share: u32, now: u64) -> Result<(), String> {
-        self.live().tw.close();
-        let (coordinator, epoch, keep) = match saved {
-            Some(s) => {
-                let c = Coordinator::restore_json(&s.snapshot)
-                    .map_err(|e| format!("the saved state cannot be restored: {e}"))?;
-                let mut side = self.side();
-                side.members.clear();
-                let keep = side.restore(&self.secret, &s);
-                side.settle();
-                (Some(c), s.epoch, Some(keep))
-            }
-            None => {
-                let mut side = self.side();
-                side.members.clear();
-                side.settle();
-                (None, new_epoch(now), None)
-            }
+        let restored = match &saved {
+            Some(s) => Some(
+                Coordinator::restore_json(&s.snapshot)
+                    .map_err(|e| format!("the saved state cannot be restored: {e}"))?,
+            ),
+            None => None,
         };
-        let mut conf = self.conf.clone();
-        conf.config.share = share.max(1);
-        let tw = build(&conf, coordinator, now, &self.side, &self.store)?;
+        self.share.store(share.max(1), Ordering::SeqCst);
+        self.live().tw.close();
+        let (epoch, keep) = {
+            let mut side = self.side();
+            side.members.clear();
+            let kept = match &saved {
+                Some(s) => (s.epoch.clone(), Some(side.restore(&self.secret, s))),
+                None => (new_epoch(now), None),
+            };
+            side.settle();
+            kept
+        };
+        let tw = build(&self.shared_conf(), restored, now, &self.side, &self.store)?;
         if let Some(keep) = keep {
             let keep = keep.into_iter().map(tokenwarden_core::LeaseId).collect();
             let _ = tw.handle(&Input::Restarted { keep });
         }
         *lock(&self.live) = Live { tw, epoch };
         Ok(())
+    }
+
+    /// The quota's config with its current share.
+    fn shared_conf(&self) -> config::Quota {
+        let mut conf = self.conf.clone();
+        conf.config.share = self.share.load(Ordering::SeqCst);
+        conf
     }
 
     /// The fleet's secret (agent ids and lease handles are keyed by it).

@@ -189,21 +189,24 @@ impl Store {
                 due.at = None;
                 due.wanted
             };
-            let ok = match (state(), &self.backend) {
-                (None, _) => true,
-                (Some(saved), Backend::File(path)) => {
-                    let (to, text) = (path.clone(), saved.to_json().to_string());
-                    let wrote =
-                        tokio::task::spawn_blocking(move || write_private(&to, text.as_bytes()))
-                            .await;
-                    if let Ok(Err(e)) | Err(e) =
-                        wrote.map_err(|e| std::io::Error::other(e.to_string()))
-                    {
-                        eprintln!("tokenwarden: cannot write {}: {e}", path.display());
+            let ok = match &self.backend {
+                Backend::Cluster(seat) => seat.save(|| state().map(|s| s.to_bytes())).await,
+                Backend::File(path) => match state() {
+                    None => true,
+                    Some(saved) => {
+                        let (to, text) = (path.clone(), saved.to_json().to_string());
+                        let wrote = tokio::task::spawn_blocking(move || {
+                            write_private(&to, text.as_bytes())
+                        })
+                        .await;
+                        if let Ok(Err(e)) | Err(e) =
+                            wrote.map_err(|e| std::io::Error::other(e.to_string()))
+                        {
+                            eprintln!("tokenwarden: cannot write {}: {e}", path.display());
+                        }
+                        true
                     }
-                    true
-                }
-                (Some(saved), Backend::Cluster(seat)) => seat.save(&saved.to_bytes()).await,
+                },
             };
             self.ok.store(ok, Ordering::SeqCst);
             self.written.send_replace(n);
@@ -216,7 +219,7 @@ impl Store {
             Backend::File(path) => write_private(path, saved.to_json().to_string().as_bytes())
                 .map_err(|e| format!("cannot write {}: {e}", path.display())),
             Backend::Cluster(seat) => {
-                if seat.save(&saved.to_bytes()).await {
+                if seat.save(|| Some(saved.to_bytes())).await {
                     Ok(())
                 } else {
                     Err("not saved in the cluster's store (this instance does not own the quota now)".into())

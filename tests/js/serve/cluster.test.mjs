@@ -200,6 +200,25 @@ describe('serve --cluster: three instances, one key, one owner elected in Redis'
     console.log(`# owner killed: first lease decided after ${granted} ms (owner lease ${TTL_MS} ms; ${refusals} answers 503 meanwhile); the load's answers by status ${JSON.stringify(byStatus)}; ${over} beyond the limit; 0 429s`)
   })
 
+  test('Redis stalls (SIGSTOP): the owner stops acting at its term\'s end, not when its calls time out; SIGCONT: one owner again', { timeout: 30_000 }, async () => {
+    const o = owner()
+    assert.ok(o)
+    const mark = o.out().length
+    redis.kill('SIGSTOP')
+    const stalled = Date.now()
+    while (Date.now() - stalled < 5 * TTL_MS && !o.out().slice(mark).includes('no owner known')) await sleep(20)
+    const stopped = Date.now() - stalled
+    redis.kill('SIGCONT')
+    // Renewed at most a third of the lease before the stall, believed for 0.9 of it.
+    assert.ok(stopped <= TTL_MS, `the owner acted ${stopped} ms into the stall (owner lease ${TTL_MS} ms): ${o.out()}`)
+    assert.match(o.out(), /not renewed in time/)
+    const back = Date.now() + 10 * TTL_MS
+    while (Date.now() < back && !(owner() && nodes.every((n) => ownerSeenBy(n) === owner().origin))) await sleep(100)
+    assert.ok(owner(), nodes.map((n) => n.out()).join('\n---\n'))
+    assert.equal(await call(nodes[0], 'after-stall'), 200)
+    console.log(`# Redis stalled: the owner stopped acting ${stopped} ms in (owner lease ${TTL_MS} ms)`)
+  })
+
   test('Redis stopped: each instance grants from 1/N of the quota (N from the heartbeats); Redis back: one owner again', { timeout: 60_000 }, async () => {
     redis.kill('SIGKILL')
     await new Promise((r) => redis.once('exit', r))
