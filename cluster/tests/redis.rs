@@ -1,6 +1,8 @@
 //! The Redis elector against a real `redis-server` (Debian's; `scripts/test.sh` installs
 //! it), started here on a free loopback port and stopped after. Set
-//! `TOKENWARDEN_REDIS_SERVER` to use another binary (`valkey-server`).
+//! `TOKENWARDEN_REDIS_SERVER` to use another binary (`valkey-server`). The tests run one at
+//! a time (`ONE_AT_A_TIME`): one of them stops its server and starts it again on the same
+//! port, which another test's server must not take meanwhile.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -8,6 +10,9 @@ use std::time::Duration;
 
 use tokenwarden_cluster::{Elector, QuotaKey, RedisElector, Saved, term_end};
 use tokio::time::{Instant, sleep};
+
+/// Held by each test for its whole run.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Server {
     child: Child,
@@ -45,9 +50,17 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("{bin} does not start ({e}): install it (apt-get install redis-server; scripts/test.sh does) or set TOKENWARDEN_REDIS_SERVER"));
-        let s = Server { child, port };
+        let mut s = Server { child, port };
         for _ in 0..200 {
+            // Listening, and ours (not another process's on the same port: ours would exit).
+            if let Ok(Some(status)) = s.child.try_wait() {
+                panic!("{bin} exited ({status}) instead of listening on 127.0.0.1:{port}");
+            }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                std::thread::sleep(Duration::from_millis(20));
+                if let Ok(Some(status)) = s.child.try_wait() {
+                    panic!("{bin} exited ({status}): 127.0.0.1:{port} is another process's");
+                }
                 return s;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -75,6 +88,7 @@ const TTL: Duration = Duration::from_millis(400);
 
 #[tokio::test]
 async fn one_owner_at_a_time_and_its_token_grows_with_each_new_owner() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let s = Server::start(&[]);
     let q = QuotaKey::new("fleet", "quota");
     let e: Vec<RedisElector> = (0..3).map(|_| s.elector()).collect();
@@ -123,6 +137,7 @@ async fn one_owner_at_a_time_and_its_token_grows_with_each_new_owner() {
 
 #[tokio::test]
 async fn a_stale_owner_cannot_save_over_its_successor() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let s = Server::start(&[]);
     let q = QuotaKey::new("f", "q");
     let (a, b) = (s.elector(), s.elector());
@@ -171,6 +186,7 @@ async fn a_stale_owner_cannot_save_over_its_successor() {
 
 #[tokio::test]
 async fn heartbeats_count_the_instances_alive_by_the_servers_clock() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let s = Server::start(&[]);
     let q = QuotaKey::new("f", "q");
     let e = s.elector();
@@ -186,6 +202,7 @@ async fn heartbeats_count_the_instances_alive_by_the_servers_clock() {
 
 #[tokio::test]
 async fn a_lost_server_is_an_error_in_time_and_a_returned_one_is_used_again() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let s = Server::start(&[]);
     let port = s.port;
     let q = QuotaKey::new("f", "q");
@@ -204,6 +221,7 @@ async fn a_lost_server_is_an_error_in_time_and_a_returned_one_is_used_again() {
 
 #[tokio::test]
 async fn a_password_is_sent_and_a_missing_one_named() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let s = Server::start(&["--requirepass", "s3cret"]);
     let q = QuotaKey::new("f", "q");
     let without = s.elector();
