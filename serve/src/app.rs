@@ -203,7 +203,9 @@ impl App {
         {
             match seat.role() {
                 Role::Follower(url) if !h.contains_key(FORWARDED) => {
-                    return plain(forward(&url, parts, body, self.options.max_proxy_body).await);
+                    return plain(
+                        forward(seat, &url, parts, body, self.options.max_proxy_body).await,
+                    );
                 }
                 Role::Follower(_) => {
                     return plain(Err(refusal(

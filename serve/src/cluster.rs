@@ -79,6 +79,9 @@ pub(crate) struct Seat {
     /// The instances alive at the last heartbeat (at least 1).
     alive: AtomicU64,
     wake: Notify,
+    /// Told every time the role is set: a forwarded request waiting on an owner that is no
+    /// longer the owner gives up.
+    changed: Notify,
 }
 
 impl std::fmt::Debug for Seat {
@@ -98,6 +101,7 @@ impl Seat {
             fenced: AtomicBool::new(false),
             alive: AtomicU64::new(1),
             wake: Notify::new(),
+            changed: Notify::new(),
         }
     }
 
@@ -110,6 +114,20 @@ impl Seat {
 
     fn set(&self, role: Role) {
         *self.role.lock().unwrap_or_else(PoisonError::into_inner) = role;
+        self.changed.notify_waiters();
+    }
+
+    /// Until the quota's owner is no longer the one at `url`.
+    async fn moved_from(&self, url: &str) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if !matches!(self.role(), Role::Follower(u) if u == url) {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Whether this instance acts as the quota's owner now.
@@ -166,8 +184,10 @@ async fn step(seat: &Seat, q: &Quota) -> Duration {
     let before = seat.role();
     match campaign {
         Ok(term) if term.mine => {
+            // The same term, still acting (not fenced, its coordinator not closed at a lapse).
             let renewed = matches!(&before, Role::Owner(t) if t.token == term.token)
-                && !seat.fenced.load(Ordering::SeqCst);
+                && !seat.fenced.load(Ordering::SeqCst)
+                && !q.live().tw.is_closed();
             if renewed {
                 seat.set(Role::Owner(term));
             } else {
@@ -301,8 +321,14 @@ pub(crate) async fn run(seat: Arc<Seat>, q: Weak<Quota>) {
                 Some(end) => tokio::select! {
                     next = &mut stepping => next,
                     () = tokio::time::sleep_until(end) => {
+                        // The term is over: the coordinator grants nothing more (requests are
+                        // answered 503 meanwhile), and the campaign's answer decides what next.
                         if matches!(seat.role(), Role::Owner(t) if t.valid_until <= Instant::now()) {
-                            seat.on_its_own(&quota, "the owner lease was not renewed in time");
+                            quota.live().tw.close();
+                            eprintln!(
+                                "tokenwarden: quota {}: the owner lease was not renewed in time; this instance decides nothing for the quota until the store answers",
+                                seat.name
+                            );
                         }
                         stepping.await
                     }
@@ -357,8 +383,12 @@ fn hop_by_hop(name: &header::HeaderName, headers: &http::HeaderMap) -> bool {
 }
 
 /// Forwards a request of the quota to its owner at `url` and hands its answer back as it
-/// comes (a stream stays a stream). The body is read first, up to `max` bytes.
+/// comes (a stream stays a stream). The body is read first, up to `max` bytes. An owner
+/// that stops answering (a machine gone, a process stopped) loses its term, and a request
+/// still waiting for its answer's head then gets 503 (retry) rather than hanging on a
+/// connection nobody will answer.
 pub(crate) async fn forward(
+    seat: &Seat,
     url: &str,
     parts: &http::request::Parts,
     body: &mut Incoming,
@@ -383,13 +413,23 @@ pub(crate) async fn forward(
         .header(FORWARDED, HeaderValue::from_static("1"))
         .body(Full::new(bytes))
         .map_err(|e| refusal(400, "invalid_request", format!("cannot forward: {e}")))?;
-    let res = Upstream::here().send(req).await.map_err(|e| {
-        refusal(
-            503,
-            "owner_unreachable",
-            format!("the quota's owner ({url}) could not be reached: {e}; retry"),
-        )
-    })?;
+    let upstream = Upstream::here();
+    let res = tokio::select! {
+        res = upstream.send(req) => res.map_err(|e| {
+            refusal(
+                503,
+                "owner_unreachable",
+                format!("the quota's owner ({url}) could not be reached: {e}; retry"),
+            )
+        })?,
+        () = seat.moved_from(url) => {
+            return Err(refusal(
+                503,
+                "owner_moved",
+                format!("the quota's owner ({url}) stopped answering and its term ended; retry"),
+            ));
+        }
+    };
     let (mut head, incoming) = res.into_parts();
     let hop: Vec<header::HeaderName> = head
         .headers

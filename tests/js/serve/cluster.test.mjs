@@ -206,7 +206,7 @@ describe('serve --cluster: three instances, one key, one owner elected in Redis'
     const mark = o.out().length
     redis.kill('SIGSTOP')
     const stalled = Date.now()
-    while (Date.now() - stalled < 5 * TTL_MS && !o.out().slice(mark).includes('no owner known')) await sleep(20)
+    while (Date.now() - stalled < 5 * TTL_MS && !o.out().slice(mark).includes('not renewed in time')) await sleep(20)
     const stopped = Date.now() - stalled
     redis.kill('SIGCONT')
     // Renewed at most a third of the lease before the stall, believed for 0.9 of it.
@@ -217,6 +217,39 @@ describe('serve --cluster: three instances, one key, one owner elected in Redis'
     assert.ok(owner(), nodes.map((n) => n.out()).join('\n---\n'))
     assert.equal(await call(nodes[0], 'after-stall'), 200)
     console.log(`# Redis stalled: the owner stopped acting ${stopped} ms in (owner lease ${TTL_MS} ms)`)
+  })
+
+  test('a paused owner (SIGSTOP): a request a follower forwarded to it is answered 503 once another owns the quota; resumed, it grants nothing on its own and follows', { timeout: 30_000 }, async () => {
+    const o = owner()
+    const f = nodes.find((n) => n !== o)
+    o.child.kill('SIGSTOP')
+    const paused = Date.now()
+    // Forwarded to the paused owner: no answer comes from it.
+    const waiting = await api(f, '/leases', { method: 'POST', body: JSON.stringify({ agent: 'paused', pool: 0, inputTokens: 10, maxTokens: 10 }) })
+    const gaveUp = Date.now() - paused
+    const body = await waiting.json()
+    assert.equal(waiting.status, 503, JSON.stringify(body))
+    assert.equal(body.error, 'owner_moved')
+    assert.ok(gaveUp <= 3 * TTL_MS, `the forwarded request waited ${gaveUp} ms`)
+    assert.equal(ownerSeenBy(f), f.origin, f.out())
+    const mark = o.out().length
+    o.child.kill('SIGCONT')
+    // Resumed, it believes nothing past its term: refused, or forwarded to the new owner,
+    // which then knows the agent.
+    const asked = await api(o, '/leases', { method: 'POST', body: JSON.stringify({ agent: 'resumed', pool: 0, inputTokens: 10, maxTokens: 10 }) })
+    const answer = await asked.json()
+    if (asked.status !== 503) {
+      const m = await (await api(f, '/metrics')).json()
+      assert.ok(m.agents.some((a) => a.name === 'resumed'), `answered ${asked.status} ${JSON.stringify(answer)} by the resumed instance itself`)
+    }
+    const deadline = Date.now() + 5 * TTL_MS
+    while (Date.now() < deadline && ownerSeenBy(o) !== f.origin) await sleep(50)
+    assert.equal(ownerSeenBy(o), f.origin, o.out().slice(mark))
+    assert.match(o.out().slice(mark), /not renewed in time/)
+    assert.doesNotMatch(o.out().slice(mark), /granting 1\/\d+ of the quota/)
+    // Both beat again before the next test counts them.
+    await sleep(TTL_MS)
+    console.log(`# owner paused: a forwarded request answered 503 after ${gaveUp} ms; resumed, it answered ${asked.status} and follows the new owner`)
   })
 
   test('Redis stopped: each instance grants from 1/N of the quota (N from the heartbeats); Redis back: one owner again', { timeout: 60_000 }, async () => {
