@@ -461,3 +461,54 @@ fn a_body_estimated_again_from_its_text_is_estimated_alike() {
             .contains("not JSON")
     );
 }
+
+#[test]
+fn under_the_proxy_a_class_barely_seen_follows_the_model_s_correction_but_cjk_keeps_its_own() {
+    // A first call that is nearly all code, with a one-line question in prose: the provider
+    // counts 1.0 Claude token per proxy token where the estimator assumed 1.2.
+    let mut e = with_tokenizers();
+    let code = "fn f(x: u32) -> u32 { let y = (x * 2) + [x - 1][0]; y }\n".repeat(200);
+    let body = json!({ "model": "m", "messages": [{ "role": "user", "content": [
+        { "type": "text", "text": code },
+        { "type": "text", "text": "What does this function do, and would you call it twice?" }
+    ] }] });
+    let (id, est) = e.estimate(0, Provider::Anthropic, "m", &body);
+    let proxy_tokens = (est.input_tokens as f64 / 1.02 / 1.2).round() as u64;
+    e.observe(id, 1, Provider::Anthropic, "m", None, proxy_tokens, None);
+    let r = e.ratios(Provider::Anthropic, "m");
+    let (prose, code_r, cjk, doc) = (r[0], r[1], r[2], r[3]);
+    // The code class learned ~1.0 (proxy tokens per provider token).
+    assert!((code_r - 1.0).abs() < 0.02, "code {code_r}");
+    // The question's prose, a sliver of the call, moved with it (it stayed near 1/1.2 =
+    // 0.833 when each class moved only by its share), and so does a PDF's text not seen yet.
+    assert!(
+        (prose - code_r).abs() < 0.02,
+        "prose {prose} against code {code_r}"
+    );
+    assert!(
+        (doc - code_r).abs() < 0.02,
+        "a document's text {doc} against code {code_r}"
+    );
+    // CJK, where tokenizers differ most, keeps the initial figure until it is seen.
+    assert!((cjk - 1.0 / 1.2).abs() < 1e-9, "cjk {cjk}");
+
+    // Without the proxy (the byte rule), a class not seen keeps the initial figure: bytes
+    // per token differ several times between classes.
+    let mut b = bytes_only();
+    let (id, est) = b.estimate(0, Provider::Anthropic, "m", &body);
+    b.observe(
+        id,
+        1,
+        Provider::Anthropic,
+        "m",
+        None,
+        est.input_tokens / 2,
+        None,
+    );
+    let r = b.ratios(Provider::Anthropic, "m");
+    assert!(
+        (r[3] - 3.0).abs() < 1e-9,
+        "byte rule, a document's text {}",
+        r[3]
+    );
+}

@@ -8,7 +8,9 @@
 //! - **Anthropic** (no public tokenizer): the **byte rule**: text units (UTF-8 bytes, or
 //!   o200k_base tokens as a proxy once that tokenizer is given) times a ratio learned per
 //!   model and content class (prose, code, CJK, a PDF's text) from what settled calls
-//!   counted; a prompt prefix a settled call showed is known exactly (a conversation's
+//!   counted (under the proxy, prose, code and a PDF's text start from and move with the
+//!   model's learned figure until each is seen in full: one tokenizer against another
+//!   differs little between them); a prompt prefix a settled call showed is known exactly (a conversation's
 //!   previous turn), so only what is new since is estimated; and the prompt cache followed
 //!   as the provider keeps it: after each call the prefix up to each `cache_control`
 //!   breakpoint is remembered by content (not by agent) with its lifetime (`ttl`, 5 minutes
@@ -191,6 +193,36 @@ struct Ratio {
     seen: [f64; CLASSES],
 }
 
+impl Ratio {
+    /// The ratios to count with: a class this model has not shown yet takes `prior`, or
+    /// with `shared` (the proxy tokenizer's rule) the mean of the [`LATIN`] classes it has
+    /// shown, weighted by how much of each it has seen. Under the proxy the ratio is one
+    /// tokenizer's count against another's, which moves little between prose, code and a
+    /// document's text, so the model's own learned figure is a better first guess for them
+    /// than the figure for any model. Not for CJK, where vocabularies differ most (on the
+    /// corpus cl100k_base counts 0.99–1.06 × o200k_base for those three, 1.12–1.30 for
+    /// CJK), and not under the byte rule, where bytes per token differ several times.
+    fn factors(&self, prior: f64, shared: bool) -> [f64; CLASSES] {
+        let seen: f64 = LATIN.iter().map(|&k| self.seen[k]).sum();
+        let fill = if shared && seen > 0.0 {
+            LATIN.iter().map(|&k| self.t[k] * self.seen[k]).sum::<f64>() / seen
+        } else {
+            prior
+        };
+        let mut t = self.t;
+        for (k, x) in t.iter_mut().enumerate() {
+            if self.seen[k] <= 0.0 {
+                *x = if LATIN.contains(&k) { fill } else { prior };
+            }
+        }
+        t
+    }
+}
+
+/// The classes whose proxy ratios go together ([`Ratio::factors`]): prose, code, a PDF's
+/// text.
+const LATIN: [usize; 3] = [prompt::PROSE, prompt::CODE, prompt::DOC];
+
 /// A prompt prefix the provider has cached, as an earlier call showed.
 #[derive(Clone, Copy, Debug)]
 struct Cached {
@@ -203,6 +235,9 @@ struct Cached {
 /// prefixes, the prompt cache.
 struct ByteRule {
     initial: f64,
+    /// Whether a class not seen yet takes the model's other classes' figure
+    /// ([`Ratio::factors`]): the proxy tokenizer's rule.
+    shared: bool,
     ratios: Lru<u64, Ratio>,
     cache: Lru<u64, Cached>,
     known: Lru<u64, u64>,
@@ -275,9 +310,10 @@ fn f(x: u64) -> f64 {
 }
 
 impl ByteRule {
-    fn new(initial: f64, capacity: usize) -> ByteRule {
+    fn new(initial: f64, shared: bool, capacity: usize) -> ByteRule {
         ByteRule {
             initial,
+            shared,
             ratios: Lru::new(MODELS),
             cache: Lru::new(capacity),
             known: Lru::new(capacity),
@@ -285,9 +321,9 @@ impl ByteRule {
     }
 
     fn factors(&self, key: u64) -> [f64; CLASSES] {
-        self.ratios
-            .peek(&key)
-            .map_or([self.initial; CLASSES], |r| r.t)
+        self.ratios.peek(&key).map_or([self.initial; CLASSES], |r| {
+            r.factors(self.initial, self.shared)
+        })
     }
 
     /// Tokens of text units at ratios `t` beyond `from` (no safety margin).
@@ -309,7 +345,8 @@ impl ByteRule {
 
     /// Learns from `tokens` counted for the text units `units` (beyond `from`, a known
     /// prefix): each class's ratio scaled toward what the count shows, by its share of the
-    /// estimate (all of it the first time a class is seen, else `rate` of it).
+    /// estimate (all of it until the class has been seen in full, else `rate` of it); under
+    /// the proxy, a [`LATIN`] class not yet seen in full takes the LATIN classes' share.
     #[allow(clippy::too_many_arguments)]
     fn learn(
         &mut self,
@@ -321,7 +358,7 @@ impl ByteRule {
         min_tokens: f64,
     ) {
         let current = self.ratios.peek(&key).copied();
-        let t = current.map_or([self.initial; CLASSES], |r| r.t);
+        let t = self.factors(key);
         let mut parts = [0.0; CLASSES];
         let mut predicted = 0.0;
         for k in 0..CLASSES {
@@ -338,16 +375,26 @@ impl ByteRule {
         }
         // One call's scale is bounded: a count far off moves a ratio by 4× at most.
         let scale = (tokens / predicted).clamp(0.25, 4.0);
-        let mut r = current.unwrap_or(Ratio {
+        // A class seen for the first time moves from the figure it was counted at.
+        let mut r = Ratio {
             t,
-            seen: [0.0; CLASSES],
-        });
+            seen: current.map_or([0.0; CLASSES], |r| r.seen),
+        };
+        // Under the proxy, a LATIN class not yet seen in full takes the LATIN classes'
+        // share of the correction: the question beside a PDF moves with the document's.
+        let latin: f64 = LATIN.iter().map(|&k| parts[k]).sum::<f64>() / predicted;
         for (k, part) in parts.iter().enumerate() {
             let w = part / predicted;
             if w == 0.0 {
                 continue;
             }
-            let step = w * if r.seen[k] < 1.0 { 1.0 } else { rate };
+            let step = if r.seen[k] >= 1.0 {
+                w * rate
+            } else if self.shared && LATIN.contains(&k) {
+                latin
+            } else {
+                w
+            };
             r.t[k] *= 1.0 + step * (scale - 1.0);
             r.seen[k] += w;
         }
@@ -454,6 +501,7 @@ impl Estimator {
             options,
             bytes: ByteRule::new(
                 1.0 / options.initial_bytes_per_token,
+                false,
                 options.cached_prefixes,
             ),
             proxy: None,
@@ -474,6 +522,7 @@ impl Estimator {
         if e == Encoding::O200kBase && self.proxy.is_none() {
             self.proxy = Some(ByteRule::new(
                 self.options.initial_tokens_per_proxy_token,
+                true,
                 self.options.cached_prefixes,
             ));
         }
@@ -955,7 +1004,8 @@ impl Estimator {
 
     /// The learned units per token of `provider`'s `model` by class (prose, code, CJK, a
     /// PDF's text): bytes per token under the byte rule, proxy tokens per provider token
-    /// with the proxy (the initial figure until a call settles).
+    /// with the proxy (the initial figure until a call settles; with the proxy, a class the
+    /// model has not shown yet at the mean of the classes it has).
     #[must_use]
     pub fn ratios(&self, provider: Provider, model: &str) -> [f64; CLASSES] {
         let proxy = provider == Provider::Anthropic && self.anthropic_proxy();

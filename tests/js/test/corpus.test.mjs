@@ -31,7 +31,7 @@ const BOUNDS_BY_ESTIMATOR = {
     },
     'pdf': {
       cold: { n: 3, median: 0.05, p95: 0.15 },
-      warm: { n: 12, median: 0.05, p95: 0.19 },
+      warm: { n: 12, median: 0.05, p95: 0.15 },
     },
     'images': {
       cold: { n: 5, median: 0.05, p95: 0.185 },
