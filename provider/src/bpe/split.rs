@@ -43,18 +43,38 @@ struct Class {
     newline: bool,
 }
 
+/// The classes of the 128 ASCII characters, by code.
+const ASCII: [Class; 128] = {
+    let mut t = [Class {
+        letter: false,
+        upper: false,
+        lower: false,
+        number: false,
+        space: false,
+        newline: false,
+    }; 128];
+    let mut i = 0;
+    while i < 128 {
+        #[allow(clippy::cast_possible_truncation)]
+        let c = i as u8;
+        t[i] = Class {
+            letter: c.is_ascii_alphabetic(),
+            upper: c.is_ascii_uppercase(),
+            lower: c.is_ascii_lowercase(),
+            number: c.is_ascii_digit(),
+            space: c.is_ascii_whitespace() || c == 0x0b,
+            newline: c == b'\r' || c == b'\n',
+        };
+        i += 1;
+    }
+    t
+};
+
 impl Class {
+    #[inline]
     fn of(c: char) -> Class {
-        if c.is_ascii() {
-            let space = c.is_ascii_whitespace() || c == '\x0b';
-            return Class {
-                letter: c.is_ascii_alphabetic(),
-                upper: c.is_ascii_uppercase(),
-                lower: c.is_ascii_lowercase(),
-                number: c.is_ascii_digit(),
-                space,
-                newline: c == '\r' || c == '\n',
-            };
+        if let Some(&k) = ASCII.get(c as usize) {
+            return k;
         }
         let g = get_general_category(c);
         let mark = matches!(g, G::NonspacingMark | G::SpacingMark | G::EnclosingMark);
@@ -113,10 +133,16 @@ impl<'a> Iterator for Pieces<'a> {
         if self.at >= self.text.len() {
             return None;
         }
+        if let Some(n) = Ascii(&self.text.as_bytes()[self.at..]).cut(self.encoding) {
+            let piece = &self.text[self.at..self.at + n];
+            self.at += n;
+            return Some(piece);
+        }
         let mut s = Scan {
             text: self.text,
             chars: &mut self.chars,
             from: self.at,
+            ascii: 0,
         };
         s.chars.clear();
         let end_char = match self.encoding {
@@ -130,39 +156,227 @@ impl<'a> Iterator for Pieces<'a> {
     }
 }
 
-/// Characters of the text from byte `from`, decoded on demand.
+/// The cut over bytes where it sees only ASCII (most of what agents send): the same
+/// expression as [`o200k`] and [`cl100k`] with the classes of ASCII alone, which `None`
+/// hands to them whenever the cut would look at a byte of another character (a run that
+/// might go on through it, a class that decides). Over ASCII, upper- and lower-case letters
+/// are apart (no marks, no other letters), so the word's `[upper]*[lower]+` never gives
+/// back.
+struct Ascii<'a>(&'a [u8]);
+
+/// What a cut over ASCII needs at a byte: its class, or past the end of the text.
+enum At {
+    Char(Class),
+    End,
+}
+
+impl Ascii<'_> {
+    /// The class at byte `i`; `None` when the byte is not ASCII.
+    #[inline]
+    fn at(&self, i: usize) -> Option<At> {
+        match self.0.get(i) {
+            None => Some(At::End),
+            Some(&b) => ASCII.get(usize::from(b)).map(|&k| At::Char(k)),
+        }
+    }
+
+    /// Whether byte `i` satisfies `f` (`false` past the end; `None` on a byte not ASCII).
+    #[inline]
+    fn is(&self, i: usize, f: impl Fn(Class) -> bool) -> Option<bool> {
+        Some(match self.at(i)? {
+            At::Char(k) => f(k),
+            At::End => false,
+        })
+    }
+
+    /// The end of the run from `i` of bytes that satisfy `f`, if it ends at an ASCII byte
+    /// or the end of the text.
+    #[inline]
+    fn run(&self, mut i: usize, f: impl Fn(Class) -> bool) -> Option<usize> {
+        while self.is(i, &f)? {
+            i += 1;
+        }
+        Some(i)
+    }
+
+    /// The end of a contraction at `i` (a byte of another character matches none).
+    fn contraction(&self, i: usize) -> Option<usize> {
+        if self.0.get(i) != Some(&b'\'') {
+            return None;
+        }
+        let a = self.0.get(i + 1).map(u8::to_ascii_lowercase);
+        let b = self.0.get(i + 2).map(u8::to_ascii_lowercase);
+        match (a?, b) {
+            (b's' | b't' | b'm' | b'd', _) => Some(i + 2),
+            (b'r' | b'v', Some(b'e')) | (b'l', Some(b'l')) => Some(i + 3),
+            _ => None,
+        }
+    }
+
+    /// `\p{N}{1,3}` at the start, if a number starts there: `Some(None)` when none does.
+    fn number(&self) -> Option<Option<usize>> {
+        if !self.is(0, |k| k.number)? {
+            return Some(None);
+        }
+        let mut end = 1;
+        while end < 3 && self.is(end, |k| k.number)? {
+            end += 1;
+        }
+        Some(Some(end))
+    }
+
+    /// ` ?[^\s\p{L}\p{N}]+` then the run of `tail` bytes: `Some(None)` when it does not
+    /// match.
+    fn symbols(&self, tail: impl Fn(u8) -> bool) -> Option<Option<usize>> {
+        let start = if self.0.first() == Some(&b' ') && self.is(1, Class::symbol)? {
+            1
+        } else if self.is(0, Class::symbol)? {
+            0
+        } else {
+            return Some(None);
+        };
+        let mut end = self.run(start, Class::symbol)?;
+        while self.0.get(end).is_some_and(|&b| tail(b)) {
+            end += 1;
+        }
+        Some(Some(end))
+    }
+
+    /// The spaces' alternatives: `\s*[\r\n]+` (o200k) or `\s*[\r\n]` (cl100k, `+` false)
+    /// then `\s+(?!\S)` and `\s+` (cl100k: `\s++$` first, and `\s` last).
+    fn spaces(&self, newlines_run: bool) -> Option<usize> {
+        let run = self.run(0, |k| k.space)?;
+        let at_end = run == self.0.len();
+        if at_end && !newlines_run {
+            return Some(run);
+        }
+        if let Some(k) = (0..run).rev().find(|&k| matches!(self.0[k], b'\r' | b'\n')) {
+            return Some(k + 1);
+        }
+        Some(if at_end || run < 2 { run } else { run - 1 })
+    }
+
+    /// The length of the first piece, or `None` for the general cut.
+    fn cut(&self, encoding: Encoding) -> Option<usize> {
+        match encoding {
+            Encoding::O200kBase => self.o200k(),
+            Encoding::Cl100kBase => self.cl100k(),
+        }
+    }
+
+    fn o200k(&self) -> Option<usize> {
+        // A word: an optional lead, then upper then lower case; over ASCII the lead is
+        // taken whenever there is one (a lead is not a letter, so without it no word
+        // starts there).
+        let j = usize::from(self.is(0, Class::lead)?);
+        let upper_end = self.run(j, |k| k.upper)?;
+        if self.is(upper_end, |k| k.lower)? {
+            let end = self.run(upper_end, |k| k.lower)?;
+            return Some(self.contraction(end).unwrap_or(end));
+        }
+        if upper_end > j {
+            return Some(self.contraction(upper_end).unwrap_or(upper_end));
+        }
+        if let Some(end) = self.number()? {
+            return Some(end);
+        }
+        if let Some(end) = self.symbols(|b| matches!(b, b'\r' | b'\n' | b'/'))? {
+            return Some(end);
+        }
+        self.spaces(true)
+    }
+
+    fn cl100k(&self) -> Option<usize> {
+        if let Some(end) = self.contraction(0) {
+            return Some(end);
+        }
+        let j = usize::from(self.is(0, Class::lead)?);
+        if self.is(j, |k| k.letter)? {
+            return self.run(j, |k| k.letter);
+        }
+        if let Some(end) = self.number()? {
+            return Some(end);
+        }
+        if let Some(end) = self.symbols(|b| matches!(b, b'\r' | b'\n'))? {
+            return Some(end);
+        }
+        self.spaces(false)
+    }
+}
+
+/// Characters of the text from byte `from`, decoded on demand: a run of ASCII read as
+/// bytes, the characters after it decoded into `chars`.
 struct Scan<'a, 'b> {
     text: &'a str,
+    /// Character `ascii + j` (its byte offset, itself, its class) at `j`, once decoded.
     chars: &'b mut alloc::vec::Vec<(usize, char, Class)>,
     from: usize,
+    /// Characters `0..ascii` from `from` are ASCII: character `i` is byte `from + i`.
+    ascii: usize,
 }
 
 impl Scan<'_, '_> {
     /// The class of the `i`-th character from the start, `None` past the end.
+    #[inline]
     fn class(&mut self, i: usize) -> Option<Class> {
-        while self.chars.len() <= i {
+        if i < self.ascii {
+            return self.ascii_class(i);
+        }
+        self.decode(i).map(|(_, _, k)| k)
+    }
+
+    /// The class of character `i` of the ASCII run.
+    #[inline]
+    fn ascii_class(&self, i: usize) -> Option<Class> {
+        let b = *self.text.as_bytes().get(self.from + i)?;
+        ASCII.get(usize::from(b)).copied()
+    }
+
+    /// Character `i` at or past the ASCII run known so far: the run grown to it while
+    /// nothing has been decoded after the run, else decoded into `chars`.
+    fn decode(&mut self, i: usize) -> Option<(usize, char, Class)> {
+        let bytes = self.text.as_bytes();
+        if self.chars.is_empty() {
+            while self.ascii <= i {
+                match bytes.get(self.from + self.ascii) {
+                    Some(&b) if b.is_ascii() => self.ascii += 1,
+                    _ => break,
+                }
+            }
+            if i < self.ascii {
+                let b = bytes[self.from + i];
+                return Some((self.from + i, char::from(b), ASCII[usize::from(b)]));
+            }
+        }
+        let j = i - self.ascii;
+        while self.chars.len() <= j {
             let at = self
                 .chars
                 .last()
-                .map_or(self.from, |&(o, c, _)| o + c.len_utf8());
+                .map_or(self.from + self.ascii, |&(o, c, _)| o + c.len_utf8());
             let c = self.text.get(at..)?.chars().next()?;
             self.chars.push((at, c, Class::of(c)));
         }
-        self.chars.get(i).map(|&(_, _, k)| k)
+        self.chars.get(j).copied()
     }
 
     fn char(&mut self, i: usize) -> Option<char> {
-        self.class(i)?;
-        self.chars.get(i).map(|&(_, c, _)| c)
+        if i < self.ascii {
+            return self
+                .text
+                .as_bytes()
+                .get(self.from + i)
+                .map(|&b| char::from(b));
+        }
+        self.decode(i).map(|(_, c, _)| c)
     }
 
     /// The byte offset of the `i`-th character (the end of the text past it).
     fn offset(&mut self, i: usize) -> usize {
-        if self.class(i).is_some() {
-            self.chars.get(i).map_or(self.text.len(), |&(o, _, _)| o)
-        } else {
-            self.text.len()
+        if i < self.ascii {
+            return self.from + i;
         }
+        self.decode(i).map_or(self.text.len(), |(o, _, _)| o)
     }
 
     fn is(&mut self, i: usize, f: impl Fn(Class) -> bool) -> bool {

@@ -1,0 +1,83 @@
+//! The provider crate's tokenizer: tokens per second counting 50 KB texts of this
+//! repository's own sources (code, comments and prose, as a coding agent's prompt holds),
+//! for both encodings, and the pre-merge cut alone. BENCHMARKS.md, "The tokenizer's speed".
+//!
+//! Run with `cargo bench -p tokenwarden-provider --features ranks --bench tokenizer`.
+
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{Criterion, Throughput, criterion_main};
+use tokenwarden_provider::bpe::{self, Bpe, Encoding};
+
+/// Four 50 KB slices of the sources under `core/src` and `docs`, each cut at a character.
+fn texts() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    let mut dirs = vec![root.join("core/src"), root.join("docs")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("a source folder").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs" || x == "md") {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    let all: String = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = Vec::new();
+    let mut at = 0;
+    while out.len() < 4 && at + 50 * 1024 < all.len() {
+        let mut end = at + 50 * 1024;
+        while !all.is_char_boundary(end) {
+            end += 1;
+        }
+        out.push(all[at..end].to_string());
+        at = end;
+    }
+    out
+}
+
+fn tokenizer(c: &mut Criterion) {
+    let texts = texts();
+    assert_eq!(
+        texts.len(),
+        4,
+        "the sources are too small for four 50 KB texts"
+    );
+    let mut g = c.benchmark_group("tokenizer");
+    for (name, encoding, ranks) in [
+        ("o200k", Encoding::O200kBase, bpe::O200K_BASE),
+        ("cl100k", Encoding::Cl100kBase, bpe::CL100K_BASE),
+    ] {
+        let bpe = Bpe::new(encoding, ranks).expect("the embedded ranks");
+        let tokens: usize = texts.iter().map(|t| bpe.count(t)).sum();
+        g.throughput(Throughput::Elements(tokens as u64));
+        g.bench_function(format!("count/{name}/4x50KB"), |b| {
+            b.iter(|| texts.iter().map(|t| bpe.count(black_box(t))).sum::<usize>());
+        });
+        g.bench_function(format!("pieces/{name}/4x50KB"), |b| {
+            b.iter(|| {
+                texts
+                    .iter()
+                    .map(|t| bpe.pieces(black_box(t)).len())
+                    .sum::<usize>()
+            });
+        });
+    }
+    g.finish();
+}
+
+/// The benchmarks, with criterion's settings from the command line.
+fn benches() {
+    let mut c = Criterion::default().configure_from_args();
+    tokenizer(&mut c);
+}
+
+criterion_main!(benches);
