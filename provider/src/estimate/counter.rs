@@ -47,8 +47,15 @@ impl Counter {
         if s.len() < MEMO_MIN {
             return self.bounded(s);
         }
+        self.remembered(s, 0, || self.bounded(s))
+    }
+
+    /// The memo's figure for `s` under `rule` (0: the count; else the run cut), or
+    /// `figure()` remembered.
+    fn remembered(&self, s: &str, rule: usize, figure: impl FnOnce() -> u64) -> u64 {
         let key = {
             let mut h = Hash::new();
+            h.push(&(rule as u64).to_le_bytes());
             if s.len() > LONG {
                 h.push(super::prompt::digest(s).as_bytes());
             } else {
@@ -59,7 +66,7 @@ impl Counter {
         if let Some(&(n, _)) = self.memo.borrow_mut().counts.get(&key) {
             return n;
         }
-        let n = self.bounded(s);
+        let n = figure();
         let mut memo = self.memo.borrow_mut();
         let weight = s.len().min(LONG);
         memo.counts.insert(key, (n, weight));
@@ -88,6 +95,15 @@ impl Counter {
     /// The tokens of `s` with runs without whitespace cut at `max_run` characters and
     /// counted apart (about a token more per cut: the Anthropic proxy's rule).
     pub(crate) fn count_runs(&self, s: &str, max_run: usize) -> u64 {
+        if s.len() < MEMO_MIN {
+            return self.cut_runs(s, max_run);
+        }
+        // A long string's figure is remembered whole: a conversation's earlier turns are
+        // not walked again.
+        self.remembered(s, max_run.max(1), || self.cut_runs(s, max_run))
+    }
+
+    fn cut_runs(&self, s: &str, max_run: usize) -> u64 {
         let mut run = 0;
         let mut from = 0;
         let mut n = 0;
@@ -105,7 +121,8 @@ impl Counter {
             }
         }
         if from == 0 {
-            self.count(s)
+            // No run was cut: the whole string's count (remembered by `count_runs`).
+            self.bounded(s)
         } else {
             n + if from < s.len() {
                 self.count(&s[from..])

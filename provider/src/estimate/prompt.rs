@@ -105,6 +105,18 @@ pub(crate) struct Costing<'a> {
     pub(crate) media: &'a RefCell<Lru<u64, Option<Cost>>>,
 }
 
+/// The ASCII characters that count toward code: digits, brackets, operators, quotes.
+const CODE_CHARS: u128 = {
+    let set = b"0123456789{}[]()<>;:=_/\\|\"'`#*&%$@!^~+-";
+    let mut m = 0u128;
+    let mut i = 0;
+    while i < set.len() {
+        m |= 1u128 << set[i];
+        i += 1;
+    }
+    m
+};
+
 /// A text's class, from one pass over (a sample of) its characters: CJK when a fifth of them
 /// are CJK; code (or JSON, or command output) when a tenth are brackets, operators, quotes
 /// or digits (prose has few; `.` and `,` do not count); else prose.
@@ -114,12 +126,21 @@ pub(crate) fn classify(s: &str) -> usize {
     } else {
         1
     };
+    if s.is_ascii() {
+        // Every character a byte: the same sample, without decoding.
+        let (mut n, mut sym) = (0usize, 0usize);
+        for &b in s.as_bytes().iter().step_by(step) {
+            n += 1;
+            sym += usize::from(CODE_CHARS & (1u128 << (b & 127)) != 0);
+        }
+        return if n > 0 && sym * 10 >= n { CODE } else { PROSE };
+    }
     let (mut n, mut cjk, mut sym) = (0usize, 0usize, 0usize);
     for c in s.chars().step_by(step) {
         n += 1;
         let u = c as u32;
         if c.is_ascii() {
-            if c.is_ascii_digit() || "{}[]()<>;:=_/\\|\"'`#*&%$@!^~+-".contains(c) {
+            if CODE_CHARS & (1u128 << (u & 127)) != 0 {
                 sym += 1;
             }
         } else if (0x3040..=0x30ff).contains(&u)
@@ -218,7 +239,7 @@ impl Costing<'_> {
         let mut h = Hash::new();
         h.push(&self.meter.id().to_le_bytes());
         h.push(&[self.provider as u8]);
-        h.push(shortened(&Value::Object(b.clone())).as_bytes());
+        feed_object(&mut h, b, false);
         let key = h.finish();
         if let Some(known) = self.media.borrow_mut().get(&key) {
             return *known;
@@ -338,34 +359,6 @@ pub(crate) fn json(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_default()
 }
 
-/// A value's JSON with long strings (images, documents) replaced by a digest.
-fn shortened(v: &Value) -> String {
-    fn shorten(v: &Value) -> Value {
-        match v {
-            Value::String(s) if s.len() > LONG => Value::String(digest(s)),
-            Value::Array(a) => Value::Array(a.iter().map(shorten).collect()),
-            Value::Object(o) => {
-                Value::Object(o.iter().map(|(k, v)| (k.clone(), shorten(v))).collect())
-            }
-            other => other.clone(),
-        }
-    }
-    if contains_long(v) {
-        json(&shorten(v))
-    } else {
-        json(v)
-    }
-}
-
-fn contains_long(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.len() > LONG,
-        Value::Array(a) => a.iter().any(contains_long),
-        Value::Object(o) => o.values().any(contains_long),
-        _ => false,
-    }
-}
-
 /// A digest of a long string: its length, its first and last 4 KB and every 61st byte.
 pub(crate) fn digest(s: &str) -> String {
     let b = s.as_bytes();
@@ -380,17 +373,70 @@ pub(crate) fn digest(s: &str) -> String {
     format!("\u{0}{}:{:x}", b.len(), h.finish())
 }
 
-/// A block's content without its `cache_control` (which moves from turn to turn), long
-/// strings digested.
-fn canonical(block: &Value) -> String {
-    match block {
-        Value::Object(o) if o.contains_key("cache_control") => {
-            let mut rest = o.clone();
-            rest.remove("cache_control");
-            shortened(&Value::Object(rest))
+/// Folds a value's content into `h` part by part (each string, key, number and bracket a
+/// push of its own: no JSON is written), long strings (images, documents) by their
+/// [`digest`]; with `canonical`, the top-level `cache_control` left out (it moves from turn
+/// to turn). Equal values fold alike; an object's keys in the map's order.
+fn feed(h: &mut Hash, v: &Value, canonical: bool) {
+    match v {
+        Value::Null => h.push(b"n"),
+        Value::Bool(b) => h.push(if *b { b"t" } else { b"f" }),
+        Value::Number(n) => {
+            if let Some(u) = n.as_u64() {
+                h.push(b"u");
+                h.push(&u.to_le_bytes());
+            } else if let Some(i) = n.as_i64() {
+                h.push(b"i");
+                h.push(&i.to_le_bytes());
+            } else {
+                h.push(b"f");
+                h.push(&n.as_f64().unwrap_or(0.0).to_bits().to_le_bytes());
+            }
         }
-        other => shortened(other),
+        Value::String(s) if s.len() > LONG => {
+            h.push(b"d");
+            h.push(digest(s).as_bytes());
+        }
+        Value::String(s) => {
+            h.push(b"s");
+            h.push(s.as_bytes());
+        }
+        Value::Array(a) => {
+            h.push(b"[");
+            for x in a {
+                feed(h, x, false);
+            }
+            h.push(b"]");
+        }
+        Value::Object(o) => feed_object(h, o, canonical),
     }
+}
+
+/// [`feed`] of an object.
+fn feed_object(h: &mut Hash, o: &Map<String, Value>, canonical: bool) {
+    h.push(b"{");
+    for (k, x) in o {
+        if canonical && k == "cache_control" {
+            continue;
+        }
+        h.push(k.as_bytes());
+        feed(h, x, false);
+    }
+    h.push(b"}");
+}
+
+/// What a piece of the prompt adds to the prefix's hash.
+enum Key<'v> {
+    /// Words, each pushed as it is.
+    Words(&'v [&'v str]),
+    /// A block or item ([`feed`]; `canonical` for a block), after its message's role when
+    /// it is the first; `stripped` when the provider takes it out (another prefix).
+    Block {
+        role: Option<&'v str>,
+        value: &'v Value,
+        canonical: bool,
+        stripped: bool,
+    },
 }
 
 /// A block's `cache_control`, if it has one (`null` is none; any other value is one).
@@ -418,13 +464,24 @@ impl Hash {
         Hash(0xcbf2_9ce4_8422_2325)
     }
 
+    /// Folds `bytes` in, eight at a time (multiply and rotate, as the tokenizer's table
+    /// hashes), then their length, so that block boundaries are part of the prefix.
     pub(crate) fn push(&mut self, bytes: &[u8]) {
+        const M: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut h = self.0;
-        for &b in bytes {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M).rotate_left(29);
         }
-        // A separator, so that block boundaries are part of the prefix.
-        self.0 = (h ^ 0x1f).wrapping_mul(0x0000_0100_0000_01b3);
+        let tail = chunks.remainder();
+        if !tail.is_empty() {
+            let mut w = [0u8; 8];
+            w[..tail.len()].copy_from_slice(tail);
+            h = (h ^ u64::from_le_bytes(w)).wrapping_mul(M).rotate_left(29);
+        }
+        self.0 = (h ^ bytes.len() as u64).wrapping_mul(M).rotate_left(29);
     }
 
     pub(crate) fn finish(self) -> u64 {
@@ -542,13 +599,33 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
         3
     };
     let mut piece =
-        |out: &mut Prompt, cost: Cost, framing: u64, text: &str, control: Option<&Value>| {
+        |out: &mut Prompt, cost: Cost, framing: u64, key: Key<'_>, control: Option<&Value>| {
             for k in 0..CLASSES {
                 out.total[k] = out.total[k].saturating_add(cost.units[k]);
             }
             out.total[PROSE] = out.total[PROSE].saturating_add(framing);
             out.fixed = out.fixed.saturating_add(cost.tokens);
-            hash.push(text.as_bytes());
+            match key {
+                Key::Words(words) => {
+                    for w in words {
+                        hash.push(w.as_bytes());
+                    }
+                }
+                Key::Block {
+                    role,
+                    value,
+                    canonical,
+                    stripped,
+                } => {
+                    if let Some(r) = role {
+                        hash.push(r.as_bytes());
+                    }
+                    feed(&mut hash, value, canonical);
+                    if stripped {
+                        hash.push(b"\0stripped");
+                    }
+                }
+            }
             if control.is_some() {
                 out.last = Some(out.pieces.len());
             }
@@ -565,8 +642,16 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
         let mut o = Map::new();
         o.insert("type".into(), Value::String("text".into()));
         o.insert("text".into(), Value::String(text.into()));
-        canonical(&Value::Object(o))
+        Value::Object(o)
     };
+    fn block(value: &Value) -> Key<'_> {
+        Key::Block {
+            role: None,
+            value,
+            canonical: true,
+            stripped: false,
+        }
+    }
     if let Some(Value::Array(tools)) = body.get("tools") {
         if provider == Provider::Anthropic && !tools.is_empty() {
             let choice = body
@@ -579,22 +664,22 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
             } else {
                 (TOOL_USE_AUTO, "tauto")
             };
-            piece(&mut out, Cost::tokens(tokens), 0, key, None);
+            piece(&mut out, Cost::tokens(tokens), 0, Key::Words(&[key]), None);
         }
         for t in tools {
             let cost = costing.text(&json(t), Some(CODE));
-            piece(&mut out, cost, 0, &canonical(t), cache_control(t));
+            piece(&mut out, cost, 0, block(t), cache_control(t));
         }
     }
     match body.get("system") {
         Some(Value::String(s)) => {
             let cost = costing.text(s, None);
-            piece(&mut out, cost, 0, &as_block(s), None);
+            piece(&mut out, cost, 0, block(&as_block(s)), None);
         }
         Some(Value::Array(blocks)) => {
             for b in blocks {
                 let cost = costing.block(b);
-                piece(&mut out, cost, 0, &canonical(b), cache_control(b));
+                piece(&mut out, cost, 0, block(b), cache_control(b));
             }
         }
         _ => {}
@@ -602,7 +687,7 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
     // The Responses API: `instructions`, then `input` (a string or a list of items).
     if let Some(Value::String(i)) = body.get("instructions") {
         let cost = costing.text(i, None);
-        piece(&mut out, cost, 0, &format!("i{i}"), None);
+        piece(&mut out, cost, 0, Key::Words(&["i", i]), None);
     }
     let from_input;
     let messages: &[Value] = match (body.get("messages"), body.get("input")) {
@@ -645,7 +730,7 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
         // A Responses API item that is not a message (a function call, its output): one block.
         if !msg.contains_key("content") && !msg.contains_key("role") {
             let cost = costing.block(m);
-            piece(&mut out, cost, framing_units, &canonical(m), None);
+            piece(&mut out, cost, framing_units, block(m), None);
             continue;
         }
         let role = format!(
@@ -662,37 +747,53 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
                 for (i, b) in blocks.iter().enumerate() {
                     // An earlier turn's thinking the provider takes out: no tokens, another prefix.
                     let stripped = at < thinking_from && is_thinking(b);
-                    let mut key = if i == 0 { role.clone() } else { String::new() };
-                    key.push_str(&canonical(b));
-                    if stripped {
-                        key.push_str("\u{0}stripped");
-                    }
+                    let key = Key::Block {
+                        role: (i == 0).then_some(role.as_str()),
+                        value: b,
+                        canonical: true,
+                        stripped,
+                    };
                     let cost = if stripped {
                         Cost::default()
                     } else {
                         costing.block(b)
                     };
-                    piece(&mut out, cost, framing, &key, cache_control(b));
+                    piece(&mut out, cost, framing, key, cache_control(b));
                     framing = 0;
                 }
                 if blocks.is_empty() {
-                    piece(&mut out, Cost::default(), framing, &role, None);
+                    piece(
+                        &mut out,
+                        Cost::default(),
+                        framing,
+                        Key::Words(&[&role]),
+                        None,
+                    );
                 }
             }
             content => {
                 let cost = costing.content(content);
-                let text = match content {
-                    Some(Value::String(s)) => as_block(s),
-                    Some(other) => json(other),
-                    None => String::new(),
+                let text;
+                let key = match content {
+                    Some(Value::String(s)) => {
+                        text = as_block(s);
+                        Key::Block {
+                            role: Some(&role),
+                            value: &text,
+                            canonical: true,
+                            stripped: false,
+                        }
+                    }
+                    // Not a block: its whole value, `cache_control` and all.
+                    Some(other) => Key::Block {
+                        role: Some(&role),
+                        value: other,
+                        canonical: false,
+                        stripped: false,
+                    },
+                    None => Key::Words(&[&role]),
                 };
-                piece(
-                    &mut out,
-                    cost,
-                    framing_units,
-                    &format!("{role}{text}"),
-                    cache_control(m),
-                );
+                piece(&mut out, cost, framing_units, key, cache_control(m));
             }
         }
     }
