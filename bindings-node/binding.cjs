@@ -845,6 +845,7 @@ module.exports.countTokensBody = nativeBinding.countTokensBody
 module.exports.countTokensPause = nativeBinding.countTokensPause
 module.exports.errorAnswer = nativeBinding.errorAnswer
 module.exports.identity = nativeBinding.identity
+module.exports.limiterAnswer = nativeBinding.limiterAnswer
 module.exports.planFleet = nativeBinding.planFleet
 module.exports.promptBytes = nativeBinding.promptBytes
 module.exports.proxiedCall = nativeBinding.proxiedCall

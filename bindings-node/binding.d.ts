@@ -228,6 +228,12 @@ export declare function errorAnswer(provider: string, status: number, kind: stri
 export declare function identity(kind: string, a: string, b: string): number
 
 /**
+ * What the remote driver does with an answer of the limiter: `{"do":"read" | "refused" |
+ * "retry" | "unreachable", "afterMs"?}` as JSON text.
+ */
+export declare function limiterAnswer(status: number, code: string | undefined | null, retryAfter: string | undefined | null, waitedMs: number, timeoutMs: number): string
+
+/**
  * Sizes a fleet before it runs: the core's `plan_fleet` on a fleet description (the core's
  * snake_case JSON: `{ pool, agents: [...], headroom_permille? }`), answered as camelCase
  * JSON — every limited axis's late-session demand and share, the binding axis, the agents

@@ -1812,3 +1812,37 @@ pub fn count_tokens_pause(
     #[allow(clippy::cast_precision_loss)] // at most MAX_PAUSE_MS
     Ok(ms as f64)
 }
+
+/// `limiterAnswer(status, code, retryAfter, waitedMs, timeoutMs)`: what the remote driver
+/// does with an answer of the limiter ([`tokenwarden_gateway::limiter::limiter_answer`]), as
+/// JSON text: `{"do":"read"}`, `{"do":"refused"}`, `{"do":"retry","afterMs":…}` or
+/// `{"do":"unreachable"}`.
+pub fn limiter_answer(
+    status: f64,
+    code: Option<&str>,
+    retry_after: Option<&str>,
+    waited_ms: f64,
+    timeout_ms: f64,
+) -> Result<String, ArgError> {
+    use tokenwarden_gateway::limiter::Verdict;
+    let status = u16::try_from(u64_of(status, "status")?).map_err(|_| {
+        ArgError::range(
+            "invalid_argument",
+            format!("`status` must be an HTTP status, got {status}"),
+        )
+        .with_field("status")
+    })?;
+    let verdict = tokenwarden_gateway::limiter::limiter_answer(
+        status,
+        code,
+        retry_after,
+        u64_of(waited_ms, "waitedMs")?,
+        u64_of(timeout_ms, "timeoutMs")?,
+    );
+    Ok(match verdict {
+        Verdict::Read => r#"{"do":"read"}"#.into(),
+        Verdict::Refused => r#"{"do":"refused"}"#.into(),
+        Verdict::Retry { after_ms } => format!(r#"{{"do":"retry","afterMs":{after_ms}}}"#),
+        Verdict::Unreachable => r#"{"do":"unreachable"}"#.into(),
+    })
+}

@@ -73,6 +73,7 @@ useProviderRules({
   checkFleets: (text, serveFile) => rules().checkFleets(text, serveFile),
   proxiedCall: (rest, search, headers, secrets, credential) => rules().proxiedCall(rest, search, headers, secrets, credential),
   proxiedProvider: (rest, anthropicVersion) => rules().proxiedProvider(rest, anthropicVersion),
+  limiterAnswer: (status, code, retryAfter, waitedMs, timeoutMs) => rules().limiterAnswer(status, code, retryAfter, waitedMs, timeoutMs),
   identity: (kind, a, b) => rules().identity(kind, a, b),
 })
 

@@ -112,6 +112,13 @@ export const nativeProviderRules: ProviderRules = {
   proxiedProvider(rest, anthropicVersion) {
     return addon().proxiedProvider(rest, anthropicVersion) ?? null
   },
+  limiterAnswer(status, code, retryAfter, waitedMs, timeoutMs) {
+    try {
+      return addon().limiterAnswer(status, code ?? undefined, retryAfter ?? undefined, waitedMs, timeoutMs)
+    } catch (e) {
+      throw normalizeEngineError(e, 'limiterAnswer')
+    }
+  },
   identity(kind, a, b) {
     try {
       return addon().identity(kind, a, b)

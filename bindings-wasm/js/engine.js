@@ -148,6 +148,8 @@ export function providerRulesFor(wasm, ranks) {
     checkFleets: (text, serveFile) => call('checkFleets', () => wasm.checkFleets(text, serveFile)),
     proxiedCall: (rest, search, headers, secrets, credential) => call('proxiedCall', () => wasm.proxiedCall(rest, search, headers, secrets, credential ?? undefined)),
     proxiedProvider: (rest, anthropicVersion) => wasm.proxiedProvider(rest, anthropicVersion) ?? null,
+    limiterAnswer: (status, code, retryAfter, waitedMs, timeoutMs) =>
+      call('limiterAnswer', () => wasm.limiterAnswer(status, code ?? undefined, retryAfter ?? undefined, waitedMs, timeoutMs)),
     identity: (kind, a, b) => call('identity', () => wasm.identity(kind, a, b)),
   }
   return { tokenizer, counter, rules }

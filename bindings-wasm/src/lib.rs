@@ -634,6 +634,25 @@ pub fn count_tokens_pause(
     )?)
 }
 
+/// What the remote driver does with an answer of the limiter: `{"do":"read" | "refused" |
+/// "retry" | "unreachable", "afterMs"?}` as JSON text.
+#[wasm_bindgen(js_name = limiterAnswer)]
+pub fn limiter_answer(
+    status: f64,
+    code: Option<String>,
+    retry_after: Option<String>,
+    waited_ms: f64,
+    timeout_ms: f64,
+) -> Result<String, Thrown> {
+    Ok(tokenwarden_js_abi::limiter_answer(
+        status,
+        code.as_deref(),
+        retry_after.as_deref(),
+        waited_ms,
+        timeout_ms,
+    )?)
+}
+
 /// A prompt's UTF-8 bytes split at Anthropic's last cache breakpoint:
 /// `{"prefix","rest"}` as JSON text.
 #[wasm_bindgen(js_name = promptBytes)]

@@ -13,7 +13,8 @@ import { type CallAsk, type HeadersLike, Lease, headerPairs } from './driver.js'
 import type { Estimator } from './estimator.js'
 import { AbortedError, LeaseRejectedError, TokenwardenError } from './errors.js'
 import { Tokenwarden } from './tokenwarden.js'
-import type { Clock } from './clock.js'
+import { type Clock, sleep } from './clock.js'
+import { providerRules } from './rules.js'
 import type { AcquireOptions } from './driver.js'
 import { ENGINE_ERROR_CODES } from './abi.js'
 import type { ErrorCode } from './errors.js'
@@ -208,28 +209,49 @@ export class RemoteTokenwarden extends Tokenwarden {
 
   async #call(method: string, path: string, body?: unknown, timeoutMs = this.#o.timeoutMs, abort: AbortSignal | null = null): Promise<{ status: number; body: Record<string, unknown> }> {
     const url = `${this.#o.url}/v1/fleets/${encodeURIComponent(this.#o.fleet)}/quotas/${encodeURIComponent(this.#o.quota)}${path}`
+    const started = this.clock.now()
     let res: Response
-    try {
-      res = await this.#o.fetch(url, {
-        method,
-        headers: { authorization: `Bearer ${this.#o.secret}`, 'content-type': 'application/json', 'x-tokenwarden-client': this.#client },
-        body: body === undefined ? null : JSON.stringify(body),
-        signal: abort === null ? AbortSignal.timeout(timeoutMs) : AbortSignal.any([AbortSignal.timeout(timeoutMs), abort]),
-      })
-    } catch (e) {
-      if (abort?.aborted) throw new AbortedError(abort.reason)
-      throw new Unreachable(`the edge limiter at ${this.#o.url} did not answer: ${(e as Error).message}`)
-    }
-    if (res.status >= 500) throw new Unreachable(`the edge limiter answered ${res.status}`)
-    let parsed: Record<string, unknown>
-    try {
-      parsed = (await res.json()) as Record<string, unknown>
-    } catch {
-      throw new Unreachable(`the edge limiter answered ${res.status} without JSON`)
-    }
-    if (res.status === 401 || res.status === 403) {
-      // Misconfiguration, not an outage: do not fail open silently.
-      throw new TokenwardenError('invalid_argument', `the edge limiter refused the fleet secret (${res.status}): ${String(parsed.message ?? '')}`)
+    let parsed: Record<string, unknown> | null
+    for (;;) {
+      try {
+        res = await this.#o.fetch(url, {
+          method,
+          headers: { authorization: `Bearer ${this.#o.secret}`, 'content-type': 'application/json', 'x-tokenwarden-client': this.#client },
+          body: body === undefined ? null : JSON.stringify(body),
+          signal: abort === null ? AbortSignal.timeout(timeoutMs) : AbortSignal.any([AbortSignal.timeout(timeoutMs), abort]),
+        })
+      } catch (e) {
+        if (abort?.aborted) throw new AbortedError(abort.reason)
+        throw new Unreachable(`the edge limiter at ${this.#o.url} did not answer: ${(e as Error).message}`)
+      }
+      try {
+        const j: unknown = await res.json()
+        parsed = j !== null && typeof j === 'object' && !Array.isArray(j) ? (j as Record<string, unknown>) : null
+      } catch {
+        parsed = null
+      }
+      const code = typeof parsed?.error === 'string' ? parsed.error : null
+      // Read it, report a refused secret, ask again while an owner moves, or fail open: the
+      // gateway crate's rule, which knows the limiter's codes.
+      const verdict = JSON.parse(providerRules().limiterAnswer(res.status, code, res.headers.get('retry-after'), Math.max(0, this.clock.now() - started), timeoutMs)) as {
+        do: 'read' | 'refused' | 'retry' | 'unreachable'
+        afterMs?: number
+      }
+      if (verdict.do === 'retry') {
+        try {
+          await sleep(this.clock, verdict.afterMs ?? 0, abort)
+        } catch {
+          throw new AbortedError(abort?.reason)
+        }
+        continue
+      }
+      if (verdict.do === 'refused') {
+        // Misconfiguration, not an outage: do not fail open silently.
+        throw new TokenwardenError('invalid_argument', `the edge limiter refused the fleet secret (${res.status}): ${String(parsed?.message ?? '')}`)
+      }
+      if (verdict.do === 'unreachable') throw new Unreachable(`the edge limiter answered ${res.status}${code === null ? '' : ` (${code})`}`)
+      if (parsed === null) throw new Unreachable(`the edge limiter answered ${res.status} without JSON`)
+      break
     }
     // The processes sharing the quota, within the core's bound on a share (`share`: 1 to 4096).
     if (typeof parsed.clients === 'number' && Number.isSafeInteger(parsed.clients) && parsed.clients >= 1 && parsed.clients <= 4096) this.#clients = parsed.clients

@@ -68,6 +68,14 @@ export interface ProviderRules {
   /** The provider a proxied request speaks, for its errors; null if its path cannot be read. */
   proxiedProvider(rest: string, anthropicVersion: boolean): string | null
   /**
+   * What the remote driver does with an answer of the limiter (the gateway crate's rule):
+   * its status, its JSON body's `error` code, its `Retry-After`, after `waitedMs` of asking
+   * the same input again within `timeoutMs`. Answers the JSON text of `{ do: 'read' }`,
+   * `{ do: 'refused' }` (the secret refused), `{ do: 'retry', afterMs }` (an owner moving:
+   * ask again) or `{ do: 'unreachable' }` (lease locally at the process's share).
+   */
+  limiterAnswer(status: number, code: string | null, retryAfter: string | null, waitedMs: number, timeoutMs: number): string
+  /**
    * An identity rule (the provider crate's): `task` (`a` a task's name: its id), `agent`
    * (`a` an agent's name: its 32-bit id) or `failure` (`a` a test's name, `b` a diff: the
    * failure signature).
@@ -88,7 +96,7 @@ let source: ProviderRules | null = null
 export function useProviderRules(s: ProviderRules, replace = true): void {
   if (s === null || typeof s !== 'object' || typeof s.create !== 'function')
     throw new TypeError(
-      'useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause, checkFleets, proxiedCall, proxiedProvider, identity } from an engine package',
+      'useProviderRules needs { create, callShape, promptBytes, errorAnswer, stopAnswer, countTokensBody, countTokensPause, checkFleets, proxiedCall, proxiedProvider, limiterAnswer, identity } from an engine package',
     )
   if (!replace && source !== null) return
   source = s

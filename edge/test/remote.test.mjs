@@ -285,3 +285,54 @@ test('a process that never reached the limiter leases nothing locally, unless to
   assert.throws(() => new RemoteTokenwarden({ ...down, engine: nativeEngines.create({ pools: [POOL] }, 1, 0) }), /`engine` as engines.*not an engine instance/)
   assert.throws(() => new RemoteTokenwarden({ ...down, processes: 0 }), /processes.*1 to 4096/)
 })
+
+test("a limiter that says its owner is moving is asked again, not failed open; a proxy's 5xx is an outage; a refused secret is an error", async () => {
+  // A driver whose requests to the limiter go through `fetchThrough`, with its fail_open events.
+  const through = (fetchThrough, options = {}) => {
+    const tw = new RemoteTokenwarden({ url: worker.base, fleet: 'f', quota: 'q', secret: SECRET, engine: nativeEngines, config: { pools: [POOL] }, fetch: fetchThrough, ...options })
+    const opened = []
+    tw.on('fail_open', (e) => opened.push(e))
+    return { tw, opened }
+  }
+  const answer = (status, body) => async () => new Response(typeof body === 'string' ? body : JSON.stringify(body), { status, headers: { 'content-type': 'application/json' } })
+  const lease = async (tw) => (await tw.acquire({ agent: 3, pool: 0, inputTokens: 100, maxTokens: 10 })).settle({ inputTokens: 100 })
+
+  // The first answers come from a limiter whose quota is changing owner (serve's 503
+  // `owner_moved` in a cluster), then the Worker answers.
+  let moving = 2
+  const asked = []
+  const moved = through(
+    async (url, init) => {
+      asked.push(moving)
+      if (moving === 0) return fetch(url, init)
+      moving--
+      return new Response(JSON.stringify({ error: 'owner_moved', message: 'retry' }), { status: 503, headers: { 'content-type': 'application/json', 'retry-after': '0.05' } })
+    },
+    { timeoutMs: 2_000 },
+  )
+  await lease(moved.tw)
+  assert.deepEqual(moved.opened, [], 'no fail_open while the limiter said to ask again')
+  assert.equal(moved.tw.failedOpen, false)
+  assert.deepEqual(asked.slice(0, 3), [2, 1, 0], 'asked again twice, then answered by the Worker')
+  moved.tw.close()
+
+  // The same code for longer than the call's time: as good as unreachable (fails open).
+  const stuck = through(answer(503, { error: 'owner_moved' }), { timeoutMs: 300, processes: 2 })
+  await lease(stuck.tw)
+  assert.equal(stuck.opened.length, 1)
+  assert.match(stuck.opened[0].message, /answered 503 \(owner_moved\)/)
+  stuck.tw.close()
+
+  // A 502 from a proxy with no limiter behind it: an outage at once.
+  const proxied = through(answer(502, 'Bad Gateway'), { processes: 2 })
+  await lease(proxied.tw)
+  assert.equal(proxied.opened.length, 1)
+  assert.match(proxied.opened[0].message, /answered 502/)
+  proxied.tw.close()
+
+  // A refused secret, even without a JSON body, is a misconfiguration: an error, not a fail-open.
+  const refused = through(answer(401, 'Unauthorized'), { processes: 2 })
+  await assert.rejects(lease(refused.tw), (e) => e.code === 'invalid_argument' && /refused the fleet secret \(401\)/.test(e.message))
+  assert.deepEqual(refused.opened, [])
+  refused.tw.close()
+})

@@ -16,7 +16,9 @@
 //! [`json`]: the camelCase JSON every host reads, with the field at fault named). Then who a
 //! request is ([`auth`]: fleet secrets, agent credentials, the admin secret, lease handles;
 //! [`mac`]: what they are made of) and which route of the API it is ([`routes`]).
-//! And how a quota's metrics read in Prometheus's text format ([`prometheus`]).
+//! And how a quota's metrics read in Prometheus's text format ([`prometheus`]), and what a
+//! client of the API makes of an answer ([`limiter`]: read it, or ask again while an owner
+//! moves, or lease locally when no limiter answered).
 //!
 //! ```
 //! use tokenwarden_gateway::config::{Fleets, ProxyOpen};
@@ -43,6 +45,7 @@ pub mod answers;
 pub mod auth;
 pub mod config;
 pub mod json;
+pub mod limiter;
 pub mod mac;
 pub mod members;
 pub mod names;

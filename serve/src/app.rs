@@ -16,6 +16,7 @@ use tokenwarden_gateway::answers::{lease_answer, verb_answer};
 use tokenwarden_gateway::auth::{self, Presented};
 use tokenwarden_gateway::config::Fleets;
 use tokenwarden_gateway::json::camel_keys;
+use tokenwarden_gateway::limiter;
 use tokenwarden_gateway::routes::{self, Admin, QuotaRoute, Route};
 
 use crate::cluster::{FORWARDED, Role, forward};
@@ -210,14 +211,14 @@ impl App {
                 Role::Follower(_) => {
                     return plain(Err(refusal(
                         503,
-                        "owner_moved",
+                        limiter::OWNER_MOVED,
                         "this instance does not own the quota (it moved while the request was forwarded); retry",
                     )));
                 }
                 Role::Owner(_) if !seat.owns() => {
                     return plain(Err(refusal(
                         503,
-                        "owner_lapsed",
+                        limiter::OWNER_LAPSED,
                         "this instance's owner lease of the quota lapsed and is being renewed or handed on; retry",
                     )));
                 }
@@ -458,7 +459,7 @@ impl App {
         // store did not answer), so it is not acknowledged.
         refusal(
             503,
-            "not_saved",
+            limiter::NOT_SAVED,
             "the change could not be saved under this instance's state of the quota (replaced, or in a cluster its owner term ended or the store did not answer); retry",
         )
         .reply(None)

@@ -27,6 +27,7 @@ use http::{HeaderValue, Request, Response, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokenwarden_cluster::{Elector, QuotaKey, Saved as Landed, Term};
+use tokenwarden_gateway::limiter;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -418,14 +419,14 @@ pub(crate) async fn forward(
         res = upstream.send(req) => res.map_err(|e| {
             refusal(
                 503,
-                "owner_unreachable",
+                limiter::OWNER_UNREACHABLE,
                 format!("the quota's owner ({url}) could not be reached: {e}; retry"),
             )
         })?,
         () = seat.moved_from(url) => {
             return Err(refusal(
                 503,
-                "owner_moved",
+                limiter::OWNER_MOVED,
                 format!("the quota's owner ({url}) stopped answering and its term ended; retry"),
             ));
         }

@@ -16,6 +16,7 @@ use tokenwarden_core::{Coordinator, Event, Input, Millis, Output, Timeouts};
 use tokenwarden_gateway::Refusal;
 use tokenwarden_gateway::config;
 use tokenwarden_gateway::json::camel_keys;
+use tokenwarden_gateway::limiter;
 use tokenwarden_gateway::members::{Members, Poll, Record};
 use tokenwarden_gateway::timeline::{CallEvent, Timeline};
 use tokenwarden_gateway::waitlog::{Look, WaitLog};
@@ -168,7 +169,7 @@ fn base36(mut n: u64) -> String {
 fn replaced() -> Refusal {
     Refusal::new(
         503,
-        "closed",
+        limiter::CLOSED,
         "this quota's state was replaced while the request was read (a reset, or in a cluster another owner term or a share of the quota); retry".into(),
     )
 }
