@@ -774,6 +774,7 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
             content => {
                 let cost = costing.content(content);
                 let text;
+                let role_only = [role.as_str()];
                 let key = match content {
                     Some(Value::String(s)) => {
                         text = as_block(s);
@@ -791,7 +792,7 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
                         canonical: false,
                         stripped: false,
                     },
-                    None => Key::Words(&[&role]),
+                    None => Key::Words(&role_only),
                 };
                 piece(&mut out, cost, framing_units, key, cache_control(m));
             }
