@@ -455,7 +455,8 @@ fn ttl_of(c: &Value) -> u64 {
     }
 }
 
-/// FNV-1a over bytes, 64-bit, chained block after block with a separator.
+/// A 64-bit hash of bytes (eight at a time), chained block after block, each block's length
+/// folded in after it.
 #[derive(Clone, Copy)]
 pub(crate) struct Hash(u64);
 
