@@ -233,7 +233,8 @@ export class RemoteTokenwarden extends Tokenwarden {
       const code = typeof parsed?.error === 'string' ? parsed.error : null
       // Read it, report a refused secret, ask again while an owner moves, or fail open: the
       // gateway crate's rule, which knows the limiter's codes.
-      const verdict = JSON.parse(providerRules().limiterAnswer(res.status, code, res.headers.get('retry-after'), Math.max(0, this.clock.now() - started), timeoutMs)) as {
+      const waited = Math.max(0, Math.floor(this.clock.now() - started))
+      const verdict = JSON.parse(providerRules().limiterAnswer(res.status, code, res.headers.get('retry-after'), waited, Math.ceil(timeoutMs))) as {
         do: 'read' | 'refused' | 'retry' | 'unreachable'
         afterMs?: number
       }

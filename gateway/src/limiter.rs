@@ -33,6 +33,9 @@ pub const RETRY_CODES: [&str; 5] = [
 
 /// How long to wait before asking again when the answer names no `Retry-After`, ms.
 pub const RETRY_AFTER_MS: u64 = 200;
+/// The shortest wait between two asks, ms, whatever `Retry-After` says (`0` would ask again
+/// at once, over and over).
+pub const RETRY_AFTER_MIN_MS: u64 = 50;
 /// The longest wait between two asks, ms, whatever `Retry-After` says.
 pub const RETRY_AFTER_MAX_MS: u64 = 2_000;
 
@@ -88,7 +91,7 @@ pub fn limiter_answer(
             let after_ms = retry_after
                 .and_then(|v| tokenwarden_core::headers::parse_retry_after_ms(v, None))
                 .unwrap_or(RETRY_AFTER_MS)
-                .min(RETRY_AFTER_MAX_MS);
+                .clamp(RETRY_AFTER_MIN_MS, RETRY_AFTER_MAX_MS);
             if waited_ms.saturating_add(after_ms) >= timeout_ms {
                 Verdict::Unreachable
             } else {
@@ -137,6 +140,7 @@ mod tests {
         assert_eq!(v(Some("1"), 0), Verdict::Retry { after_ms: 1_000 });
         assert_eq!(v(Some("60"), 0), Verdict::Retry { after_ms: 2_000 });
         assert_eq!(v(Some("soon"), 0), Verdict::Retry { after_ms: 200 });
+        assert_eq!(v(Some("0"), 0), Verdict::Retry { after_ms: 50 });
         assert_eq!(v(None, 9_799), Verdict::Retry { after_ms: 200 });
         assert_eq!(v(None, 9_800), Verdict::Unreachable);
         assert_eq!(v(None, u64::MAX), Verdict::Unreachable);

@@ -377,28 +377,33 @@ pub(crate) fn digest(s: &str) -> String {
 /// push of its own: no JSON is written), long strings (images, documents) by their
 /// [`digest`]; with `canonical`, the top-level `cache_control` left out (it moves from turn
 /// to turn). Equal values fold alike; an object's keys in the map's order.
+///
+/// Every part is a one-byte tag of its own (each kind its own byte), then for the kinds that
+/// carry one its content as the next push: `N`, `T`, `F`, `[`, `]`, `{`, `}` alone; `U`, `I`,
+/// `D` (a number's eight bytes), `S` (a string), `H` (a long string's digest), `K` (a key)
+/// with it — so two different values never fold as the same pushes.
 fn feed(h: &mut Hash, v: &Value, canonical: bool) {
     match v {
-        Value::Null => h.push(b"n"),
-        Value::Bool(b) => h.push(if *b { b"t" } else { b"f" }),
+        Value::Null => h.push(b"N"),
+        Value::Bool(b) => h.push(if *b { b"T" } else { b"F" }),
         Value::Number(n) => {
             if let Some(u) = n.as_u64() {
-                h.push(b"u");
+                h.push(b"U");
                 h.push(&u.to_le_bytes());
             } else if let Some(i) = n.as_i64() {
-                h.push(b"i");
+                h.push(b"I");
                 h.push(&i.to_le_bytes());
             } else {
-                h.push(b"f");
+                h.push(b"D");
                 h.push(&n.as_f64().unwrap_or(0.0).to_bits().to_le_bytes());
             }
         }
         Value::String(s) if s.len() > LONG => {
-            h.push(b"d");
+            h.push(b"H");
             h.push(digest(s).as_bytes());
         }
         Value::String(s) => {
-            h.push(b"s");
+            h.push(b"S");
             h.push(s.as_bytes());
         }
         Value::Array(a) => {
@@ -419,6 +424,7 @@ fn feed_object(h: &mut Hash, o: &Map<String, Value>, canonical: bool) {
         if canonical && k == "cache_control" {
             continue;
         }
+        h.push(b"K");
         h.push(k.as_bytes());
         feed(h, x, false);
     }
@@ -609,6 +615,7 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
             match key {
                 Key::Words(words) => {
                     for w in words {
+                        hash.push(b"W");
                         hash.push(w.as_bytes());
                     }
                 }
@@ -619,11 +626,12 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
                     stripped,
                 } => {
                     if let Some(r) = role {
+                        hash.push(b"R");
                         hash.push(r.as_bytes());
                     }
                     feed(&mut hash, value, canonical);
                     if stripped {
-                        hash.push(b"\0stripped");
+                        hash.push(b"X");
                     }
                 }
             }
@@ -800,4 +808,39 @@ pub(crate) fn analyze(costing: &Costing<'_>, model: &str, body: &Value) -> Promp
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::{Hash, feed};
+
+    fn folded(v: &Value, canonical: bool) -> u64 {
+        let mut h = Hash::new();
+        feed(&mut h, v, canonical);
+        h.finish()
+    }
+
+    #[test]
+    fn values_fold_apart_unless_equal_and_a_block_s_cache_control_is_left_out() {
+        // `false` then a key, against a float whose eight bytes spell that key: the tags
+        // keep them apart.
+        let f = f64::from_bits(0x4141_4141_4141_4141);
+        let a = json!({ "a": false, "AAAAAAAA": "n" });
+        let b = json!({ "a": f, "s": null });
+        assert_ne!(folded(&a, true), folded(&b, true));
+        assert_ne!(folded(&json!(["x"]), true), folded(&json!("x"), true));
+        assert_ne!(
+            folded(&json!({ "k": 1 }), true),
+            folded(&json!({ "k": "1" }), true)
+        );
+        assert_ne!(folded(&json!(-1), true), folded(&json!(u64::MAX), true));
+        // A block with its breakpoint and without it: the same prefix.
+        let with =
+            json!({ "type": "text", "text": "hi", "cache_control": { "type": "ephemeral" } });
+        let without = json!({ "type": "text", "text": "hi" });
+        assert_eq!(folded(&with, true), folded(&without, true));
+        assert_ne!(folded(&with, false), folded(&without, false));
+    }
 }
