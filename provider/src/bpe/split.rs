@@ -142,7 +142,6 @@ impl<'a> Iterator for Pieces<'a> {
             text: self.text,
             chars: &mut self.chars,
             from: self.at,
-            ascii: 0,
         };
         s.chars.clear();
         let end_char = match self.encoding {
@@ -304,78 +303,39 @@ impl Ascii<'_> {
     }
 }
 
-/// Characters of the text from byte `from`, decoded on demand: a run of ASCII read as
-/// bytes, the characters after it decoded into `chars`.
+/// Characters of the text from byte `from`, decoded on demand (the pieces [`Ascii`] hands
+/// on).
 struct Scan<'a, 'b> {
     text: &'a str,
-    /// Character `ascii + j` (its byte offset, itself, its class) at `j`, once decoded.
     chars: &'b mut alloc::vec::Vec<(usize, char, Class)>,
     from: usize,
-    /// Characters `0..ascii` from `from` are ASCII: character `i` is byte `from + i`.
-    ascii: usize,
 }
 
 impl Scan<'_, '_> {
-    /// The class of the `i`-th character from the start, `None` past the end.
-    #[inline]
-    fn class(&mut self, i: usize) -> Option<Class> {
-        if i < self.ascii {
-            return self.ascii_class(i);
-        }
-        self.decode(i).map(|(_, _, k)| k)
-    }
-
-    /// The class of character `i` of the ASCII run.
-    #[inline]
-    fn ascii_class(&self, i: usize) -> Option<Class> {
-        let b = *self.text.as_bytes().get(self.from + i)?;
-        ASCII.get(usize::from(b)).copied()
-    }
-
-    /// Character `i` at or past the ASCII run known so far: the run grown to it while
-    /// nothing has been decoded after the run, else decoded into `chars`.
+    /// Character `i` from the start (its byte offset, itself, its class), `None` past the end.
     fn decode(&mut self, i: usize) -> Option<(usize, char, Class)> {
-        let bytes = self.text.as_bytes();
-        if self.chars.is_empty() {
-            while self.ascii <= i {
-                match bytes.get(self.from + self.ascii) {
-                    Some(&b) if b.is_ascii() => self.ascii += 1,
-                    _ => break,
-                }
-            }
-            if i < self.ascii {
-                let b = bytes[self.from + i];
-                return Some((self.from + i, char::from(b), ASCII[usize::from(b)]));
-            }
-        }
-        let j = i - self.ascii;
-        while self.chars.len() <= j {
+        while self.chars.len() <= i {
             let at = self
                 .chars
                 .last()
-                .map_or(self.from + self.ascii, |&(o, c, _)| o + c.len_utf8());
+                .map_or(self.from, |&(o, c, _)| o + c.len_utf8());
             let c = self.text.get(at..)?.chars().next()?;
             self.chars.push((at, c, Class::of(c)));
         }
-        self.chars.get(j).copied()
+        self.chars.get(i).copied()
+    }
+
+    /// The class of the `i`-th character from the start, `None` past the end.
+    fn class(&mut self, i: usize) -> Option<Class> {
+        self.decode(i).map(|(_, _, k)| k)
     }
 
     fn char(&mut self, i: usize) -> Option<char> {
-        if i < self.ascii {
-            return self
-                .text
-                .as_bytes()
-                .get(self.from + i)
-                .map(|&b| char::from(b));
-        }
         self.decode(i).map(|(_, c, _)| c)
     }
 
     /// The byte offset of the `i`-th character (the end of the text past it).
     fn offset(&mut self, i: usize) -> usize {
-        if i < self.ascii {
-            return self.from + i;
-        }
         self.decode(i).map_or(self.text.len(), |(o, _, _)| o)
     }
 
