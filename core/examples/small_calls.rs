@@ -8,7 +8,8 @@
 //! Jain index within each role.
 //!
 //! ```text
-//! cargo run --release -p tokenwarden-core --example small_calls
+//! cargo run --release -p tokenwarden-core --example small_calls             # seeds 1 and 2
+//! cargo run --release -p tokenwarden-core --example small_calls -- --seeds 12  # medians
 //! ```
 #![allow(missing_docs, clippy::all)]
 use std::cmp::Reverse;
@@ -81,7 +82,9 @@ fn role_of(a: usize) -> Role {
     }
 }
 
-pub fn run(seed: u64, agents: usize, minutes: u64) {
+/// One run; returns small calls' p95 wait (s), big calls' p50 (s) and the workers' worst
+/// 15-minute Jain index.
+pub fn run(seed: u64, agents: usize, minutes: u64) -> [f64; 3] {
     let (ilim, olim, rlim, clim) = (120_000u64, 12_000u64, 90u64, 10u64);
     let config = Config::from_json(&format!(r#"{{"pools":[{{"name":"p","input_tokens_per_minute":{ilim},"output_tokens_per_minute":{olim},"requests_per_minute":{rlim},"max_concurrent":{clim}}}],"max_queue_wait_ms":600000}}"#)).unwrap();
     let mut c = Coordinator::new(config, seed, Millis(0)).unwrap();
@@ -415,6 +418,11 @@ pub fn run(seed: u64, agents: usize, minutes: u64) {
         w += 15 * MINUTE;
     }
     let calls = sent_log.iter().filter(|r| r.3 < end).count();
+    let headline = [
+        pct(&mut small.clone(), 95) as f64 / 1000.0,
+        pct(&mut big.clone(), 50) as f64 / 1000.0,
+        worst_jain[2],
+    ];
     eprintln!(
         "  small after a big call: n {} p50 {:.1} s p95 {:.1} s; after a small call: n {} p50 {:.1} s p95 {:.1} s",
         after_big.len(),
@@ -444,10 +452,40 @@ pub fn run(seed: u64, agents: usize, minutes: u64) {
         "  Jain within role, worst 15-min window: {:.3} / {:.3} / {:.3}",
         worst_jain[0], worst_jain[1], worst_jain[2]
     );
+    headline
 }
 
 fn main() {
-    for (seed, agents) in [(1, 30), (2, 45)] {
-        run(seed, agents, 33);
+    // `--seeds N`: N seeds of each fleet (30 agents: seeds 1..=N; 45 agents: 101..=100+N)
+    // and the medians over them. One seed's figures move by more than many a change makes.
+    let args: Vec<String> = std::env::args().collect();
+    let seeds = match args.get(1).map(String::as_str) {
+        None => 0,
+        Some("--seeds") => args
+            .get(2)
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| *n > 0)
+            .expect("--seeds takes a count of at least 1"),
+        Some(other) => panic!("unknown argument {other:?} (usage: small_calls [--seeds N])"),
+    };
+    if seeds == 0 {
+        for (seed, agents) in [(1, 30), (2, 45)] {
+            run(seed, agents, 33);
+        }
+        return;
+    }
+    for (agents, first) in [(30, 1), (45, 101)] {
+        let mut runs: Vec<[f64; 3]> = (first..first + seeds).map(|s| run(s, agents, 33)).collect();
+        let median = |k: usize, runs: &mut Vec<[f64; 3]>| {
+            runs.sort_by(|a, b| a[k].total_cmp(&b[k]));
+            let n = runs.len();
+            (runs[(n - 1) / 2][k] + runs[n / 2][k]) / 2.0
+        };
+        println!(
+            "{agents} agents, {seeds} seeds, medians: small calls p95 {:.1} s, big calls p50 {:.1} s, workers' worst 15-min Jain {:.3}",
+            median(0, &mut runs),
+            median(1, &mut runs),
+            median(2, &mut runs)
+        );
     }
 }
