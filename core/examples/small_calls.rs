@@ -82,9 +82,9 @@ fn role_of(a: usize) -> Role {
     }
 }
 
-/// One run; returns small calls' p95 wait (s), big calls' p50 (s) and the workers' worst
-/// 15-minute Jain index.
-pub fn run(seed: u64, agents: usize, minutes: u64) -> [f64; 3] {
+/// One run; returns small calls' p50 and p95 waits (s), big calls' p50 (s), the workers'
+/// worst 15-minute Jain index and the binding axis's use at steady state (%).
+pub fn run(seed: u64, agents: usize, minutes: u64) -> [f64; 5] {
     let (ilim, olim, rlim, clim) = (120_000u64, 12_000u64, 90u64, 10u64);
     let config = Config::from_json(&format!(r#"{{"pools":[{{"name":"p","input_tokens_per_minute":{ilim},"output_tokens_per_minute":{olim},"requests_per_minute":{rlim},"max_concurrent":{clim}}}],"max_queue_wait_ms":600000}}"#)).unwrap();
     let mut c = Coordinator::new(config, seed, Millis(0)).unwrap();
@@ -419,9 +419,11 @@ pub fn run(seed: u64, agents: usize, minutes: u64) -> [f64; 3] {
     }
     let calls = sent_log.iter().filter(|r| r.3 < end).count();
     let headline = [
+        pct(&mut small.clone(), 50) as f64 / 1000.0,
         pct(&mut small.clone(), 95) as f64 / 1000.0,
         pct(&mut big.clone(), 50) as f64 / 1000.0,
         worst_jain[2],
+        steady * 100.0,
     ];
     eprintln!(
         "  small after a big call: n {} p50 {:.1} s p95 {:.1} s; after a small call: n {} p50 {:.1} s p95 {:.1} s",
@@ -475,17 +477,19 @@ fn main() {
         return;
     }
     for (agents, first) in [(30, 1), (45, 101)] {
-        let mut runs: Vec<[f64; 3]> = (first..first + seeds).map(|s| run(s, agents, 33)).collect();
-        let median = |k: usize, runs: &mut Vec<[f64; 3]>| {
+        let mut runs: Vec<[f64; 5]> = (first..first + seeds).map(|s| run(s, agents, 33)).collect();
+        let median = |k: usize, runs: &mut Vec<[f64; 5]>| {
             runs.sort_by(|a, b| a[k].total_cmp(&b[k]));
             let n = runs.len();
             (runs[(n - 1) / 2][k] + runs[n / 2][k]) / 2.0
         };
         println!(
-            "{agents} agents, {seeds} seeds, medians: small calls p95 {:.1} s, big calls p50 {:.1} s, workers' worst 15-min Jain {:.3}",
+            "{agents} agents, {seeds} seeds, medians: small calls p50 {:.1} s p95 {:.1} s, big calls p50 {:.1} s, workers' worst 15-min Jain {:.3}, binding axis {:.1} %",
             median(0, &mut runs),
             median(1, &mut runs),
-            median(2, &mut runs)
+            median(2, &mut runs),
+            median(3, &mut runs),
+            median(4, &mut runs)
         );
     }
 }
